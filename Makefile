@@ -1,0 +1,38 @@
+# One verb per job. `make run` and `make test` set everything up on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint types protos fmt setup clean
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh $(VENV)
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/starling up
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check services tests bench analytics
+	$(VENV)/bin/ruff format --check services tests bench analytics
+
+types: $(STAMP)
+	$(VENV)/bin/mypy services/common
+
+protos: $(STAMP)
+	$(PY) -m scripts.gen_protos
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format services tests bench analytics
+	$(VENV)/bin/ruff check --fix services tests bench analytics
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,127 @@
+"""Incremental MQTT decoder: feed byte chunks of any size, get complete packets.
+
+Invariants:
+- `_buf` only ever holds the bytes of packets not yet returned (a partial packet at most,
+  after `feed` returns).
+- The maximum packet size is checked as soon as the fixed header is complete, before the body
+  is buffered [MQTT-3.1.2-24] / 0x95, so a hostile peer cannot make us hold a huge body.
+- Any violation raises an `MqttError`; the packets decoded before it in the same call ride on
+  the error (`packets`), so the caller can still act on them before closing.
+"""
+
+from __future__ import annotations
+
+from services.common.mqtt.body_decoder import BODY_DECODERS, decode_publish
+from services.common.mqtt.errors import MalformedPacketError, MqttError, PacketTooLargeError
+from services.common.mqtt.packets import Packet
+
+# The whole packet, fixed header included, may not exceed this by default (1 MiB).
+DEFAULT_MAX_PACKET_SIZE = 1 << 20
+# Largest packet the protocol can express: 1 byte type + 4 byte length + 268,435,455.
+PROTOCOL_MAX_PACKET_SIZE = 268_435_460
+
+# Required low nibble of the fixed header per packet type [MQTT-2.1.3-1]; PUBLISH is special.
+_FIXED_FLAGS = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12: 0, 13: 0}
+_FIXED_FLAGS |= {14: 0, 15: 0}
+
+
+class DecodeError(MqttError):
+    """Wraps the first error of a `feed` call together with the packets decoded before it."""
+
+
+class Decoder:
+    """Stateful framing over a byte stream. Set `protocol_level` once CONNECT is known."""
+
+    __slots__ = ("_buf", "max_packet_size", "protocol_level")
+
+    def __init__(
+        self, protocol_level: int = 4, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
+    ) -> None:
+        self._buf = bytearray()
+        self.protocol_level = protocol_level
+        self.max_packet_size = max_packet_size
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Packet]:
+        """Append `data`, return every packet now complete, in order."""
+        buf = self._buf
+        if buf:
+            buf += data
+            view: bytes | bytearray = buf
+        else:
+            view = data
+        out: list[Packet] = []
+        pos = 0
+        n = len(view)
+        max_size = self.max_packet_size
+        try:
+            while n - pos >= 2:
+                first = view[pos]
+                # Remaining length: up to four bytes [MQTT-1.5.5-1].
+                rl = 0
+                shift = 0
+                i = pos + 1
+                while True:
+                    if i >= n:
+                        rl = -1
+                        break
+                    byte = view[i]
+                    i += 1
+                    rl |= (byte & 0x7F) << shift
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                    if shift > 21:
+                        raise MalformedPacketError("remaining length longer than four bytes")
+                if rl < 0:
+                    break
+                total = i - pos + rl
+                if total > max_size:
+                    raise PacketTooLargeError(f"packet of {total} bytes exceeds {max_size}")
+                end = i + rl
+                if end > n:
+                    break
+                ptype = first >> 4
+                flags = first & 0x0F
+                body = bytes(view[i:end])
+                pos = end
+                if ptype == 3:
+                    qos = (flags >> 1) & 3
+                    if qos == 3:
+                        raise MalformedPacketError("PUBLISH with QoS 3")  # [MQTT-3.3.1-4]
+                    if qos == 0 and flags & 8:
+                        raise MalformedPacketError("DUP set on QoS 0")  # [MQTT-3.3.1-2]
+                    out.append(decode_publish(flags, body, self.protocol_level))
+                    continue
+                expected = _FIXED_FLAGS.get(ptype)
+                if expected is None:
+                    raise MalformedPacketError("reserved packet type 0")
+                if flags != expected:
+                    raise MalformedPacketError(  # [MQTT-2.1.3-1]
+                        f"invalid fixed header flags {flags:#x} for packet type {ptype}"
+                    )
+                packet = BODY_DECODERS[ptype](flags, body, self.protocol_level)
+                if ptype == 1:
+                    # Everything after CONNECT is read at the level it announced.
+                    self.protocol_level = packet.protocol_level  # type: ignore[union-attr]
+                out.append(packet)
+        except MqttError as exc:
+            self._buf = bytearray()
+            err = DecodeError(str(exc), exc.reason_code)
+            err.packets = out
+            err.cause = exc
+            raise err from exc
+        except (IndexError, ValueError) as exc:  # defensive: never leak a non-MQTT error
+            self._buf = bytearray()
+            err = DecodeError(f"malformed packet: {exc}", MalformedPacketError.reason_code)
+            err.packets = out
+            err.cause = exc
+            raise err from exc
+        if buf:
+            del buf[:pos]
+        elif pos < n:
+            self._buf = bytearray(view[pos:])
+        return out

@@ -1,0 +1,173 @@
+"""The 15 MQTT control packets as frozen records, one shape for protocol levels 3, 4 and 5.
+
+Fields that only exist in MQTT 5 (properties, most reason codes) take their neutral value on
+3.1/3.1.1; the encoder leaves them out there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.mqtt.properties import EMPTY, Properties
+from services.common.mqtt.reason import PacketType, ReasonCode
+
+
+@dataclass(frozen=True, slots=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: Properties = EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    client_id: str
+    protocol_level: int = 4
+    protocol_name: str = "MQTT"
+    clean_start: bool = True
+    keepalive_s: int = 60
+    username: str | None = None
+    password: bytes | None = None
+    will: Will | None = None
+    properties: Properties = EMPTY
+    packet_type = PacketType.CONNECT
+
+
+@dataclass(frozen=True, slots=True)
+class ConnAck:
+    session_present: bool = False
+    reason_code: int = ReasonCode.SUCCESS
+    properties: Properties = EMPTY
+    packet_type = PacketType.CONNACK
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    topic: str
+    payload: bytes = b""
+    qos: int = 0
+    retain: bool = False
+    dup: bool = False
+    packet_id: int | None = None
+    properties: Properties = EMPTY
+    packet_type = PacketType.PUBLISH
+
+
+@dataclass(frozen=True, slots=True)
+class PubAck:
+    packet_id: int
+    reason_code: int = ReasonCode.SUCCESS
+    properties: Properties = EMPTY
+    packet_type = PacketType.PUBACK
+
+
+@dataclass(frozen=True, slots=True)
+class PubRec:
+    packet_id: int
+    reason_code: int = ReasonCode.SUCCESS
+    properties: Properties = EMPTY
+    packet_type = PacketType.PUBREC
+
+
+@dataclass(frozen=True, slots=True)
+class PubRel:
+    packet_id: int
+    reason_code: int = ReasonCode.SUCCESS
+    properties: Properties = EMPTY
+    packet_type = PacketType.PUBREL
+
+
+@dataclass(frozen=True, slots=True)
+class PubComp:
+    packet_id: int
+    reason_code: int = ReasonCode.SUCCESS
+    properties: Properties = EMPTY
+    packet_type = PacketType.PUBCOMP
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    filter: str
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    packet_id: int
+    subscriptions: tuple[Subscription, ...]
+    properties: Properties = EMPTY
+    packet_type = PacketType.SUBSCRIBE
+
+
+@dataclass(frozen=True, slots=True)
+class SubAck:
+    packet_id: int
+    reason_codes: tuple[int, ...]
+    properties: Properties = EMPTY
+    packet_type = PacketType.SUBACK
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    packet_id: int
+    filters: tuple[str, ...]
+    properties: Properties = EMPTY
+    packet_type = PacketType.UNSUBSCRIBE
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubAck:
+    packet_id: int
+    # Empty on 3.1/3.1.1, where UNSUBACK carries no payload.
+    reason_codes: tuple[int, ...] = field(default=())
+    properties: Properties = EMPTY
+    packet_type = PacketType.UNSUBACK
+
+
+@dataclass(frozen=True, slots=True)
+class PingReq:
+    packet_type = PacketType.PINGREQ
+
+
+@dataclass(frozen=True, slots=True)
+class PingResp:
+    packet_type = PacketType.PINGRESP
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    reason_code: int = ReasonCode.NORMAL_DISCONNECTION
+    properties: Properties = EMPTY
+    packet_type = PacketType.DISCONNECT
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    reason_code: int = ReasonCode.SUCCESS
+    properties: Properties = EMPTY
+    packet_type = PacketType.AUTH
+
+
+Packet = (
+    Connect
+    | ConnAck
+    | Publish
+    | PubAck
+    | PubRec
+    | PubRel
+    | PubComp
+    | Subscribe
+    | SubAck
+    | Unsubscribe
+    | UnsubAck
+    | PingReq
+    | PingResp
+    | Disconnect
+    | Auth
+)
+PUBLISH_ACKS = (PubAck, PubRec, PubRel, PubComp)
