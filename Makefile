@@ -28,7 +28,7 @@ types: $(STAMP)
 	$(VENV)/bin/mypy services/common
 
 protos: $(STAMP)
-	$(PY) -m scripts.gen_protos
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m scripts.gen_protos
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format services tests bench analytics

@@ -1,0 +1,1 @@
+"""NATS: connection, protobuf publish/request, subject names (see subjects.py)."""

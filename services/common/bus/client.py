@@ -1,0 +1,72 @@
+"""NATS helpers: connect with bounded retries, protobuf publish/request with trace context.
+
+`connect(url)` retries with exponential backoff (tenacity) for at most `attempts` tries, then
+raises; nothing here retries forever.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TypeVar
+
+import nats
+from google.protobuf.message import Message
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from services.common.telemetry import inject
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
+
+
+async def connect(url: str, name: str, attempts: int = 10) -> Client:
+    """Connect to NATS, retrying start-up races with backoff; reconnects are nats-py's job."""
+    async for attempt in AsyncRetrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        retry=retry_if_exception_type((OSError, nats.errors.Error, TimeoutError)),
+        reraise=True,
+    ):
+        with attempt:
+            return await nats.connect(
+                url,
+                name=name,
+                connect_timeout=2,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                allow_reconnect=True,
+            )
+    raise RuntimeError("unreachable")  # pragma: no cover
+
+
+def _headers() -> dict[str, str] | None:
+    h = inject()
+    return h or None
+
+
+async def publish_proto(nc: Client, subject: str, message: Message) -> None:
+    await nc.publish(subject, message.SerializeToString(), headers=_headers())
+
+
+async def request_proto(
+    nc: Client, subject: str, message: Message, reply_type: type[M], timeout_s: float = 2.0
+) -> M:
+    """Send a protobuf request and parse the protobuf reply."""
+    msg = await nc.request(subject, message.SerializeToString(), timeout=timeout_s,
+                           headers=_headers())
+    reply = reply_type()
+    reply.ParseFromString(msg.data)
+    return reply
+
+
+def parse(msg: Msg, message_type: type[M]) -> M:
+    out = message_type()
+    out.ParseFromString(msg.data)
+    return out

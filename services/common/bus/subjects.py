@@ -1,0 +1,38 @@
+"""Every NATS subject name Starling uses, built in one place.
+
+Topic subjects (`mq.*`, `mqd.*`) come from `services.common.topics.subject`; this module adds
+the control, service and event subjects.
+"""
+
+from __future__ import annotations
+
+from services.common.topics.subject import escape_token, filter_to_subjects, topic_to_subject
+
+EVENTS_STREAM = "EVENTS"
+EVENTS_WILDCARD = "ev.>"
+
+
+def node_control(node_id: str) -> str:
+    """Kick and other commands for one connection node."""
+    return f"ctl.node.{escape_token(node_id)}"
+
+
+def event(tenant: str, event_type: str) -> str:
+    """`ev.<tenant>.<type>` on the EVENTS stream."""
+    return f"ev.{escape_token(tenant)}.{event_type}"
+
+
+def shared_group(tenant: str, group: str) -> str:
+    """NATS queue group for `$share/<group>/...` members of a tenant."""
+    return f"share.{escape_token(tenant)}.{escape_token(group)}"
+
+
+__all__ = [
+    "EVENTS_STREAM",
+    "EVENTS_WILDCARD",
+    "event",
+    "filter_to_subjects",
+    "node_control",
+    "shared_group",
+    "topic_to_subject",
+]

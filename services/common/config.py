@@ -1,0 +1,118 @@
+"""Settings shared by every service: pydantic-settings over `STARLING_*` env vars and TOML.
+
+Sources, highest priority first: explicit arguments, environment (`STARLING_<FIELD>`), the TOML
+file named by `STARLING_CONFIG` (tables `[common]` then `[<service>]`), defaults. Each tunable is
+typed, defaulted and validated with its unit in its name. `load_settings` turns a validation
+error into `ConfigError` whose message names the setting and its env variable.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "STARLING_"
+
+
+class ConfigError(Exception):
+    """A setting is invalid; the message names it."""
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], section: str) -> None:
+        super().__init__(settings_cls)
+        self._data: dict[str, Any] = {}
+        path = os.environ.get(ENV_PREFIX + "CONFIG")
+        if path:
+            try:
+                doc = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"STARLING_CONFIG={path}: cannot read TOML: {exc}") from exc
+            self._data = {**doc.get("common", {}), **doc.get(section, {})}
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        names = set(self.settings_cls.model_fields)
+        return {k: v for k, v in self._data.items() if k in names}
+
+
+class ServiceSettings(BaseSettings):
+    """Fields every service has. Subclasses set `service_name`."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+    service_name: ClassVar[str] = "service"
+
+    node_id: str = Field(default="", description="Instance name; defaults to <service>-<pid>.")
+    grpc_host: str = Field(default="127.0.0.1", description="Address the gRPC server binds.")
+    grpc_port: int = Field(default=0, ge=0, le=65535, description="gRPC port; 0 picks one.")
+    metrics_port: int = Field(
+        default=0, ge=-1, le=65535, description="Prometheus port; 0 picks one, -1 disables."
+    )
+    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL.")
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
+    data_dir: Path = Field(default=Path(".starling/data"), description="Embedded store folder.")
+    log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    log_file: Path | None = Field(default=None, description="Also log JSON lines here.")
+    otlp_endpoint: str = Field(default="", description="OTLP gRPC endpoint; empty: no export.")
+    trace_sample_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    admin_token: SecretStr = Field(
+        default=SecretStr(""), description="Bearer token for admin RPCs; empty: no check."
+    )
+    shutdown_grace_s: float = Field(default=5.0, gt=0, le=300)
+    session_addr: str = Field(default="127.0.0.1:7001", description="Session service gRPC.")
+    router_addr: str = Field(default="127.0.0.1:7002", description="Router service gRPC.")
+    queue_addr: str = Field(default="127.0.0.1:7003", description="Queue service gRPC.")
+    quota_addr: str = Field(default="127.0.0.1:7005", description="Quota service gRPC.")
+    metrics_addr: str = Field(default="127.0.0.1:7006", description="Metrics service gRPC.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = _TomlSource(settings_cls, getattr(settings_cls, "service_name", "service"))
+        return (init_settings, env_settings, toml)
+
+    def redacted(self) -> dict[str, Any]:
+        """Effective config for the start-up log; secrets shown as '***'."""
+        out: dict[str, Any] = {}
+        for name, value in self:
+            if isinstance(value, SecretStr):
+                out[name] = "***" if value.get_secret_value() else ""
+            elif isinstance(value, Path):
+                out[name] = str(value)
+            elif "password" in name or "token" in name or "secret" in name:
+                out[name] = "***"
+            else:
+                out[name] = value
+        return out
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Build and validate `cls`; raise `ConfigError` naming the first bad setting."""
+    try:
+        settings = cls(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"]) or "?"
+            env = ENV_PREFIX + name.upper()
+            lines.append(f"invalid setting {name} ({env}): {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("; ".join(lines)) from None
+    if not settings.node_id:
+        settings.node_id = f"{cls.service_name}-{os.getpid()}"
+    return settings

@@ -1,0 +1,1 @@
+"""gRPC helpers: server build/stop, health, reflection, interceptors, status mapping."""

@@ -1,0 +1,118 @@
+"""Process runtime shared by every service: config, logging, telemetry, gRPC, signals.
+
+A service provides a `Service` (register servicers, start, stop); `run_service` does the rest:
+validates settings (exit 2 with a message naming the bad setting), logs the effective config
+with secrets redacted, serves gRPC health and reflection, reports SERVING once `start` returns,
+and on SIGTERM/SIGINT reports NOT_SERVING, stops the service and the server within the grace
+period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
+
+import grpc
+
+from services.common.config import ConfigError, ServiceSettings, load_settings
+from services.common.logs import setup_logging
+from services.common.rpc.server import create_server, set_serving, stop_server
+from services.common.telemetry import setup_telemetry
+
+log = logging.getLogger("starling.runtime")
+
+
+class Service(Protocol):
+    def register(self, server: grpc.aio.Server) -> Iterable[str]:
+        """Add gRPC servicers; return their full service names."""
+
+    async def start(self) -> None:
+        """Connect to dependencies and begin work; return once ready to serve."""
+
+    async def stop(self) -> None:
+        """Stop work; called once on shutdown, before the gRPC server stops."""
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
+    """Run `service` until SIGTERM/SIGINT (or cancellation)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    names: list[str] = []
+
+    def register(server: grpc.aio.Server) -> Iterable[str]:
+        names.extend(service.register(server))
+        return names
+
+    server, port, health = create_server(
+        f"{settings.grpc_host}:{settings.grpc_port}",
+        register,
+        admin_token=settings.admin_token.get_secret_value(),
+    )
+    await server.start()
+    try:
+        await service.start()
+    except Exception:
+        log.exception("service_start_failed", extra={"service": name})
+        await server.stop(0)
+        raise
+    await set_serving(health, names)
+    log.info("service_serving", extra={"service": name, "grpc_port": port})
+    try:
+        await stop.wait()
+    finally:
+        log.info("service_stopping", extra={"service": name})
+        grace = settings.shutdown_grace_s
+        try:
+            async with asyncio.timeout(grace + 1.0):
+                await health.enter_graceful_shutdown()
+                await service.stop()
+                await stop_server(server, health, grace)
+        except TimeoutError:
+            log.warning("service_stop_timeout", extra={"service": name})
+        log.info("service_stopped", extra={"service": name})
+
+
+def run_service(
+    name: str, settings_cls: type[S], factory: Callable[[S], Service], argv: list[str] | None = None
+) -> int:
+    """Entry point of `python -m services.<name>` and `starling serve <name>`."""
+    try:
+        settings = load_settings(settings_cls)
+    except ConfigError as exc:
+        print(f"starling {name}: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(name, settings.node_id, settings.log_level, settings.log_file)
+    telemetry = setup_telemetry(
+        name,
+        settings.node_id,
+        metrics_port=settings.metrics_port,
+        otlp_endpoint=settings.otlp_endpoint,
+        sample_ratio=settings.trace_sample_ratio,
+    )
+    log.info(
+        "service_config",
+        extra={"service": name, "config": settings.redacted(),
+               "metrics_port": telemetry.metrics_port},
+    )
+    try:
+        service = factory(settings)
+    except ConfigError as exc:
+        print(f"starling {name}: {exc}", file=sys.stderr)
+        return 2
+    import uvloop
+
+    try:
+        uvloop.run(serve(settings, service, name))
+    except Exception as exc:  # start-up failure: already logged
+        print(f"starling {name}: failed: {exc}", file=sys.stderr)
+        return 1
+    return 0

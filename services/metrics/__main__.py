@@ -1,0 +1,5 @@
+import sys
+
+from services.metrics.main import main
+
+sys.exit(main())

@@ -1,0 +1,14 @@
+"""Settings of the metrics service (env `STARLING_*`, TOML table `[metrics]`)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from services.common.config import ServiceSettings
+
+
+class MetricsSettings(ServiceSettings):
+    service_name: ClassVar[str] = "metrics"
+    node_stale_s: float = Field(default=30.0, gt=0, description="Forget silent nodes after this.")

@@ -1,0 +1,34 @@
+"""Composition root of the metrics service: the only place that reads the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+
+from services.common.runtime import run_service
+from services.metrics.api import MetricsAdminApi, MetricsApi
+from services.metrics.config import MetricsSettings
+from services.metrics.core import ClusterStats
+from starling.metrics.v1 import metrics_pb2 as pb
+from starling.metrics.v1 import metrics_pb2_grpc as pb_grpc
+
+
+class MetricsService:
+    def __init__(self, settings: MetricsSettings) -> None:
+        self._stats = ClusterStats(settings.node_stale_s)
+
+    def register(self, server: grpc.aio.Server) -> Iterable[str]:
+        pb_grpc.add_MetricsServiceServicer_to_server(MetricsApi(self._stats), server)
+        pb_grpc.add_MetricsAdminServiceServicer_to_server(MetricsAdminApi(self._stats), server)
+        return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+def main() -> int:
+    return run_service("metrics", MetricsSettings, MetricsService)

@@ -1,0 +1,5 @@
+import sys
+
+from services.queue.main import main
+
+sys.exit(main())

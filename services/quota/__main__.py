@@ -1,0 +1,5 @@
+import sys
+
+from services.quota.main import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from services.router.main import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from services.rules.main import main
+
+sys.exit(main())
