@@ -7,9 +7,9 @@ from collections.abc import Iterable
 import grpc
 from nats.aio.client import Client
 
-from services.router.config import RouterSettings
 from services.common.bus.client import connect
 from services.common.runtime import run_service
+from services.router.config import RouterSettings
 
 
 class RouterService:

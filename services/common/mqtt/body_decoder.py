@@ -52,7 +52,6 @@ from services.common.mqtt.properties import (
     REPEATABLE,
     WILL,
     Properties,
-    PropId,
     PropKind,
 )
 from services.common.mqtt.reason import V5_FROM_V3_CONNACK, PacketType

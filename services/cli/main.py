@@ -1,0 +1,45 @@
+"""Entry point of the `starling` command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from services.cli.admin import add_admin_commands, run_admin
+
+SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="starling", description="Starling MQTT mesh")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run one service in this process")
+    p.add_argument("service", choices=SERVICES)
+    p = sub.add_parser("up", help="start NATS, Redis and every service locally")
+    p.add_argument("--nodes", type=int, default=1, help="connection nodes (default 1)")
+    p.add_argument("--data-dir", default=".starling", help="run and data folder")
+    p.add_argument("--mqtt-port", type=int, default=1883, help="node i listens on P+i")
+    p = sub.add_parser("status", help="health of every component of the local mesh")
+    p.add_argument("--data-dir", default=".starling")
+    add_admin_commands(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        module = importlib.import_module(f"services.{args.service}.main")
+        return int(module.main())
+    if args.command == "up":
+        from services.cli.launcher import run_up
+
+        if args.nodes < 1:
+            parser.error("--nodes must be at least 1")
+        return run_up(Path(args.data_dir), args.nodes, args.mqtt_port)
+    if args.command == "status":
+        from services.cli.status import run_status
+
+        return run_status(Path(args.data_dir))
+    return run_admin(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""`starling status`: health of every component of a local mesh; exit 0 only if all serve."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+from services.cli.launcher import Component, Mesh
+from services.common.rpc.server import check_health
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of a launcher that has not reaped it is not alive
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _redis_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _nats_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            return s.recv(4096).startswith(b"INFO")
+    except OSError:
+        return False
+
+
+def component_status(c: Component) -> str:
+    if c.pid and not _pid_alive(c.pid):
+        return "DOWN"
+    if c.kind == "redis":
+        return "SERVING" if _redis_ping(c.port) else "DOWN"
+    if c.kind == "nats":
+        return "SERVING" if _nats_ping(c.port) else "DOWN"
+    status = asyncio.run(check_health(f"127.0.0.1:{c.grpc_port}", timeout_s=1.0))
+    return "DOWN" if status == "UNREACHABLE" else status
+
+
+def run_status(data_dir: Path) -> int:
+    try:
+        mesh = Mesh.load(str(data_dir.resolve()))
+    except FileNotFoundError:
+        print(f"starling status: no mesh in {data_dir} (start one with `starling up`)")
+        return 1
+    ok = True
+    for c in mesh.components:
+        st = component_status(c)
+        ok &= st == "SERVING"
+        print(f"{c.name:<16} {st}")
+    return 0 if ok else 1

@@ -1,0 +1,1 @@
+"""Storage interfaces (ports.py) and their backends: embedded SQLite and Cassandra."""

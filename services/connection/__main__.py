@@ -1,0 +1,5 @@
+import sys
+
+from services.connection.main import main
+
+sys.exit(main())

@@ -1,0 +1,33 @@
+"""Thin gRPC servicer of a connection node's admin API."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import grpc
+
+from starling.connection.v1 import connection_pb2 as pb
+from starling.connection.v1 import connection_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from services.connection.main import ConnectionService
+
+
+class ConnectionAdminApi(pb_grpc.ConnectionAdminServiceServicer):
+    def __init__(self, service: ConnectionService) -> None:
+        self._service = service
+
+    async def GetNodeStats(
+        self, request: pb.GetNodeStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetNodeStatsResponse:
+        node = self._service.node
+        if node is None:
+            raise RuntimeError("node is not started")
+        counters = list(node.counters.values())
+        return pb.GetNodeStatsResponse(stats=pb.NodeStats(
+            node_id=node.node_id,
+            connections=len(node.conns),
+            messages_in=sum(c.messages_in for c in counters),
+            messages_out=sum(c.messages_out for c in counters),
+            messages_dropped=sum(c.dropped for c in counters),
+        ))

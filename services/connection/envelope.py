@@ -1,0 +1,79 @@
+"""Conversion between a node's `Message` and the routed-message envelope on NATS."""
+
+from __future__ import annotations
+
+from services.common.mqtt.properties import EMPTY, Properties
+from services.connection.actions import Message
+from starling.common.v1.message_pb2 import (
+    MessageProperties,
+    Publisher,
+    RoutedMessage,
+    UserProperty,
+)
+
+
+def to_envelope(msg: Message, node_id: str, message_id: str) -> RoutedMessage:
+    env = RoutedMessage(
+        tenant=msg.tenant,
+        topic=msg.topic,
+        payload=msg.payload,
+        qos=msg.qos,
+        retain=msg.retain,
+        publisher=Publisher(client_id=msg.publisher, node_id=node_id),
+        published_at_ms=int(msg.published_at * 1000),
+        message_id=message_id,
+    )
+    p = msg.properties
+    if p is not EMPTY or msg.expires_at is not None:
+        mp = env.properties
+        if p.payload_format_indicator is not None:
+            mp.payload_format_indicator = p.payload_format_indicator
+        if msg.expires_at is not None:
+            mp.message_expiry_interval_s = max(0, round(msg.expires_at - msg.published_at))
+        if p.content_type is not None:
+            mp.content_type = p.content_type
+        if p.response_topic is not None:
+            mp.response_topic = p.response_topic
+        if p.correlation_data is not None:
+            mp.correlation_data = p.correlation_data
+        for k, v in p.user_property:
+            mp.user_properties.append(UserProperty(key=k, value=v))
+    if msg.trace_context:
+        env.trace_context.update(dict(msg.trace_context))
+    return env
+
+
+def from_envelope(env: RoutedMessage) -> Message:
+    published_at = env.published_at_ms / 1000
+    props = EMPTY
+    expires_at = None
+    if env.HasField("properties"):
+        mp: MessageProperties = env.properties
+        if mp.HasField("message_expiry_interval_s"):
+            expires_at = published_at + mp.message_expiry_interval_s
+        props = Properties(
+            payload_format_indicator=(
+                mp.payload_format_indicator if mp.HasField("payload_format_indicator") else None
+            ),
+            content_type=mp.content_type if mp.HasField("content_type") else None,
+            response_topic=mp.response_topic if mp.HasField("response_topic") else None,
+            correlation_data=mp.correlation_data if mp.HasField("correlation_data") else None,
+            user_property=tuple((u.key, u.value) for u in mp.user_properties),
+        )
+        if props == EMPTY:
+            props = EMPTY
+    return Message(
+        env.tenant,
+        env.topic,
+        env.payload,
+        env.qos,
+        env.retain,
+        env.publisher.client_id,
+        props,
+        expires_at,
+        published_at,
+        tuple(env.trace_context.items()),
+    )
+
+
+__all__ = ["Publisher", "from_envelope", "to_envelope"]

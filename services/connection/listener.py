@@ -1,0 +1,134 @@
+"""Listeners: TCP and TLS through an asyncio Protocol, WebSocket and WSS through aiohttp.
+This is the only code of the node that touches sockets; all four feed the same Channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from pathlib import Path
+
+from aiohttp import WSMsgType, web
+
+from services.connection.node import Conn, Node
+
+log = logging.getLogger("starling.connection.listener")
+WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+
+
+class MqttProtocol(asyncio.Protocol):
+    """One TCP/TLS connection. Write back-pressure marks the channel congested (QoS 0 drops)."""
+
+    __slots__ = ("conn", "node", "transport")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.conn: Conn | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        transport.set_write_buffer_limits(high=1 << 20)  # type: ignore[attr-defined]
+        peer = transport.get_extra_info("peername")
+        self.conn = self.node.open(transport, f"{peer[0]}:{peer[1]}" if peer else "?")
+
+    def data_received(self, data: bytes) -> None:
+        assert self.conn is not None
+        self.conn.receive(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.conn.lost()
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.channel.outbound.congested = True
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.channel.outbound.congested = False
+
+
+def server_ssl_context(cert: Path, key: Path, ca: Path | None, require_client_cert: bool
+                       ) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(cert), str(key))
+    if ca is not None:
+        ctx.load_verify_locations(str(ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
+    return ctx
+
+
+async def start_tcp(node: Node, host: str, port: int, ssl_ctx: ssl.SSLContext | None = None
+                    ) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: MqttProtocol(node), host, port, ssl=ssl_ctx,
+                                    backlog=4096, reuse_address=True)
+
+
+class _WsSink:
+    """Queues MQTT bytes for one WebSocket; one writer task sends them in order."""
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def write(self, data: bytes) -> None:
+        self.queue.put_nowait(data)
+
+    def close(self) -> None:
+        self.queue.put_nowait(None)
+
+    async def run(self) -> None:
+        while True:
+            data = await self.queue.get()
+            if data is None:
+                await self.ws.close()
+                return
+            try:
+                await self.ws.send_bytes(data)
+            except (ConnectionError, RuntimeError):
+                return
+
+
+def ws_app(node: Node, path: str) -> web.Application:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(protocols=WS_SUBPROTOCOLS, max_msg_size=0, autoping=True)
+        await ws.prepare(request)
+        sink = _WsSink(ws)
+        peer = request.remote or "?"
+        conn = node.open(sink, f"ws:{peer}")
+        writer = asyncio.create_task(sink.run())
+        try:
+            async for msg in ws:
+                if msg.type is WSMsgType.BINARY:
+                    conn.receive(msg.data)
+                elif msg.type is WSMsgType.TEXT:
+                    # MQTT over WebSocket must use binary frames [MQTT-6.0.0-1].
+                    conn.channel.disconnect(0x81, "text frame")
+                    node.after(conn)
+                    break
+                elif msg.type is WSMsgType.ERROR:
+                    break
+        finally:
+            conn.lost()
+            sink.close()
+            try:
+                await asyncio.wait_for(writer, timeout=2)
+            except TimeoutError:
+                writer.cancel()
+        return ws
+
+    app = web.Application()
+    app.router.add_get(path, handler)
+    return app
+
+
+async def start_ws(node: Node, host: str, port: int, path: str,
+                   ssl_ctx: ssl.SSLContext | None = None) -> web.AppRunner:
+    runner = web.AppRunner(ws_app(node, path), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, reuse_address=True)
+    await site.start()
+    return runner

@@ -1,0 +1,121 @@
+"""Composition root of the connection service: the only place that reads the environment."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+import grpc
+from aiohttp import web
+from opentelemetry import metrics
+
+from services.common.bus.client import connect
+from services.common.runtime import run_service
+from services.common.topics import TopicLimits
+from services.connection.api import ConnectionAdminApi
+from services.connection.channel import ChannelConfig
+from services.connection.config import ConnectionSettings
+from services.connection.listener import server_ssl_context, start_tcp, start_ws
+from services.connection.node import Node
+from services.session.client import SessionClient
+from starling.connection.v1 import connection_pb2 as pb
+from starling.connection.v1 import connection_pb2_grpc as pb_grpc
+
+log = logging.getLogger("starling.connection")
+
+
+def channel_config(s: ConnectionSettings) -> ChannelConfig:
+    return ChannelConfig(
+        node_id=s.node_id,
+        max_packet_size_bytes=s.max_packet_size_bytes,
+        receive_maximum=s.receive_maximum,
+        topic_alias_maximum=s.topic_alias_maximum,
+        max_keepalive_s=s.max_keepalive_s,
+        connect_timeout_s=s.connect_timeout_s,
+        v3_inflight=s.v3_inflight,
+        max_queued_messages=s.max_queued_messages,
+        topic_limits=TopicLimits(s.max_topic_length_bytes, s.max_topic_levels),
+    )
+
+
+class ConnectionService:
+    def __init__(self, settings: ConnectionSettings) -> None:
+        self._s = settings
+        self.node: Node | None = None
+        self._servers: list[asyncio.Server] = []
+        self._runners: list[web.AppRunner] = []
+        self.ports: dict[str, int] = {}
+
+    def register(self, server: grpc.aio.Server) -> Iterable[str]:
+        pb_grpc.add_ConnectionAdminServiceServicer_to_server(ConnectionAdminApi(self), server)
+        return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
+
+    async def start(self) -> None:
+        s = self._s
+        nc = await connect(s.nats_url, s.node_id)
+        self.node = node = Node(channel_config(s), nc, SessionClient(s.session_addr),
+                                tracing=s.trace_sample_ratio > 0)
+        await node.start()
+        _register_metrics(node)
+        tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port)
+        self._servers.append(tcp)
+        self.ports["mqtt"] = tcp.sockets[0].getsockname()[1]
+        ctx = None
+        if s.tls_cert_file and s.tls_key_file:
+            ctx = server_ssl_context(s.tls_cert_file, s.tls_key_file, s.tls_ca_file,
+                                     s.tls_require_client_cert)
+        if s.tls_port >= 0 and ctx is not None:
+            tls = await start_tcp(node, s.mqtt_host, s.tls_port, ctx)
+            self._servers.append(tls)
+            self.ports["mqtts"] = tls.sockets[0].getsockname()[1]
+        if s.ws_port >= 0:
+            self._runners.append(await start_ws(node, s.mqtt_host, s.ws_port, s.ws_path))
+            self.ports["ws"] = s.ws_port
+        if s.wss_port >= 0 and ctx is not None:
+            self._runners.append(await start_ws(node, s.mqtt_host, s.wss_port, s.ws_path, ctx))
+            self.ports["wss"] = s.wss_port
+        log.info("mqtt_listening", extra={"ports": self.ports, "node": s.node_id})
+
+    async def stop(self) -> None:
+        for srv in self._servers:
+            srv.close()
+        if self.node is not None:
+            await self.node.shutdown(min(2.0, self._s.shutdown_grace_s))
+        for runner in self._runners:
+            await runner.cleanup()
+        if self.node is not None:
+            await self.node.nc.drain()
+
+
+def _register_metrics(node: Node) -> None:
+    meter = metrics.get_meter("starling.connection")
+
+    def by_tenant(field: str) -> Iterable[metrics.Observation]:
+        for tenant, c in list(node.counters.items()):
+            yield metrics.Observation(getattr(c, field), {"tenant": tenant})
+
+    meter.create_observable_counter(
+        "starling_messages_in", [lambda _o: by_tenant("messages_in")],
+        description="PUBLISH packets accepted from clients")
+    meter.create_observable_counter(
+        "starling_messages_out", [lambda _o: by_tenant("messages_out")],
+        description="PUBLISH packets written to clients")
+    meter.create_observable_counter(
+        "starling_messages_dropped", [lambda _o: by_tenant("dropped")],
+        description="Deliveries dropped (slow consumer, queue full, too large)")
+
+    def connections(_o: object) -> Iterable[metrics.Observation]:
+        per: dict[str, int] = {}
+        for conn in list(node.conns):
+            t = conn.channel.tenant or "-"
+            per[t] = per.get(t, 0) + 1
+        for tenant, n in per.items():
+            yield metrics.Observation(n, {"tenant": tenant})
+
+    meter.create_observable_gauge("starling_connections", [connections],
+                                  description="Open MQTT connections")
+
+
+def main() -> int:
+    return run_service("connection", ConnectionSettings, ConnectionService)

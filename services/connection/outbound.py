@@ -1,0 +1,170 @@
+"""Broker-to-client delivery for one connection: inflight window, bounded queue, topic aliases.
+
+Invariants:
+- At most `receive_maximum` QoS 1/2 PUBLISHes are unacknowledged at once [MQTT-3.3.4-9];
+  further ones wait in `pending`, which is bounded; what does not fit is dropped and counted.
+- QoS 0 is never queued: it is written at once, or dropped when the transport is congested.
+- A PUBLISH larger than the client's maximum packet size is discarded as if sent
+  [MQTT-3.1.2-25].
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import replace
+
+from services.common.mqtt.encoder import encode, encode_properties
+from services.common.mqtt.packets import PubRel
+from services.common.mqtt.properties import EMPTY
+from services.connection.actions import Message
+
+# inflight stage
+AWAIT_PUBACK = 1
+AWAIT_PUBREC = 2
+AWAIT_PUBCOMP = 3
+
+Pending = tuple[Message, int, bool, tuple[int, ...]]
+
+
+class Outbound:
+    __slots__ = (
+        "_alias",
+        "_next_pid",
+        "alias_max",
+        "congested",
+        "dropped",
+        "expired",
+        "inflight",
+        "level",
+        "max_packet_size",
+        "max_queued",
+        "out",
+        "pending",
+        "receive_maximum",
+        "sent",
+    )
+
+    def __init__(self, out: bytearray, level: int, receive_maximum: int, max_packet_size: int,
+                 alias_max: int, max_queued: int) -> None:
+        self.out = out
+        self.level = level
+        self.receive_maximum = receive_maximum
+        self.max_packet_size = max_packet_size
+        self.alias_max = alias_max
+        self.max_queued = max_queued
+        self.inflight: dict[int, int] = {}
+        self.pending: deque[Pending] = deque()
+        self._alias: dict[str, int] = {}
+        self._next_pid = 0
+        self.congested = False
+        self.sent = 0
+        self.dropped = 0
+        self.expired = 0
+
+    def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...],
+                now: float) -> None:
+        if msg.expires_at is not None and msg.expires_at <= now:
+            self.expired += 1
+            return
+        if qos == 0:
+            if self.congested:
+                self.dropped += 1
+                return
+            self._write(msg, 0, retain, sub_ids, 0, now)
+            return
+        if not self.pending and len(self.inflight) < self.receive_maximum:
+            self._send_acked(msg, qos, retain, sub_ids, now)
+        elif len(self.pending) < self.max_queued:
+            self.pending.append((msg, qos, retain, sub_ids))
+        else:
+            self.dropped += 1
+
+    def _send_acked(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...],
+                    now: float) -> None:
+        pid = self._take_pid()
+        if self._write(msg, qos, retain, sub_ids, pid, now):
+            self.inflight[pid] = AWAIT_PUBACK if qos == 1 else AWAIT_PUBREC
+
+    def _take_pid(self) -> int:
+        pid = self._next_pid
+        inflight = self.inflight
+        while True:
+            pid = pid + 1 if pid < 65535 else 1
+            if pid not in inflight:
+                self._next_pid = pid
+                return pid
+
+    def _write(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], pid: int,
+               now: float) -> bool:
+        topic = msg.topic
+        level = self.level
+        props_b = b""
+        if level == 5:
+            props = msg.properties
+            alias = 0
+            if self.alias_max:
+                alias = self._alias.get(topic, 0)
+                if alias:
+                    topic = ""
+                elif len(self._alias) < self.alias_max:
+                    alias = len(self._alias) + 1
+                    self._alias[topic] = alias
+            if msg.expires_at is not None or sub_ids or alias:
+                props = replace(
+                    props,
+                    message_expiry_interval=(
+                        max(1, math.ceil(msg.expires_at - now)) if msg.expires_at is not None
+                        else props.message_expiry_interval
+                    ),
+                    subscription_identifier=sub_ids,
+                    topic_alias=alias or None,
+                )
+            props_b = b"\x00" if props is EMPTY else encode_properties(props)
+        t = topic.encode()
+        first = 0x30 | (qos << 1) | (1 if retain else 0)
+        head = len(t).to_bytes(2, "big") + t
+        if qos:
+            head += pid.to_bytes(2, "big")
+        n = len(head) + len(props_b) + len(msg.payload)
+        if n < 128:
+            data = bytes((first, n)) + head + props_b + msg.payload
+        else:
+            from services.common.mqtt.primitives import encode_varint
+
+            data = bytes((first,)) + encode_varint(n) + head + props_b + msg.payload
+        if len(data) > self.max_packet_size:
+            self.dropped += 1  # [MQTT-3.1.2-25] discard as if sent
+            return False
+        self.out += data
+        self.sent += 1
+        return True
+
+    def acked(self, pid: int, stage: int, now: float) -> bool:
+        """PUBACK (stage AWAIT_PUBACK) or PUBCOMP (AWAIT_PUBCOMP) for `pid`; True if known."""
+        if self.inflight.get(pid) != stage:
+            return False
+        del self.inflight[pid]
+        self._pump(now)
+        return True
+
+    def received(self, pid: int, failed: bool, now: float) -> bool:
+        """PUBREC for `pid`: answer PUBREL, or finish on an error reason (MQTT 5)."""
+        if self.inflight.get(pid) != AWAIT_PUBREC:
+            return False
+        if failed:
+            del self.inflight[pid]
+            self._pump(now)
+            return True
+        self.inflight[pid] = AWAIT_PUBCOMP
+        self.out += encode(PubRel(pid), self.level)
+        return True
+
+    def _pump(self, now: float) -> None:
+        pending = self.pending
+        while pending and len(self.inflight) < self.receive_maximum:
+            msg, qos, retain, sub_ids = pending.popleft()
+            if msg.expires_at is not None and msg.expires_at <= now:
+                self.expired += 1
+                continue
+            self._send_acked(msg, qos, retain, sub_ids, now)

@@ -1,0 +1,5 @@
+import sys
+
+from services.session.main import main
+
+sys.exit(main())

@@ -1,0 +1,34 @@
+"""Typed client of the session service, used by connection nodes and the CLI."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.common.rpc.server import channel
+from starling.session.v1 import session_pb2 as pb
+from starling.session.v1 import session_pb2_grpc as pb_grpc
+
+
+class SessionClient:
+    def __init__(self, address: str, timeout_s: float = 5.0) -> None:
+        self._channel = channel(address)
+        self._stub = pb_grpc.SessionServiceStub(self._channel)
+        self._timeout = timeout_s
+
+    async def connect(self, request: pb.ConnectRequest) -> pb.ConnectResponse:
+        return await self._stub.Connect(request, timeout=self._timeout)  # type: ignore[no-any-return]
+
+    async def disconnect(self, tenant: str, client_id: str, epoch: int, node_id: str) -> bool:
+        resp = await self._stub.Disconnect(
+            pb.DisconnectRequest(tenant=tenant, client_id=client_id, epoch=epoch,
+                                 node_id=node_id),
+            timeout=self._timeout,
+        )
+        return bool(resp.removed)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def admin_stub(ch: grpc.aio.Channel) -> pb_grpc.SessionAdminServiceStub:
+    return pb_grpc.SessionAdminServiceStub(ch)

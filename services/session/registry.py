@@ -1,0 +1,90 @@
+"""Session registry in Redis: which node holds which client, with a registry epoch.
+
+Theory of operation: every CONNECT takes a fresh epoch from one counter per client
+(`INCR`); `claim` then installs (node, epoch) only if no higher epoch is installed, atomically
+(Lua). So of two racing CONNECTs the later epoch always ends installed, the earlier one learns
+it lost (its own claim is refused, or its node receives a kick for its epoch), and exactly one
+connection survives. `release` removes the entry only for the epoch that owns it.
+Redis holds only what may be lost: losing it drops the registry, never a message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from redis.asyncio import Redis
+
+_CLAIM = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur then
+  local old = cjson.decode(cur)
+  if tonumber(old['epoch']) > tonumber(ARGV[2]) then return {0, cur} end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return {1, cur or ''}
+"""
+
+_RELEASE = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if not cur then return 0 end
+if tonumber(cjson.decode(cur)['epoch']) == tonumber(ARGV[2]) then
+  redis.call('HDEL', KEYS[1], ARGV[1]); return 1
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    tenant: str
+    client_id: str
+    node_id: str
+    epoch: int
+    username: str = ""
+    peer_address: str = ""
+    protocol_level: int = 4
+    connected_at_ms: int = 0
+    clean_start: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    won: bool
+    previous: Holder | None
+
+
+def _key(tenant: str) -> str:
+    return f"st:clients:{tenant}"
+
+
+def _decode(raw: bytes | str) -> Holder:
+    return Holder(**json.loads(raw))
+
+
+class Registry:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._claim = redis.register_script(_CLAIM)
+        self._release = redis.register_script(_RELEASE)
+
+    async def next_epoch(self, tenant: str, client_id: str) -> int:
+        return int(await self._redis.incr(f"st:epoch:{tenant}:{client_id}"))
+
+    async def claim(self, holder: Holder) -> ClaimResult:
+        won, prev = await self._claim(
+            keys=[_key(holder.tenant)],
+            args=[holder.client_id, holder.epoch, json.dumps(asdict(holder))],
+        )
+        return ClaimResult(bool(won), _decode(prev) if prev else None)
+
+    async def release(self, tenant: str, client_id: str, epoch: int) -> bool:
+        return bool(await self._release(keys=[_key(tenant)], args=[client_id, epoch]))
+
+    async def get(self, tenant: str, client_id: str) -> Holder | None:
+        raw = await self._redis.hget(_key(tenant), client_id)  # type: ignore[misc]
+        return _decode(raw) if raw else None
+
+    async def list(self, tenant: str) -> list[Holder]:
+        raw = await self._redis.hgetall(_key(tenant))  # type: ignore[misc]
+        return sorted((_decode(v) for v in raw.values()), key=lambda h: h.client_id)
