@@ -33,6 +33,8 @@ class Component:
     metrics_port: int = 0
     port: int = 0  # NATS / Redis / MQTT TCP port
     ws_port: int = 0
+    tls_port: int = 0
+    wss_port: int = 0
     log: str = ""
 
 
@@ -81,13 +83,15 @@ def redis_binary() -> str:
 
 class Launcher:
     def __init__(self, data_dir: Path, nodes: int, mqtt_port: int, anonymous: bool = True,
-                 extra_env: dict[str, str] | None = None, ws: bool = True) -> None:
+                 extra_env: dict[str, str] | None = None, ws: bool = True,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.data_dir = data_dir.resolve()
         self.nodes = nodes
         self.mqtt_port = mqtt_port
         self.anonymous = anonymous
         self.extra_env = extra_env or {}
         self.ws = ws
+        self.tls = tls
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.mesh = Mesh(str(self.data_dir))
 
@@ -166,6 +170,12 @@ class Launcher:
             if self.ws:
                 comp.ws_port = free_port()
                 env["STARLING_WS_PORT"] = str(comp.ws_port)
+            if self.tls is not None:
+                comp.tls_port, comp.wss_port = free_port(), free_port()
+                env["STARLING_TLS_PORT"] = str(comp.tls_port)
+                env["STARLING_WSS_PORT"] = str(comp.wss_port)
+                env["STARLING_TLS_CERT_FILE"] = str(self.tls[0])
+                env["STARLING_TLS_KEY_FILE"] = str(self.tls[1])
         self._spawn(comp, [sys.executable, "-m", f"services.{service}"], env)
         return comp
 

@@ -1,0 +1,52 @@
+"""Settings: env and TOML sources, and start-up failures that name the bad setting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.common.config import ConfigError, load_settings
+from services.connection.config import ConnectionSettings
+from services.session.config import SessionSettings
+
+
+def test_env_and_toml_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "starling.toml"
+    cfg.write_text('[common]\nlog_level = "DEBUG"\ngrpc_port = 7100\n'
+                   '[session]\nanonymous_tenants = ["open"]\n')
+    monkeypatch.setenv("STARLING_CONFIG", str(cfg))
+    monkeypatch.setenv("STARLING_GRPC_PORT", "7200")  # env beats the file
+    s = load_settings(SessionSettings)
+    assert (s.log_level, s.grpc_port, s.anonymous_tenants) == ("DEBUG", 7200, ["open"])
+
+
+def test_bad_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STARLING_RECEIVE_MAXIMUM", "0")
+    with pytest.raises(ConfigError, match="receive_maximum.*STARLING_RECEIVE_MAXIMUM"):
+        load_settings(ConnectionSettings)
+
+
+def test_tls_port_without_certificate_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STARLING_TLS_PORT", "8883")
+    with pytest.raises(ConfigError, match="tls_cert_file"):
+        load_settings(ConnectionSettings)
+
+
+def test_secrets_are_redacted_in_the_effective_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STARLING_ADMIN_TOKEN", "hunter2")
+    s = load_settings(SessionSettings)
+    assert s.admin_token.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(s.redacted())
+
+
+@pytest.mark.parametrize("service", ["session", "connection", "metrics"])
+def test_service_process_exits_2_naming_the_setting(service: str) -> None:
+    env = {**os.environ, "STARLING_GRPC_PORT": "not-a-port"}
+    proc = subprocess.run([sys.executable, "-m", f"services.{service}"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "grpc_port" in proc.stderr and "STARLING_GRPC_PORT" in proc.stderr

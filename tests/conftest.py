@@ -1,0 +1,132 @@
+"""Fixtures that start real servers on free ports: nats-server, redis-server, and a whole
+Starling mesh (two connection nodes) shared by the end-to-end tests of a session.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.cli.launcher import Launcher, Mesh, nats_binary
+from services.cli.ports import free_port, port_open
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if port_open("127.0.0.1", port):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        time.sleep(0.02)
+    raise RuntimeError(f"{what} did not open port {port}")
+
+
+@pytest.fixture(scope="session")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    store = tmp_path_factory.mktemp("nats")
+    proc = subprocess.Popen([nats_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
+                             "-sd", str(store)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _wait_port(port, proc, "nats-server")
+    yield f"nats://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed; run `make test` (scripts/setup.sh installs it)")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_port(port, proc, "redis-server")
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+def make_cert(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1/localhost."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName([
+            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@dataclass
+class MeshInfo:
+    mesh: Mesh
+    launcher: Launcher
+    cert: Path
+
+    def node(self, i: int) -> int:
+        return self.mesh.by_name(f"connection-{i}").port
+
+    def comp(self, name: str) -> object:
+        return self.mesh.by_name(name)
+
+    def addr(self, name: str) -> str:
+        return f"127.0.0.1:{self.mesh.by_name(name).grpc_port}"
+
+
+@pytest.fixture(scope="session")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
+    """Two connection nodes plus every service, shared by all end-to-end tests."""
+    folder = tmp_path_factory.mktemp("mesh")
+    cert, key = make_cert(folder)
+    env = {
+        "STARLING_ANONYMOUS_TENANTS": '["default", "open"]',
+        "STARLING_ADMIN_TOKEN": ADMIN_TOKEN,
+        "STARLING_LOG_LEVEL": "INFO",
+        "STARLING_MAX_QUEUED_MESSAGES": "100",
+        "STARLING_RECEIVE_MAXIMUM": "20",
+    }
+    launcher = Launcher(folder / "run", nodes=2, mqtt_port=0, anonymous=False, extra_env=env,
+                        tls=(cert, key))
+    m = launcher.start(timeout_s=60)
+    yield MeshInfo(m, launcher, cert)
+    launcher.stop()
+
+
+def python() -> str:
+    return sys.executable
+
+
+os.environ.setdefault("STARLING_TEST", "1")
