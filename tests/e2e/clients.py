@@ -1,0 +1,152 @@
+"""Test clients: a paho-mqtt wrapper with blocking waits, and a raw-socket MQTT client built
+on the project's codec (for malformed input and exact packet checks).
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import ssl
+import time
+import uuid
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProps
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from services.common.mqtt import Connect, Decoder, MqttError, Packet, encode
+
+TIMEOUT = 10.0
+
+
+class Paho:
+    def __init__(self, port: int, client_id: str | None = None, v5: bool = True,
+                 username: str | None = None, password: str | None = None,
+                 clean: bool = True, transport: str = "tcp", tls_ca: str | None = None,
+                 will: tuple[str, bytes, int] | None = None, keepalive: int = 30) -> None:
+        self.client_id = client_id or f"t-{uuid.uuid4().hex[:10]}"
+        self.v5 = v5
+        self.port = port
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+                             transport=transport,  # type: ignore[arg-type]
+                             **({} if v5 else {"clean_session": clean}))
+        if transport == "websockets":
+            self.c.ws_set_options(path="/mqtt")
+        if tls_ca:
+            self.c.tls_set(ca_certs=tls_ca, cert_reqs=ssl.CERT_REQUIRED)
+        if username is not None:
+            self.c.username_pw_set(username, password)
+        if will is not None:
+            self.c.will_set(will[0], will[1], will[2])
+        self.keepalive = keepalive
+        self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        self.connacks: queue.Queue[Any] = queue.Queue()
+        self.subacks: queue.Queue[list[Any]] = queue.Queue()
+        self.disconnects: queue.Queue[Any] = queue.Queue()
+        self.pubacks: dict[int, Any] = {}
+        self.c.on_message = lambda c, u, m: self.messages.put(m)
+        self.c.on_connect = lambda c, u, f, rc, p: self.connacks.put(rc)
+        self.c.on_subscribe = lambda c, u, mid, rcs, p: self.subacks.put(rcs)
+        self.c.on_disconnect = lambda c, u, f, rc, p: self.disconnects.put(rc)
+        self.c.on_publish = lambda c, u, mid, rc, p: self.pubacks.__setitem__(mid, rc)
+
+    def connect(self, expect_ok: bool = True, clean_start: bool = True) -> Any:
+        kwargs: dict[str, Any] = {"keepalive": self.keepalive}
+        if self.v5:
+            kwargs["clean_start"] = clean_start
+        self.c.connect("127.0.0.1", self.port, **kwargs)
+        self.c.loop_start()
+        rc = self.connacks.get(timeout=TIMEOUT)
+        if expect_ok:
+            assert not rc.is_failure, f"CONNACK {rc}"
+        return rc
+
+    def subscribe(self, topic: str, qos: int = 0, sub_id: int | None = None,
+                  **options: bool) -> list[Any]:
+        props = None
+        if sub_id is not None:
+            props = PahoProps(PacketTypes.SUBSCRIBE)
+            props.SubscriptionIdentifier = sub_id
+        if self.v5:
+            self.c.subscribe(topic, options=SubscribeOptions(qos=qos, **options),
+                             properties=props)
+        else:
+            self.c.subscribe(topic, qos)
+        return self.subacks.get(timeout=TIMEOUT)
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 0, retain: bool = False,
+                props: PahoProps | None = None) -> Any:
+        info = self.c.publish(topic, payload, qos, retain, properties=props)
+        info.wait_for_publish(TIMEOUT)
+        return self.pubacks.get(info.mid)
+
+    def expect(self, n: int = 1, timeout: float = TIMEOUT) -> list[mqtt.MQTTMessage]:
+        return [self.messages.get(timeout=timeout) for _ in range(n)]
+
+    def nothing(self, wait_s: float = 0.4) -> None:
+        try:
+            m = self.messages.get(timeout=wait_s)
+        except queue.Empty:
+            return
+        raise AssertionError(f"unexpected message on {m.topic}: {m.payload!r}")
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+class Raw:
+    """A blocking MQTT client over a plain socket, speaking through the project's codec."""
+
+    def __init__(self, port: int, level: int = 5) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+        self.level = level
+        self.decoder = Decoder(level)
+        self.pending: list[Packet] = []
+
+    def send(self, packet: Packet | bytes) -> None:
+        self.sock.sendall(packet if isinstance(packet, bytes) else encode(packet, self.level))
+
+    def connect(self, connect: Connect) -> Packet:
+        self.level = connect.protocol_level
+        self.decoder.protocol_level = self.level
+        self.send(connect)
+        return self.recv()
+
+    def recv(self, timeout: float = TIMEOUT) -> Packet:
+        deadline = time.monotonic() + timeout
+        while not self.pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no packet")
+            self.sock.settimeout(remaining)
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by server")
+            self.pending += self.decoder.feed(data)
+        return self.pending.pop(0)
+
+    def closed(self, timeout: float = TIMEOUT) -> bool:
+        """True once the server closed the socket (packets before the close are kept)."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return False
+            except OSError:
+                return True
+            if not data:
+                return True
+            try:
+                self.pending += self.decoder.feed(data)
+            except MqttError:
+                return False
+        return False
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,163 @@
+"""Publish/subscribe through a two-node mesh with real paho-mqtt clients (v3.1.1 and v5)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from services.common.mqtt import Connect, Will
+from tests.conftest import MeshInfo
+from tests.e2e.clients import Paho, Raw
+
+VERSIONS = [pytest.param(True, id="v5"), pytest.param(False, id="v311")]
+
+
+@pytest.mark.parametrize("v5", VERSIONS)
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_pubsub_across_nodes(mesh: MeshInfo, v5: bool, qos: int) -> None:
+    sub = Paho(mesh.node(1), v5=v5)
+    sub.connect()
+    assert [int(rc.value) for rc in sub.subscribe(f"x/{qos}/{v5}", qos)] == [qos]
+    pub = Paho(mesh.node(0), v5=v5)
+    pub.connect()
+    for i in range(5):
+        pub.publish(f"x/{qos}/{v5}", f"m{i}", qos)
+    got = sub.expect(5)
+    assert [m.payload for m in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]  # MQTT 4.6 order
+    assert {m.qos for m in got} == {qos}
+    sub.close()
+    pub.close()
+
+
+def test_delivered_qos_is_the_minimum(mesh: MeshInfo) -> None:
+    sub = Paho(mesh.node(1))
+    sub.connect()
+    sub.subscribe("minq/low", 0)
+    sub.subscribe("minq/high", 2)
+    pub = Paho(mesh.node(0))
+    pub.connect()
+    pub.publish("minq/low", "a", 2)
+    pub.publish("minq/high", "b", 1)
+    got = {m.topic: m.qos for m in sub.expect(2)}
+    assert got == {"minq/low": 0, "minq/high": 1}
+    sub.close()
+    pub.close()
+
+
+def test_wildcards_and_dollar_topics(mesh: MeshInfo) -> None:
+    sub = Paho(mesh.node(0))
+    sub.connect()
+    sub.subscribe("w/+/temp", 1)
+    sub.subscribe("w/deep/#", 1)
+    dollar = Paho(mesh.node(1))
+    dollar.connect()
+    dollar.subscribe("#", 0)  # [MQTT-4.7.2-1] '#' must not see $ topics
+    pub = Paho(mesh.node(1))
+    pub.connect()
+    pub.publish("w/kitchen/temp", "21", 1)
+    pub.publish("w/kitchen/humidity", "40", 1)
+    pub.publish("w/deep", "parent", 1)  # '#' matches the parent level too
+    pub.publish("w/deep/a/b", "child", 1)
+    pub.publish("$internal/x", "hidden", 1)
+    got = sorted((m.topic, m.payload) for m in sub.expect(3))
+    assert got == [("w/deep", b"parent"), ("w/deep/a/b", b"child"),
+                   ("w/kitchen/temp", b"21")]
+    sub.nothing()
+    seen = {m.topic for m in dollar.expect(4)}
+    assert "$internal/x" not in seen
+    dollar.nothing()
+    for c in (sub, dollar, pub):
+        c.close()
+
+
+def test_overlapping_subscriptions_deliver_once(mesh: MeshInfo) -> None:
+    sub = Paho(mesh.node(1))
+    sub.connect()
+    sub.subscribe("ov/#", 0, sub_id=1)
+    sub.subscribe("ov/+", 1, sub_id=2)
+    sub.subscribe("ov/a", 2, sub_id=3)
+    pub = Paho(mesh.node(0))
+    pub.connect()
+    pub.publish("ov/a", "once", 2)
+    (m,) = sub.expect(1)
+    assert m.payload == b"once" and m.qos == 2  # highest of the matching subscriptions
+    assert sorted(m.properties.SubscriptionIdentifier) == [1, 2, 3]
+    sub.nothing()
+    sub.close()
+    pub.close()
+
+
+def test_no_local(mesh: MeshInfo) -> None:
+    c = Paho(mesh.node(0))
+    c.connect()
+    c.subscribe("nl/t", 1, noLocal=True)
+    other = Paho(mesh.node(1))
+    other.connect()
+    c.publish("nl/t", "mine", 1)
+    other.publish("nl/t", "theirs", 1)
+    (m,) = c.expect(1)
+    assert m.payload == b"theirs"
+    c.nothing()
+    c.close()
+    other.close()
+
+
+def test_will_on_abrupt_close_not_on_clean_disconnect(mesh: MeshInfo) -> None:
+    watcher = Paho(mesh.node(1))
+    watcher.connect()
+    watcher.subscribe("will/+", 1)
+    raw = Raw(mesh.node(0))
+    ack = raw.connect(Connect("will-raw", 5, will=Will("will/raw", b"gone", 1)))
+    assert ack.reason_code == 0  # type: ignore[union-attr]
+    raw.sock.shutdown(socket.SHUT_RDWR)
+    raw.close()
+    (m,) = watcher.expect(1)
+    assert (m.topic, m.payload) == ("will/raw", b"gone")
+
+    clean = Paho(mesh.node(0), will=("will/clean", b"should-not-arrive", 1))
+    clean.connect()
+    clean.close()
+    watcher.nothing(0.8)
+    watcher.close()
+
+
+@pytest.mark.parametrize("v5", VERSIONS)
+def test_takeover_across_nodes(mesh: MeshInfo, v5: bool) -> None:
+    first = Paho(mesh.node(0), client_id=f"dup-{v5}", v5=v5)
+    first.connect()
+    second = Paho(mesh.node(1), client_id=f"dup-{v5}", v5=v5)
+    second.connect()
+    rc = first.disconnects.get(timeout=10)
+    if v5:
+        assert int(rc.value) == 0x8E  # session taken over
+    # The survivor works.
+    second.subscribe(f"tk/{v5}", 1)
+    pub = Paho(mesh.node(0))
+    pub.connect()
+    pub.publish(f"tk/{v5}", "hi", 1)
+    assert second.expect(1)[0].payload == b"hi"
+    first.c.loop_stop()
+    second.close()
+    pub.close()
+
+
+def test_racing_connects_leave_exactly_one(mesh: MeshInfo) -> None:
+    import threading
+
+    raws = [Raw(mesh.node(i % 2)) for i in range(6)]
+    barrier = threading.Barrier(len(raws))
+
+    def go(r: Raw) -> None:
+        barrier.wait()
+        r.send(Connect("racer", 5))
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in raws]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    alive = [r for r in raws if not r.closed(timeout=3)]
+    assert len(alive) == 1
+    for r in raws:
+        r.close()
