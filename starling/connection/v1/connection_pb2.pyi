@@ -3,8 +3,10 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -49,6 +51,64 @@ class Kick(_message.Message):
 Global___Kick: _TypeAlias = Kick  # noqa: Y015
 
 @_typing.final
+class TenantStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    MESSAGES_IN_FIELD_NUMBER: _builtins.int
+    MESSAGES_OUT_FIELD_NUMBER: _builtins.int
+    MESSAGES_DROPPED_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    messages_in: _builtins.int
+    messages_out: _builtins.int
+    messages_dropped: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        messages_in: _builtins.int = ...,
+        messages_out: _builtins.int = ...,
+        messages_dropped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages_dropped", b"messages_dropped", "messages_in", b"messages_in", "messages_out", b"messages_out", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantStats: _TypeAlias = TenantStats  # noqa: Y015
+
+@_typing.final
+class ClientDrops(_message.Message):
+    """Deliveries dropped for one connected client (slow consumer, queue full, too large)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    dropped: _builtins.int
+    expired: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        dropped: _builtins.int = ...,
+        expired: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "dropped", b"dropped", "expired", b"expired", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientDrops: _TypeAlias = ClientDrops  # noqa: Y015
+
+@_typing.final
 class NodeStats(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -57,11 +117,17 @@ class NodeStats(_message.Message):
     MESSAGES_IN_FIELD_NUMBER: _builtins.int
     MESSAGES_OUT_FIELD_NUMBER: _builtins.int
     MESSAGES_DROPPED_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    CLIENT_DROPS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     connections: _builtins.int
     messages_in: _builtins.int
     messages_out: _builtins.int
     messages_dropped: _builtins.int
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantStats]: ...
+    @_builtins.property
+    def client_drops(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientDrops]: ...
     def __init__(
         self,
         *,
@@ -70,10 +136,12 @@ class NodeStats(_message.Message):
         messages_in: _builtins.int = ...,
         messages_out: _builtins.int = ...,
         messages_dropped: _builtins.int = ...,
+        tenants: _abc.Iterable[Global___TenantStats] | None = ...,
+        client_drops: _abc.Iterable[Global___ClientDrops] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connections", b"connections", "messages_dropped", b"messages_dropped", "messages_in", b"messages_in", "messages_out", b"messages_out", "node_id", b"node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_drops", b"client_drops", "connections", b"connections", "messages_dropped", b"messages_dropped", "messages_in", b"messages_in", "messages_out", b"messages_out", "node_id", b"node_id", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
