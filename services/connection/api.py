@@ -23,7 +23,8 @@ class ConnectionAdminApi(pb_grpc.ConnectionAdminServiceServicer):
         node = self._service.node
         if node is None:
             raise RuntimeError("node is not started")
-        counters = list(node.counters.values())
+        stats = node.tenant_stats()
+        counters = list(stats.values())
         return pb.GetNodeStatsResponse(stats=pb.NodeStats(
             node_id=node.node_id,
             connections=len(node.conns),
@@ -32,7 +33,7 @@ class ConnectionAdminApi(pb_grpc.ConnectionAdminServiceServicer):
             messages_dropped=sum(c.dropped for c in counters),
             tenants=[pb.TenantStats(tenant=t, messages_in=c.messages_in,
                                     messages_out=c.messages_out, messages_dropped=c.dropped)
-                     for t, c in sorted(node.counters.items())],
+                     for t, c in sorted(stats.items())],
             client_drops=[pb.ClientDrops(tenant=c.channel.tenant, client_id=c.channel.client_id,
                                          dropped=c.channel.outbound.dropped,
                                          expired=c.channel.outbound.expired)

@@ -78,7 +78,7 @@ class ChannelConfig:
     topic_alias_maximum: int = 64  # inbound aliases we accept
     max_keepalive_s: int = 0  # 0: accept what the client asks
     connect_timeout_s: float = 10.0
-    v3_inflight: int = 64  # outbound window for clients that cannot tell us theirs
+    v3_inflight: int = 256  # outbound window for clients that cannot tell us theirs
     max_queued_messages: int = 1000
     max_client_id_length: int = 256
     max_held_packets: int = 1000

@@ -28,7 +28,7 @@ class ConnectionSettings(ServiceSettings):
     topic_alias_maximum: int = Field(default=64, ge=0, le=65535)
     max_keepalive_s: int = Field(default=0, ge=0, le=65535, description="0: no cap.")
     connect_timeout_s: float = Field(default=10.0, gt=0)
-    v3_inflight: int = Field(default=64, ge=1, le=65535)
+    v3_inflight: int = Field(default=256, ge=1, le=65535, description="Outbound QoS 1/2 window for 3.1/3.1.1 clients.")
     max_queued_messages: int = Field(default=1000, ge=0)
     max_topic_length_bytes: int = Field(default=4096, ge=1, le=65535)
     max_topic_levels: int = Field(default=32, ge=1, le=1024)

@@ -92,7 +92,7 @@ def _register_metrics(node: Node) -> None:
     meter = metrics.get_meter("starling.connection")
 
     def by_tenant(field: str) -> Iterable[metrics.Observation]:
-        for tenant, c in list(node.counters.items()):
+        for tenant, c in node.tenant_stats().items():
             yield metrics.Observation(getattr(c, field), {"tenant": tenant})
 
     meter.create_observable_counter(

@@ -9,6 +9,10 @@ Theory of operation:
   marked dirty and flushed together once per loop iteration.
 - NATS subscribe/unsubscribe operations run in order on one control task; the SUBACK of a
   SUBSCRIBE is written after its NATS subscriptions are confirmed by a flush.
+- Flow control: when the queue of publishes waiting for NATS, or the backlog of mesh messages
+  waiting for delivery, passes a high-water mark, the node stops reading from client sockets
+  (TCP pushes back on publishers) and resumes below the low-water mark. Without it a QoS 0
+  flood starves the NATS side and the node drops what it already accepted.
 - Kicks (takeover, admin) arrive on `ctl.node.<node_id>`; a kick for a connection still
   authenticating leaves a tombstone that refuses it when its CONNECT answer arrives.
 """
@@ -52,7 +56,7 @@ from services.connection.subscriptions import (
     entry_for,
     should_process,
 )
-from starling.common.v1.message_pb2 import RoutedMessage
+from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2
 
@@ -83,11 +87,28 @@ class SessionPort(Protocol):
                          ) -> bool: ...
 
 
+# Flow-control marks (messages).
+PUBLISH_HIGH = 1000
+PUBLISH_LOW = 200
+INBOUND_HIGH_BYTES = 1 << 20  # mesh data received but not yet delivered
+INBOUND_LOW_BYTES = 256 << 10
+CHECK_EVERY = 256
+MAX_BATCH = 64  # messages per NATS message
+FLUSH_EVERY = 1000  # messages between PING/PONG barriers under load
+
+
 @dataclass(slots=True)
 class TenantCounters:
     messages_in: int = 0
     messages_out: int = 0
     dropped: int = 0
+
+
+def _worker_died(task: asyncio.Task[None]) -> None:
+    """A node worker must run until shutdown; if one dies, say so loudly."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("node_worker_died", extra={"worker": task.get_name()},
+                     exc_info=task.exception())
 
 
 class Conn:
@@ -134,7 +155,9 @@ class Node:
         self._tombstones: dict[tuple[str, str], tuple[int, float]] = {}
         self._dirty: set[Conn] = set()
         self._flush_scheduled = False
-        self._pub_queue: list[tuple[str, bytes, dict[str, str] | None]] = []
+        # (subject, batch) in publish order; consecutive messages to one subject share a batch.
+        self._pub_queue: list[tuple[str, RoutedBatch]] = []
+        self._queued = 0
         self._pub_wake = asyncio.Event()
         self._ctl_queue: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -142,6 +165,9 @@ class Node:
         self._ids = itertools.count(1)
         self._ctl_sub: NatsSubscription | None = None
         self._loop = asyncio.get_event_loop()
+        self.paused = False
+        self._since_check = 0
+        self._throttled: set[Conn] = set()
 
     # ---- life cycle ---------------------------------------------------------------------
 
@@ -154,6 +180,8 @@ class Node:
             asyncio.create_task(self._controller(), name="node-controller"),
             asyncio.create_task(self._sweeper(), name="node-sweeper"),
         ]
+        for w in self._workers:
+            w.add_done_callback(_worker_died)
 
     async def shutdown(self, grace_s: float = 2.0) -> None:
         """Tell every client 0x8B, publish their wills, drain the mesh."""
@@ -161,7 +189,7 @@ class Node:
             conn.channel.disconnect(RC.SERVER_SHUTTING_DOWN, "server shutting down")
             self.after(conn)
         deadline = time.monotonic() + grace_s
-        while (self._pub_queue or not self._ctl_queue.empty()) and time.monotonic() < deadline:
+        while (self._queued or not self._ctl_queue.empty()) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=max(0.1, deadline - time.monotonic()))
@@ -186,6 +214,8 @@ class Node:
             msgs = ch.publishes
             ch.publishes = []
             self.route(msgs)
+            if self.paused and conn not in self._throttled:
+                self._throttle(conn)
         if ch.actions:
             actions = ch.actions
             ch.actions = []
@@ -225,65 +255,129 @@ class Node:
     # ---- publishing into the mesh -------------------------------------------------------
 
     def route(self, msgs: list[Message]) -> None:
+        self._since_check += len(msgs)
+        if self._since_check >= CHECK_EVERY or self._queued > PUBLISH_HIGH:
+            self._since_check = 0
+            self._check_pressure()
         queue = self._pub_queue
         counters = self._counters(msgs[0].tenant)
+        node_id = self.node_id
         for msg in msgs:
             counters.messages_in += 1
-            headers = None
+            env = to_envelope(msg, node_id, f"{node_id}-{next(self._ids)}")
             if self.tracing:
                 with tracer.start_as_current_span(
                     "mqtt.publish", kind=trace.SpanKind.PRODUCER,
-                    attributes={"mqtt.topic": msg.topic, "starling.node": self.node_id,
+                    attributes={"mqtt.topic": msg.topic, "starling.node": node_id,
                                 "starling.tenant": msg.tenant, "mqtt.qos": msg.qos},
                 ):
                     carrier = inject()
                 if carrier:
-                    headers = carrier
-            env = to_envelope(msg, self.node_id, f"{self.node_id}-{next(self._ids)}")
-            if headers:
-                env.trace_context.update(headers)
-            queue.append((topic_to_subject(msg.tenant, msg.topic), env.SerializeToString(),
-                          None))
+                    env.trace_context.update(carrier)
+            subject = topic_to_subject(msg.tenant, msg.topic)
+            if queue and queue[-1][0] == subject and len(queue[-1][1].messages) < MAX_BATCH:
+                queue[-1][1].messages.append(env)
+            else:
+                batch = RoutedBatch()
+                batch.messages.append(env)
+                queue.append((subject, batch))
+        self._queued += len(msgs)
         self._pub_wake.set()
 
+    def _inbound_backlog(self) -> int:
+        """Bytes NATS handed us that no subscription task has delivered yet."""
+        return sum(sub.pending_bytes for sub in self._nats_subs.values())
+
+    def _check_pressure(self) -> None:
+        if not self.paused and (self._queued > PUBLISH_HIGH
+                                or self._inbound_backlog() > INBOUND_HIGH_BYTES):
+            # Only connections that publish while the node is saturated are throttled, so
+            # subscribers keep reading and their PUBACKs keep freeing inflight windows.
+            self.paused = True
+            self._loop.call_later(0.002, self._maybe_resume)
+
+    def _throttle(self, conn: Conn) -> None:
+        pause = getattr(conn.sink, "pause_reading", None)
+        if pause is not None:
+            pause()
+            self._throttled.add(conn)
+
+    def _maybe_resume(self) -> None:
+        if self._queued > PUBLISH_LOW or self._inbound_backlog() > INBOUND_LOW_BYTES:
+            self._loop.call_later(0.002, self._maybe_resume)
+            return
+        self.paused = False
+        throttled, self._throttled = self._throttled, set()
+        for conn in throttled:
+            resume = getattr(conn.sink, "resume_reading", None)
+            if resume is not None and not conn.closed:
+                resume()
+
     async def _publisher(self) -> None:
+        """Drain the publish queue into NATS, in order.
+
+        Under load a PING/PONG barrier (`flush`) follows every FLUSH_EVERY messages, and they
+        count as queued until it returns: NATS answers after routing everything published
+        before it, so what NATS still holds for this node shows up in the subscriptions'
+        pending bytes instead of hiding in server buffers where flow control cannot see it.
+        """
         nc = self.nc
+        unconfirmed = 0
         while True:
             await self._pub_wake.wait()
             self._pub_wake.clear()
-            batch = self._pub_queue
+            pending = self._pub_queue
             self._pub_queue = []
-            for subject, data, headers in batch:
+            for subject, batch in pending:
                 try:
-                    await nc.publish(subject, data, headers=headers)
-                except Exception:
+                    await nc.publish(subject, batch.SerializeToString())
+                except Exception:  # never let one publish stop the node
                     log.exception("mesh_publish_failed", extra={"subject": subject})
+                unconfirmed += len(batch.messages)
+            if unconfirmed >= FLUSH_EVERY:
+                try:
+                    await nc.flush(timeout=5)
+                except Exception:  # a slow or lost barrier must not stop publishing
+                    log.warning("mesh_flush_failed")
+            self._queued -= unconfirmed
+            unconfirmed = 0
+            if self._pub_queue:
+                self._pub_wake.set()
 
     # ---- delivering from the mesh -------------------------------------------------------
 
     async def _on_mesh(self, msg: Msg, received_on: str) -> None:
-        env = RoutedMessage.FromString(msg.data)
-        trie = self.subs.tries.get(env.tenant)
+        envs = RoutedBatch.FromString(msg.data).messages
+        if not envs:
+            return
+        first = envs[0]
+        trie = self.subs.tries.get(first.tenant)
         if trie is None:
             return
-        matches = trie.match(env.topic)
+        # One batch carries one tenant and topic: match once for all of its messages.
+        matches = trie.match(first.topic)
         if not matches or (len(matches) > 1
                            and not should_process(received_on, msg.subject, matches)):
             return
-        message = from_envelope(env)
-        if message.trace_context and self.tracing:
-            token = otel_context.attach(extract(dict(message.trace_context)))
-            try:
-                with tracer.start_as_current_span(
-                    "mqtt.deliver", kind=trace.SpanKind.CONSUMER,
-                    attributes={"mqtt.topic": env.topic, "starling.node": self.node_id,
-                                "starling.tenant": env.tenant, "mqtt.recipients": len(matches)},
-                ):
-                    self._deliver(message, matches, env.publisher.client_id)
-            finally:
-                otel_context.detach(token)
-        else:
-            self._deliver(message, matches, env.publisher.client_id)
+        for env in envs:
+            message = from_envelope(env)
+            if message.trace_context and self.tracing:
+                self._deliver_traced(message, matches, env.publisher.client_id)
+            else:
+                self._deliver(message, matches, env.publisher.client_id)
+
+    def _deliver_traced(self, message: Message, matches: list[tuple[Conn, SubEntry]],
+                        publisher: str) -> None:
+        token = otel_context.attach(extract(dict(message.trace_context)))
+        try:
+            with tracer.start_as_current_span(
+                "mqtt.deliver", kind=trace.SpanKind.CONSUMER,
+                attributes={"mqtt.topic": message.topic, "starling.node": self.node_id,
+                            "starling.tenant": message.tenant, "mqtt.recipients": len(matches)},
+            ):
+                self._deliver(message, matches, publisher)
+        finally:
+            otel_context.detach(token)
 
     def _deliver(self, message: Message, matches: list[tuple[Conn, SubEntry]],
                  publisher: str) -> None:
@@ -316,16 +410,15 @@ class Node:
 
     def _deliver_one(self, conn: Conn, message: Message, qos: int, retain: bool,
                      sub_ids: tuple[int, ...], now: float, counters: TenantCounters) -> None:
-        ob = conn.channel.outbound
-        sent, dropped = ob.sent, ob.dropped
         conn.channel.deliver(message, qos, retain, sub_ids, now)
-        counters.messages_out += ob.sent - sent
-        counters.dropped += ob.dropped - dropped
         if conn.channel.out:
             self._mark_dirty(conn)
 
     async def _on_shared(self, group: SharedGroup[Conn], msg: Msg) -> None:
-        env = RoutedMessage.FromString(msg.data)
+        for env in RoutedBatch.FromString(msg.data).messages:
+            self._deliver_shared(group, env)
+
+    def _deliver_shared(self, group: SharedGroup[Conn], env: RoutedMessage) -> None:
         members = [(c, e) for c, e in group.members.items()
                    if c.channel.state is State.CONNECTED]
         if not members:
@@ -472,12 +565,16 @@ class Node:
         conn.closed = True
         self.conns.discard(conn)
         self._dirty.discard(conn)
+        self._throttled.discard(conn)
         ch = conn.channel
         ch.connection_lost()
         if ch.subscriptions:
             self._unsubscribe(conn, tuple(ch.subscriptions))
         if not conn.registered:
             return
+        c = self._counters(ch.tenant)
+        c.messages_out += ch.outbound.sent
+        c.dropped += ch.outbound.dropped
         key = (ch.tenant, ch.client_id)
         held = self.clients.get(key)
         if held is not None:
@@ -512,6 +609,19 @@ class Node:
             cutoff = time.monotonic() - 60
             for key in [k for k, (_, at) in self._tombstones.items() if at < cutoff]:
                 del self._tombstones[key]
+
+    def tenant_stats(self) -> dict[str, TenantCounters]:
+        """Per tenant: closed connections' totals plus the live ones' counters."""
+        out = {t: TenantCounters(c.messages_in, c.messages_out, c.dropped)
+               for t, c in self.counters.items()}
+        for conn in list(self.conns):
+            ch = conn.channel
+            if not ch.tenant:
+                continue
+            t = out.setdefault(ch.tenant, TenantCounters())
+            t.messages_out += ch.outbound.sent
+            t.dropped += ch.outbound.dropped
+        return out
 
     def _counters(self, tenant: str) -> TenantCounters:
         c = self.counters.get(tenant)
