@@ -10,6 +10,7 @@ period.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -65,6 +66,10 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         await server.stop(0)
         raise
     await set_serving(health, names)
+    # Everything built during start-up lives for the whole process: move it out of the
+    # collector's sight so full collections stay short (tail latency on the hot path).
+    gc.collect()
+    gc.freeze()
     log.info("service_serving", extra={"service": name, "grpc_port": port})
     try:
         await stop.wait()

@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.common.mqtt.properties import EMPTY, Properties
 from services.connection.actions import Message
 from starling.common.v1.message_pb2 import (
     MessageProperties,
     Publisher,
+    RoutedBatch,
     RoutedMessage,
     UserProperty,
 )
 
 
-def to_envelope(msg: Message, node_id: str, message_id: str) -> RoutedMessage:
-    env = RoutedMessage(
-        tenant=msg.tenant,
-        topic=msg.topic,
-        payload=msg.payload,
-        qos=msg.qos,
-        retain=msg.retain,
-        publisher=Publisher(client_id=msg.publisher, node_id=node_id),
-        published_at_ms=int(msg.published_at * 1000),
-        message_id=message_id,
-    )
+def _fields(msg: Message, node_id: str, message_id: str) -> dict[str, Any]:
+    return {
+        "tenant": msg.tenant,
+        "topic": msg.topic,
+        "payload": msg.payload,
+        "qos": msg.qos,
+        "retain": msg.retain,
+        "publisher": {"client_id": msg.publisher, "node_id": node_id},
+        "published_at_ms": int(msg.published_at * 1000),
+        "message_id": message_id,
+    }
+
+
+def _finish(env: RoutedMessage, msg: Message) -> RoutedMessage:
     p = msg.properties
     if p is not EMPTY or msg.expires_at is not None:
         mp = env.properties
@@ -41,6 +47,16 @@ def to_envelope(msg: Message, node_id: str, message_id: str) -> RoutedMessage:
     if msg.trace_context:
         env.trace_context.update(dict(msg.trace_context))
     return env
+
+
+def to_envelope(msg: Message, node_id: str, message_id: str) -> RoutedMessage:
+    return _finish(RoutedMessage(**_fields(msg, node_id, message_id)), msg)
+
+
+def add_to_batch(batch: RoutedBatch, msg: Message, node_id: str, message_id: str
+                 ) -> RoutedMessage:
+    """Append `msg` to `batch` in place (no intermediate message to copy)."""
+    return _finish(batch.messages.add(**_fields(msg, node_id, message_id)), msg)
 
 
 def from_envelope(env: RoutedMessage) -> Message:
@@ -76,4 +92,4 @@ def from_envelope(env: RoutedMessage) -> Message:
     )
 
 
-__all__ = ["Publisher", "from_envelope", "to_envelope"]
+__all__ = ["Publisher", "add_to_batch", "from_envelope", "to_envelope"]

@@ -53,9 +53,10 @@ class ConnectionService:
 
     async def start(self) -> None:
         s = self._s
-        nc = await connect(s.nats_url, s.node_id)
+        nc = await connect(s.nats_url, s.node_id, no_echo=True)
+        nc_shared = await connect(s.nats_url, f"{s.node_id}-shared")
         self.node = node = Node(channel_config(s), nc, SessionClient(s.session_addr),
-                                tracing=s.trace_sample_ratio > 0)
+                                tracing=s.trace_sample_ratio > 0, nc_shared=nc_shared)
         await node.start()
         _register_metrics(node)
         tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port)
@@ -86,6 +87,8 @@ class ConnectionService:
             await runner.cleanup()
         if self.node is not None:
             await self.node.nc.drain()
+            if self.node.nc_shared is not self.node.nc:
+                await self.node.nc_shared.drain()
 
 
 def _register_metrics(node: Node) -> None:

@@ -4,8 +4,12 @@ Theory of operation:
 - `Conn.receive` feeds bytes to the channel, then `Node.after` carries out what the channel
   produced: bytes to the socket, messages to NATS (through one FIFO publisher task, so a
   client's publishes keep their order), and actions (authenticate, subscribe, close).
-- Every NATS subscription (normal or shared) lands in `_on_mesh`, which matches the tenant's
-  trie once and delivers to each matching client once. Writes are batched: channels are
+- A publish is delivered to this node's own subscribers directly from the trie (one hop) and
+  sent once on NATS for the other nodes; the NATS connection is `no_echo`, so it never comes
+  back here. Shared-subscription queue groups live on a second connection (`nc_shared`), so
+  NATS still picks among this node's members too. Messages from other nodes land in
+  `_on_mesh`, which matches the tenant's trie once per batch and delivers to each matching
+  client once. Writes are batched: channels are
   marked dirty and flushed together once per loop iteration.
 - NATS subscribe/unsubscribe operations run in order on one control task; the SUBACK of a
   SUBSCRIBE is written after its NATS subscriptions are confirmed by a flush.
@@ -48,7 +52,7 @@ from services.connection.actions import (
     message_properties,
 )
 from services.connection.channel import Channel, ChannelConfig, State
-from services.connection.envelope import from_envelope, to_envelope
+from services.connection.envelope import add_to_batch, from_envelope
 from services.connection.subscriptions import (
     NodeSubscriptions,
     SharedGroup,
@@ -141,10 +145,11 @@ class Conn:
 
 class Node:
     def __init__(self, config: ChannelConfig, nc: Client, session: SessionPort,
-                 tracing: bool = False) -> None:
+                 tracing: bool = False, nc_shared: Client | None = None) -> None:
         self.config = config
         self.node_id = config.node_id
-        self.nc = nc
+        self.nc = nc  # connected with no_echo
+        self.nc_shared = nc_shared or nc
         self.session = session
         self.tracing = tracing
         self.conns: set[Conn] = set()
@@ -262,9 +267,20 @@ class Node:
         queue = self._pub_queue
         counters = self._counters(msgs[0].tenant)
         node_id = self.node_id
+        prefix = node_id + "-"
+        ids = self._ids
+        trie = self.subs.tries.get(msgs[0].tenant)
+        last_topic = None
+        matches: list[tuple[Conn, SubEntry]] = []
         for msg in msgs:
             counters.messages_in += 1
-            env = to_envelope(msg, node_id, f"{node_id}-{next(self._ids)}")
+            subject = topic_to_subject(msg.tenant, msg.topic)
+            if queue and queue[-1][0] == subject and len(queue[-1][1].messages) < MAX_BATCH:
+                batch = queue[-1][1]
+            else:
+                batch = RoutedBatch()
+                queue.append((subject, batch))
+            env = add_to_batch(batch, msg, node_id, prefix + str(next(ids)))
             if self.tracing:
                 with tracer.start_as_current_span(
                     "mqtt.publish", kind=trace.SpanKind.PRODUCER,
@@ -274,13 +290,16 @@ class Node:
                     carrier = inject()
                 if carrier:
                     env.trace_context.update(carrier)
-            subject = topic_to_subject(msg.tenant, msg.topic)
-            if queue and queue[-1][0] == subject and len(queue[-1][1].messages) < MAX_BATCH:
-                queue[-1][1].messages.append(env)
-            else:
-                batch = RoutedBatch()
-                batch.messages.append(env)
-                queue.append((subject, batch))
+                    msg = msg._replace(trace_context=tuple(carrier.items()))
+            if trie is not None:
+                if msg.topic != last_topic:
+                    last_topic = msg.topic
+                    matches = trie.match(msg.topic)
+                if matches:
+                    if self.tracing and msg.trace_context:
+                        self._deliver_traced(msg, matches, msg.publisher)
+                    else:
+                        self._deliver(msg, matches, msg.publisher)
         self._queued += len(msgs)
         self._pub_wake.set()
 
@@ -459,10 +478,12 @@ class Node:
             for g in new_groups:
                 for subject in g.subjects:
                     key = f"{g.queue}|{subject}"
-                    self._nats_subs[key] = await self.nc.subscribe(
+                    self._nats_subs[key] = await self.nc_shared.subscribe(
                         subject, queue=g.queue, cb=lambda m, g=g: self._on_shared(g, m))
-            if new_subjects or new_groups:
+            if new_subjects:
                 await self.nc.flush(timeout=5)
+            if new_groups:
+                await self.nc_shared.flush(timeout=5)
             conn.channel.on_subscribed(req)
             self._mark_dirty(conn)
 

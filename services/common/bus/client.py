@@ -26,8 +26,11 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 
-async def connect(url: str, name: str, attempts: int = 10) -> Client:
-    """Connect to NATS, retrying start-up races with backoff; reconnects are nats-py's job."""
+async def connect(url: str, name: str, attempts: int = 10, no_echo: bool = False) -> Client:
+    """Connect to NATS, retrying start-up races with backoff; reconnects are nats-py's job.
+
+    `no_echo`: the server does not deliver this connection's own publishes back to it.
+    """
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=0.1, max=2.0),
@@ -42,6 +45,7 @@ async def connect(url: str, name: str, attempts: int = 10) -> Client:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 allow_reconnect=True,
+                no_echo=no_echo,
             )
     raise RuntimeError("unreachable")  # pragma: no cover
 
