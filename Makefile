@@ -21,8 +21,8 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check services tests bench analytics
-	$(VENV)/bin/ruff format --check services tests bench analytics
+	$(VENV)/bin/ruff check services tests bench analytics scripts
+	$(VENV)/bin/ruff format --check services tests bench analytics scripts
 
 types: $(STAMP)
 	$(VENV)/bin/mypy services/common
@@ -31,8 +31,8 @@ protos: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m scripts.gen_protos
 
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format services tests bench analytics
-	$(VENV)/bin/ruff check --fix services tests bench analytics
+	$(VENV)/bin/ruff format services tests bench analytics scripts
+	$(VENV)/bin/ruff check --fix services tests bench analytics scripts
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

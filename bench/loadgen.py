@@ -53,7 +53,9 @@ class Client(asyncio.Protocol):
             if t is Publish:
                 self.received += 1
                 if self.record:
-                    self.latencies.append(time.perf_counter() - struct.unpack_from("d", p.payload)[0])
+                    self.latencies.append(
+                        time.perf_counter() - struct.unpack_from("d", p.payload)[0]
+                    )
                 if p.qos == 1:
                     acks += encode(PubAck(p.packet_id or 0), 4)
             elif t is PubAck:
@@ -104,8 +106,15 @@ class Result:
         return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def _publisher(c: Client, topic: str, qos: int, stop: asyncio.Event, counter: list[int],
-                     payload: bytes, window: int = 200) -> None:
+async def _publisher(
+    c: Client,
+    topic: str,
+    qos: int,
+    stop: asyncio.Event,
+    counter: list[int],
+    payload: bytes,
+    window: int = 200,
+) -> None:
     assert c.transport is not None
     if qos == 0:
         batch = encode_publish(Publish(topic, payload), 4) * 64
@@ -136,11 +145,20 @@ async def _publisher(c: Client, topic: str, qos: int, stop: asyncio.Event, count
         await c.writable.wait()
 
 
-async def throughput(port: int, pubs: int, subs: int, mode: str, qos: int,
-                     seconds: float = 4.0, payload_size: int = 64) -> Result:
-    """mode: 'pairs' (pub i -> sub i), 'fan-in' (all pubs -> 1 sub), 'fan-out' (1 pub -> all)."""
+async def throughput(
+    port: int,
+    pubs: int,
+    subs: int,
+    mode: str,
+    qos: int,
+    seconds: float = 4.0,
+    payload_size: int = 64,
+    sub_port: int = 0,
+) -> Result:
+    """mode: 'pairs' (pub i -> sub i), 'fan-in' (all pubs -> 1 sub), 'fan-out' (1 pub -> all).
+    `sub_port`: subscribers connect there (another node) instead of `port`."""
     tag = f"{mode}{qos}{time.monotonic_ns() % 10**8}"
-    subscribers = [await connect(port, f"s-{tag}-{i}") for i in range(subs)]
+    subscribers = [await connect(sub_port or port, f"s-{tag}-{i}") for i in range(subs)]
     for i, s in enumerate(subscribers):
         await s.subscribe(f"b/{tag}/{i}" if mode == "pairs" else f"b/{tag}/#", qos)
     publishers = [await connect(port, f"p-{tag}-{i}") for i in range(pubs)]
@@ -148,9 +166,19 @@ async def throughput(port: int, pubs: int, subs: int, mode: str, qos: int,
     stop = asyncio.Event()
     counters = [[0] for _ in publishers]
     payload = b"x" * payload_size
-    tasks = [asyncio.create_task(_publisher(p, f"b/{tag}/{i}" if mode != "fan-out"
-                                            else f"b/{tag}/0", qos, stop, counters[i], payload))
-             for i, p in enumerate(publishers)]
+    tasks = [
+        asyncio.create_task(
+            _publisher(
+                p,
+                f"b/{tag}/{i}" if mode != "fan-out" else f"b/{tag}/0",
+                qos,
+                stop,
+                counters[i],
+                payload,
+            )
+        )
+        for i, p in enumerate(publishers)
+    ]
     await asyncio.sleep(1.0)  # warm up
     start_rx = sum(s.received for s in subscribers)
     start = time.perf_counter()
@@ -187,8 +215,11 @@ async def latency(port: int, qos: int, rate_per_s: int = 5000, seconds: float = 
         while sent < due:
             pid = pid % 65535 + 1
             body = struct.pack("d", time.perf_counter()) + b"x" * 56
-            pub.transport.write(encode_publish(Publish(f"l/{tag}", body, qos, False, False,
-                                                       pid if qos else None), 4))
+            pub.transport.write(
+                encode_publish(
+                    Publish(f"l/{tag}", body, qos, False, False, pid if qos else None), 4
+                )
+            )
             sent += 1
         await asyncio.sleep(0.001)
     await asyncio.sleep(0.5)
@@ -208,8 +239,9 @@ async def idle_connections(port: int, n: int) -> int:
     async def one(i: int) -> None:
         async with sem:
             try:
-                _, proto = await loop.create_connection(lambda: Client(f"idle-{i}"),
-                                                        "127.0.0.1", port)
+                _, proto = await loop.create_connection(
+                    lambda: Client(f"idle-{i}"), "127.0.0.1", port
+                )
                 await asyncio.wait_for(proto.connack, 30)
                 made.append(proto)
             except (OSError, TimeoutError):

@@ -43,14 +43,18 @@ def bench_encode() -> float:
     return rate(run)
 
 
-def build_trie(n: int = 100_000, wildcard_share: float = 0.1) -> tuple[TopicTrie[int, int],
-                                                                         list[str]]:
+def build_trie(
+    n: int = 100_000, wildcard_share: float = 0.1
+) -> tuple[TopicTrie[int, int], list[str]]:
     rnd = random.Random(7)
     trie: TopicTrie[int, int] = TopicTrie()
     topics = []
     for i in range(n):
-        levels = [f"site{rnd.randrange(100)}", f"dev{rnd.randrange(1000)}",
-                  rnd.choice(["temp", "hum", "power", "state"])]
+        levels = [
+            f"site{rnd.randrange(100)}",
+            f"dev{rnd.randrange(1000)}",
+            rnd.choice(["temp", "hum", "power", "state"]),
+        ]
         topics.append("/".join(levels))
         if rnd.random() < wildcard_share:
             if rnd.random() < 0.5:

@@ -34,31 +34,42 @@ def rss_kib(pid: int) -> int:
 
 
 class Broker:
-    def __init__(self, name: str, port: int, pid: int, stop: Callable[[], None]) -> None:
+    def __init__(
+        self, name: str, port: int, pid: int, stop: Callable[[], None], second_port: int = 0
+    ) -> None:
         self.name, self.port, self.pid, self.stop = name, port, pid, stop
+        self.second_port = second_port  # another node of the same mesh (Starling only)
 
 
 def start_starling(folder: Path) -> Broker:
-    launcher = Launcher(folder, nodes=1, mqtt_port=free_port(), ws=False,
-                        extra_env={"STARLING_LOG_LEVEL": "WARNING",
-                                   "STARLING_MAX_QUEUED_MESSAGES": "100000"})
+    launcher = Launcher(
+        folder,
+        nodes=2,
+        mqtt_port=0,
+        ws=False,
+        extra_env={"STARLING_LOG_LEVEL": "WARNING", "STARLING_MAX_QUEUED_MESSAGES": "100000"},
+    )
     mesh = launcher.start()
     node = mesh.by_name("connection-0")
-    return Broker("Starling", node.port, node.pid, launcher.stop)
+    return Broker("Starling", node.port, node.pid, launcher.stop, mesh.by_name("connection-1").port)
 
 
 def start_mosquitto(folder: Path) -> Broker | None:
-    binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
-                                           if Path("/usr/sbin/mosquitto").exists() else None)
+    binary = shutil.which("mosquitto") or (
+        "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+    )
     if binary is None:
         return None
     port = free_port()
     folder.mkdir(parents=True, exist_ok=True)
     conf = folder / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
-                    "max_queued_messages 100000\npersistence false\nlog_type error\n")
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\n"
+        "max_queued_messages 100000\npersistence false\nlog_type error\n"
+    )
+    proc = subprocess.Popen(
+        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 10
     while not port_open("127.0.0.1", port):
         if time.monotonic() > deadline:
@@ -71,8 +82,12 @@ def start_mosquitto(folder: Path) -> Broker | None:
         proc.wait(10)
 
     version = subprocess.run([binary, "-h"], capture_output=True, text=True).stdout.split("\n")[0]
-    return Broker(version.replace("mosquitto version", "Mosquitto").strip() or "Mosquitto",
-                  port, proc.pid, stop)
+    return Broker(
+        version.replace("mosquitto version", "Mosquitto").strip() or "Mosquitto",
+        port,
+        proc.pid,
+        stop,
+    )
 
 
 SCENARIOS: list[tuple[str, Callable[[int], Awaitable[loadgen.Result]]]] = [
@@ -86,8 +101,12 @@ SCENARIOS: list[tuple[str, Callable[[int], Awaitable[loadgen.Result]]]] = [
 LATENCY = [("latency at 5,000 msg/s, QoS 0", 0), ("latency at 5,000 msg/s, QoS 1", 1)]
 
 
+CROSS = [("8 pairs across two nodes, QoS 0", 0), ("8 pairs across two nodes, QoS 1", 1)]
+
+
 async def measure(broker: Broker) -> dict[str, str]:
     out: dict[str, str] = {}
+    await idle(broker, out)
     for name, fn in SCENARIOS:
         r = await fn(broker.port)
         out[name] = f"{r.rate:,.0f} msg/s"
@@ -96,6 +115,20 @@ async def measure(broker: Broker) -> dict[str, str]:
         r = await loadgen.latency(broker.port, qos)
         out[name] = f"p50 {r.pct(0.5):.2f} ms, p99 {r.pct(0.99):.2f} ms"
         print(f"  {broker.name:<12} {name:<28} {out[name]}", flush=True)
+    for name, qos in CROSS:
+        if broker.second_port:
+            r = await loadgen.throughput(
+                broker.port, 8, 8, "pairs", qos, SECONDS, sub_port=broker.second_port
+            )
+            out[name] = f"{r.rate:,.0f} msg/s"
+        else:
+            out[name] = "n/a (one process)"
+        print(f"  {broker.name:<12} {name:<28} {out[name]}", flush=True)
+    return out
+
+
+async def idle(broker: Broker, out: dict[str, str]) -> None:
+    """Memory of idle connections, measured first, before load leaves freed memory around."""
     gc.collect()
     await asyncio.sleep(1.0)
     before = rss_kib(broker.pid)
@@ -106,24 +139,28 @@ async def measure(broker: Broker) -> dict[str, str]:
     per = (after - before) * 1024 / made if made else float("nan")
     out["idle connections held"] = f"{made:,} of {IDLE_CONNECTIONS:,}"
     out["memory per idle connection"] = f"{per / 1024:.1f} KiB"
-    print(f"  {broker.name:<12} idle: {out['idle connections held']}, "
-          f"{out['memory per idle connection']}", flush=True)
+    print(
+        f"  {broker.name:<12} idle: {out['idle connections held']}, "
+        f"{out['memory per idle connection']}",
+        flush=True,
+    )
     await asyncio.sleep(1.0)
-    return out
 
 
 def write_report(micro_rates: dict[str, float], results: dict[str, dict[str, str]]) -> None:
     lines = [
         "# Benchmarks",
         "",
-        "Written by `make bench` (bench/run.py). Measured on this machine; never asserted in tests.",
+        "Written by `make bench` (bench/run.py). Measured on this machine; never asserted "
+        "in tests.",
         "",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- Machine: {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"{platform.machine()}",
         "- Load generator: bench/loadgen.py (one uvloop process, the project's codec), run "
         "identically against each broker; 64-byte payloads; Starling runs as `starling up` "
-        "with one connection node (NATS, Redis and all seven services).",
+        "with two connection nodes (NATS, Redis and all seven services); unless a row says "
+        "otherwise, publishers and subscribers use the same node.",
         "",
         "## Hot paths (one core, CPython)",
         "",
@@ -146,7 +183,7 @@ def write_report(micro_rates: dict[str, float], results: dict[str, dict[str, str
 
 
 def main() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print("micro-benchmarks", flush=True)
     micro_rates = micro.run_all()

@@ -37,9 +37,11 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     store = tmp_path_factory.mktemp("nats")
-    proc = subprocess.Popen([nats_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
-                             "-sd", str(store)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [nats_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_port(port, proc, "nats-server")
     yield f"nats://127.0.0.1:{port}"
     proc.terminate()
@@ -52,9 +54,23 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if binary is None:
         pytest.fail("redis-server is not installed; run `make test` (scripts/setup.sh installs it)")
     port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path_factory.mktemp("redis")),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_port(port, proc, "redis-server")
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
@@ -63,30 +79,41 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def make_cert(folder: Path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1/localhost."""
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=1))
         .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = folder / "cert.pem", folder / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return cert_path, key_path
 
 
@@ -118,8 +145,9 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
         "STARLING_MAX_QUEUED_MESSAGES": "100",
         "STARLING_RECEIVE_MAXIMUM": "20",
     }
-    launcher = Launcher(folder / "run", nodes=2, mqtt_port=0, anonymous=False, extra_env=env,
-                        tls=(cert, key))
+    launcher = Launcher(
+        folder / "run", nodes=2, mqtt_port=0, anonymous=False, extra_env=env, tls=(cert, key)
+    )
     m = launcher.start(timeout_s=60)
     yield MeshInfo(m, launcher, cert)
     launcher.stop()

@@ -44,14 +44,21 @@ async def _call(args: argparse.Namespace) -> Any:
     async with grpc.aio.insecure_channel(_address(args, "session")) as ch:
         s = sgrpc.SessionAdminServiceStub(ch)
         if cmd == "user-add":
-            return await s.CreateUser(spb.CreateUserRequest(
-                tenant=args.tenant, username=args.username, password=args.password,
-                hash_scheme=args.scheme), metadata=md)
+            return await s.CreateUser(
+                spb.CreateUserRequest(
+                    tenant=args.tenant,
+                    username=args.username,
+                    password=args.password,
+                    hash_scheme=args.scheme,
+                ),
+                metadata=md,
+            )
         if cmd == "user-delete":
-            return await s.DeleteUser(spb.DeleteUserRequest(
-                tenant=args.tenant, username=args.username), metadata=md)
+            return await s.DeleteUser(
+                spb.DeleteUserRequest(tenant=args.tenant, username=args.username), metadata=md
+            )
         if cmd == "acl-set":
-            rules = json.loads(Path(args.file).read_text())
+            rules = json.loads(Path(args.file).read_text())  # noqa: ASYNC240 - one small file
             req = ParseDict({"tenant": args.tenant, "rules": rules}, spb.SetAclRequest())
             return await s.SetAcl(req, metadata=md)
         if cmd == "acl-get":
@@ -59,8 +66,9 @@ async def _call(args: argparse.Namespace) -> Any:
         if cmd == "clients":
             return await s.ListClients(spb.ListClientsRequest(tenant=args.tenant), metadata=md)
         if cmd == "kick":
-            return await s.KickClient(spb.KickClientRequest(
-                tenant=args.tenant, client_id=args.client_id), metadata=md)
+            return await s.KickClient(
+                spb.KickClientRequest(tenant=args.tenant, client_id=args.client_id), metadata=md
+            )
     raise SystemExit(f"unknown command {cmd}")
 
 
@@ -84,8 +92,10 @@ def add_admin_commands(sub: Any) -> None:
     common(p)
     p.add_argument("--tenant", default="default")
     p.add_argument("--file", required=True, help="JSON list of AclRule objects")
-    for name, help_ in (("acl-get", "show a tenant's ACL"),
-                        ("clients", "list connected clients of a tenant")):
+    for name, help_ in (
+        ("acl-get", "show a tenant's ACL"),
+        ("clients", "list connected clients of a tenant"),
+    ):
         p = sub.add_parser(name, help=help_)
         common(p)
         p.add_argument("--tenant", default="default")

@@ -76,15 +76,24 @@ def nats_binary() -> str:
 def redis_binary() -> str:
     found = shutil.which("redis-server")
     if not found:
-        raise SystemExit("starling up: redis-server not found; run `make run` (installs it) "
-                         "or `apt-get install redis-server`")
+        raise SystemExit(
+            "starling up: redis-server not found; run `make run` (installs it) "
+            "or `apt-get install redis-server`"
+        )
     return found
 
 
 class Launcher:
-    def __init__(self, data_dir: Path, nodes: int, mqtt_port: int, anonymous: bool = True,
-                 extra_env: dict[str, str] | None = None, ws: bool = True,
-                 tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        nodes: int,
+        mqtt_port: int,
+        anonymous: bool = True,
+        extra_env: dict[str, str] | None = None,
+        ws: bool = True,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
         self.data_dir = data_dir.resolve()
         self.nodes = nodes
         self.mqtt_port = mqtt_port
@@ -102,8 +111,14 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         comp.log = str(logs / f"{comp.name}.log")
         out = open(comp.log, "ab")
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         out.close()
         comp.pid = proc.pid
         self.procs[comp.name] = proc
@@ -126,9 +141,24 @@ class Launcher:
         comp = Component("redis", "redis", port=free_port())
         rdir = self.data_dir / "redis"
         rdir.mkdir(parents=True, exist_ok=True)
-        self._spawn(comp, [redis_binary(), "--port", str(comp.port), "--bind", "127.0.0.1",
-                           "--dir", str(rdir), "--save", "", "--appendonly", "no",
-                           "--daemonize", "no"])
+        self._spawn(
+            comp,
+            [
+                redis_binary(),
+                "--port",
+                str(comp.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(rdir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ],
+        )
         return comp
 
     def _service_env(self, comp: Component, nats: Component, redis: Component) -> dict[str, str]:
@@ -158,10 +188,15 @@ class Launcher:
     def plan(self) -> None:
         self._planned = {name: free_port() for name in BACK_OFFICE}
 
-    def start_service(self, name: str, service: str, nats: Component, redis: Component,
-                      mqtt_port: int = 0) -> Component:
-        comp = Component(name, "service", grpc_port=self._planned.get(name) or free_port(),
-                         metrics_port=free_port())
+    def start_service(
+        self, name: str, service: str, nats: Component, redis: Component, mqtt_port: int = 0
+    ) -> Component:
+        comp = Component(
+            name,
+            "service",
+            grpc_port=self._planned.get(name) or free_port(),
+            metrics_port=free_port(),
+        )
         env = self._service_env(comp, nats, redis)
         if service == "connection":
             comp.port = mqtt_port
@@ -189,8 +224,13 @@ class Launcher:
         for name in BACK_OFFICE:
             self.start_service(name, name, nats, redis)
         for i in range(self.nodes):
-            self.start_service(f"connection-{i}", "connection", nats, redis,
-                               mqtt_port=self.mqtt_port + i if self.mqtt_port else free_port())
+            self.start_service(
+                f"connection-{i}",
+                "connection",
+                nats,
+                redis,
+                mqtt_port=self.mqtt_port + i if self.mqtt_port else free_port(),
+            )
         self.mesh.save()
         from services.cli.status import component_status
 
@@ -205,7 +245,7 @@ class Launcher:
         order = [c for c in self.mesh.components if c.name.startswith("connection-")]
         order += [c for c in self.mesh.components if c.name in BACK_OFFICE]
         order += [c for c in self.mesh.components if c.kind in ("redis", "nats")]
-        for group in (order[: self.nodes], order[self.nodes: -2], order[-2:]):
+        for group in (order[: self.nodes], order[self.nodes : -2], order[-2:]):
             for comp in group:
                 proc = self.procs.get(comp.name)
                 if proc is not None and proc.poll() is None:
@@ -280,8 +320,12 @@ def run_up(data_dir: Path, nodes: int, mqtt_port: int) -> int:
             for name in launcher.crashed():
                 if name not in reported:
                     reported.add(name)
-                    print(f"starling up: {name} exited (code {launcher.procs[name].returncode}); "
-                          f"see {launcher.mesh.by_name(name).log}", file=sys.stderr, flush=True)
+                    print(
+                        f"starling up: {name} exited (code {launcher.procs[name].returncode}); "
+                        f"see {launcher.mesh.by_name(name).log}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             time.sleep(0.2)
     finally:
         print("starling up: stopping", flush=True)

@@ -105,8 +105,11 @@ def run_service(
     )
     log.info(
         "service_config",
-        extra={"service": name, "config": settings.redacted(),
-               "metrics_port": telemetry.metrics_port},
+        extra={
+            "service": name,
+            "config": settings.redacted(),
+            "metrics_port": telemetry.metrics_port,
+        },
     )
     try:
         service = factory(settings)

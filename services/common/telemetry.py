@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from opentelemetry import context, metrics, propagate, trace
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -34,7 +35,9 @@ def setup_telemetry(
     extra_span_processor: SpanProcessor | None = None,
 ) -> Telemetry:
     """Install global tracer and meter providers; start the Prometheus endpoint if asked."""
-    resource = Resource.create({"service.name": f"starling-{service}", "service.instance.id": node_id})
+    resource = Resource.create(
+        {"service.name": f"starling-{service}", "service.instance.id": node_id}
+    )
     tp = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -44,7 +47,7 @@ def setup_telemetry(
         tp.add_span_processor(extra_span_processor)
     trace.set_tracer_provider(tp)
 
-    readers = []
+    readers: list[MetricReader] = []
     port: int | None = None
     if metrics_port >= 0:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader

@@ -76,14 +76,23 @@ class AuthResult:
 Action = Authenticate | SubscribeRequest | Unsubscribed | Close
 
 
-_MSG_PROPS = ("payload_format_indicator", "content_type", "response_topic", "correlation_data",
-              "user_property")
+_MSG_PROPS = (
+    "payload_format_indicator",
+    "content_type",
+    "response_topic",
+    "correlation_data",
+    "user_property",
+)
 
 
 def message_properties(props: Properties) -> Properties:
     """Keep only what travels with the message (no alias, no expiry: that is `expires_at`)."""
-    if (props.payload_format_indicator is None and props.content_type is None
-            and props.response_topic is None and props.correlation_data is None
-            and not props.user_property):
+    if (
+        props.payload_format_indicator is None
+        and props.content_type is None
+        and props.response_topic is None
+        and props.correlation_data is None
+        and not props.user_property
+    ):
         return EMPTY
     return Properties(**{k: getattr(props, k) for k in _MSG_PROPS})

@@ -25,18 +25,31 @@ class ConnectionAdminApi(pb_grpc.ConnectionAdminServiceServicer):
             raise RuntimeError("node is not started")
         stats = node.tenant_stats()
         counters = list(stats.values())
-        return pb.GetNodeStatsResponse(stats=pb.NodeStats(
-            node_id=node.node_id,
-            connections=len(node.conns),
-            messages_in=sum(c.messages_in for c in counters),
-            messages_out=sum(c.messages_out for c in counters),
-            messages_dropped=sum(c.dropped for c in counters),
-            tenants=[pb.TenantStats(tenant=t, messages_in=c.messages_in,
-                                    messages_out=c.messages_out, messages_dropped=c.dropped)
-                     for t, c in sorted(stats.items())],
-            client_drops=[pb.ClientDrops(tenant=c.channel.tenant, client_id=c.channel.client_id,
-                                         dropped=c.channel.outbound.dropped,
-                                         expired=c.channel.outbound.expired)
-                          for c in list(node.conns)
-                          if c.channel.outbound.dropped or c.channel.outbound.expired],
-        ))
+        return pb.GetNodeStatsResponse(
+            stats=pb.NodeStats(
+                node_id=node.node_id,
+                connections=len(node.conns),
+                messages_in=sum(c.messages_in for c in counters),
+                messages_out=sum(c.messages_out for c in counters),
+                messages_dropped=sum(c.dropped for c in counters),
+                tenants=[
+                    pb.TenantStats(
+                        tenant=t,
+                        messages_in=c.messages_in,
+                        messages_out=c.messages_out,
+                        messages_dropped=c.dropped,
+                    )
+                    for t, c in sorted(stats.items())
+                ],
+                client_drops=[
+                    pb.ClientDrops(
+                        tenant=c.channel.tenant,
+                        client_id=c.channel.client_id,
+                        dropped=c.channel.outbound.dropped,
+                        expired=c.channel.outbound.expired,
+                    )
+                    for c in list(node.conns)
+                    if c.channel.outbound.dropped or c.channel.outbound.expired
+                ],
+            )
+        )

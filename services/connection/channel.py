@@ -107,8 +107,14 @@ class Channel:
         self.normal_disconnect = False
         self.acl = AclChecker([], True)
         self.subscriptions: dict[str, int | None] = {}  # filter -> subscription id
-        self.outbound = Outbound(self.out, 4, config.v3_inflight, config.max_packet_size_bytes,
-                                 0, config.max_queued_messages)
+        self.outbound = Outbound(
+            self.out,
+            4,
+            config.v3_inflight,
+            config.max_packet_size_bytes,
+            0,
+            config.max_queued_messages,
+        )
         self._alias_in: dict[int, str] = {}
         self._awaiting_rel: set[int] = set()
         self._held: list[Packet] = []
@@ -324,8 +330,17 @@ class Channel:
                 if props.message_expiry_interval is not None:
                     expires_at = now + props.message_expiry_interval
             self.publishes.append(
-                Message(self.tenant, topic, p.payload, qos, p.retain, self.client_id, mprops,
-                        expires_at, now)
+                Message(
+                    self.tenant,
+                    topic,
+                    p.payload,
+                    qos,
+                    p.retain,
+                    self.client_id,
+                    mprops,
+                    expires_at,
+                    now,
+                )
             )
         if qos == 1:
             self.out += encode(PubAck(pid, code), level)
@@ -353,8 +368,9 @@ class Channel:
     def _on_pubcomp(self, p: PubComp, now: float) -> None:
         self.outbound.acked(p.packet_id, AWAIT_PUBCOMP, now)
 
-    def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...],
-                now: float) -> None:
+    def deliver(
+        self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
+    ) -> None:
         """A message from the mesh for this client, at its effective QoS."""
         if self.state is State.CONNECTED:
             self.outbound.deliver(msg, qos, retain, sub_ids, now)
@@ -401,8 +417,9 @@ class Channel:
             existed = self.subscriptions.pop(f, _NO_SUB) is not _NO_SUB
             codes.append(0 if existed else RC.NO_SUBSCRIPTION_EXISTED)
         self.actions.append(Unsubscribed(p.filters))
-        self.out += encode(UnsubAck(p.packet_id, tuple(codes) if self.level == 5 else ()),
-                           self.level)
+        self.out += encode(
+            UnsubAck(p.packet_id, tuple(codes) if self.level == 5 else ()), self.level
+        )
 
     # ---- the rest ----------------------------------------------------------------------
 
@@ -413,9 +430,12 @@ class Channel:
         if p.reason_code == RC.NORMAL_DISCONNECTION:
             self.will = None  # [MQTT-3.14.4-3] a normal DISCONNECT discards the will
             self.normal_disconnect = True
-        if (self.level == 5 and p.properties.session_expiry_interval
-                and self._connect is not None
-                and not self._connect.properties.session_expiry_interval):
+        if (
+            self.level == 5
+            and p.properties.session_expiry_interval
+            and self._connect is not None
+            and not self._connect.properties.session_expiry_interval
+        ):
             self.protocol_error("session expiry set on DISCONNECT after 0", now)  # 3.14.2-2
             return
         self._close(p.reason_code, "client disconnected")

@@ -12,6 +12,7 @@ from services.common.config import ServiceSettings
 
 class ConnectionSettings(ServiceSettings):
     service_name: ClassVar[str] = "connection"
+    grpc_port: int = Field(default=7010, ge=0, le=65535, description="gRPC port; 0 picks one.")
 
     mqtt_host: str = Field(default="0.0.0.0", description="Address the MQTT listeners bind.")
     mqtt_port: int = Field(default=1883, ge=0, le=65535, description="MQTT over TCP; 0 picks.")
@@ -28,7 +29,9 @@ class ConnectionSettings(ServiceSettings):
     topic_alias_maximum: int = Field(default=64, ge=0, le=65535)
     max_keepalive_s: int = Field(default=0, ge=0, le=65535, description="0: no cap.")
     connect_timeout_s: float = Field(default=10.0, gt=0)
-    v3_inflight: int = Field(default=256, ge=1, le=65535, description="Outbound QoS 1/2 window for 3.1/3.1.1 clients.")
+    v3_inflight: int = Field(
+        default=256, ge=1, le=65535, description="Outbound QoS 1/2 window for 3.1/3.1.1 clients."
+    )
     max_queued_messages: int = Field(default=1000, ge=0)
     max_topic_length_bytes: int = Field(default=4096, ge=1, le=65535)
     max_topic_levels: int = Field(default=32, ge=1, le=1024)
@@ -37,6 +40,7 @@ class ConnectionSettings(ServiceSettings):
     @model_validator(mode="after")
     def _tls_files(self) -> ConnectionSettings:
         if (self.tls_port >= 0 or self.wss_port >= 0) and not (
-                self.tls_cert_file and self.tls_key_file):
+            self.tls_cert_file and self.tls_key_file
+        ):
             raise ValueError("tls_port/wss_port need tls_cert_file and tls_key_file")
         return self

@@ -53,8 +53,7 @@ def to_envelope(msg: Message, node_id: str, message_id: str) -> RoutedMessage:
     return _finish(RoutedMessage(**_fields(msg, node_id, message_id)), msg)
 
 
-def add_to_batch(batch: RoutedBatch, msg: Message, node_id: str, message_id: str
-                 ) -> RoutedMessage:
+def add_to_batch(batch: RoutedBatch, msg: Message, node_id: str, message_id: str) -> RoutedMessage:
     """Append `msg` to `batch` in place (no intermediate message to copy)."""
     return _finish(batch.messages.add(**_fields(msg, node_id, message_id)), msg)
 

@@ -50,8 +50,9 @@ class MqttProtocol(asyncio.Protocol):
             self.conn.channel.outbound.congested = False
 
 
-def server_ssl_context(cert: Path, key: Path, ca: Path | None, require_client_cert: bool
-                       ) -> ssl.SSLContext:
+def server_ssl_context(
+    cert: Path, key: Path, ca: Path | None, require_client_cert: bool
+) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(str(cert), str(key))
     if ca is not None:
@@ -60,11 +61,13 @@ def server_ssl_context(cert: Path, key: Path, ca: Path | None, require_client_ce
     return ctx
 
 
-async def start_tcp(node: Node, host: str, port: int, ssl_ctx: ssl.SSLContext | None = None
-                    ) -> asyncio.Server:
+async def start_tcp(
+    node: Node, host: str, port: int, ssl_ctx: ssl.SSLContext | None = None
+) -> asyncio.Server:
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: MqttProtocol(node), host, port, ssl=ssl_ctx,
-                                    backlog=4096, reuse_address=True)
+    return await loop.create_server(
+        lambda: MqttProtocol(node), host, port, ssl=ssl_ctx, backlog=4096, reuse_address=True
+    )
 
 
 class _WsSink:
@@ -125,8 +128,9 @@ def ws_app(node: Node, path: str) -> web.Application:
     return app
 
 
-async def start_ws(node: Node, host: str, port: int, path: str,
-                   ssl_ctx: ssl.SSLContext | None = None) -> web.AppRunner:
+async def start_ws(
+    node: Node, host: str, port: int, path: str, ssl_ctx: ssl.SSLContext | None = None
+) -> web.AppRunner:
     runner = web.AppRunner(ws_app(node, path), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, reuse_address=True)

@@ -55,8 +55,13 @@ class ConnectionService:
         s = self._s
         nc = await connect(s.nats_url, s.node_id, no_echo=True)
         nc_shared = await connect(s.nats_url, f"{s.node_id}-shared")
-        self.node = node = Node(channel_config(s), nc, SessionClient(s.session_addr),
-                                tracing=s.trace_sample_ratio > 0, nc_shared=nc_shared)
+        self.node = node = Node(
+            channel_config(s),
+            nc,
+            SessionClient(s.session_addr),
+            tracing=s.trace_sample_ratio > 0,
+            nc_shared=nc_shared,
+        )
         await node.start()
         _register_metrics(node)
         tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port)
@@ -64,8 +69,9 @@ class ConnectionService:
         self.ports["mqtt"] = tcp.sockets[0].getsockname()[1]
         ctx = None
         if s.tls_cert_file and s.tls_key_file:
-            ctx = server_ssl_context(s.tls_cert_file, s.tls_key_file, s.tls_ca_file,
-                                     s.tls_require_client_cert)
+            ctx = server_ssl_context(
+                s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.tls_require_client_cert
+            )
         if s.tls_port >= 0 and ctx is not None:
             tls = await start_tcp(node, s.mqtt_host, s.tls_port, ctx)
             self._servers.append(tls)
@@ -99,14 +105,20 @@ def _register_metrics(node: Node) -> None:
             yield metrics.Observation(getattr(c, field), {"tenant": tenant})
 
     meter.create_observable_counter(
-        "starling_messages_in", [lambda _o: by_tenant("messages_in")],
-        description="PUBLISH packets accepted from clients")
+        "starling_messages_in",
+        [lambda _o: by_tenant("messages_in")],
+        description="PUBLISH packets accepted from clients",
+    )
     meter.create_observable_counter(
-        "starling_messages_out", [lambda _o: by_tenant("messages_out")],
-        description="PUBLISH packets written to clients")
+        "starling_messages_out",
+        [lambda _o: by_tenant("messages_out")],
+        description="PUBLISH packets written to clients",
+    )
     meter.create_observable_counter(
-        "starling_messages_dropped", [lambda _o: by_tenant("dropped")],
-        description="Deliveries dropped (slow consumer, queue full, too large)")
+        "starling_messages_dropped",
+        [lambda _o: by_tenant("dropped")],
+        description="Deliveries dropped (slow consumer, queue full, too large)",
+    )
 
     def connections(_o: object) -> Iterable[metrics.Observation]:
         per: dict[str, int] = {}
@@ -116,8 +128,9 @@ def _register_metrics(node: Node) -> None:
         for tenant, n in per.items():
             yield metrics.Observation(n, {"tenant": tenant})
 
-    meter.create_observable_gauge("starling_connections", [connections],
-                                  description="Open MQTT connections")
+    meter.create_observable_gauge(
+        "starling_connections", [connections], description="Open MQTT connections"
+    )
 
 
 def main() -> int:

@@ -84,11 +84,9 @@ class Sink(Protocol):
 
 
 class SessionPort(Protocol):
-    async def connect(self, request: session_pb2.ConnectRequest
-                      ) -> session_pb2.ConnectResponse: ...
+    async def connect(self, request: session_pb2.ConnectRequest) -> session_pb2.ConnectResponse: ...
 
-    async def disconnect(self, tenant: str, client_id: str, epoch: int, node_id: str
-                         ) -> bool: ...
+    async def disconnect(self, tenant: str, client_id: str, epoch: int, node_id: str) -> bool: ...
 
 
 # Flow-control marks (messages).
@@ -111,8 +109,9 @@ class TenantCounters:
 def _worker_died(task: asyncio.Task[None]) -> None:
     """A node worker must run until shutdown; if one dies, say so loudly."""
     if not task.cancelled() and task.exception() is not None:
-        log.critical("node_worker_died", extra={"worker": task.get_name()},
-                     exc_info=task.exception())
+        log.critical(
+            "node_worker_died", extra={"worker": task.get_name()}, exc_info=task.exception()
+        )
 
 
 class Conn:
@@ -144,8 +143,14 @@ class Conn:
 
 
 class Node:
-    def __init__(self, config: ChannelConfig, nc: Client, session: SessionPort,
-                 tracing: bool = False, nc_shared: Client | None = None) -> None:
+    def __init__(
+        self,
+        config: ChannelConfig,
+        nc: Client,
+        session: SessionPort,
+        tracing: bool = False,
+        nc_shared: Client | None = None,
+    ) -> None:
         self.config = config
         self.node_id = config.node_id
         self.nc = nc  # connected with no_echo
@@ -178,8 +183,9 @@ class Node:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._ctl_sub = await self.nc.subscribe(subjects.node_control(self.node_id),
-                                                cb=self._on_control)
+        self._ctl_sub = await self.nc.subscribe(
+            subjects.node_control(self.node_id), cb=self._on_control
+        )
         self._workers = [
             asyncio.create_task(self._publisher(), name="node-publisher"),
             asyncio.create_task(self._controller(), name="node-controller"),
@@ -194,7 +200,8 @@ class Node:
             conn.channel.disconnect(RC.SERVER_SHUTTING_DOWN, "server shutting down")
             self.after(conn)
         deadline = time.monotonic() + grace_s
-        while (self._queued or not self._ctl_queue.empty()) and time.monotonic() < deadline:
+        # Polling is fine here: it runs once, on the way out, for at most `grace_s`.
+        while (self._queued or not self._ctl_queue.empty()) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=max(0.1, deadline - time.monotonic()))
@@ -283,9 +290,14 @@ class Node:
             env = add_to_batch(batch, msg, node_id, prefix + str(next(ids)))
             if self.tracing:
                 with tracer.start_as_current_span(
-                    "mqtt.publish", kind=trace.SpanKind.PRODUCER,
-                    attributes={"mqtt.topic": msg.topic, "starling.node": node_id,
-                                "starling.tenant": msg.tenant, "mqtt.qos": msg.qos},
+                    "mqtt.publish",
+                    kind=trace.SpanKind.PRODUCER,
+                    attributes={
+                        "mqtt.topic": msg.topic,
+                        "starling.node": node_id,
+                        "starling.tenant": msg.tenant,
+                        "mqtt.qos": msg.qos,
+                    },
                 ):
                     carrier = inject()
                 if carrier:
@@ -308,8 +320,9 @@ class Node:
         return sum(sub.pending_bytes for sub in self._nats_subs.values())
 
     def _check_pressure(self) -> None:
-        if not self.paused and (self._queued > PUBLISH_HIGH
-                                or self._inbound_backlog() > INBOUND_HIGH_BYTES):
+        if not self.paused and (
+            self._queued > PUBLISH_HIGH or self._inbound_backlog() > INBOUND_HIGH_BYTES
+        ):
             # Only connections that publish while the node is saturated are throttled, so
             # subscribers keep reading and their PUBACKs keep freeing inflight windows.
             self.paused = True
@@ -375,8 +388,9 @@ class Node:
             return
         # One batch carries one tenant and topic: match once for all of its messages.
         matches = trie.match(first.topic)
-        if not matches or (len(matches) > 1
-                           and not should_process(received_on, msg.subject, matches)):
+        if not matches or (
+            len(matches) > 1 and not should_process(received_on, msg.subject, matches)
+        ):
             return
         for env in envs:
             message = from_envelope(env)
@@ -385,21 +399,28 @@ class Node:
             else:
                 self._deliver(message, matches, env.publisher.client_id)
 
-    def _deliver_traced(self, message: Message, matches: list[tuple[Conn, SubEntry]],
-                        publisher: str) -> None:
+    def _deliver_traced(
+        self, message: Message, matches: list[tuple[Conn, SubEntry]], publisher: str
+    ) -> None:
         token = otel_context.attach(extract(dict(message.trace_context)))
         try:
             with tracer.start_as_current_span(
-                "mqtt.deliver", kind=trace.SpanKind.CONSUMER,
-                attributes={"mqtt.topic": message.topic, "starling.node": self.node_id,
-                            "starling.tenant": message.tenant, "mqtt.recipients": len(matches)},
+                "mqtt.deliver",
+                kind=trace.SpanKind.CONSUMER,
+                attributes={
+                    "mqtt.topic": message.topic,
+                    "starling.node": self.node_id,
+                    "starling.tenant": message.tenant,
+                    "mqtt.recipients": len(matches),
+                },
             ):
                 self._deliver(message, matches, publisher)
         finally:
             otel_context.detach(token)
 
-    def _deliver(self, message: Message, matches: list[tuple[Conn, SubEntry]],
-                 publisher: str) -> None:
+    def _deliver(
+        self, message: Message, matches: list[tuple[Conn, SubEntry]], publisher: str
+    ) -> None:
         """One delivery per client: the highest QoS of its matching subscriptions
         [MQTT-3.3.4-2], all their subscription identifiers, no echo for no-local ones."""
         now = time.time()
@@ -409,8 +430,15 @@ class Node:
         if len(matches) == 1:
             conn, e = matches[0]
             if not (e.no_local and conn.channel.client_id == publisher):
-                self._deliver_one(conn, message, min(pub_qos, e.qos),
-                                  retained and e.retain_as_published, e.sub_ids, now, counters)
+                self._deliver_one(
+                    conn,
+                    message,
+                    min(pub_qos, e.qos),
+                    retained and e.retain_as_published,
+                    e.sub_ids,
+                    now,
+                    counters,
+                )
             return
         per_conn: dict[Conn, tuple[int, bool, tuple[int, ...]]] = {}
         for conn, e in matches:
@@ -427,8 +455,16 @@ class Node:
         for conn, (q, rap, ids) in per_conn.items():
             self._deliver_one(conn, message, q, rap, ids, now, counters)
 
-    def _deliver_one(self, conn: Conn, message: Message, qos: int, retain: bool,
-                     sub_ids: tuple[int, ...], now: float, counters: TenantCounters) -> None:
+    def _deliver_one(
+        self,
+        conn: Conn,
+        message: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        now: float,
+        counters: TenantCounters,
+    ) -> None:
         conn.channel.deliver(message, qos, retain, sub_ids, now)
         if conn.channel.out:
             self._mark_dirty(conn)
@@ -438,21 +474,31 @@ class Node:
             self._deliver_shared(group, env)
 
     def _deliver_shared(self, group: SharedGroup[Conn], env: RoutedMessage) -> None:
-        members = [(c, e) for c, e in group.members.items()
-                   if c.channel.state is State.CONNECTED]
+        members = [(c, e) for c, e in group.members.items() if c.channel.state is State.CONNECTED]
         if not members:
             return
         # Prefer the member with the most free inflight credit; rotate among equals.
         group.turn += 1
         n = len(members)
-        best = max(range(n), key=lambda i: (
-            members[(i + group.turn) % n][0].channel.outbound.receive_maximum
-            - len(members[(i + group.turn) % n][0].channel.outbound.inflight),
-            -i))
+        best = max(
+            range(n),
+            key=lambda i: (
+                members[(i + group.turn) % n][0].channel.outbound.receive_maximum
+                - len(members[(i + group.turn) % n][0].channel.outbound.inflight),
+                -i,
+            ),
+        )
         conn, e = members[(best + group.turn) % n]
         message = from_envelope(env)
-        self._deliver_one(conn, message, min(message.qos, e.qos), False, e.sub_ids,
-                          time.time(), self._counters(message.tenant))
+        self._deliver_one(
+            conn,
+            message,
+            min(message.qos, e.qos),
+            False,
+            e.sub_ids,
+            time.time(),
+            self._counters(message.tenant),
+        )
 
     # ---- subscriptions -------------------------------------------------------------------
 
@@ -463,8 +509,9 @@ class Node:
         for s, sub_id in req.subscriptions:
             shared = parse_shared(s.filter)
             if shared is None:
-                entry = entry_for(s.filter, tenant, s.qos, s.no_local, s.retain_as_published,
-                                  sub_id)
+                entry = entry_for(
+                    s.filter, tenant, s.qos, s.no_local, s.retain_as_published, sub_id
+                )
                 new_subjects += self.subs.add(tenant, conn, entry)
             else:
                 entry = entry_for(shared.filter, tenant, s.qos, False, False, sub_id)
@@ -479,7 +526,8 @@ class Node:
                 for subject in g.subjects:
                     key = f"{g.queue}|{subject}"
                     self._nats_subs[key] = await self.nc_shared.subscribe(
-                        subject, queue=g.queue, cb=lambda m, g=g: self._on_shared(g, m))
+                        subject, queue=g.queue, cb=lambda m, g=g: self._on_shared(g, m)
+                    )
             if new_subjects:
                 await self.nc.flush(timeout=5)
             if new_groups:
@@ -507,6 +555,7 @@ class Node:
                 if g is not None:
                     gone += [f"{g.queue}|{s}" for s in g.subjects]
         if gone:
+
             async def op() -> None:
                 for key in gone:
                     sub = self._nats_subs.pop(key, None)
@@ -529,30 +578,50 @@ class Node:
         ch = conn.channel
         p = action.connect
         req = session_pb2.ConnectRequest(
-            username=p.username or "", client_id=action.client_id, node_id=self.node_id,
-            peer_address=ch.peer, protocol_level=p.protocol_level, clean_start=p.clean_start)
+            username=p.username or "",
+            client_id=action.client_id,
+            node_id=self.node_id,
+            peer_address=ch.peer,
+            protocol_level=p.protocol_level,
+            clean_start=p.clean_start,
+        )
         if p.password is not None:
             req.password = p.password
         taken_over = False
         try:
-            with tracer.start_as_current_span("mqtt.connect", attributes={
-                    "starling.node": self.node_id, "mqtt.client_id": action.client_id}):
+            with tracer.start_as_current_span(
+                "mqtt.connect",
+                attributes={"starling.node": self.node_id, "mqtt.client_id": action.client_id},
+            ):
                 resp = await self.session.connect(req)
         except Exception as exc:
             log.warning("session_unavailable", extra={"error": str(exc)})
             result = AuthResult(False, RC.SERVER_UNAVAILABLE)
         else:
             if resp.result == session_pb2.CONNECT_RESULT_OK or (
-                    resp.result == session_pb2.CONNECT_RESULT_TAKEN_OVER):
+                resp.result == session_pb2.CONNECT_RESULT_TAKEN_OVER
+            ):
                 key = (resp.tenant, action.client_id)
                 tomb = self._tombstones.get(key)
                 taken_over = resp.result == session_pb2.CONNECT_RESULT_TAKEN_OVER or (
-                    tomb is not None and tomb[0] >= resp.epoch)
+                    tomb is not None and tomb[0] >= resp.epoch
+                )
                 result = AuthResult(
-                    True, 0, resp.tenant, resp.epoch, resp.session_present,
-                    tuple(AclRule(r.permission == session_pb2.PERMISSION_ALLOW,
-                                  Access(r.action), r.topic_filter) for r in resp.acl),
-                    resp.acl_default != session_pb2.PERMISSION_DENY)
+                    True,
+                    0,
+                    resp.tenant,
+                    resp.epoch,
+                    resp.session_present,
+                    tuple(
+                        AclRule(
+                            r.permission == session_pb2.PERMISSION_ALLOW,
+                            Access(r.action),
+                            r.topic_filter,
+                        )
+                        for r in resp.acl
+                    ),
+                    resp.acl_default != session_pb2.PERMISSION_DENY,
+                )
             else:
                 result = AuthResult(False, _CONNECT_CODES.get(resp.result, RC.NOT_AUTHORIZED))
         if conn.closed:
@@ -607,9 +676,21 @@ class Node:
             if ch.acl.can_publish(w.topic):
                 now = time.time()
                 mei = w.properties.message_expiry_interval
-                self.route([Message(ch.tenant, w.topic, w.payload, w.qos, w.retain,
-                                    ch.client_id, message_properties(w.properties),
-                                    now + mei if mei is not None else None, now)])
+                self.route(
+                    [
+                        Message(
+                            ch.tenant,
+                            w.topic,
+                            w.payload,
+                            w.qos,
+                            w.retain,
+                            ch.client_id,
+                            message_properties(w.properties),
+                            now + mei if mei is not None else None,
+                            now,
+                        )
+                    ]
+                )
         self._spawn(self._release(ch.tenant, ch.client_id, ch.epoch))
 
     async def _release(self, tenant: str, client_id: str, epoch: int) -> None:
@@ -633,8 +714,10 @@ class Node:
 
     def tenant_stats(self) -> dict[str, TenantCounters]:
         """Per tenant: closed connections' totals plus the live ones' counters."""
-        out = {t: TenantCounters(c.messages_in, c.messages_out, c.dropped)
-               for t, c in self.counters.items()}
+        out = {
+            t: TenantCounters(c.messages_in, c.messages_out, c.dropped)
+            for t, c in self.counters.items()
+        }
         for conn in list(self.conns):
             ch = conn.channel
             if not ch.tenant:
@@ -652,5 +735,8 @@ class Node:
 
     def client_drops(self) -> dict[tuple[str, str], int]:
         """Dropped deliveries per connected (tenant, client id)."""
-        return {(c.channel.tenant, c.channel.client_id): c.channel.outbound.dropped
-                for c in self.conns if c.channel.outbound.dropped}
+        return {
+            (c.channel.tenant, c.channel.client_id): c.channel.outbound.dropped
+            for c in self.conns
+            if c.channel.outbound.dropped
+        }

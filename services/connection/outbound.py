@@ -45,8 +45,15 @@ class Outbound:
         "sent",
     )
 
-    def __init__(self, out: bytearray, level: int, receive_maximum: int, max_packet_size: int,
-                 alias_max: int, max_queued: int) -> None:
+    def __init__(
+        self,
+        out: bytearray,
+        level: int,
+        receive_maximum: int,
+        max_packet_size: int,
+        alias_max: int,
+        max_queued: int,
+    ) -> None:
         self.out = out
         self.level = level
         self.receive_maximum = receive_maximum
@@ -62,8 +69,9 @@ class Outbound:
         self.dropped = 0
         self.expired = 0
 
-    def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...],
-                now: float) -> None:
+    def deliver(
+        self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
+    ) -> None:
         if msg.expires_at is not None and msg.expires_at <= now:
             self.expired += 1
             return
@@ -80,8 +88,9 @@ class Outbound:
         else:
             self.dropped += 1
 
-    def _send_acked(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...],
-                    now: float) -> None:
+    def _send_acked(
+        self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
+    ) -> None:
         pid = self._take_pid()
         if self._write(msg, qos, retain, sub_ids, pid, now):
             self.inflight[pid] = AWAIT_PUBACK if qos == 1 else AWAIT_PUBREC
@@ -95,8 +104,9 @@ class Outbound:
                 self._next_pid = pid
                 return pid
 
-    def _write(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], pid: int,
-               now: float) -> bool:
+    def _write(
+        self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], pid: int, now: float
+    ) -> bool:
         topic = msg.topic
         level = self.level
         props_b = b""
@@ -114,7 +124,8 @@ class Outbound:
                 props = replace(
                     props,
                     message_expiry_interval=(
-                        max(1, math.ceil(msg.expires_at - now)) if msg.expires_at is not None
+                        max(1, math.ceil(msg.expires_at - now))
+                        if msg.expires_at is not None
                         else props.message_expiry_interval
                     ),
                     subscription_identifier=sub_ids,

@@ -92,8 +92,9 @@ class NodeSubscriptions(Generic[C]):
                 gone.append(s)
         return gone
 
-    def add_shared(self, tenant: str, group: str, client: C, entry: SubEntry
-                   ) -> SharedGroup[C] | None:
+    def add_shared(
+        self, tenant: str, group: str, client: C, entry: SubEntry
+    ) -> SharedGroup[C] | None:
         """Add a member; return the group when it is new on this node (needs NATS subs)."""
         key = (tenant, group, entry.filter)
         g = self.shared.get(key)
@@ -101,13 +102,16 @@ class NodeSubscriptions(Generic[C]):
         if g is None:
             digest = hashlib.sha1(entry.filter.encode()).hexdigest()[:16]
             g = self.shared[key] = SharedGroup(
-                tenant, group, entry.filter, f"{shared_group(tenant, group)}.{digest}",
-                entry.subjects)
+                tenant,
+                group,
+                entry.filter,
+                f"{shared_group(tenant, group)}.{digest}",
+                entry.subjects,
+            )
         g.members[client] = entry
         return g if created else None
 
-    def remove_shared(self, tenant: str, group: str, client: C, filt: str
-                      ) -> SharedGroup[C] | None:
+    def remove_shared(self, tenant: str, group: str, client: C, filt: str) -> SharedGroup[C] | None:
         """Remove a member; return the group when it became empty (drop its NATS subs)."""
         g = self.shared.get((tenant, group, filt))
         if g is None or g.members.pop(client, None) is None:
@@ -118,8 +122,7 @@ class NodeSubscriptions(Generic[C]):
         return g
 
 
-def should_process(received_on: str, subject: str, matches: list[tuple[object, SubEntry]]
-                   ) -> bool:
+def should_process(received_on: str, subject: str, matches: list[tuple[object, SubEntry]]) -> bool:
     """True for exactly one of the copies NATS delivered for overlapping subscriptions."""
     first = matches[0][1].subjects
     if all(e.subjects is first or e.subjects == first for _, e in matches):
@@ -127,7 +130,9 @@ def should_process(received_on: str, subject: str, matches: list[tuple[object, S
     return received_on == min(subject_for(e, subject) for _, e in matches)
 
 
-def entry_for(filt: str, tenant: str, qos: int, no_local: bool, rap: bool,
-              sub_id: int | None) -> SubEntry:
-    return SubEntry(filt, qos, no_local, rap, (sub_id,) if sub_id else (),
-                    filter_to_subjects(tenant, filt))
+def entry_for(
+    filt: str, tenant: str, qos: int, no_local: bool, rap: bool, sub_id: int | None
+) -> SubEntry:
+    return SubEntry(
+        filt, qos, no_local, rap, (sub_id,) if sub_id else (), filter_to_subjects(tenant, filt)
+    )

@@ -21,9 +21,7 @@ class MetricsApi(pb_grpc.MetricsServiceServicer):
         if not request.node_id:
             raise ValueError("node_id is required")
         tenants = {
-            t.tenant: TenantCounts(
-                t.connections, t.messages_in, t.messages_out, t.messages_dropped
-            )
+            t.tenant: TenantCounts(t.connections, t.messages_in, t.messages_out, t.messages_dropped)
             for t in request.tenants
         }
         self._stats.report(request.node_id, time.monotonic(), tenants)

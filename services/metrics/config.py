@@ -11,4 +11,5 @@ from services.common.config import ServiceSettings
 
 class MetricsSettings(ServiceSettings):
     service_name: ClassVar[str] = "metrics"
+    grpc_port: int = Field(default=7006, ge=0, le=65535, description="gRPC port; 0 picks one.")
     node_stale_s: float = Field(default=30.0, gt=0, description="Forget silent nodes after this.")

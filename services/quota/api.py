@@ -12,8 +12,11 @@ from starling.quota.v1 import quota_pb2_grpc as pb_grpc
 
 _FIELDS = [f.name for f in pb.Limits.DESCRIPTOR.fields]
 # Resources counted per second window; the rest are totals.
-_RATE_RESOURCES = {"messages_per_s": "max_messages_per_s", "bytes_in_per_s": "max_bytes_in_per_s",
-                   "bytes_out_per_s": "max_bytes_out_per_s"}
+_RATE_RESOURCES = {
+    "messages_per_s": "max_messages_per_s",
+    "bytes_in_per_s": "max_bytes_in_per_s",
+    "bytes_out_per_s": "max_bytes_out_per_s",
+}
 _TOTAL_RESOURCES = {"connections": "max_connections", "sessions": "max_sessions"}
 
 # Grant min(amount, limit - used) atomically; 0 limit means unlimited.

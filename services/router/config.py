@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
+
 from services.common.config import ServiceSettings
 
 
 class RouterSettings(ServiceSettings):
     service_name: ClassVar[str] = "router"
+    grpc_port: int = Field(default=7002, ge=0, le=65535, description="gRPC port; 0 picks one.")

@@ -46,8 +46,13 @@ def rule_from_pb(r: pb.AclRule, index: int) -> AclRule:
         validate_topic_filter(probe)
     except MqttError as exc:
         raise InvalidArgumentError(f"rules[{index}].topic_filter: {exc}") from None
-    return AclRule(r.permission == pb.PERMISSION_ALLOW, Access(r.action), r.topic_filter,
-                   r.username, r.client_id)
+    return AclRule(
+        r.permission == pb.PERMISSION_ALLOW,
+        Access(r.action),
+        r.topic_filter,
+        r.username,
+        r.client_id,
+    )
 
 
 class Events:
@@ -58,8 +63,9 @@ class Events:
         self._node = node_id
 
     async def emit(self, tenant: str, client_id: str, kind: str, **detail: object) -> None:
-        ev = event_pb2.Event(tenant=tenant, client_id=client_id, node_id=self._node,
-                             ts_ms=int(time.time() * 1000))
+        ev = event_pb2.Event(
+            tenant=tenant, client_id=client_id, node_id=self._node, ts_ms=int(time.time() * 1000)
+        )
         if kind == "connected":
             ev.type = event_pb2.EVENT_TYPE_CLIENT_CONNECTED
             ev.connected.CopyFrom(event_pb2.ClientConnected(**detail))  # type: ignore[arg-type]
@@ -72,15 +78,22 @@ class Events:
 
 
 async def send_kick(nc: Client, holder: Holder, reason: int) -> None:
-    kick = connection_pb2.Kick(tenant=holder.tenant, client_id=holder.client_id,
-                               epoch=holder.epoch, reason_code=reason)
+    kick = connection_pb2.Kick(
+        tenant=holder.tenant, client_id=holder.client_id, epoch=holder.epoch, reason_code=reason
+    )
     await nc.publish(subjects.node_control(holder.node_id), kick.SerializeToString())
     await nc.flush(timeout=2)
 
 
 class SessionApi(pb_grpc.SessionServiceServicer):
-    def __init__(self, auth: Authenticator, registry: Registry, nc: Client, events: Events,
-                 acl_default_allow: bool) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        registry: Registry,
+        nc: Client,
+        events: Events,
+        acl_default_allow: bool,
+    ) -> None:
         self._auth = auth
         self._registry = registry
         self._nc = nc
@@ -97,32 +110,51 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         password = request.password if request.HasField("password") else None
         verdict = await self._auth.check(tenant, name, password)
         if verdict is False:
-            return pb.ConnectResponse(result=pb.CONNECT_RESULT_BAD_CREDENTIALS,
-                                      reason="bad user name or password")
+            return pb.ConnectResponse(
+                result=pb.CONNECT_RESULT_BAD_CREDENTIALS, reason="bad user name or password"
+            )
         if verdict is None and not self._auth.anonymous_allowed(tenant):
-            result = (pb.CONNECT_RESULT_BAD_CREDENTIALS if name
-                      else pb.CONNECT_RESULT_NOT_AUTHORIZED)
+            result = pb.CONNECT_RESULT_BAD_CREDENTIALS if name else pb.CONNECT_RESULT_NOT_AUTHORIZED
             return pb.ConnectResponse(result=result, reason="anonymous access is off for tenant")
         if not request.client_id:
-            return pb.ConnectResponse(result=pb.CONNECT_RESULT_CLIENT_ID_INVALID,
-                                      reason="client id required")
+            return pb.ConnectResponse(
+                result=pb.CONNECT_RESULT_CLIENT_ID_INVALID, reason="client id required"
+            )
         epoch = await self._registry.next_epoch(tenant, request.client_id)
-        holder = Holder(tenant, request.client_id, request.node_id, epoch, name,
-                        request.peer_address, request.protocol_level,
-                        int(time.time() * 1000), request.clean_start)
+        holder = Holder(
+            tenant,
+            request.client_id,
+            request.node_id,
+            epoch,
+            name,
+            request.peer_address,
+            request.protocol_level,
+            int(time.time() * 1000),
+            request.clean_start,
+        )
         claim = await self._registry.claim(holder)
         if not claim.won:
-            return pb.ConnectResponse(result=pb.CONNECT_RESULT_TAKEN_OVER, tenant=tenant,
-                                      epoch=epoch, reason="a newer connection holds the session")
+            return pb.ConnectResponse(
+                result=pb.CONNECT_RESULT_TAKEN_OVER,
+                tenant=tenant,
+                epoch=epoch,
+                reason="a newer connection holds the session",
+            )
         prev = claim.previous
         if prev is not None and prev.epoch != epoch:
             await send_kick(self._nc, prev, SESSION_TAKEN_OVER)
             await self._events.emit(tenant, request.client_id, "taken_over")
         rules = substitute(await self._auth.acl(tenant), name, request.client_id)
-        await self._events.emit(tenant, request.client_id, "connected", username=name,
-                                peer_address=request.peer_address,
-                                protocol_level=request.protocol_level,
-                                clean_start=request.clean_start, epoch=epoch)
+        await self._events.emit(
+            tenant,
+            request.client_id,
+            "connected",
+            username=name,
+            peer_address=request.peer_address,
+            protocol_level=request.protocol_level,
+            clean_start=request.clean_start,
+            epoch=epoch,
+        )
         return pb.ConnectResponse(
             result=pb.CONNECT_RESULT_OK,
             tenant=tenant,
@@ -136,8 +168,9 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext
     ) -> pb.DisconnectResponse:
         removed = await self._registry.release(request.tenant, request.client_id, request.epoch)
-        await self._events.emit(request.tenant, request.client_id, "disconnected",
-                                epoch=request.epoch)
+        await self._events.emit(
+            request.tenant, request.client_id, "disconnected", epoch=request.epoch
+        )
         return pb.DisconnectResponse(removed=removed)
 
 
@@ -170,8 +203,9 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
         _require(request.password, "password")
         if request.hash_scheme not in ("", "argon2", "bcrypt"):
             raise InvalidArgumentError("hash_scheme must be 'argon2' or 'bcrypt'")
-        await self._auth.create_user(tenant, request.username, request.password,
-                                     request.hash_scheme)
+        await self._auth.create_user(
+            tenant, request.username, request.password, request.hash_scheme
+        )
         log.info("user_created", extra={"tenant": tenant, "username": request.username})
         return pb.CreateUserResponse()
 
@@ -203,10 +237,15 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
         return pb.ListClientsResponse(
             clients=[
                 message_pb2.ClientInfo(
-                    tenant=h.tenant, client_id=h.client_id, username=h.username,
-                    node_id=h.node_id, peer_address=h.peer_address,
-                    protocol_level=h.protocol_level, connected_at_ms=h.connected_at_ms,
-                    epoch=h.epoch, clean_start=h.clean_start,
+                    tenant=h.tenant,
+                    client_id=h.client_id,
+                    username=h.username,
+                    node_id=h.node_id,
+                    peer_address=h.peer_address,
+                    protocol_level=h.protocol_level,
+                    connected_at_ms=h.connected_at_ms,
+                    epoch=h.epoch,
+                    clean_start=h.clean_start,
                 )
                 for h in holders
             ]

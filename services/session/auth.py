@@ -72,8 +72,9 @@ class Authenticator:
             return None
         if password is None:
             return False
-        digest = hashlib.sha256(b"\0".join([tenant.encode(), name.encode(), password,
-                                            stored.encode()])).digest()
+        digest = hashlib.sha256(
+            b"\0".join([tenant.encode(), name.encode(), password, stored.encode()])
+        ).digest()
         if digest in self._verified:
             return True
         ok = await asyncio.to_thread(verify_password, stored, password)
@@ -88,8 +89,16 @@ class Authenticator:
         if self._ttl:
             cached = await self._redis.get(key)
             if cached is not None:
-                return [AclRule(r["allow"], Access(r["access"]), r["topic_filter"], r["username"],
-                                r["client_id"]) for r in json.loads(cached)]
+                return [
+                    AclRule(
+                        r["allow"],
+                        Access(r["access"]),
+                        r["topic_filter"],
+                        r["username"],
+                        r["client_id"],
+                    )
+                    for r in json.loads(cached)
+                ]
         rules = await self._store.get_acl(tenant)
         if self._ttl:
             await self._redis.set(key, json.dumps([asdict(r) for r in rules]), ex=self._ttl)

@@ -20,8 +20,7 @@ class SessionClient:
 
     async def disconnect(self, tenant: str, client_id: str, epoch: int, node_id: str) -> bool:
         resp = await self._stub.Disconnect(
-            pb.DisconnectRequest(tenant=tenant, client_id=client_id, epoch=epoch,
-                                 node_id=node_id),
+            pb.DisconnectRequest(tenant=tenant, client_id=client_id, epoch=epoch, node_id=node_id),
             timeout=self._timeout,
         )
         return bool(resp.removed)

@@ -11,6 +11,7 @@ from services.common.config import ServiceSettings
 
 class SessionSettings(ServiceSettings):
     service_name: ClassVar[str] = "session"
+    grpc_port: int = Field(default=7001, ge=0, le=65535, description="gRPC port; 0 picks one.")
 
     anonymous_tenants: list[str] = Field(
         default_factory=list,

@@ -25,9 +25,12 @@ def open_store(settings: SessionSettings) -> AuthStore:
     if settings.cassandra_contact_points:
         from services.common.store.cassandra import CassandraStore
 
-        return CassandraStore(settings.cassandra_contact_points, settings.cassandra_port,
-                              settings.cassandra_keyspace,
-                              consistency=settings.cassandra_consistency)
+        return CassandraStore(
+            settings.cassandra_contact_points,
+            settings.cassandra_port,
+            settings.cassandra_keyspace,
+            consistency=settings.cassandra_consistency,
+        )
     return SqliteStore(settings.data_dir / "starling.db")
 
 
@@ -49,18 +52,23 @@ class SessionService:
         self._redis = Redis.from_url(settings.redis_url)
         self._store = open_store(settings)
         self._nats = _LateNats()
-        self._auth = Authenticator(self._store, self._redis, settings.auth_cache_ttl_s,
-                                   settings.anonymous_tenants)
+        self._auth = Authenticator(
+            self._store, self._redis, settings.auth_cache_ttl_s, settings.anonymous_tenants
+        )
         self._registry = Registry(self._redis)
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         nc: Client = self._nats  # type: ignore[assignment]
         events = Events(nc, self._settings.node_id)
         pb_grpc.add_SessionServiceServicer_to_server(
-            SessionApi(self._auth, self._registry, nc, events,
-                       self._settings.acl_default == "allow"), server)
+            SessionApi(
+                self._auth, self._registry, nc, events, self._settings.acl_default == "allow"
+            ),
+            server,
+        )
         pb_grpc.add_SessionAdminServiceServicer_to_server(
-            SessionAdminApi(self._auth, self._registry, nc), server)
+            SessionAdminApi(self._auth, self._registry, nc), server
+        )
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
@@ -70,8 +78,11 @@ class SessionService:
         try:
             await js.stream_info(subjects.EVENTS_STREAM)
         except Exception:
-            await js.add_stream(name=subjects.EVENTS_STREAM, subjects=[subjects.EVENTS_WILDCARD],
-                                max_age=7 * 24 * 3600)
+            await js.add_stream(
+                name=subjects.EVENTS_STREAM,
+                subjects=[subjects.EVENTS_WILDCARD],
+                max_age=7 * 24 * 3600,
+            )
 
     async def stop(self) -> None:
         if self._nats.nc is not None:

@@ -87,23 +87,42 @@ def _props(level: int, where: int) -> st.SearchStrategy[Properties]:
 def connect(draw: st.DrawFn, level: int) -> Connect:
     will = None
     if draw(st.booleans()):
-        will = Will(draw(text), draw(binary), draw(st.integers(0, 2)), draw(st.booleans()),
-                    draw(_props(level, WILL)))
+        will = Will(
+            draw(text),
+            draw(binary),
+            draw(st.integers(0, 2)),
+            draw(st.booleans()),
+            draw(_props(level, WILL)),
+        )
     username = draw(st.none() | text)
     password = draw(st.none() | binary)
     if level < 5 and username is None:
         password = None
-    return Connect(draw(text), level, "MQIsdp" if level == 3 else "MQTT", draw(st.booleans()),
-                   draw(st.integers(0, 65535)), username, password, will,
-                   draw(_props(level, PT.CONNECT)))
+    return Connect(
+        draw(text),
+        level,
+        "MQIsdp" if level == 3 else "MQTT",
+        draw(st.booleans()),
+        draw(st.integers(0, 65535)),
+        username,
+        password,
+        will,
+        draw(_props(level, PT.CONNECT)),
+    )
 
 
 @st.composite
 def publish(draw: st.DrawFn, level: int) -> Publish:
     qos = draw(st.integers(0, 2))
-    return Publish(draw(text), draw(binary), qos, draw(st.booleans()),
-                   draw(st.booleans()) if qos else False, draw(pid) if qos else None,
-                   draw(_props(level, PT.PUBLISH)))
+    return Publish(
+        draw(text),
+        draw(binary),
+        qos,
+        draw(st.booleans()),
+        draw(st.booleans()) if qos else False,
+        draw(pid) if qos else None,
+        draw(_props(level, PT.PUBLISH)),
+    )
 
 
 def _ack(cls: Any, ptype: int, codes: list[int], level: int) -> st.SearchStrategy[Any]:
@@ -117,8 +136,15 @@ def subscribe(draw: st.DrawFn, level: int) -> Subscribe:
     subs = []
     for _ in range(draw(st.integers(1, 3))):
         if level == 5:
-            subs.append(Subscription(draw(text), draw(st.integers(0, 2)), draw(st.booleans()),
-                                     draw(st.booleans()), draw(st.integers(0, 2))))
+            subs.append(
+                Subscription(
+                    draw(text),
+                    draw(st.integers(0, 2)),
+                    draw(st.booleans()),
+                    draw(st.booleans()),
+                    draw(st.integers(0, 2)),
+                )
+            )
         else:
             subs.append(Subscription(draw(text), draw(st.integers(0, 2))))
     return Subscribe(draw(pid), tuple(subs), draw(_props(level, PT.SUBSCRIBE)))
@@ -130,27 +156,48 @@ def packets(level: int) -> st.SearchStrategy[Any]:
     v3_connack = [0x00, 0x84, 0x85, 0x88, 0x86, 0x87]
     choices = [
         connect(level),
-        st.builds(ConnAck, st.booleans(),
-                  st.sampled_from(v3_connack) if level < 5 else st.integers(0, 255),
-                  _props(level, PT.CONNACK)),
+        st.builds(
+            ConnAck,
+            st.booleans(),
+            st.sampled_from(v3_connack) if level < 5 else st.integers(0, 255),
+            _props(level, PT.CONNACK),
+        ),
         publish(level),
         _ack(PubAck, PT.PUBACK, pub_codes, level),
         _ack(PubRec, PT.PUBREC, pub_codes, level),
         _ack(PubRel, PT.PUBREL, rel_codes, level),
         _ack(PubComp, PT.PUBCOMP, rel_codes, level),
         subscribe(level),
-        st.builds(SubAck, pid, st.lists(st.sampled_from([0, 1, 2, 0x80]), min_size=1,
-                                        max_size=4).map(tuple), _props(level, PT.SUBACK)),
-        st.builds(Unsubscribe, pid, st.lists(text, min_size=1, max_size=3).map(tuple),
-                  _props(level, PT.UNSUBSCRIBE)),
-        (st.builds(UnsubAck, pid, st.lists(st.integers(0, 255), max_size=3).map(tuple),
-                   properties(PT.UNSUBACK)) if level == 5 else st.builds(UnsubAck, pid)),
+        st.builds(
+            SubAck,
+            pid,
+            st.lists(st.sampled_from([0, 1, 2, 0x80]), min_size=1, max_size=4).map(tuple),
+            _props(level, PT.SUBACK),
+        ),
+        st.builds(
+            Unsubscribe,
+            pid,
+            st.lists(text, min_size=1, max_size=3).map(tuple),
+            _props(level, PT.UNSUBSCRIBE),
+        ),
+        (
+            st.builds(
+                UnsubAck,
+                pid,
+                st.lists(st.integers(0, 255), max_size=3).map(tuple),
+                properties(PT.UNSUBACK),
+            )
+            if level == 5
+            else st.builds(UnsubAck, pid)
+        ),
         st.just(PingReq()),
         st.just(PingResp()),
-        (st.builds(Disconnect, st.integers(0, 255), properties(PT.DISCONNECT)) if level == 5
-         else st.just(Disconnect())),
+        (
+            st.builds(Disconnect, st.integers(0, 255), properties(PT.DISCONNECT))
+            if level == 5
+            else st.just(Disconnect())
+        ),
     ]
     if level == 5:
-        choices.append(st.builds(Auth, st.sampled_from([0x00, 0x18, 0x19]),
-                                 properties(PT.AUTH)))
+        choices.append(st.builds(Auth, st.sampled_from([0x00, 0x18, 0x19]), properties(PT.AUTH)))
     return st.one_of(choices)

@@ -19,24 +19,33 @@ LEVELS = ["a", "b", ""]
 
 
 def test_substitution_and_selectors() -> None:
-    rules = [AclRule(True, Access.PUBLISH, "dev/%c/%u"),
-             AclRule(False, Access.ALL, "#", username="eve")]
+    rules = [
+        AclRule(True, Access.PUBLISH, "dev/%c/%u"),
+        AclRule(False, Access.ALL, "#", username="eve"),
+    ]
     out = substitute(rules, "bob", "c7")
     assert out == [AclRule(True, Access.PUBLISH, "dev/c7/bob")]
     assert len(substitute(rules, "eve", "c1")) == 2
 
 
 def test_first_match_wins_and_default() -> None:
-    chk = AclChecker([AclRule(True, Access.PUBLISH, "a/ok"),
-                      AclRule(False, Access.PUBLISH, "a/#")], default_allow=True)
+    chk = AclChecker(
+        [AclRule(True, Access.PUBLISH, "a/ok"), AclRule(False, Access.PUBLISH, "a/#")],
+        default_allow=True,
+    )
     assert chk.can_publish("a/ok") and not chk.can_publish("a/no")
     assert chk.can_publish("b")  # default
     assert not AclChecker([], default_allow=False).can_publish("x")
 
 
 def test_subscribe_needs_coverage_for_allow_and_overlap_for_deny() -> None:
-    chk = AclChecker([AclRule(False, Access.SUBSCRIBE, "secret/#"),
-                      AclRule(True, Access.SUBSCRIBE, "sensors/#")], default_allow=False)
+    chk = AclChecker(
+        [
+            AclRule(False, Access.SUBSCRIBE, "secret/#"),
+            AclRule(True, Access.SUBSCRIBE, "sensors/#"),
+        ],
+        default_allow=False,
+    )
     assert chk.can_subscribe("sensors/+/temp")
     assert not chk.can_subscribe("#")  # overlaps the deny rule
     assert not chk.can_subscribe("other/x")  # default deny
@@ -54,8 +63,9 @@ def filters(draw: st.DrawFn) -> str:
     return "/".join(levels)
 
 
-ALL_TOPICS = ["/".join(p) for n in range(1, 6) for p in __import__("itertools").product(
-    LEVELS, repeat=n)]
+ALL_TOPICS = [
+    "/".join(p) for n in range(1, 6) for p in __import__("itertools").product(LEVELS, repeat=n)
+]
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,14 +15,21 @@ async def test_protobuf_request_round_trip(nats_url: str) -> None:
 
     async def respond(msg: Msg) -> None:
         req = parse(msg, session_pb2.KickClientRequest)
-        await msg.respond(session_pb2.KickClientResponse(
-            kicked=req.client_id == "c1" and req.tenant == "t").SerializeToString())
+        await msg.respond(
+            session_pb2.KickClientResponse(
+                kicked=req.client_id == "c1" and req.tenant == "t"
+            ).SerializeToString()
+        )
 
     await server.subscribe("svc.test.kick", cb=respond)
     await server.flush()
-    reply = await request_proto(client, "svc.test.kick",
-                                session_pb2.KickClientRequest(tenant="t", client_id="c1"),
-                                session_pb2.KickClientResponse, timeout_s=5)
+    reply = await request_proto(
+        client,
+        "svc.test.kick",
+        session_pb2.KickClientRequest(tenant="t", client_id="c1"),
+        session_pb2.KickClientResponse,
+        timeout_s=5,
+    )
     assert reply.kicked is True
     await client.close()
     await server.close()

@@ -12,8 +12,7 @@ from services.common.mqtt import Connect, Decoder, MqttError, encode
 from tests.common.strategies import packets
 
 LEVELS = [3, 4, 5]
-FAST = settings(max_examples=150, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _decoder_for(packet: Any, level: int) -> Decoder:

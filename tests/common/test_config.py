@@ -16,8 +16,9 @@ from services.session.config import SessionSettings
 
 def test_env_and_toml_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "starling.toml"
-    cfg.write_text('[common]\nlog_level = "DEBUG"\ngrpc_port = 7100\n'
-                   '[session]\nanonymous_tenants = ["open"]\n')
+    cfg.write_text(
+        '[common]\nlog_level = "DEBUG"\ngrpc_port = 7100\n[session]\nanonymous_tenants = ["open"]\n'
+    )
     monkeypatch.setenv("STARLING_CONFIG", str(cfg))
     monkeypatch.setenv("STARLING_GRPC_PORT", "7200")  # env beats the file
     s = load_settings(SessionSettings)
@@ -26,7 +27,7 @@ def test_env_and_toml_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_bad_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STARLING_RECEIVE_MAXIMUM", "0")
-    with pytest.raises(ConfigError, match="receive_maximum.*STARLING_RECEIVE_MAXIMUM"):
+    with pytest.raises(ConfigError, match=r"receive_maximum.*STARLING_RECEIVE_MAXIMUM"):
         load_settings(ConnectionSettings)
 
 
@@ -46,7 +47,12 @@ def test_secrets_are_redacted_in_the_effective_config(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("service", ["session", "connection", "metrics"])
 def test_service_process_exits_2_naming_the_setting(service: str) -> None:
     env = {**os.environ, "STARLING_GRPC_PORT": "not-a-port"}
-    proc = subprocess.run([sys.executable, "-m", f"services.{service}"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"services.{service}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "grpc_port" in proc.stderr and "STARLING_GRPC_PORT" in proc.stderr

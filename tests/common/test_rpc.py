@@ -34,15 +34,20 @@ async def test_health_and_reflection(server: str) -> None:
     assert await check_health(server) == "SERVING"
     async with grpc.aio.insecure_channel(server) as ch:
         resp = await health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service="starling.metrics.v1.MetricsService"))
+            health_pb2.HealthCheckRequest(service="starling.metrics.v1.MetricsService")
+        )
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
         names: set[str] = set()
         async for r in stub.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        ):
             names |= {s.name for s in r.list_services_response.service}
-    assert {"starling.metrics.v1.MetricsService", "starling.metrics.v1.MetricsAdminService",
-            "grpc.health.v1.Health"} <= names
+    assert {
+        "starling.metrics.v1.MetricsService",
+        "starling.metrics.v1.MetricsAdminService",
+        "grpc.health.v1.Health",
+    } <= names
 
 
 async def test_admin_calls_need_the_token(server: str) -> None:
@@ -51,8 +56,9 @@ async def test_admin_calls_need_the_token(server: str) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.GetClusterStats(pb.GetClusterStatsRequest())
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        ok = await stub.GetClusterStats(pb.GetClusterStatsRequest(),
-                                        metadata=[("authorization", "Bearer s3cret")])
+        ok = await stub.GetClusterStats(
+            pb.GetClusterStatsRequest(), metadata=[("authorization", "Bearer s3cret")]
+        )
         assert ok.nodes == 0
 
 
@@ -63,9 +69,13 @@ async def test_bad_request_maps_to_invalid_argument_with_message(server: str) ->
             await stub.ReportNodeStats(pb.ReportNodeStatsRequest())
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "node_id" in (info.value.details() or "")
-        await stub.ReportNodeStats(pb.ReportNodeStatsRequest(
-            node_id="n1", tenants=[pb.TenantCounters(tenant="t", connections=3)]))
+        await stub.ReportNodeStats(
+            pb.ReportNodeStatsRequest(
+                node_id="n1", tenants=[pb.TenantCounters(tenant="t", connections=3)]
+            )
+        )
         admin = pb_grpc.MetricsAdminServiceStub(ch)
-        stats = await admin.GetClusterStats(pb.GetClusterStatsRequest(),
-                                            metadata=[("authorization", "Bearer s3cret")])
+        stats = await admin.GetClusterStats(
+            pb.GetClusterStatsRequest(), metadata=[("authorization", "Bearer s3cret")]
+        )
         assert stats.nodes == 1 and stats.tenants[0].connections == 3

@@ -24,13 +24,14 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         s: AuthStore = SqliteStore(tmp_path / "store.db")
     else:
         if not CASSANDRA:
-            pytest.skip("Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port "
-                        "(no Docker engine here for testcontainers)")
+            pytest.skip(
+                "Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port "
+                "(no Docker engine here for testcontainers)"
+            )
         from services.common.store.cassandra import CassandraStore
 
         host, _, port = CASSANDRA.partition(":")
-        s = CassandraStore([host], int(port or 9042), keyspace="starling_test",
-                           consistency="ONE")
+        s = CassandraStore([host], int(port or 9042), keyspace="starling_test", consistency="ONE")
     yield s
     await s.close()
 

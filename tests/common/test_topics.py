@@ -110,13 +110,19 @@ def test_trie_agrees_with_naive_matcher(fs: list[str], ts: list[str]) -> None:
         assert sorted(k for k, _ in trie.match(t)) == expected, t
 
 
-mapping_level = st.one_of(st.sampled_from(LEVELS), st.text(max_size=4).filter(
-    lambda s: "/" not in s and "+" not in s and "#" not in s and "\x00" not in s))
+mapping_level = st.one_of(
+    st.sampled_from(LEVELS),
+    st.text(max_size=4).filter(
+        lambda s: "/" not in s and "+" not in s and "#" not in s and "\x00" not in s
+    ),
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(levels=st.lists(mapping_level, min_size=1, max_size=4),
-       tenant=st.sampled_from(["default", "t.1", "acme"]))
+@given(
+    levels=st.lists(mapping_level, min_size=1, max_size=4),
+    tenant=st.sampled_from(["default", "t.1", "acme"]),
+)
 def test_subject_mapping_round_trips(levels: list[str], tenant: str) -> None:
     topic = "/".join(levels)
     if not topic:

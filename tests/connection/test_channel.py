@@ -66,14 +66,16 @@ def test_outbound_qos2_flow_and_window() -> None:
     (rel,) = dec.feed(bytes(ch.out))
     ch.out.clear()
     assert isinstance(rel, PubRel)
-    ch.receive(encode(__import__("services.common.mqtt", fromlist=["PubComp"]).PubComp(
-        rel.packet_id), 5), 1.0)
+    ch.receive(
+        encode(__import__("services.common.mqtt", fromlist=["PubComp"]).PubComp(rel.packet_id), 5),
+        1.0,
+    )
     (nxt,) = dec.feed(bytes(ch.out))
     assert isinstance(nxt, Publish) and nxt.payload == b"1"
 
 
 def test_expired_message_is_not_delivered() -> None:
-    ch, dec = _connected()
+    ch, _dec = _connected()
     ch.deliver(Message("t", "a", b"old", 1, False, expires_at=5.0), 1, False, (), 6.0)
     assert not ch.out and ch.outbound.expired == 1
 
@@ -92,8 +94,15 @@ def test_keepalive_and_connect_timeout() -> None:
 
 def test_subscribe_checks_acl_and_filters() -> None:
     ch, dec = _connected(acl=(AclRule(False, Access.SUBSCRIBE, "deny/#"),))
-    ch.receive(encode(Subscribe(1, (Subscription("ok/+", 1), Subscription("deny/x", 1),
-                                    Subscription("bad/#/x", 0))), 5), 1.0)
+    ch.receive(
+        encode(
+            Subscribe(
+                1, (Subscription("ok/+", 1), Subscription("deny/x", 1), Subscription("bad/#/x", 0))
+            ),
+            5,
+        ),
+        1.0,
+    )
     (req,) = ch.actions
     assert isinstance(req, SubscribeRequest)
     assert req.reason_codes == (1, 0x87, 0x8F)

@@ -19,17 +19,30 @@ class Admin:
         self.stub = pb_grpc.SessionAdminServiceStub(self.channel)
 
     def user(self, tenant: str, username: str, password: str, scheme: str = "") -> None:
-        self.stub.CreateUser(pb.CreateUserRequest(tenant=tenant, username=username,
-                                                  password=password, hash_scheme=scheme),
-                             metadata=MD)
+        self.stub.CreateUser(
+            pb.CreateUserRequest(
+                tenant=tenant, username=username, password=password, hash_scheme=scheme
+            ),
+            metadata=MD,
+        )
 
     def acl(self, tenant: str, *rules: tuple[str, str, str]) -> None:
         perm = {"allow": pb.PERMISSION_ALLOW, "deny": pb.PERMISSION_DENY}
-        action = {"pub": pb.ACL_ACTION_PUBLISH, "sub": pb.ACL_ACTION_SUBSCRIBE,
-                  "all": pb.ACL_ACTION_ALL}
-        self.stub.SetAcl(pb.SetAclRequest(tenant=tenant, rules=[
-            pb.AclRule(permission=perm[p], action=action[a], topic_filter=f)
-            for p, a, f in rules]), metadata=MD)
+        action = {
+            "pub": pb.ACL_ACTION_PUBLISH,
+            "sub": pb.ACL_ACTION_SUBSCRIBE,
+            "all": pb.ACL_ACTION_ALL,
+        }
+        self.stub.SetAcl(
+            pb.SetAclRequest(
+                tenant=tenant,
+                rules=[
+                    pb.AclRule(permission=perm[p], action=action[a], topic_filter=f)
+                    for p, a, f in rules
+                ],
+            ),
+            metadata=MD,
+        )
 
     def call(self, method: str, request: Any) -> Any:
         return getattr(self.stub, method)(request, metadata=MD)

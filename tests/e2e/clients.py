@@ -22,17 +22,29 @@ TIMEOUT = 10.0
 
 
 class Paho:
-    def __init__(self, port: int, client_id: str | None = None, v5: bool = True,
-                 username: str | None = None, password: str | None = None,
-                 clean: bool = True, transport: str = "tcp", tls_ca: str | None = None,
-                 will: tuple[str, bytes, int] | None = None, keepalive: int = 30) -> None:
+    def __init__(
+        self,
+        port: int,
+        client_id: str | None = None,
+        v5: bool = True,
+        username: str | None = None,
+        password: str | None = None,
+        clean: bool = True,
+        transport: str = "tcp",
+        tls_ca: str | None = None,
+        will: tuple[str, bytes, int] | None = None,
+        keepalive: int = 30,
+    ) -> None:
         self.client_id = client_id or f"t-{uuid.uuid4().hex[:10]}"
         self.v5 = v5
         self.port = port
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
-                             transport=transport,  # type: ignore[arg-type]
-                             **({} if v5 else {"clean_session": clean}))
+        self.c = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+            transport=transport,  # type: ignore[arg-type]
+            **({} if v5 else {"clean_session": clean}),
+        )
         if transport == "websockets":
             self.c.ws_set_options(path="/mqtt")
         if tls_ca:
@@ -64,21 +76,27 @@ class Paho:
             assert not rc.is_failure, f"CONNACK {rc}"
         return rc
 
-    def subscribe(self, topic: str, qos: int = 0, sub_id: int | None = None,
-                  **options: bool) -> list[Any]:
+    def subscribe(
+        self, topic: str, qos: int = 0, sub_id: int | None = None, **options: bool
+    ) -> list[Any]:
         props = None
         if sub_id is not None:
             props = PahoProps(PacketTypes.SUBSCRIBE)
             props.SubscriptionIdentifier = sub_id
         if self.v5:
-            self.c.subscribe(topic, options=SubscribeOptions(qos=qos, **options),
-                             properties=props)
+            self.c.subscribe(topic, options=SubscribeOptions(qos=qos, **options), properties=props)
         else:
             self.c.subscribe(topic, qos)
         return self.subacks.get(timeout=TIMEOUT)
 
-    def publish(self, topic: str, payload: bytes | str, qos: int = 0, retain: bool = False,
-                props: PahoProps | None = None) -> Any:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        qos: int = 0,
+        retain: bool = False,
+        props: PahoProps | None = None,
+    ) -> Any:
         info = self.c.publish(topic, payload, qos, retain, properties=props)
         info.wait_for_publish(TIMEOUT)
         return self.pubacks.get(info.mid)

@@ -78,12 +78,14 @@ def test_tenants_never_see_each_other(mesh: MeshInfo, admin: Admin) -> None:
 def test_acl_denials(mesh: MeshInfo, admin: Admin) -> None:
     tenant = _tenant()
     admin.user(tenant, "dev", "pw")
-    admin.acl(tenant,
-              ("allow", "pub", "devices/%c/#"),
-              ("deny", "pub", "devices/#"),
-              ("deny", "pub", "secret/#"),
-              ("deny", "sub", "private/#"),
-              ("allow", "all", "#"))
+    admin.acl(
+        tenant,
+        ("allow", "pub", "devices/%c/#"),
+        ("deny", "pub", "devices/#"),
+        ("deny", "pub", "secret/#"),
+        ("deny", "sub", "private/#"),
+        ("allow", "all", "#"),
+    )
     user = {"username": f"{tenant}/dev", "password": "pw"}
     watcher = Paho(mesh.node(1), **user)
     watcher.connect()
@@ -128,10 +130,10 @@ def test_list_and_kick_clients_across_nodes(mesh: MeshInfo, admin: Admin) -> Non
     c.connect()
     listed = admin.call("ListClients", pb.ListClientsRequest(tenant=tenant)).clients
     assert [(x.client_id, x.node_id, x.username) for x in listed] == [
-        ("kick-me", "connection-1", "k")]
+        ("kick-me", "connection-1", "k")
+    ]
     assert listed[0].peer_address.startswith("127.0.0.1:")
-    assert admin.call("KickClient", pb.KickClientRequest(tenant=tenant,
-                                                          client_id="kick-me")).kicked
+    assert admin.call("KickClient", pb.KickClientRequest(tenant=tenant, client_id="kick-me")).kicked
     assert int(c.disconnects.get(timeout=10).value) == 0x98
     deadline = time.monotonic() + 10
     while admin.call("ListClients", pb.ListClientsRequest(tenant=tenant)).clients:

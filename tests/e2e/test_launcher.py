@@ -27,8 +27,12 @@ def _alive(pid: int) -> bool:
 
 
 def _status(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*STARLING, "status", "--data-dir", str(data_dir)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*STARLING, "status", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _poll(cond, timeout_s: float = 60):  # type: ignore[no-untyped-def]
@@ -43,15 +47,27 @@ def _poll(cond, timeout_s: float = 60):  # type: ignore[no-untyped-def]
 
 def test_up_serves_everything_and_sigterm_leaves_no_process(tmp_path: Path) -> None:
     data_dir = tmp_path / "mesh"
-    up = subprocess.Popen([*STARLING, "up", "--data-dir", str(data_dir), "--mqtt-port",
-                           str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+    up = subprocess.Popen(
+        [*STARLING, "up", "--data-dir", str(data_dir), "--mqtt-port", str(free_port())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _poll(lambda: (data_dir / "mesh.json").exists() and _status(data_dir).returncode == 0)
         status = _status(data_dir)
         names = [line.split()[0] for line in status.stdout.splitlines()]
-        assert names == ["nats", "redis", "session", "router", "queue", "rules", "quota",
-                         "metrics", "connection-0"]
+        assert names == [
+            "nats",
+            "redis",
+            "session",
+            "router",
+            "queue",
+            "rules",
+            "quota",
+            "metrics",
+            "connection-0",
+        ]
         assert all(line.split()[1] == "SERVING" for line in status.stdout.splitlines())
         mesh = json.loads((data_dir / "mesh.json").read_text())
         pids = {c["name"]: c["pid"] for c in mesh["components"]}

@@ -51,8 +51,7 @@ def test_inbound_topic_alias(mesh: MeshInfo) -> None:
     raw.send(Publish("alias/in", b"1", 1, packet_id=1, properties=Properties(topic_alias=3)))
     raw.send(Publish("", b"2", 1, packet_id=2, properties=Properties(topic_alias=3)))
     assert [type(raw.recv()), type(raw.recv())] == [PubAck, PubAck]
-    assert [(m.topic, m.payload) for m in sub.expect(2)] == [("alias/in", b"1"),
-                                                            ("alias/in", b"2")]
+    assert [(m.topic, m.payload) for m in sub.expect(2)] == [("alias/in", b"1"), ("alias/in", b"2")]
     # An alias above our maximum is a protocol error: 0x94.
     raw.send(Publish("", b"3", 0, properties=Properties(topic_alias=60000)))
     pkt = raw.recv()
@@ -188,8 +187,11 @@ def test_message_expiry_is_forwarded_and_properties_pass_through(mesh: MeshInfo)
     (m,) = sub.expect(1)
     p = m.properties
     assert 55 <= p.MessageExpiryInterval <= 60
-    assert (p.ResponseTopic, p.CorrelationData, p.ContentType) == ("reply/here", b"corr",
-                                                                   "text/plain")
+    assert (p.ResponseTopic, p.CorrelationData, p.ContentType) == (
+        "reply/here",
+        b"corr",
+        "text/plain",
+    )
     assert p.UserProperty == [("k", "v"), ("k", "w")]
     sub.close()
     pub.close()

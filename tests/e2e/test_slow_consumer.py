@@ -18,8 +18,11 @@ from tests.e2e.clients import Paho, Raw
 
 def _stats(mesh: MeshInfo, node: str) -> pb.NodeStats:
     with grpc.insecure_channel(mesh.addr(node)) as ch:
-        return pb_grpc.ConnectionAdminServiceStub(ch).GetNodeStats(
-            pb.GetNodeStatsRequest(), metadata=MD).stats
+        return (
+            pb_grpc.ConnectionAdminServiceStub(ch)
+            .GetNodeStats(pb.GetNodeStatsRequest(), metadata=MD)
+            .stats
+        )
 
 
 def _drops(mesh: MeshInfo, node: str, client_id: str) -> int:

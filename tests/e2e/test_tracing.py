@@ -25,24 +25,37 @@ EXPORTER = InMemorySpanExporter()
 
 
 @pytest.fixture(scope="module")
-async def traced_nodes(nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-                       ) -> AsyncIterator[tuple[int, int]]:
+async def traced_nodes(
+    nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[int, int]]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(provider)
     common = {"nats_url": nats_url, "redis_url": redis_url, "metrics_port": -1}
-    session = SessionService(SessionSettings(
-        **common, data_dir=Path(tmp_path_factory.mktemp("trace")), anonymous_tenants=["*"],
-        node_id="session-t"))
+    session = SessionService(
+        SessionSettings(
+            **common,
+            data_dir=Path(tmp_path_factory.mktemp("trace")),
+            anonymous_tenants=["*"],
+            node_id="session-t",
+        )
+    )
     server, port, health = create_server("127.0.0.1:0", session.register)
     await server.start()
     await session.start()
     await set_serving(health, [])
     nodes = []
     for i in range(2):
-        svc = ConnectionService(ConnectionSettings(
-            **common, node_id=f"trace-node-{i}", mqtt_port=0, mqtt_host="127.0.0.1",
-            session_addr=f"127.0.0.1:{port}", trace_sample_ratio=1.0))
+        svc = ConnectionService(
+            ConnectionSettings(
+                **common,
+                node_id=f"trace-node-{i}",
+                mqtt_port=0,
+                mqtt_host="127.0.0.1",
+                session_addr=f"127.0.0.1:{port}",
+                trace_sample_ratio=1.0,
+            )
+        )
         await svc.start()
         nodes.append(svc)
     yield nodes[0].ports["mqtt"], nodes[1].ports["mqtt"]
@@ -70,7 +83,9 @@ async def test_publish_is_one_trace_across_nodes(traced_nodes: tuple[int, int]) 
     assert p.context.trace_id == d.context.trace_id
     assert d.parent is not None and d.parent.span_id == p.context.span_id
     assert (p.attributes["starling.node"], d.attributes["starling.node"]) == (
-        "trace-node-0", "trace-node-1")
+        "trace-node-0",
+        "trace-node-1",
+    )
 
     connects = [s for s in spans if s.name == "mqtt.connect"]
     session_side = [s for s in spans if s.name.endswith("SessionService/Connect")]

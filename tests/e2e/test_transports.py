@@ -39,18 +39,54 @@ def test_secure_websocket_client(mesh: MeshInfo) -> None:
     _roundtrip(mesh, Paho(port, transport="websockets", tls_ca=str(mesh.cert)), "tr/wss")
 
 
-@pytest.mark.skipif(shutil.which("mosquitto_sub") is None,
-                    reason="mosquitto-clients not installed")
+@pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="mosquitto-clients not installed")
 @pytest.mark.parametrize("version", ["mqttv311", "mqttv5", "mqttv31"])
 def test_mosquitto_clients_interoperate(mesh: MeshInfo, version: str) -> None:
     topic = f"mosq/{version}"
     sub = subprocess.Popen(
-        ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(mesh.node(1)), "-t", topic, "-q", "1",
-         "-C", "2", "-V", version, "-W", "15", "-i", f"msub-{version}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            "mosquitto_sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(mesh.node(1)),
+            "-t",
+            topic,
+            "-q",
+            "1",
+            "-C",
+            "2",
+            "-V",
+            version,
+            "-W",
+            "15",
+            "-i",
+            f"msub-{version}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(0.7)  # mosquitto_sub has no "subscribed" signal
     for payload in ("one", "two"):
-        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(mesh.node(0)), "-t", topic,
-                        "-m", payload, "-q", "1", "-V", version], check=True, timeout=15)
+        subprocess.run(
+            [
+                "mosquitto_pub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(mesh.node(0)),
+                "-t",
+                topic,
+                "-m",
+                payload,
+                "-q",
+                "1",
+                "-V",
+                version,
+            ],
+            check=True,
+            timeout=15,
+        )
     out, err = sub.communicate(timeout=20)
     assert out.split() == ["one", "two"], err

@@ -63,8 +63,9 @@ async def request_proto(
     nc: Client, subject: str, message: Message, reply_type: type[M], timeout_s: float = 2.0
 ) -> M:
     """Send a protobuf request and parse the protobuf reply."""
-    msg = await nc.request(subject, message.SerializeToString(), timeout=timeout_s,
-                           headers=_headers())
+    msg = await nc.request(
+        subject, message.SerializeToString(), timeout=timeout_s, headers=_headers()
+    )
     reply = reply_type()
     reply.ParseFromString(msg.data)
     return reply

@@ -37,8 +37,11 @@ def create_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME],
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
         server,
     )
     port = server.add_insecure_port(address)
@@ -77,8 +80,9 @@ async def check_health(address: str, timeout_s: float = 1.0, service: str = "") 
     async with grpc.aio.insecure_channel(address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         try:
-            resp = await stub.Check(health_pb2.HealthCheckRequest(service=service),
-                                    timeout=timeout_s)
+            resp = await stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
         except grpc.aio.AioRpcError:
             return "UNREACHABLE"
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))

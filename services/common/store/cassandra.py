@@ -29,11 +29,19 @@ def _future(rf: Any) -> asyncio.Future[Any]:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 
+    def settle(rows: Any = None, exc: BaseException | None = None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(rows)
+
     def ok(rows: Any) -> None:
-        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(rows))
+        loop.call_soon_threadsafe(settle, rows)
 
     def err(exc: BaseException) -> None:
-        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(exc))
+        loop.call_soon_threadsafe(settle, None, exc)
 
     rf.add_callbacks(ok, err)
     return fut

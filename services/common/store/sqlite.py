@@ -85,8 +85,15 @@ class SqliteStore:
                 self._db.executemany(
                     "INSERT INTO acls VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [
-                        (tenant, i, int(r.allow), int(r.access), r.topic_filter, r.username,
-                         r.client_id)
+                        (
+                            tenant,
+                            i,
+                            int(r.allow),
+                            int(r.access),
+                            r.topic_filter,
+                            r.username,
+                            r.client_id,
+                        )
                         for i, r in enumerate(rules)
                     ],
                 )

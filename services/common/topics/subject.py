@@ -107,5 +107,3 @@ def subject_matches(pattern: str, subject: str) -> bool:
         if i >= len(s) or (tok != "*" and tok != s[i]):
             return False
     return len(p) == len(s)
-
-

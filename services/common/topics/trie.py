@@ -120,8 +120,9 @@ class TopicTrie(Generic[K, V]):
             for k, v in node.subs.items():
                 yield prefix, k, v
             for level, child in node.children.items():
-                stack.append((f"{prefix}/{level}" if prefix or node is not self._root else level,
-                              child))
+                stack.append(
+                    (f"{prefix}/{level}" if prefix or node is not self._root else level, child)
+                )
 
 
 _MISSING = object()

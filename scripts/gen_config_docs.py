@@ -1,0 +1,104 @@
+"""Write docs/configuration.md from the settings models (`python -m scripts.gen_config_docs`).
+
+tests/test_docs.py fails when the committed file differs from what this produces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic.fields import FieldInfo
+
+from services.common.config import ServiceSettings
+from services.connection.config import ConnectionSettings
+from services.metrics.config import MetricsSettings
+from services.queue.config import QueueSettings
+from services.quota.config import QuotaSettings
+from services.router.config import RouterSettings
+from services.rules.config import RulesSettings
+from services.session.config import SessionSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS: list[type[ServiceSettings]] = [
+    ConnectionSettings,
+    SessionSettings,
+    RouterSettings,
+    QueueSettings,
+    RulesSettings,
+    QuotaSettings,
+    MetricsSettings,
+]
+
+
+def _default(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+    else:
+        value = info.default
+    if hasattr(value, "get_secret_value"):
+        value = "" if not value.get_secret_value() else "***"
+    return f"`{value!r}`" if value not in (None, "") else "`" + repr(value) + "`"
+
+
+def _constraints(info: FieldInfo) -> str:
+    parts = []
+    for m in info.metadata:
+        for key in ("ge", "gt", "le", "lt", "pattern"):
+            if getattr(m, key, None) is not None:
+                parts.append(f"{key} {getattr(m, key)}")
+    return ", ".join(parts)
+
+
+def _table(fields: dict[str, FieldInfo]) -> list[str]:
+    rows = ["| setting | env | default | constraints | meaning |", "|---|---|---|---|---|"]
+    for name, info in fields.items():
+        rows.append(
+            f"| `{name}` | `STARLING_{name.upper()}` | {_default(info)} | "
+            f"{_constraints(info)} | {info.description or ''} |"
+        )
+    return rows
+
+
+def render() -> str:
+    common = ServiceSettings.model_fields
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the settings models by `python -m scripts.gen_config_docs`; a test keeps",
+        "it in sync. Every service reads environment variables `STARLING_<SETTING>` and, if",
+        "`STARLING_CONFIG` names a TOML file, its `[common]` table and then the table named after",
+        "the service (`[connection]`, `[session]`, ...). Environment beats the file. A bad value",
+        "stops the service at start with exit code 2 and a message naming the setting, e.g.",
+        "`starling connection: invalid setting grpc_port (STARLING_GRPC_PORT): ...`.",
+        "",
+        "```toml",
+        "[common]",
+        'nats_url = "nats://nats:4222"',
+        'admin_token = "change-me"',
+        "",
+        "[connection]",
+        "mqtt_port = 1883",
+        "ws_port = 8083",
+        "",
+        "[session]",
+        'anonymous_tenants = ["public"]',
+        "```",
+        "",
+        "## Common to every service",
+        "",
+        *_table(dict(common)),
+    ]
+    for model in MODELS:
+        own = {
+            k: v
+            for k, v in model.model_fields.items()
+            if k not in common or v.default != common[k].default
+        }
+        lines += ["", f"## {model.service_name}", ""]
+        lines += _table(own) if own else ["No settings beyond the common ones."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    (ROOT / "docs" / "configuration.md").write_text(render())
+    print("wrote docs/configuration.md")
