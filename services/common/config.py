@@ -66,6 +66,15 @@ class ServiceSettings(BaseSettings):
         default=SecretStr(""), description="Bearer token for admin RPCs; empty: no check."
     )
     shutdown_grace_s: float = Field(default=5.0, gt=0, le=300)
+    cassandra_contact_points: list[str] = Field(
+        default_factory=list, description="Empty: the embedded SQLite store under data_dir."
+    )
+    cassandra_port: int = Field(default=9042, ge=1, le=65535)
+    cassandra_keyspace: str = Field(default="starling", pattern=r"^[a-z_][a-z0-9_]*$")
+    cassandra_consistency: str = Field(
+        default="LOCAL_QUORUM",
+        pattern="^(ONE|TWO|THREE|QUORUM|LOCAL_QUORUM|EACH_QUORUM|ALL|LOCAL_ONE)$",
+    )
     session_addr: str = Field(default="127.0.0.1:7001", description="Session service gRPC.")
     router_addr: str = Field(default="127.0.0.1:7002", description="Router service gRPC.")
     queue_addr: str = Field(default="127.0.0.1:7003", description="Queue service gRPC.")

@@ -30,6 +30,7 @@ class Message(NamedTuple):
     expires_at: float | None = None  # wall clock seconds
     published_at: float = 0.0
     trace_context: tuple[tuple[str, str], ...] = ()
+    packet_id: int = 0  # the publisher's packet id while its PUBACK/PUBREC is deferred
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,9 @@ class AuthResult:
     session_present: bool = False
     acl: tuple[AclRule, ...] = ()
     acl_default_allow: bool = True
+    incarnation: int = 0
+    session_expiry_s: int = 0  # what the server uses; > 0: the session outlives the connection
+    subscriptions: tuple[tuple[Subscription, int | None], ...] = ()  # of a resumed session
 
 
 Action = Authenticate | SubscribeRequest | Unsubscribed | Close

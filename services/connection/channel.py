@@ -15,6 +15,7 @@ Theory of operation:
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -82,6 +83,9 @@ class ChannelConfig:
     max_queued_messages: int = 1000
     max_client_id_length: int = 256
     max_held_packets: int = 1000
+    # PUBACK/PUBREC of forwarded QoS 1/2 publishes wait for `ack_publish` (the node acks once
+    # the router has stored the message in every matching persistent queue).
+    defer_publish_acks: bool = False
     topic_limits: TopicLimits = field(default=DEFAULT_LIMITS)
 
 
@@ -120,6 +124,12 @@ class Channel:
         self._held: list[Packet] = []
         self._connect: Connect | None = None
         self.messages_in = 0
+        # Publisher acks in receipt order [MQTT-4.6.0-2]: [packet id, qos, reason, ready].
+        self._acks: deque[list[int]] = deque()
+        self.persistent = False
+        self.incarnation = 0
+        self.session_expiry_s = 0
+        self.disconnect_expiry_s: int | None = None
         self.denied = 0
 
     # ---- input -------------------------------------------------------------------------
@@ -263,10 +273,19 @@ class Channel:
                 topic_alias_maximum=cfg.topic_alias_maximum,
                 maximum_packet_size=cfg.max_packet_size_bytes,
                 server_keep_alive=keepalive,
-                # Sessions end with the connection until persistent sessions land.
-                session_expiry_interval=0 if p.properties.session_expiry_interval else None,
+                # Only when the server uses another value than the client asked for.
+                session_expiry_interval=(
+                    result.session_expiry_s
+                    if result.session_expiry_s != (p.properties.session_expiry_interval or 0)
+                    else None
+                ),
             )
         self.out += encode(ConnAck(result.session_present, 0, props), level)
+        self.incarnation = result.incarnation
+        self.session_expiry_s = result.session_expiry_s
+        self.persistent = result.session_expiry_s > 0
+        for sub, sub_id in result.subscriptions:
+            self.subscriptions[sub.filter] = sub_id
         held, self._held = self._held, []
         for packet in held:
             if self.state is not State.CONNECTED:
@@ -304,7 +323,9 @@ class Channel:
         pid = p.packet_id or 0
         if qos == 2:
             if pid in self._awaiting_rel:
-                self.out += encode(PubRec(pid), level)  # duplicate: do not forward again
+                # A resend: never forward twice; answer unless the first PUBREC is pending.
+                if not any(a[0] == pid for a in self._acks):
+                    self.out += encode(PubRec(pid), level)
                 return
             if len(self._awaiting_rel) >= self.config.receive_maximum:
                 self.disconnect(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
@@ -321,6 +342,7 @@ class Channel:
             except MqttError:
                 forward = False
                 code = RC.PAYLOAD_FORMAT_INVALID
+        defer = forward and qos > 0 and self.config.defer_publish_acks
         if forward:
             self.messages_in += 1
             mprops = EMPTY
@@ -340,14 +362,38 @@ class Channel:
                     mprops,
                     expires_at,
                     now,
+                    (),
+                    pid if defer else 0,
                 )
             )
-        if qos == 1:
-            self.out += encode(PubAck(pid, code), level)
-        elif qos == 2:
-            if code < 0x80:
-                self._awaiting_rel.add(pid)
-            self.out += encode(PubRec(pid, code), level)
+        if qos == 0:
+            return
+        if qos == 2 and code < 0x80:
+            self._awaiting_rel.add(pid)
+        self._acks.append([pid, qos, code, 0 if defer else 1])
+        self._flush_acks()
+
+    def ack_publish(self, pid: int, code: int = 0) -> None:
+        """The node finished routing a deferred publish: its PUBACK/PUBREC may go."""
+        for a in self._acks:
+            if a[0] == pid and not a[3]:
+                a[2], a[3] = code, 1
+                break
+        self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        acks = self._acks
+        level = self.level
+        while acks and acks[0][3]:
+            pid, qos, code, _ = acks.popleft()
+            if self.state is not State.CONNECTED:
+                continue
+            if qos == 1:
+                self.out += encode(PubAck(pid, code), level)
+            else:
+                if code >= 0x80:
+                    self._awaiting_rel.discard(pid)
+                self.out += encode(PubRec(pid, code), level)
 
     def _on_pubrel(self, p: PubRel, now: float) -> None:
         if p.packet_id in self._awaiting_rel:
@@ -430,6 +476,8 @@ class Channel:
         if p.reason_code == RC.NORMAL_DISCONNECTION:
             self.will = None  # [MQTT-3.14.4-3] a normal DISCONNECT discards the will
             self.normal_disconnect = True
+        if p.properties.session_expiry_interval is not None:
+            self.disconnect_expiry_s = p.properties.session_expiry_interval
         if (
             self.level == 5
             and p.properties.session_expiry_interval
@@ -455,6 +503,14 @@ class Channel:
     def connection_lost(self) -> None:
         if self.state is not State.CLOSED:
             self.state = State.CLOSED
+
+
+def requested_session_expiry(connect: Connect) -> int:
+    """Session Expiry Interval a CONNECT asks for: the MQTT 5 property (absent: 0), or for
+    3.1/3.1.1 "never" (0xFFFFFFFF) with clean session 0 and 0 with clean session 1."""
+    if connect.protocol_level == 5:
+        return connect.properties.session_expiry_interval or 0
+    return 0 if connect.clean_start else 0xFFFFFFFF
 
 
 _NO_SUB = object()

@@ -18,6 +18,8 @@ from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
 from services.connection.listener import server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
+from services.queue.client import QueueClient
+from services.router.client import RouterClient
 from services.session.client import SessionClient
 from starling.connection.v1 import connection_pb2 as pb
 from starling.connection.v1 import connection_pb2_grpc as pb_grpc
@@ -36,6 +38,7 @@ def channel_config(s: ConnectionSettings) -> ChannelConfig:
         v3_inflight=s.v3_inflight,
         max_queued_messages=s.max_queued_messages,
         topic_limits=TopicLimits(s.max_topic_length_bytes, s.max_topic_levels),
+        defer_publish_acks=True,
     )
 
 
@@ -61,6 +64,8 @@ class ConnectionService:
             SessionClient(s.session_addr),
             tracing=s.trace_sample_ratio > 0,
             nc_shared=nc_shared,
+            router=RouterClient(s.router_addr),
+            queue=QueueClient(s.queue_addr),
         )
         await node.start()
         _register_metrics(node)

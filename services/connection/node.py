@@ -39,6 +39,7 @@ from opentelemetry import trace
 
 from services.common.acl import Access, AclRule
 from services.common.bus import subjects
+from services.common.mqtt.packets import Subscription
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.telemetry import extract, inject
 from services.common.topics import parse_shared, topic_to_subject
@@ -51,8 +52,10 @@ from services.connection.actions import (
     Unsubscribed,
     message_properties,
 )
-from services.connection.channel import Channel, ChannelConfig, State
+from services.connection.channel import Channel, ChannelConfig, State, requested_session_expiry
 from services.connection.envelope import add_to_batch, from_envelope
+from services.connection.persistence import PersistentDelivery, QueuePort, queue_id
+from services.connection.routing import RoutingPipeline
 from services.connection.subscriptions import (
     NodeSubscriptions,
     SharedGroup,
@@ -62,6 +65,7 @@ from services.connection.subscriptions import (
 )
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 from starling.connection.v1 import connection_pb2
+from starling.router.v1 import router_pb2
 from starling.session.v1 import session_pb2
 
 log = logging.getLogger("starling.connection")
@@ -83,10 +87,34 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+class SubscriptionPort(Protocol):
+    async def subscribe(
+        self,
+        tenant: str,
+        client_id: str,
+        incarnation: int,
+        subs: list[router_pb2.PersistentSubscription],
+    ) -> None: ...
+
+    async def unsubscribe(
+        self, tenant: str, client_id: str, incarnation: int, filters: list[str]
+    ) -> None: ...
+
+    async def route(self, messages: list[RoutedMessage]) -> list[int]: ...
+
+
 class SessionPort(Protocol):
     async def connect(self, request: session_pb2.ConnectRequest) -> session_pb2.ConnectResponse: ...
 
-    async def disconnect(self, tenant: str, client_id: str, epoch: int, node_id: str) -> bool: ...
+    async def disconnect(
+        self,
+        tenant: str,
+        client_id: str,
+        epoch: int,
+        node_id: str,
+        incarnation: int,
+        expiry_s: int | None,
+    ) -> bool: ...
 
 
 # Flow-control marks (messages).
@@ -115,7 +143,7 @@ def _worker_died(task: asyncio.Task[None]) -> None:
 
 
 class Conn:
-    __slots__ = ("channel", "closed", "node", "registered", "sink")
+    __slots__ = ("channel", "closed", "node", "persistent", "registered", "sink")
 
     def __init__(self, node: Node, channel: Channel, sink: Sink) -> None:
         self.node = node
@@ -123,11 +151,13 @@ class Conn:
         self.sink = sink
         self.closed = False
         self.registered = False
+        self.persistent: PersistentDelivery | None = None
 
     def receive(self, data: bytes) -> None:
         ch = self.channel
         ch.receive(data, time.time())
-        if ch.out or ch.publishes or ch.actions:
+        ob = ch.outbound
+        if ch.out or ch.publishes or ch.actions or ob.completed or ob.released:
             self.node.after(self)
 
     def flush(self) -> None:
@@ -150,8 +180,17 @@ class Node:
         session: SessionPort,
         tracing: bool = False,
         nc_shared: Client | None = None,
+        router: SubscriptionPort | None = None,
+        queue: QueuePort | None = None,
     ) -> None:
         self.config = config
+        self.router = router
+        self.queue = queue
+        self.routing = (
+            RoutingPipeline(router, self._routed, self._routing_gave_up)
+            if router is not None
+            else None
+        )
         self.node_id = config.node_id
         self.nc = nc  # connected with no_echo
         self.nc_shared = nc_shared or nc
@@ -191,6 +230,8 @@ class Node:
             asyncio.create_task(self._controller(), name="node-controller"),
             asyncio.create_task(self._sweeper(), name="node-sweeper"),
         ]
+        if self.routing is not None:
+            self._workers.append(asyncio.create_task(self.routing.run(), name="node-routing"))
         for w in self._workers:
             w.add_done_callback(_worker_died)
 
@@ -222,10 +263,17 @@ class Node:
 
     def after(self, conn: Conn) -> None:
         ch = conn.channel
+        ob = ch.outbound
+        if ob.completed or ob.released:
+            if conn.persistent is not None:
+                conn.persistent.progress()
+            else:
+                ob.completed.clear()
+                ob.released.clear()
         if ch.publishes:
             msgs = ch.publishes
             ch.publishes = []
-            self.route(msgs)
+            self.route(msgs, conn)
             if self.paused and conn not in self._throttled:
                 self._throttle(conn)
         if ch.actions:
@@ -235,7 +283,7 @@ class Node:
                 if type(action) is SubscribeRequest:
                     self._subscribe(conn, action)
                 elif type(action) is Unsubscribed:
-                    self._unsubscribe(conn, action.filters)
+                    self._unsubscribe(conn, action.filters, persist=ch.persistent)
                 elif type(action) is Authenticate:
                     self._spawn(self._authenticate(conn, action))
                 elif type(action) is Close:
@@ -243,6 +291,10 @@ class Node:
                     conn.sink.close()
                     self.cleanup(conn)
         if ch.out and not conn.closed:
+            self._mark_dirty(conn)
+
+    def mark_dirty(self, conn: Conn) -> None:
+        if not conn.closed:
             self._mark_dirty(conn)
 
     def _mark_dirty(self, conn: Conn) -> None:
@@ -266,7 +318,18 @@ class Node:
 
     # ---- publishing into the mesh -------------------------------------------------------
 
-    def route(self, msgs: list[Message]) -> None:
+    def _routed(self, conn: Conn | None, pid: int) -> None:
+        """The router stored a QoS>=1 publish: the publisher gets its PUBACK/PUBREC now."""
+        if conn is not None and pid and not conn.closed:
+            conn.channel.ack_publish(pid)
+            self._mark_dirty(conn)
+
+    def _routing_gave_up(self, conn: Conn | None) -> None:
+        if conn is not None and not conn.closed:
+            conn.channel.disconnect(RC.SERVER_BUSY, "persistent routing unavailable")
+            self.after(conn)
+
+    def route(self, msgs: list[Message], conn: Conn | None = None) -> None:
         self._since_check += len(msgs)
         if self._since_check >= CHECK_EVERY or self._queued > PUBLISH_HIGH:
             self._since_check = 0
@@ -312,8 +375,14 @@ class Node:
                         self._deliver_traced(msg, matches, msg.publisher)
                     else:
                         self._deliver(msg, matches, msg.publisher)
+            if msg.qos and self.routing is not None:
+                # Persistent sessions: stored before the publisher is acknowledged.
+                self.routing.submit(conn, msg.packet_id, env)
         self._queued += len(msgs)
         self._pub_wake.set()
+
+    def _routing_backlog(self) -> int:
+        return len(self.routing) if self.routing is not None else 0
 
     def _inbound_backlog(self) -> int:
         """Bytes NATS handed us that no subscription task has delivered yet."""
@@ -321,7 +390,9 @@ class Node:
 
     def _check_pressure(self) -> None:
         if not self.paused and (
-            self._queued > PUBLISH_HIGH or self._inbound_backlog() > INBOUND_HIGH_BYTES
+            self._queued > PUBLISH_HIGH
+            or self._inbound_backlog() > INBOUND_HIGH_BYTES
+            or self._routing_backlog() > PUBLISH_HIGH
         ):
             # Only connections that publish while the node is saturated are throttled, so
             # subscribers keep reading and their PUBACKs keep freeing inflight windows.
@@ -335,7 +406,11 @@ class Node:
             self._throttled.add(conn)
 
     def _maybe_resume(self) -> None:
-        if self._queued > PUBLISH_LOW or self._inbound_backlog() > INBOUND_LOW_BYTES:
+        if (
+            self._queued > PUBLISH_LOW
+            or self._inbound_backlog() > INBOUND_LOW_BYTES
+            or self._routing_backlog() > PUBLISH_LOW
+        ):
             self._loop.call_later(0.002, self._maybe_resume)
             return
         self.paused = False
@@ -465,6 +540,8 @@ class Node:
         now: float,
         counters: TenantCounters,
     ) -> None:
+        if qos and conn.persistent is not None:
+            return  # a persistent session takes QoS>=1 only from its queue
         conn.channel.deliver(message, qos, retain, sub_ids, now)
         if conn.channel.out:
             self._mark_dirty(conn)
@@ -502,7 +579,11 @@ class Node:
 
     # ---- subscriptions -------------------------------------------------------------------
 
-    def _subscribe(self, conn: Conn, req: SubscribeRequest) -> None:
+    def _subscribe(
+        self, conn: Conn, req: SubscribeRequest, persist: bool = False, answer: bool = True
+    ) -> None:
+        """Add to the node's trie now; NATS subscriptions, the router (for a persistent
+        session's new subscriptions) and the SUBACK follow in order on the control task."""
         tenant = conn.channel.tenant
         new_subjects: list[str] = []
         new_groups: list[SharedGroup[Conn]] = []
@@ -532,10 +613,39 @@ class Node:
                 await self.nc.flush(timeout=5)
             if new_groups:
                 await self.nc_shared.flush(timeout=5)
-            conn.channel.on_subscribed(req)
-            self._mark_dirty(conn)
+            final = req
+            if persist and req.subscriptions:
+                final = await self._persist_subscriptions(conn, req)
+            if answer:
+                conn.channel.on_subscribed(final)
+                self._mark_dirty(conn)
 
         self._ctl_queue.put_nowait(op)
+
+    async def _persist_subscriptions(self, conn: Conn, req: SubscribeRequest) -> SubscribeRequest:
+        """Store a persistent session's new subscriptions in the router before the SUBACK;
+        if the router cannot take them, answer 0x80 for them instead."""
+        ch = conn.channel
+        subs = [
+            router_pb2.PersistentSubscription(
+                topic_filter=s.filter,
+                qos=s.qos,
+                no_local=s.no_local,
+                retain_as_published=s.retain_as_published,
+                retain_handling=s.retain_handling,
+                subscription_identifier=sub_id or 0,
+            )
+            for s, sub_id in req.subscriptions
+        ]
+        try:
+            assert self.router is not None
+            await self.router.subscribe(ch.tenant, ch.client_id, ch.incarnation, subs)
+            return req
+        except Exception as exc:
+            log.warning("persistent_subscribe_failed", extra={"error": type(exc).__name__})
+            self._unsubscribe(conn, tuple(s.filter for s, _ in req.subscriptions))
+            codes = tuple(0x80 if c < 0x80 else c for c in req.reason_codes)
+            return SubscribeRequest(req.packet_id, (), codes)
 
     async def _nats_subscribe(self, subject: str) -> None:
         async def cb(msg: Msg, subject: str = subject) -> None:
@@ -543,8 +653,22 @@ class Node:
 
         self._nats_subs[subject] = await self.nc.subscribe(subject, cb=cb)
 
-    def _unsubscribe(self, conn: Conn, filters: tuple[str, ...]) -> None:
+    def _unsubscribe(self, conn: Conn, filters: tuple[str, ...], persist: bool = False) -> None:
+        """Remove from the node; `persist`: also from the session's stored subscriptions."""
         tenant = conn.channel.tenant
+        if persist and self.router is not None:
+            ch = conn.channel
+            router = self.router
+
+            async def forget() -> None:
+                try:
+                    await router.unsubscribe(ch.tenant, ch.client_id, ch.incarnation, list(filters))
+                except Exception as exc:
+                    log.warning(
+                        "persistent_unsubscribe_failed", extra={"error": type(exc).__name__}
+                    )
+
+            self._ctl_queue.put_nowait(forget)
         gone: list[str] = []
         for f in filters:
             shared = parse_shared(f)
@@ -584,6 +708,7 @@ class Node:
             peer_address=ch.peer,
             protocol_level=p.protocol_level,
             clean_start=p.clean_start,
+            session_expiry_interval_s=requested_session_expiry(p),
         )
         if p.password is not None:
             req.password = p.password
@@ -621,12 +746,31 @@ class Node:
                         for r in resp.acl
                     ),
                     resp.acl_default != session_pb2.PERMISSION_DENY,
+                    resp.incarnation,
+                    resp.session_expiry_interval_s,
+                    tuple(
+                        (
+                            Subscription(
+                                s.topic_filter,
+                                s.qos,
+                                s.no_local,
+                                s.retain_as_published,
+                                s.retain_handling,
+                            ),
+                            s.subscription_identifier or None,
+                        )
+                        for s in resp.subscriptions
+                    ),
                 )
             else:
                 result = AuthResult(False, _CONNECT_CODES.get(resp.result, RC.NOT_AUTHORIZED))
         if conn.closed:
             if result.ok:  # the client left while we asked: release the registry entry
-                self._spawn(self._release(result.tenant, action.client_id, result.epoch))
+                self._spawn(
+                    self._release(
+                        result.tenant, action.client_id, result.epoch, result.incarnation, None
+                    )
+                )
             return
         ch.on_authenticated(result, time.time())
         if ch.state is State.CONNECTED:
@@ -634,7 +778,32 @@ class Node:
             self.clients.setdefault((ch.tenant, ch.client_id), {})[ch.epoch] = conn
             if taken_over:
                 ch.disconnect(RC.SESSION_TAKEN_OVER, "a newer connection took the session")
+            elif ch.persistent:
+                self._resume(conn, result)
         self.after(conn)
+
+    def _resume(self, conn: Conn, result: AuthResult) -> None:
+        """A persistent session: restore its subscriptions here, deliver its queue."""
+        ch = conn.channel
+        if result.subscriptions:
+            self._subscribe(conn, SubscribeRequest(0, result.subscriptions, ()), answer=False)
+        if self.queue is None:
+            return
+        conn.persistent = PersistentDelivery(
+            conn,
+            self.queue,
+            self.nc_shared,
+            ch.tenant,
+            queue_id(ch.client_id, ch.incarnation),
+            result.session_present,
+            time.time,
+        )
+        persistent = conn.persistent
+
+        async def start() -> None:
+            await persistent.start()
+
+        self._ctl_queue.put_nowait(start)
 
     async def _on_control(self, msg: Msg) -> None:
         kick = connection_pb2.Kick.FromString(msg.data)
@@ -660,6 +829,8 @@ class Node:
         ch.connection_lost()
         if ch.subscriptions:
             self._unsubscribe(conn, tuple(ch.subscriptions))
+        if conn.persistent is not None:
+            self._spawn(conn.persistent.close())
         if not conn.registered:
             return
         c = self._counters(ch.tenant)
@@ -691,11 +862,17 @@ class Node:
                         )
                     ]
                 )
-        self._spawn(self._release(ch.tenant, ch.client_id, ch.epoch))
+        self._spawn(
+            self._release(ch.tenant, ch.client_id, ch.epoch, ch.incarnation, ch.disconnect_expiry_s)
+        )
 
-    async def _release(self, tenant: str, client_id: str, epoch: int) -> None:
+    async def _release(
+        self, tenant: str, client_id: str, epoch: int, incarnation: int, expiry_s: int | None
+    ) -> None:
         try:
-            await self.session.disconnect(tenant, client_id, epoch, self.node_id)
+            await self.session.disconnect(
+                tenant, client_id, epoch, self.node_id, incarnation, expiry_s
+            )
         except Exception as exc:
             log.warning("session_release_failed", extra={"error": str(exc)})
 

@@ -32,6 +32,7 @@ class Outbound:
         "_alias",
         "_next_pid",
         "alias_max",
+        "completed",
         "congested",
         "dropped",
         "expired",
@@ -42,6 +43,7 @@ class Outbound:
         "out",
         "pending",
         "receive_maximum",
+        "released",
         "sent",
     )
 
@@ -68,6 +70,41 @@ class Outbound:
         self.sent = 0
         self.dropped = 0
         self.expired = 0
+        # Packet ids whose delivery finished (PUBACK/PUBCOMP, or discarded as too large), and
+        # ids the client PUBREC'd: a persistent session reports them to its queue.
+        self.completed: list[int] = []
+        self.released: list[int] = []
+
+    def deliver_stored(
+        self,
+        msg: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        pid: int,
+        dup: bool,
+        now: float,
+    ) -> bool:
+        """A queued entry of a persistent session, under the packet id its queue seq gives.
+
+        Returns False when it cannot be sent (expired, or too large for the client): the
+        caller treats it as done [MQTT-3.1.2-25]."""
+        if msg.expires_at is not None and msg.expires_at <= now:
+            self.expired += 1
+            return False
+        if not self._write(msg, qos, retain, sub_ids, pid, now, dup):
+            return False
+        self.inflight[pid] = AWAIT_PUBACK if qos == 1 else AWAIT_PUBREC
+        return True
+
+    def resend_pubrel(self, pid: int) -> None:
+        """Outbound QoS 2 after a reconnect: the client already has the message."""
+        self.inflight[pid] = AWAIT_PUBCOMP
+        self.out += encode(PubRel(pid), self.level)
+
+    @property
+    def free_window(self) -> int:
+        return max(0, self.receive_maximum - len(self.inflight))
 
     def deliver(
         self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
@@ -105,7 +142,14 @@ class Outbound:
                 return pid
 
     def _write(
-        self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], pid: int, now: float
+        self,
+        msg: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        pid: int,
+        now: float,
+        dup: bool = False,
     ) -> bool:
         topic = msg.topic
         level = self.level
@@ -133,7 +177,7 @@ class Outbound:
                 )
             props_b = b"\x00" if props is EMPTY else encode_properties(props)
         t = topic.encode()
-        first = 0x30 | (qos << 1) | (1 if retain else 0)
+        first = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
         head = len(t).to_bytes(2, "big") + t
         if qos:
             head += pid.to_bytes(2, "big")
@@ -156,6 +200,7 @@ class Outbound:
         if self.inflight.get(pid) != stage:
             return False
         del self.inflight[pid]
+        self.completed.append(pid)
         self._pump(now)
         return True
 
@@ -165,9 +210,11 @@ class Outbound:
             return False
         if failed:
             del self.inflight[pid]
+            self.completed.append(pid)
             self._pump(now)
             return True
         self.inflight[pid] = AWAIT_PUBCOMP
+        self.released.append(pid)
         self.out += encode(PubRel(pid), self.level)
         return True
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from services.common.config import ServiceSettings
 
@@ -12,3 +12,14 @@ from services.common.config import ServiceSettings
 class QueueSettings(ServiceSettings):
     service_name: ClassVar[str] = "queue"
     grpc_port: int = Field(default=7003, ge=0, le=65535, description="gRPC port; 0 picks one.")
+    queue_partitions: int = Field(default=64, ge=1, le=65536, description="Fixed partition count.")
+    instance_ordinal: int = Field(default=0, ge=0, description="This instance's index.")
+    instance_count: int = Field(default=1, ge=1, description="Queue instances in the cluster.")
+    max_queue_depth: int = Field(default=100_000, ge=0, description="Entries per queue; 0: no cap.")
+    depth_policy: Literal["drop_oldest", "reject_newest"] = "drop_oldest"
+
+    @model_validator(mode="after")
+    def _ordinal(self) -> QueueSettings:
+        if self.instance_ordinal >= self.instance_count:
+            raise ValueError("instance_ordinal must be below instance_count")
+        return self

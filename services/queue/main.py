@@ -5,27 +5,38 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import grpc
-from nats.aio.client import Client
 
-from services.common.bus.client import connect
+from services.common.bus.client import LateClient, connect
 from services.common.runtime import run_service
+from services.common.store.open import open_queue_store
+from services.queue.api import Partitions, QueueAdminApi, QueueApi
 from services.queue.config import QueueSettings
+from starling.queue.v1 import queue_pb2 as pb
+from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 
 
 class QueueService:
     def __init__(self, settings: QueueSettings) -> None:
-        self._settings = settings
-        self._nc: Client | None = None
+        self._s = settings
+        self._store = open_queue_store(settings)
+        self._parts = Partitions(settings)
+        self._nats = LateClient()
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
-        return []
+        pb_grpc.add_QueueServiceServicer_to_server(
+            QueueApi(self._store, self._parts, self._s, self._nats), server
+        )  # type: ignore[arg-type]
+        pb_grpc.add_QueueAdminServiceServicer_to_server(QueueAdminApi(self._store), server)
+        return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
-        self._nc = await connect(self._settings.nats_url, self._settings.node_id)
+        self._nats.nc = await connect(self._s.nats_url, self._s.node_id)
+        await self._parts.claim_all(self._store)
 
     async def stop(self) -> None:
-        if self._nc is not None:
-            await self._nc.drain()
+        if self._nats.nc is not None:
+            await self._nats.nc.drain()
+        await self._store.close()
 
 
 def main() -> int:

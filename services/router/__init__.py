@@ -1,4 +1,7 @@
-"""Router service: owns persistent routing (QoS>=1 publishes to persistent sessions' queues),
-retained messages, delayed publish, shared-subscription policy and the authoritative route
-table with its admin API. This release serves health and reflection and holds its NATS
-connection; routing arrives with the persistence and retained issues."""
+"""Router service: owns persistent routing. It keeps the authoritative table of persistent
+sessions' subscriptions (in the store, and in memory as one trie per tenant, loaded before the
+service reports SERVING) and, for every QoS>=1 publish a node hands it, appends the message to
+the queue of every matching persistent session before answering STORED; the node acknowledges
+the publisher only then. QoS 0 is not queued for offline sessions. Retained messages, delayed
+publish and the shared-subscription policy arrive with the retained/shared issue.
+"""

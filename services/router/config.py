@@ -12,3 +12,6 @@ from services.common.config import ServiceSettings
 class RouterSettings(ServiceSettings):
     service_name: ClassVar[str] = "router"
     grpc_port: int = Field(default=7002, ge=0, le=65535, description="gRPC port; 0 picks one.")
+    queue_qos0_offline: bool = Field(
+        default=False, description="Also queue QoS 0 messages for persistent sessions."
+    )

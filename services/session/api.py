@@ -15,6 +15,7 @@ from services.common.rpc.status import InvalidArgumentError, NotFoundError
 from services.common.topics import validate_topic_filter
 from services.session.auth import Authenticator, check_tenant, split_username
 from services.session.registry import Holder, Registry
+from services.session.sessions import Sessions
 from starling.common.v1 import event_pb2, message_pb2
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2 as pb
@@ -74,6 +75,9 @@ class Events:
             ev.disconnected.CopyFrom(event_pb2.ClientDisconnected(**detail))  # type: ignore[arg-type]
         elif kind == "taken_over":
             ev.type = event_pb2.EVENT_TYPE_SESSION_TAKEN_OVER
+        elif kind == "session_expired":
+            ev.type = event_pb2.EVENT_TYPE_SESSION_EXPIRED
+            ev.session_expired.SetInParent()
         await self._nc.publish(subjects.event(tenant, kind), ev.SerializeToString())
 
 
@@ -93,12 +97,14 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         nc: Client,
         events: Events,
         acl_default_allow: bool,
+        sessions: Sessions,
     ) -> None:
         self._auth = auth
         self._registry = registry
         self._nc = nc
         self._events = events
         self._acl_default = pb.PERMISSION_ALLOW if acl_default_allow else pb.PERMISSION_DENY
+        self._sessions = sessions
 
     async def Connect(
         self, request: pb.ConnectRequest, context: grpc.aio.ServicerContext
@@ -144,6 +150,9 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         if prev is not None and prev.epoch != epoch:
             await send_kick(self._nc, prev, SESSION_TAKEN_OVER)
             await self._events.emit(tenant, request.client_id, "taken_over")
+        opened = await self._sessions.open(
+            tenant, request.client_id, request.clean_start, request.session_expiry_interval_s
+        )
         rules = substitute(await self._auth.acl(tenant), name, request.client_id)
         await self._events.emit(
             tenant,
@@ -159,15 +168,27 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             result=pb.CONNECT_RESULT_OK,
             tenant=tenant,
             epoch=epoch,
-            session_present=False,
+            session_present=opened.present,
             acl=[rule_to_pb(r) for r in rules],
             acl_default=self._acl_default,
+            incarnation=opened.incarnation,
+            subscriptions=opened.subscriptions,
+            session_expiry_interval_s=opened.expiry_s,
         )
 
     async def Disconnect(
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext
     ) -> pb.DisconnectResponse:
         removed = await self._registry.release(request.tenant, request.client_id, request.epoch)
+        if removed:  # only the current holder may end or park the session
+            expiry = (
+                request.session_expiry_interval_s
+                if request.HasField("session_expiry_interval_s")
+                else None
+            )
+            await self._sessions.close(
+                request.tenant, request.client_id, request.incarnation, expiry
+            )
         await self._events.emit(
             request.tenant, request.client_id, "disconnected", epoch=request.epoch
         )

@@ -18,11 +18,25 @@ class SessionClient:
     async def connect(self, request: pb.ConnectRequest) -> pb.ConnectResponse:
         return await self._stub.Connect(request, timeout=self._timeout)  # type: ignore[no-any-return]
 
-    async def disconnect(self, tenant: str, client_id: str, epoch: int, node_id: str) -> bool:
-        resp = await self._stub.Disconnect(
-            pb.DisconnectRequest(tenant=tenant, client_id=client_id, epoch=epoch, node_id=node_id),
-            timeout=self._timeout,
+    async def disconnect(
+        self,
+        tenant: str,
+        client_id: str,
+        epoch: int,
+        node_id: str,
+        incarnation: int = 0,
+        expiry_s: int | None = None,
+    ) -> bool:
+        req = pb.DisconnectRequest(
+            tenant=tenant,
+            client_id=client_id,
+            epoch=epoch,
+            node_id=node_id,
+            incarnation=incarnation,
         )
+        if expiry_s is not None:
+            req.session_expiry_interval_s = expiry_s
+        resp = await self._stub.Disconnect(req, timeout=self._timeout)
         return bool(resp.removed)
 
     async def close(self) -> None:

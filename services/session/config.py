@@ -21,9 +21,7 @@ class SessionSettings(ServiceSettings):
         default="allow", description="Decision when no ACL rule matches."
     )
     auth_cache_ttl_s: int = Field(default=300, ge=0, description="Redis cache of users/ACLs.")
-    cassandra_contact_points: list[str] = Field(
-        default_factory=list, description="Empty: the embedded SQLite store under data_dir."
+    session_expiry_sweep_s: float = Field(default=1.0, gt=0, description="Expiry scan period.")
+    max_session_expiry_s: int = Field(
+        default=0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="Cap on Session Expiry Interval."
     )
-    cassandra_port: int = Field(default=9042, ge=1, le=65535)
-    cassandra_keyspace: str = Field(default="starling", pattern=r"^[a-z_][a-z0-9_]*$")
-    cassandra_consistency: str = Field(default="LOCAL_QUORUM")

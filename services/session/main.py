@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import grpc
@@ -9,60 +10,54 @@ from nats.aio.client import Client
 from redis.asyncio import Redis
 
 from services.common.bus import subjects
-from services.common.bus.client import connect
+from services.common.bus.client import LateClient, connect
 from services.common.runtime import run_service
-from services.common.store.ports import AuthStore
-from services.common.store.sqlite import SqliteStore
+from services.common.store.open import open_auth_store, open_session_store
+from services.queue.client import QueueClient
+from services.router.client import RouterClient
 from services.session.api import Events, SessionAdminApi, SessionApi
 from services.session.auth import Authenticator
 from services.session.config import SessionSettings
 from services.session.registry import Registry
+from services.session.sessions import Sessions
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
-
-
-def open_store(settings: SessionSettings) -> AuthStore:
-    if settings.cassandra_contact_points:
-        from services.common.store.cassandra import CassandraStore
-
-        return CassandraStore(
-            settings.cassandra_contact_points,
-            settings.cassandra_port,
-            settings.cassandra_keyspace,
-            consistency=settings.cassandra_consistency,
-        )
-    return SqliteStore(settings.data_dir / "starling.db")
-
-
-class _LateNats:
-    """Forwards to the NATS client once `start` connected it (servicers are built earlier)."""
-
-    def __init__(self) -> None:
-        self.nc: Client | None = None
-
-    def __getattr__(self, name: str) -> object:
-        if self.nc is None:
-            raise RuntimeError("NATS is not connected yet")
-        return getattr(self.nc, name)
 
 
 class SessionService:
     def __init__(self, settings: SessionSettings) -> None:
         self._settings = settings
         self._redis = Redis.from_url(settings.redis_url)
-        self._store = open_store(settings)
-        self._nats = _LateNats()
+        self._store = open_auth_store(settings)
+        self._session_store = open_session_store(settings)
+        self._nats = LateClient()
+        nc: Client = self._nats  # type: ignore[assignment]
         self._auth = Authenticator(
             self._store, self._redis, settings.auth_cache_ttl_s, settings.anonymous_tenants
         )
         self._registry = Registry(self._redis)
+        self._router = RouterClient(settings.router_addr)
+        self._queues = QueueClient(settings.queue_addr)
+        self._events = Events(nc, settings.node_id)
+        self._sessions = Sessions(
+            self._session_store,
+            self._router,
+            self._queues,
+            settings.max_session_expiry_s,
+            self._events,
+        )
+        self._sweeper: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         nc: Client = self._nats  # type: ignore[assignment]
-        events = Events(nc, self._settings.node_id)
         pb_grpc.add_SessionServiceServicer_to_server(
             SessionApi(
-                self._auth, self._registry, nc, events, self._settings.acl_default == "allow"
+                self._auth,
+                self._registry,
+                nc,
+                self._events,
+                self._settings.acl_default == "allow",
+                self._sessions,
             ),
             server,
         )
@@ -83,12 +78,20 @@ class SessionService:
                 subjects=[subjects.EVENTS_WILDCARD],
                 max_age=7 * 24 * 3600,
             )
+        self._sweeper = asyncio.create_task(
+            self._sessions.run_sweeper(self._settings.session_expiry_sweep_s)
+        )
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        await self._router.close()
+        await self._queues.close()
         if self._nats.nc is not None:
             await self._nats.nc.drain()
         await self._redis.aclose()
         await self._store.close()
+        await self._session_store.close()
 
 
 def main() -> int:

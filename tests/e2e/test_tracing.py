@@ -72,7 +72,7 @@ async def test_publish_is_one_trace_across_nodes(traced_nodes: tuple[int, int]) 
     await asyncio.to_thread(sub.connect)
     await asyncio.to_thread(sub.subscribe, "traced/t", 1)
     await asyncio.to_thread(pub.connect)
-    await asyncio.to_thread(pub.publish, "traced/t", "x", 1)
+    await asyncio.to_thread(pub.publish, "traced/t", "x", 0)
     (msg,) = await asyncio.to_thread(sub.expect, 1)
     assert msg.payload == b"x"
     spans = EXPORTER.get_finished_spans()

@@ -50,6 +50,21 @@ async def connect(url: str, name: str, attempts: int = 10, no_echo: bool = False
     raise RuntimeError("unreachable")  # pragma: no cover
 
 
+class LateClient:
+    """Stands in for a NATS client that `start()` connects later (servicers are built first).
+
+    Attribute access is forwarded to the real client once `nc` is set.
+    """
+
+    def __init__(self) -> None:
+        self.nc: Client | None = None
+
+    def __getattr__(self, name: str) -> object:
+        if self.nc is None:
+            raise RuntimeError("NATS is not connected yet")
+        return getattr(self.nc, name)
+
+
 def _headers() -> dict[str, str] | None:
     h = inject()
     return h or None

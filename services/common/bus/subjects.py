@@ -22,6 +22,11 @@ def event(tenant: str, event_type: str) -> str:
     return f"ev.{escape_token(tenant)}.{event_type}"
 
 
+def queue_notice(tenant: str, queue_id: str) -> str:
+    """New entries in a session queue: the node holding the session reads them."""
+    return f"qn.{escape_token(tenant)}.{escape_token(queue_id)}"
+
+
 def shared_group(tenant: str, group: str) -> str:
     """NATS queue group for `$share/<group>/...` members of a tenant."""
     return f"share.{escape_token(tenant)}.{escape_token(group)}"
@@ -33,6 +38,7 @@ __all__ = [
     "event",
     "filter_to_subjects",
     "node_control",
+    "queue_notice",
     "shared_group",
     "topic_to_subject",
 ]

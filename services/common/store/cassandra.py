@@ -47,8 +47,14 @@ def _future(rf: Any) -> asyncio.Future[Any]:
     return fut
 
 
-class CassandraStore:
-    """`AuthStore` on Cassandra."""
+class CassandraBase:
+    """Cluster, keyspace and schema set-up shared by the Cassandra stores.
+
+    Token-aware routing over DC-aware round robin; `consistency` (LOCAL_QUORUM by default)
+    for every statement; the schema is created or migrated (IF NOT EXISTS) at start.
+    """
+
+    schema: list[str] = []
 
     def __init__(
         self,
@@ -65,6 +71,7 @@ class CassandraStore:
         profile = ExecutionProfile(
             load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
             consistency_level=getattr(ConsistencyLevel, consistency),
+            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
         )
         self._cluster = Cluster(
             contact_points, port=port, execution_profiles={EXEC_PROFILE_DEFAULT: profile}
@@ -74,8 +81,26 @@ class CassandraStore:
             f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}"
         )
         self._session.set_keyspace(keyspace)
-        for stmt in SCHEMA:
+        for stmt in self.schema:
             self._session.execute(stmt)
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Prepare the store's statements (subclasses)."""
+
+    async def _exec(self, stmt: Any, args: tuple[Any, ...] = ()) -> Any:
+        return await _future(self._session.execute_async(stmt, args))
+
+    async def close(self) -> None:
+        self._cluster.shutdown()
+
+
+class CassandraStore(CassandraBase):
+    """`AuthStore` on Cassandra."""
+
+    schema = SCHEMA
+
+    def prepare(self) -> None:
         p = self._session.prepare
         self._get_user = p("SELECT password_hash FROM users WHERE tenant=? AND username=?")
         self._put_user = p("INSERT INTO users (tenant, username, password_hash) VALUES (?, ?, ?)")
@@ -90,9 +115,6 @@ class CassandraStore:
             "INSERT INTO acls (tenant, idx, allow, access, topic_filter, username, client_id) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
         )
-
-    async def _exec(self, stmt: Any, args: tuple[Any, ...]) -> Any:
-        return await _future(self._session.execute_async(stmt, args))
 
     async def get_user(self, tenant: str, username: str) -> UserRecord | None:
         rows = list(await self._exec(self._get_user, (tenant, username)))
@@ -126,6 +148,3 @@ class CassandraStore:
                 (tenant, i, r.allow, int(r.access), r.topic_filter, r.username, r.client_id, ts),
             )
         await _future(self._session.execute_async(batch))
-
-    async def close(self) -> None:
-        self._cluster.shutdown()

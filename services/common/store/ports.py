@@ -31,3 +31,127 @@ class AuthStore(Protocol):
     async def set_acl(self, tenant: str, rules: list[AclRule]) -> None: ...
 
     async def close(self) -> None: ...
+
+
+NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry "never"; also 3.1.1 clean session 0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    tenant: str
+    client_id: str
+    incarnation: int
+    expiry_interval_s: int
+    connected: bool
+    disconnected_at_ms: int = 0
+
+    def expires_at_ms(self) -> int | None:
+        if self.connected or self.expiry_interval_s == NEVER_EXPIRES:
+            return None
+        return self.disconnected_at_ms + self.expiry_interval_s * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionRecord:
+    tenant: str
+    client_id: str
+    incarnation: int
+    topic_filter: str
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_identifier: int = 0
+
+
+class SessionStore(Protocol):
+    """Persistent session records and their subscriptions."""
+
+    async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None: ...
+
+    async def put_session(self, record: SessionRecord) -> None: ...
+
+    async def delete_session(self, tenant: str, client_id: str, incarnation: int) -> bool: ...
+
+    async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]: ...
+
+    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> None: ...
+
+    async def delete_subscriptions(
+        self, tenant: str, client_id: str, incarnation: int, filters: list[str]
+    ) -> None: ...
+
+    async def list_subscriptions(
+        self, tenant: str, client_id: str, incarnation: int
+    ) -> list[SubscriptionRecord]: ...
+
+    async def all_subscriptions(self) -> list[SubscriptionRecord]: ...
+
+    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NewQueueItem:
+    message_id: str
+    qos: int
+    data: bytes  # serialized starling.queue.v1.QueueEntry without seq
+    expires_at_ms: int = 0  # 0: never
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    seq: int
+    qos: int
+    data: bytes
+    expires_at_ms: int
+    released: bool
+
+
+class AppendOutcome:
+    OK = "ok"
+    DUPLICATE = "duplicate"  # same message_id already in the queue: not appended again
+    FULL = "full"  # reject-newest policy at the depth limit
+    FENCED = "fenced"  # another instance owns the partition now
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    last_seq: int
+    acked_through: int
+    depth: int
+    dropped: int
+
+
+class QueueStore(Protocol):
+    """Ordered per-session queues under single-writer partitions with a fencing epoch."""
+
+    async def claim_partition(self, partition: int) -> int:
+        """Become the owner of `partition`; returns the new epoch (older owners are fenced)."""
+
+    async def append(
+        self,
+        tenant: str,
+        queue_id: str,
+        items: list[NewQueueItem],
+        partition: int,
+        epoch: int,
+        max_depth: int,
+        drop_oldest: bool,
+    ) -> list[str]:
+        """Append in order; one `AppendOutcome` per item."""
+
+    async def read(
+        self, tenant: str, queue_id: str, from_seq: int, limit: int
+    ) -> tuple[list[StoredEntry], QueueState]: ...
+
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None: ...
+
+    async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None: ...
+
+    async def drop(self, tenant: str, queue_id: str) -> None: ...
+
+    async def state(self, tenant: str, queue_id: str) -> QueueState: ...
+
+    async def close(self) -> None: ...

@@ -40,26 +40,75 @@ APPEND_RESULT_QUEUE_FULL: AppendResult.ValueType  # 3
 Global___AppendResult: _TypeAlias = AppendResult  # noqa: Y015
 
 @_typing.final
+class NewEntry(_message.Message):
+    """One message for one queue, at the QoS it is delivered with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    RETAIN_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_IDENTIFIERS_FIELD_NUMBER: _builtins.int
+    queue_id: _builtins.str
+    qos: _builtins.int
+    retain: _builtins.bool
+    @_builtins.property
+    def message(self) -> _message_pb2.RoutedMessage: ...
+    @_builtins.property
+    def subscription_identifiers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        queue_id: _builtins.str = ...,
+        message: _message_pb2.RoutedMessage | None = ...,
+        qos: _builtins.int = ...,
+        retain: _builtins.bool = ...,
+        subscription_identifiers: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "qos", b"qos", "queue_id", b"queue_id", "retain", b"retain", "subscription_identifiers", b"subscription_identifiers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NewEntry: _TypeAlias = NewEntry  # noqa: Y015
+
+@_typing.final
 class QueueEntry(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQ_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    RETAIN_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_IDENTIFIERS_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
+    qos: _builtins.int
+    retain: _builtins.bool
     expires_at_ms: _builtins.int
+    released: _builtins.bool
+    """The client acknowledged receipt (PUBREC): resend PUBREL, not PUBLISH."""
     @_builtins.property
     def message(self) -> _message_pb2.RoutedMessage: ...
+    @_builtins.property
+    def subscription_identifiers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         message: _message_pb2.RoutedMessage | None = ...,
+        qos: _builtins.int = ...,
+        retain: _builtins.bool = ...,
+        subscription_identifiers: _abc.Iterable[_builtins.int] | None = ...,
         expires_at_ms: _builtins.int = ...,
+        released: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at_ms", b"expires_at_ms", "message", b"message", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at_ms", b"expires_at_ms", "message", b"message", "qos", b"qos", "released", b"released", "retain", b"retain", "seq", b"seq", "subscription_identifiers", b"subscription_identifiers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -70,25 +119,19 @@ class AppendRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
-    QUEUE_ID_FIELD_NUMBER: _builtins.int
-    EPOCH_FIELD_NUMBER: _builtins.int
-    MESSAGES_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
-    queue_id: _builtins.str
-    epoch: _builtins.int
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.RoutedMessage]: ...
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewEntry]: ...
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
-        queue_id: _builtins.str = ...,
-        epoch: _builtins.int = ...,
-        messages: _abc.Iterable[_message_pb2.RoutedMessage] | None = ...,
+        entries: _abc.Iterable[Global___NewEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "messages", b"messages", "queue_id", b"queue_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -98,19 +141,19 @@ Global___AppendRequest: _TypeAlias = AppendRequest  # noqa: Y015
 class AppendResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    RESULT_FIELD_NUMBER: _builtins.int
-    LAST_SEQ_FIELD_NUMBER: _builtins.int
-    result: Global___AppendResult.ValueType
-    last_seq: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedScalarFieldContainer[Global___AppendResult.ValueType]:
+        """One per entry, in request order."""
+
     def __init__(
         self,
         *,
-        result: Global___AppendResult.ValueType = ...,
-        last_seq: _builtins.int = ...,
+        results: _abc.Iterable[Global___AppendResult.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seq", b"last_seq", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -149,16 +192,25 @@ class ReadResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENTRIES_FIELD_NUMBER: _builtins.int
+    ACKED_THROUGH_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    acked_through: _builtins.int
+    last_seq: _builtins.int
+    """The last seq this read examined (expired entries are examined but not returned);
+    continue from last_seq + 1.
+    """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueEntry]: ...
     def __init__(
         self,
         *,
         entries: _abc.Iterable[Global___QueueEntry] | None = ...,
+        acked_through: _builtins.int = ...,
+        last_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_through", b"acked_through", "entries", b"entries", "last_seq", b"last_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -205,6 +257,110 @@ class AckResponse(_message.Message):
 Global___AckResponse: _TypeAlias = AckResponse  # noqa: Y015
 
 @_typing.final
+class MarkReleasedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    queue_id: _builtins.str
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        queue_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_id", b"queue_id", "seq", b"seq", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarkReleasedRequest: _TypeAlias = MarkReleasedRequest  # noqa: Y015
+
+@_typing.final
+class MarkReleasedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarkReleasedResponse: _TypeAlias = MarkReleasedResponse  # noqa: Y015
+
+@_typing.final
+class DropRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    queue_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        queue_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_id", b"queue_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropRequest: _TypeAlias = DropRequest  # noqa: Y015
+
+@_typing.final
+class DropResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropResponse: _TypeAlias = DropResponse  # noqa: Y015
+
+@_typing.final
+class QueueNotice(_message.Message):
+    """Published on NATS (qn.<tenant>.<queue_id>) after entries are committed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    queue_id: _builtins.str
+    last_seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        queue_id: _builtins.str = ...,
+        last_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seq", b"last_seq", "queue_id", b"queue_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueNotice: _TypeAlias = QueueNotice  # noqa: Y015
+
+@_typing.final
 class GetQueueStatsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -231,21 +387,24 @@ class GetQueueStatsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DEPTH_FIELD_NUMBER: _builtins.int
-    NEXT_SEQ_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
     ACKED_THROUGH_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
     depth: _builtins.int
-    next_seq: _builtins.int
+    last_seq: _builtins.int
     acked_through: _builtins.int
+    dropped: _builtins.int
     def __init__(
         self,
         *,
         depth: _builtins.int = ...,
-        next_seq: _builtins.int = ...,
+        last_seq: _builtins.int = ...,
         acked_through: _builtins.int = ...,
+        dropped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_through", b"acked_through", "depth", b"depth", "next_seq", b"next_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_through", b"acked_through", "depth", b"depth", "dropped", b"dropped", "last_seq", b"last_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

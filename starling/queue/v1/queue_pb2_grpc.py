@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class QueueServiceStub:
-    """Durable per-session queues (grows with the persistence issue).
+    """Durable per-session queues. A queue is (tenant, queue_id) with queue_id = client id and
+    session incarnation; entries are ordered by seq. Appends are idempotent per message_id.
     """
 
     def __init__(self, channel):
@@ -50,10 +51,21 @@ class QueueServiceStub:
                 request_serializer=starling_dot_queue_dot_v1_dot_queue__pb2.AckRequest.SerializeToString,
                 response_deserializer=starling_dot_queue_dot_v1_dot_queue__pb2.AckResponse.FromString,
                 _registered_method=True)
+        self.MarkReleased = channel.unary_unary(
+                '/starling.queue.v1.QueueService/MarkReleased',
+                request_serializer=starling_dot_queue_dot_v1_dot_queue__pb2.MarkReleasedRequest.SerializeToString,
+                response_deserializer=starling_dot_queue_dot_v1_dot_queue__pb2.MarkReleasedResponse.FromString,
+                _registered_method=True)
+        self.Drop = channel.unary_unary(
+                '/starling.queue.v1.QueueService/Drop',
+                request_serializer=starling_dot_queue_dot_v1_dot_queue__pb2.DropRequest.SerializeToString,
+                response_deserializer=starling_dot_queue_dot_v1_dot_queue__pb2.DropResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
-    """Durable per-session queues (grows with the persistence issue).
+    """Durable per-session queues. A queue is (tenant, queue_id) with queue_id = client id and
+    session incarnation; entries are ordered by seq. Appends are idempotent per message_id.
     """
 
     def Append(self, request, context):
@@ -69,6 +81,19 @@ class QueueServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Ack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MarkReleased(self, request, context):
+        """Outbound QoS 2: the client sent PUBREC for this entry; after a reconnect send PUBREL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drop(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -92,6 +117,16 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     request_deserializer=starling_dot_queue_dot_v1_dot_queue__pb2.AckRequest.FromString,
                     response_serializer=starling_dot_queue_dot_v1_dot_queue__pb2.AckResponse.SerializeToString,
             ),
+            'MarkReleased': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkReleased,
+                    request_deserializer=starling_dot_queue_dot_v1_dot_queue__pb2.MarkReleasedRequest.FromString,
+                    response_serializer=starling_dot_queue_dot_v1_dot_queue__pb2.MarkReleasedResponse.SerializeToString,
+            ),
+            'Drop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drop,
+                    request_deserializer=starling_dot_queue_dot_v1_dot_queue__pb2.DropRequest.FromString,
+                    response_serializer=starling_dot_queue_dot_v1_dot_queue__pb2.DropResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'starling.queue.v1.QueueService', rpc_method_handlers)
@@ -101,7 +136,8 @@ def add_QueueServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class QueueService:
-    """Durable per-session queues (grows with the persistence issue).
+    """Durable per-session queues. A queue is (tenant, queue_id) with queue_id = client id and
+    session incarnation; entries are ordered by seq. Appends are idempotent per message_id.
     """
 
     @staticmethod
@@ -175,6 +211,60 @@ class QueueService:
             '/starling.queue.v1.QueueService/Ack',
             starling_dot_queue_dot_v1_dot_queue__pb2.AckRequest.SerializeToString,
             starling_dot_queue_dot_v1_dot_queue__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkReleased(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.queue.v1.QueueService/MarkReleased',
+            starling_dot_queue_dot_v1_dot_queue__pb2.MarkReleasedRequest.SerializeToString,
+            starling_dot_queue_dot_v1_dot_queue__pb2.MarkReleasedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.queue.v1.QueueService/Drop',
+            starling_dot_queue_dot_v1_dot_queue__pb2.DropRequest.SerializeToString,
+            starling_dot_queue_dot_v1_dot_queue__pb2.DropResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,7 +27,9 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class QueueServiceStub:
-    """Durable per-session queues (grows with the persistence issue)."""
+    """Durable per-session queues. A queue is (tenant, queue_id) with queue_id = client id and
+    session incarnation; entries are ordered by seq. Appends are idempotent per message_id.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -36,18 +38,28 @@ class QueueServiceStub:
     Append: _grpc.UnaryUnaryMultiCallable[_queue_pb2.AppendRequest, _queue_pb2.AppendResponse]
     Read: _grpc.UnaryUnaryMultiCallable[_queue_pb2.ReadRequest, _queue_pb2.ReadResponse]
     Ack: _grpc.UnaryUnaryMultiCallable[_queue_pb2.AckRequest, _queue_pb2.AckResponse]
+    MarkReleased: _grpc.UnaryUnaryMultiCallable[_queue_pb2.MarkReleasedRequest, _queue_pb2.MarkReleasedResponse]
+    """Outbound QoS 2: the client sent PUBREC for this entry; after a reconnect send PUBREL."""
+    Drop: _grpc.UnaryUnaryMultiCallable[_queue_pb2.DropRequest, _queue_pb2.DropResponse]
 
 @_typing.type_check_only
 class QueueServiceAsyncStub(QueueServiceStub):
-    """Durable per-session queues (grows with the persistence issue)."""
+    """Durable per-session queues. A queue is (tenant, queue_id) with queue_id = client id and
+    session incarnation; entries are ordered by seq. Appends are idempotent per message_id.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Append: _aio.UnaryUnaryMultiCallable[_queue_pb2.AppendRequest, _queue_pb2.AppendResponse]  # type: ignore[assignment]
     Read: _aio.UnaryUnaryMultiCallable[_queue_pb2.ReadRequest, _queue_pb2.ReadResponse]  # type: ignore[assignment]
     Ack: _aio.UnaryUnaryMultiCallable[_queue_pb2.AckRequest, _queue_pb2.AckResponse]  # type: ignore[assignment]
+    MarkReleased: _aio.UnaryUnaryMultiCallable[_queue_pb2.MarkReleasedRequest, _queue_pb2.MarkReleasedResponse]  # type: ignore[assignment]
+    """Outbound QoS 2: the client sent PUBREC for this entry; after a reconnect send PUBREL."""
+    Drop: _aio.UnaryUnaryMultiCallable[_queue_pb2.DropRequest, _queue_pb2.DropResponse]  # type: ignore[assignment]
 
 class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Durable per-session queues (grows with the persistence issue)."""
+    """Durable per-session queues. A queue is (tenant, queue_id) with queue_id = client id and
+    session incarnation; entries are ordered by seq. Appends are idempotent per message_id.
+    """
 
     @_abc_1.abstractmethod
     def Append(
@@ -69,6 +81,21 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _queue_pb2.AckRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_queue_pb2.AckResponse, _abc.Awaitable[_queue_pb2.AckResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def MarkReleased(
+        self,
+        request: _queue_pb2.MarkReleasedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.MarkReleasedResponse, _abc.Awaitable[_queue_pb2.MarkReleasedResponse]]:
+        """Outbound QoS 2: the client sent PUBREC for this entry; after a reconnect send PUBREL."""
+
+    @_abc_1.abstractmethod
+    def Drop(
+        self,
+        request: _queue_pb2.DropRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.DropResponse, _abc.Awaitable[_queue_pb2.DropResponse]]: ...
 
 def add_QueueServiceServicer_to_server(servicer: QueueServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

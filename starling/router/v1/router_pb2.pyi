@@ -45,17 +45,17 @@ Global___RouteResult: _TypeAlias = RouteResult  # noqa: Y015
 class RoutePersistentRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    MESSAGE_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def message(self) -> _message_pb2.RoutedMessage: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.RoutedMessage]: ...
     def __init__(
         self,
         *,
-        message: _message_pb2.RoutedMessage | None = ...,
+        messages: _abc.Iterable[_message_pb2.RoutedMessage] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -65,23 +65,235 @@ Global___RoutePersistentRequest: _TypeAlias = RoutePersistentRequest  # noqa: Y0
 class RoutePersistentResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    RESULT_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
-    result: Global___RouteResult.ValueType
     queues: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedScalarFieldContainer[Global___RouteResult.ValueType]:
+        """One result per message, in request order."""
+
     def __init__(
         self,
         *,
-        result: Global___RouteResult.ValueType = ...,
+        results: _abc.Iterable[Global___RouteResult.ValueType] | None = ...,
         queues: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RoutePersistentResponse: _TypeAlias = RoutePersistentResponse  # noqa: Y015
+
+@_typing.final
+class PersistentSubscription(_message.Message):
+    """A persistent session's subscription in the route table."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FILTER_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    NO_LOCAL_FIELD_NUMBER: _builtins.int
+    RETAIN_AS_PUBLISHED_FIELD_NUMBER: _builtins.int
+    RETAIN_HANDLING_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_IDENTIFIER_FIELD_NUMBER: _builtins.int
+    topic_filter: _builtins.str
+    qos: _builtins.int
+    no_local: _builtins.bool
+    retain_as_published: _builtins.bool
+    retain_handling: _builtins.int
+    subscription_identifier: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic_filter: _builtins.str = ...,
+        qos: _builtins.int = ...,
+        no_local: _builtins.bool = ...,
+        retain_as_published: _builtins.bool = ...,
+        retain_handling: _builtins.int = ...,
+        subscription_identifier: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_local", b"no_local", "qos", b"qos", "retain_as_published", b"retain_as_published", "retain_handling", b"retain_handling", "subscription_identifier", b"subscription_identifier", "topic_filter", b"topic_filter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PersistentSubscription: _TypeAlias = PersistentSubscription  # noqa: Y015
+
+@_typing.final
+class SubscribeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    incarnation: _builtins.int
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PersistentSubscription]: ...
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        subscriptions: _abc.Iterable[Global___PersistentSubscription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "incarnation", b"incarnation", "subscriptions", b"subscriptions", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscribeRequest: _TypeAlias = SubscribeRequest  # noqa: Y015
+
+@_typing.final
+class SubscribeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscribeResponse: _TypeAlias = SubscribeResponse  # noqa: Y015
+
+@_typing.final
+class UnsubscribeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    TOPIC_FILTERS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    incarnation: _builtins.int
+    @_builtins.property
+    def topic_filters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        topic_filters: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "incarnation", b"incarnation", "tenant", b"tenant", "topic_filters", b"topic_filters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnsubscribeRequest: _TypeAlias = UnsubscribeRequest  # noqa: Y015
+
+@_typing.final
+class UnsubscribeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnsubscribeResponse: _TypeAlias = UnsubscribeResponse  # noqa: Y015
+
+@_typing.final
+class ListSubscriptionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    incarnation: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "incarnation", b"incarnation", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSubscriptionsRequest: _TypeAlias = ListSubscriptionsRequest  # noqa: Y015
+
+@_typing.final
+class ListSubscriptionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PersistentSubscription]: ...
+    def __init__(
+        self,
+        *,
+        subscriptions: _abc.Iterable[Global___PersistentSubscription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSubscriptionsResponse: _TypeAlias = ListSubscriptionsResponse  # noqa: Y015
+
+@_typing.final
+class DropSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    incarnation: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "incarnation", b"incarnation", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropSessionRequest: _TypeAlias = DropSessionRequest  # noqa: Y015
+
+@_typing.final
+class DropSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropSessionResponse: _TypeAlias = DropSessionResponse  # noqa: Y015
 
 @_typing.final
 class Route(_message.Message):

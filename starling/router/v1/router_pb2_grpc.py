@@ -40,6 +40,26 @@ class RouterServiceStub:
                 request_serializer=starling_dot_router_dot_v1_dot_router__pb2.RoutePersistentRequest.SerializeToString,
                 response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.RoutePersistentResponse.FromString,
                 _registered_method=True)
+        self.Subscribe = channel.unary_unary(
+                '/starling.router.v1.RouterService/Subscribe',
+                request_serializer=starling_dot_router_dot_v1_dot_router__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.SubscribeResponse.FromString,
+                _registered_method=True)
+        self.Unsubscribe = channel.unary_unary(
+                '/starling.router.v1.RouterService/Unsubscribe',
+                request_serializer=starling_dot_router_dot_v1_dot_router__pb2.UnsubscribeRequest.SerializeToString,
+                response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.UnsubscribeResponse.FromString,
+                _registered_method=True)
+        self.ListSubscriptions = channel.unary_unary(
+                '/starling.router.v1.RouterService/ListSubscriptions',
+                request_serializer=starling_dot_router_dot_v1_dot_router__pb2.ListSubscriptionsRequest.SerializeToString,
+                response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.ListSubscriptionsResponse.FromString,
+                _registered_method=True)
+        self.DropSession = channel.unary_unary(
+                '/starling.router.v1.RouterService/DropSession',
+                request_serializer=starling_dot_router_dot_v1_dot_router__pb2.DropSessionRequest.SerializeToString,
+                response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.DropSessionResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServiceServicer:
@@ -47,7 +67,35 @@ class RouterServiceServicer:
     """
 
     def RoutePersistent(self, request, context):
+        """Append QoS>=1 messages to every matching persistent session's queue; the node sends
+        PUBACK/PUBREC only after STORED (or NO_MATCH).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Subscribe(self, request, context):
+        """Persistent sessions' subscriptions (the authoritative route table).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unsubscribe(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSubscriptions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropSession(self, request, context):
+        """Forget every subscription of one session incarnation (session ended or expired).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -59,6 +107,26 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.RoutePersistent,
                     request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.RoutePersistentRequest.FromString,
                     response_serializer=starling_dot_router_dot_v1_dot_router__pb2.RoutePersistentResponse.SerializeToString,
+            ),
+            'Subscribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.SubscribeRequest.FromString,
+                    response_serializer=starling_dot_router_dot_v1_dot_router__pb2.SubscribeResponse.SerializeToString,
+            ),
+            'Unsubscribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unsubscribe,
+                    request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.UnsubscribeRequest.FromString,
+                    response_serializer=starling_dot_router_dot_v1_dot_router__pb2.UnsubscribeResponse.SerializeToString,
+            ),
+            'ListSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSubscriptions,
+                    request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.ListSubscriptionsRequest.FromString,
+                    response_serializer=starling_dot_router_dot_v1_dot_router__pb2.ListSubscriptionsResponse.SerializeToString,
+            ),
+            'DropSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropSession,
+                    request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.DropSessionRequest.FromString,
+                    response_serializer=starling_dot_router_dot_v1_dot_router__pb2.DropSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +157,114 @@ class RouterService:
             '/starling.router.v1.RouterService/RoutePersistent',
             starling_dot_router_dot_v1_dot_router__pb2.RoutePersistentRequest.SerializeToString,
             starling_dot_router_dot_v1_dot_router__pb2.RoutePersistentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.router.v1.RouterService/Subscribe',
+            starling_dot_router_dot_v1_dot_router__pb2.SubscribeRequest.SerializeToString,
+            starling_dot_router_dot_v1_dot_router__pb2.SubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unsubscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.router.v1.RouterService/Unsubscribe',
+            starling_dot_router_dot_v1_dot_router__pb2.UnsubscribeRequest.SerializeToString,
+            starling_dot_router_dot_v1_dot_router__pb2.UnsubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.router.v1.RouterService/ListSubscriptions',
+            starling_dot_router_dot_v1_dot_router__pb2.ListSubscriptionsRequest.SerializeToString,
+            starling_dot_router_dot_v1_dot_router__pb2.ListSubscriptionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.router.v1.RouterService/DropSession',
+            starling_dot_router_dot_v1_dot_router__pb2.DropSessionRequest.SerializeToString,
+            starling_dot_router_dot_v1_dot_router__pb2.DropSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,15 @@ class RouterServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RouterServiceAsyncStub: ...
     RoutePersistent: _grpc.UnaryUnaryMultiCallable[_router_pb2.RoutePersistentRequest, _router_pb2.RoutePersistentResponse]
+    """Append QoS>=1 messages to every matching persistent session's queue; the node sends
+    PUBACK/PUBREC only after STORED (or NO_MATCH).
+    """
+    Subscribe: _grpc.UnaryUnaryMultiCallable[_router_pb2.SubscribeRequest, _router_pb2.SubscribeResponse]
+    """Persistent sessions' subscriptions (the authoritative route table)."""
+    Unsubscribe: _grpc.UnaryUnaryMultiCallable[_router_pb2.UnsubscribeRequest, _router_pb2.UnsubscribeResponse]
+    ListSubscriptions: _grpc.UnaryUnaryMultiCallable[_router_pb2.ListSubscriptionsRequest, _router_pb2.ListSubscriptionsResponse]
+    DropSession: _grpc.UnaryUnaryMultiCallable[_router_pb2.DropSessionRequest, _router_pb2.DropSessionResponse]
+    """Forget every subscription of one session incarnation (session ended or expired)."""
 
 @_typing.type_check_only
 class RouterServiceAsyncStub(RouterServiceStub):
@@ -41,6 +50,15 @@ class RouterServiceAsyncStub(RouterServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     RoutePersistent: _aio.UnaryUnaryMultiCallable[_router_pb2.RoutePersistentRequest, _router_pb2.RoutePersistentResponse]  # type: ignore[assignment]
+    """Append QoS>=1 messages to every matching persistent session's queue; the node sends
+    PUBACK/PUBREC only after STORED (or NO_MATCH).
+    """
+    Subscribe: _aio.UnaryUnaryMultiCallable[_router_pb2.SubscribeRequest, _router_pb2.SubscribeResponse]  # type: ignore[assignment]
+    """Persistent sessions' subscriptions (the authoritative route table)."""
+    Unsubscribe: _aio.UnaryUnaryMultiCallable[_router_pb2.UnsubscribeRequest, _router_pb2.UnsubscribeResponse]  # type: ignore[assignment]
+    ListSubscriptions: _aio.UnaryUnaryMultiCallable[_router_pb2.ListSubscriptionsRequest, _router_pb2.ListSubscriptionsResponse]  # type: ignore[assignment]
+    DropSession: _aio.UnaryUnaryMultiCallable[_router_pb2.DropSessionRequest, _router_pb2.DropSessionResponse]  # type: ignore[assignment]
+    """Forget every subscription of one session incarnation (session ended or expired)."""
 
 class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal: persistent routing of QoS>=1 publishes (grows with the persistence issue)."""
@@ -50,7 +68,40 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _router_pb2.RoutePersistentRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_router_pb2.RoutePersistentResponse, _abc.Awaitable[_router_pb2.RoutePersistentResponse]]: ...
+    ) -> _typing.Union[_router_pb2.RoutePersistentResponse, _abc.Awaitable[_router_pb2.RoutePersistentResponse]]:
+        """Append QoS>=1 messages to every matching persistent session's queue; the node sends
+        PUBACK/PUBREC only after STORED (or NO_MATCH).
+        """
+
+    @_abc_1.abstractmethod
+    def Subscribe(
+        self,
+        request: _router_pb2.SubscribeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.SubscribeResponse, _abc.Awaitable[_router_pb2.SubscribeResponse]]:
+        """Persistent sessions' subscriptions (the authoritative route table)."""
+
+    @_abc_1.abstractmethod
+    def Unsubscribe(
+        self,
+        request: _router_pb2.UnsubscribeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.UnsubscribeResponse, _abc.Awaitable[_router_pb2.UnsubscribeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSubscriptions(
+        self,
+        request: _router_pb2.ListSubscriptionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.ListSubscriptionsResponse, _abc.Awaitable[_router_pb2.ListSubscriptionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DropSession(
+        self,
+        request: _router_pb2.DropSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.DropSessionResponse, _abc.Awaitable[_router_pb2.DropSessionResponse]]:
+        """Forget every subscription of one session incarnation (session ended or expired)."""
 
 def add_RouterServiceServicer_to_server(servicer: RouterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

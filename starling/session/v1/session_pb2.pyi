@@ -129,6 +129,7 @@ class ConnectRequest(_message.Message):
     PROTOCOL_LEVEL_FIELD_NUMBER: _builtins.int
     CLEAN_START_FIELD_NUMBER: _builtins.int
     CERT_COMMON_NAME_FIELD_NUMBER: _builtins.int
+    SESSION_EXPIRY_INTERVAL_S_FIELD_NUMBER: _builtins.int
     username: _builtins.str
     password: _builtins.bytes
     client_id: _builtins.str
@@ -138,6 +139,8 @@ class ConnectRequest(_message.Message):
     clean_start: _builtins.bool
     cert_common_name: _builtins.str
     """Common name of a verified client certificate, if any."""
+    session_expiry_interval_s: _builtins.int
+    """Session Expiry Interval asked for (MQTT 5), or 0xFFFFFFFF for a 3.1.1 clean session 0."""
     def __init__(
         self,
         *,
@@ -149,16 +152,53 @@ class ConnectRequest(_message.Message):
         protocol_level: _builtins.int = ...,
         clean_start: _builtins.bool = ...,
         cert_common_name: _builtins.str = ...,
+        session_expiry_interval_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "password", b"password"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "cert_common_name", b"cert_common_name", "clean_start", b"clean_start", "client_id", b"client_id", "node_id", b"node_id", "password", b"password", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "cert_common_name", b"cert_common_name", "clean_start", b"clean_start", "client_id", b"client_id", "node_id", b"node_id", "password", b"password", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "session_expiry_interval_s", b"session_expiry_interval_s", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__password: _TypeAlias = _typing.Literal["password"]  # noqa: Y015
     _WhichOneofArgType__password: _TypeAlias = _typing.Literal["_password", b"_password"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__password) -> _WhichOneofReturnType__password | None: ...
 
 Global___ConnectRequest: _TypeAlias = ConnectRequest  # noqa: Y015
+
+@_typing.final
+class StoredSubscription(_message.Message):
+    """A subscription of a persistent session, as stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FILTER_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    NO_LOCAL_FIELD_NUMBER: _builtins.int
+    RETAIN_AS_PUBLISHED_FIELD_NUMBER: _builtins.int
+    RETAIN_HANDLING_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_IDENTIFIER_FIELD_NUMBER: _builtins.int
+    topic_filter: _builtins.str
+    qos: _builtins.int
+    no_local: _builtins.bool
+    retain_as_published: _builtins.bool
+    retain_handling: _builtins.int
+    subscription_identifier: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic_filter: _builtins.str = ...,
+        qos: _builtins.int = ...,
+        no_local: _builtins.bool = ...,
+        retain_as_published: _builtins.bool = ...,
+        retain_handling: _builtins.int = ...,
+        subscription_identifier: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_local", b"no_local", "qos", b"qos", "retain_as_published", b"retain_as_published", "retain_handling", b"retain_handling", "subscription_identifier", b"subscription_identifier", "topic_filter", b"topic_filter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoredSubscription: _TypeAlias = StoredSubscription  # noqa: Y015
 
 @_typing.final
 class ConnectResponse(_message.Message):
@@ -171,6 +211,9 @@ class ConnectResponse(_message.Message):
     ACL_FIELD_NUMBER: _builtins.int
     ACL_DEFAULT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    SESSION_EXPIRY_INTERVAL_S_FIELD_NUMBER: _builtins.int
     result: Global___ConnectResult.ValueType
     tenant: _builtins.str
     epoch: _builtins.int
@@ -179,9 +222,17 @@ class ConnectResponse(_message.Message):
     acl_default: Global___Permission.ValueType
     """Decision when no rule matches."""
     reason: _builtins.str
+    incarnation: _builtins.int
+    """Incarnation of the session: a new session never reads an older incarnation's queue."""
+    session_expiry_interval_s: _builtins.int
+    """Session expiry the server uses (may be capped by configuration)."""
     @_builtins.property
     def acl(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclRule]:
         """Rules with %c and %u already substituted, in evaluation order."""
+
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredSubscription]:
+        """Subscriptions of a resumed session (session_present)."""
 
     def __init__(
         self,
@@ -193,10 +244,13 @@ class ConnectResponse(_message.Message):
         acl: _abc.Iterable[Global___AclRule] | None = ...,
         acl_default: Global___Permission.ValueType = ...,
         reason: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        subscriptions: _abc.Iterable[Global___StoredSubscription] | None = ...,
+        session_expiry_interval_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "epoch", b"epoch", "reason", b"reason", "result", b"result", "session_present", b"session_present", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "epoch", b"epoch", "incarnation", b"incarnation", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -210,10 +264,15 @@ class DisconnectRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     NODE_ID_FIELD_NUMBER: _builtins.int
+    SESSION_EXPIRY_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
     node_id: _builtins.str
+    session_expiry_interval_s: _builtins.int
+    """Session expiry at disconnect (MQTT 5 may change it on DISCONNECT)."""
+    incarnation: _builtins.int
     def __init__(
         self,
         *,
@@ -221,12 +280,16 @@ class DisconnectRequest(_message.Message):
         client_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
         node_id: _builtins.str = ...,
+        session_expiry_interval_s: _builtins.int | None = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "session_expiry_interval_s", b"session_expiry_interval_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "node_id", b"node_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "client_id", b"client_id", "epoch", b"epoch", "incarnation", b"incarnation", "node_id", b"node_id", "session_expiry_interval_s", b"session_expiry_interval_s", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__session_expiry_interval_s: _TypeAlias = _typing.Literal["session_expiry_interval_s"]  # noqa: Y015
+    _WhichOneofArgType__session_expiry_interval_s: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__session_expiry_interval_s) -> _WhichOneofReturnType__session_expiry_interval_s | None: ...
 
 Global___DisconnectRequest: _TypeAlias = DisconnectRequest  # noqa: Y015
 

@@ -1,0 +1,220 @@
+"""Cassandra `QueueStore` with the row keys of DESIGN.md.
+
+queue_entries ((tenant, queue_id, bucket), seq) with bucket = seq >> 16, so partitions stay
+bounded and Murmur3 spreads queues; queue_state ((tenant, queue_id)) holds last seq, acked
+through, depth and the owner epoch; queue_msgids ((tenant, queue_id), message_id) makes
+appends idempotent. Each queue has a single writer (the owner of its partition); its state
+update is a lightweight transaction conditioned on the owner epoch, so a fenced instance
+cannot advance a queue. Acked ranges go with range deletes; entries carry a TTL backstop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.common.store.cassandra import CassandraBase
+from services.common.store.ports import AppendOutcome, NewQueueItem, QueueState, StoredEntry
+
+BUCKET_BITS = 16
+BACKSTOP_TTL_S = 30 * 24 * 3600
+
+
+class CassandraQueueStore(CassandraBase):
+    schema = [
+        """CREATE TABLE IF NOT EXISTS queue_entries (
+             tenant text, queue_id text, bucket bigint, seq bigint, message_id text, qos int,
+             data blob, expires_at_ms bigint, released boolean,
+             PRIMARY KEY ((tenant, queue_id, bucket), seq))
+           WITH CLUSTERING ORDER BY (seq ASC)""",
+        """CREATE TABLE IF NOT EXISTS queue_state (
+             tenant text, queue_id text, last_seq bigint, acked_through bigint, depth bigint,
+             dropped bigint, owner_epoch bigint, PRIMARY KEY ((tenant, queue_id)))""",
+        """CREATE TABLE IF NOT EXISTS queue_msgids (
+             tenant text, queue_id text, message_id text, seq bigint,
+             PRIMARY KEY ((tenant, queue_id), message_id))
+           WITH default_time_to_live = 2592000""",
+        """CREATE TABLE IF NOT EXISTS partition_owner (partition int PRIMARY KEY, epoch bigint)""",
+    ]
+
+    def prepare(self) -> None:
+        p = self._session.prepare
+        self._owner_get = p("SELECT epoch FROM partition_owner WHERE partition=?")
+        self._owner_set = p("UPDATE partition_owner SET epoch=? WHERE partition=? IF epoch=?")
+        self._owner_new = p(
+            "INSERT INTO partition_owner (partition, epoch) VALUES (?, 1) IF NOT EXISTS"
+        )
+        self._state_get = p(
+            "SELECT last_seq, acked_through, depth, dropped, owner_epoch "
+            "FROM queue_state WHERE tenant=? AND queue_id=?"
+        )
+        self._state_new = p(
+            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, "
+            "depth, dropped, owner_epoch) VALUES (?,?,?,?,?,?,?) IF NOT EXISTS"
+        )
+        self._state_set = p(
+            "UPDATE queue_state SET last_seq=?, depth=?, dropped=?, "
+            "owner_epoch=? WHERE tenant=? AND queue_id=? IF owner_epoch<=?"
+        )
+        self._state_ack = p(
+            "UPDATE queue_state SET acked_through=?, depth=? WHERE tenant=? AND queue_id=?"
+        )
+        self._msgid_get = p(
+            "SELECT seq FROM queue_msgids WHERE tenant=? AND queue_id=? AND message_id=?"
+        )
+        self._msgid_put = p(
+            "INSERT INTO queue_msgids (tenant, queue_id, message_id, seq) VALUES (?,?,?,?)"
+        )
+        self._entry_put = p(
+            "INSERT INTO queue_entries (tenant, queue_id, bucket, seq, "
+            "message_id, qos, data, expires_at_ms, released) "
+            "VALUES (?,?,?,?,?,?,?,?,false) USING TTL ?"
+        )
+        self._entry_read = p(
+            "SELECT seq, qos, data, expires_at_ms, released FROM queue_entries "
+            "WHERE tenant=? AND queue_id=? AND bucket=? AND seq>=? LIMIT ?"
+        )
+        self._entry_del_one = p(
+            "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND bucket=? AND seq=?"
+        )
+        self._entry_del_range = p(
+            "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND bucket=? AND seq<=?"
+        )
+        self._entry_release = p(
+            "UPDATE queue_entries SET released=true WHERE tenant=? AND "
+            "queue_id=? AND bucket=? AND seq=?"
+        )
+        self._drop_state = p("DELETE FROM queue_state WHERE tenant=? AND queue_id=?")
+        self._drop_bucket = p(
+            "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND bucket=?"
+        )
+
+    async def _row(self, stmt: Any, args: tuple[Any, ...]) -> Any:
+        rows = list(await self._exec(stmt, args))
+        return rows[0] if rows else None
+
+    async def claim_partition(self, partition: int) -> int:
+        while True:
+            row = await self._row(self._owner_get, (partition,))
+            if row is None:
+                if (await self._row(self._owner_new, (partition,)))[0]:
+                    return 1
+                continue
+            applied = await self._row(self._owner_set, (row.epoch + 1, partition, row.epoch))
+            if applied[0]:
+                return int(row.epoch + 1)
+
+    async def state(self, tenant: str, queue_id: str) -> QueueState:
+        row = await self._row(self._state_get, (tenant, queue_id))
+        if row is None:
+            return QueueState(0, 0, 0, 0)
+        return QueueState(row.last_seq, row.acked_through, row.depth, row.dropped)
+
+    async def append(
+        self,
+        tenant: str,
+        queue_id: str,
+        items: list[NewQueueItem],
+        partition: int,
+        epoch: int,
+        max_depth: int,
+        drop_oldest: bool,
+    ) -> list[str]:
+        owner = await self._row(self._owner_get, (partition,))
+        if owner is None or owner.epoch != epoch:
+            return [AppendOutcome.FENCED] * len(items)
+        row = await self._row(self._state_get, (tenant, queue_id))
+        if row is None:
+            await self._exec(self._state_new, (tenant, queue_id, 0, 0, 0, 0, epoch))
+            row = await self._row(self._state_get, (tenant, queue_id))
+        last, depth, dropped, acked = row.last_seq, row.depth, row.dropped, row.acked_through
+        plan: list[tuple[int, NewQueueItem]] = []
+        out: list[str] = []
+        for item in items:
+            if await self._row(self._msgid_get, (tenant, queue_id, item.message_id)):
+                out.append(AppendOutcome.DUPLICATE)
+                continue
+            if max_depth and depth >= max_depth:
+                if not drop_oldest:
+                    dropped += 1
+                    out.append(AppendOutcome.FULL)
+                    continue
+                oldest = await self._oldest(tenant, queue_id, acked + 1, last)
+                if oldest is not None:
+                    await self._exec(
+                        self._entry_del_one, (tenant, queue_id, oldest >> BUCKET_BITS, oldest)
+                    )
+                    acked = max(acked, oldest)
+                    depth -= 1
+                    dropped += 1
+            last += 1
+            depth += 1
+            plan.append((last, item))
+            out.append(AppendOutcome.OK)
+        # Reserve the seqs first (conditional on still owning the queue), then write entries:
+        # a crash in between leaves a gap that readers skip, never a reused seq.
+        applied = await self._row(
+            self._state_set, (last, depth, dropped, epoch, tenant, queue_id, epoch)
+        )
+        if not applied[0]:
+            return [AppendOutcome.FENCED] * len(items)
+        for seq, item in plan:
+            ttl = BACKSTOP_TTL_S
+            await self._exec(
+                self._entry_put,
+                (
+                    tenant,
+                    queue_id,
+                    seq >> BUCKET_BITS,
+                    seq,
+                    item.message_id,
+                    item.qos,
+                    item.data,
+                    item.expires_at_ms,
+                    ttl,
+                ),
+            )
+            await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, seq))
+        return out
+
+    async def _oldest(self, tenant: str, queue_id: str, first: int, last: int) -> int | None:
+        entries = await self._scan(tenant, queue_id, first, last, 1)
+        return entries[0].seq if entries else None
+
+    async def _scan(
+        self, tenant: str, queue_id: str, from_seq: int, last: int, limit: int
+    ) -> list[StoredEntry]:
+        out: list[StoredEntry] = []
+        for bucket in range(from_seq >> BUCKET_BITS, (last >> BUCKET_BITS) + 1):
+            rows = await self._exec(
+                self._entry_read, (tenant, queue_id, bucket, from_seq, limit - len(out))
+            )
+            out += [StoredEntry(r.seq, r.qos, r.data, r.expires_at_ms, r.released) for r in rows]
+            if len(out) >= limit:
+                break
+        return out
+
+    async def read(
+        self, tenant: str, queue_id: str, from_seq: int, limit: int
+    ) -> tuple[list[StoredEntry], QueueState]:
+        st = await self.state(tenant, queue_id)
+        start = max(from_seq, st.acked_through + 1)
+        return await self._scan(tenant, queue_id, start, st.last_seq, limit), st
+
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
+        st = await self.state(tenant, queue_id)
+        through = min(through_seq, st.last_seq)
+        if through <= st.acked_through:
+            return
+        for bucket in range((st.acked_through + 1) >> BUCKET_BITS, (through >> BUCKET_BITS) + 1):
+            await self._exec(self._entry_del_range, (tenant, queue_id, bucket, through))
+        depth = max(0, st.depth - (through - st.acked_through))
+        await self._exec(self._state_ack, (through, depth, tenant, queue_id))
+
+    async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
+        await self._exec(self._entry_release, (tenant, queue_id, seq >> BUCKET_BITS, seq))
+
+    async def drop(self, tenant: str, queue_id: str) -> None:
+        st = await self.state(tenant, queue_id)
+        for bucket in range(0, (st.last_seq >> BUCKET_BITS) + 1):
+            await self._exec(self._drop_bucket, (tenant, queue_id, bucket))
+        await self._exec(self._drop_state, (tenant, queue_id))

@@ -1,0 +1,181 @@
+"""Cassandra `SessionStore`: session records, an expiry index and persistent subscriptions.
+
+sessions ((tenant, client_id)); session_expiry ((shard), expires_at_ms, tenant, client_id)
+so expired sessions are found per shard in time order without a full scan;
+subscriptions ((tenant, client_id, incarnation), topic_filter).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from services.common.store.cassandra import CassandraBase
+from services.common.store.ports import SessionRecord, SubscriptionRecord
+
+SHARDS = 16
+
+
+def _shard(tenant: str, client_id: str) -> int:
+    return zlib.crc32(f"{tenant}/{client_id}".encode()) % SHARDS
+
+
+class CassandraSessionStore(CassandraBase):
+    schema = [
+        """CREATE TABLE IF NOT EXISTS sessions (
+             tenant text, client_id text, incarnation bigint, expiry_interval_s bigint,
+             connected boolean, disconnected_at_ms bigint, expires_at_ms bigint,
+             PRIMARY KEY ((tenant, client_id)))""",
+        """CREATE TABLE IF NOT EXISTS session_expiry (
+             shard int, expires_at_ms bigint, tenant text, client_id text,
+             PRIMARY KEY ((shard), expires_at_ms, tenant, client_id))""",
+        """CREATE TABLE IF NOT EXISTS subscriptions (
+             tenant text, client_id text, incarnation bigint, topic_filter text, qos int,
+             no_local boolean, retain_as_published boolean, retain_handling int,
+             subscription_identifier int,
+             PRIMARY KEY ((tenant, client_id, incarnation), topic_filter))""",
+    ]
+
+    def prepare(self) -> None:
+        p = self._session.prepare
+        self._get = p(
+            "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, "
+            "expires_at_ms FROM sessions WHERE tenant=? AND client_id=?"
+        )
+        self._put = p(
+            "INSERT INTO sessions (tenant, client_id, incarnation, expiry_interval_s, "
+            "connected, disconnected_at_ms, expires_at_ms) VALUES (?,?,?,?,?,?,?)"
+        )
+        self._del = p("DELETE FROM sessions WHERE tenant=? AND client_id=? IF incarnation=?")
+        self._idx_put = p(
+            "INSERT INTO session_expiry (shard, expires_at_ms, tenant, client_id) VALUES (?,?,?,?)"
+        )
+        self._idx_del = p(
+            "DELETE FROM session_expiry WHERE shard=? AND expires_at_ms=? AND "
+            "tenant=? AND client_id=?"
+        )
+        self._idx_scan = p(
+            "SELECT expires_at_ms, tenant, client_id FROM session_expiry "
+            "WHERE shard=? AND expires_at_ms<=? LIMIT ?"
+        )
+        self._sub_put = p(
+            "INSERT INTO subscriptions (tenant, client_id, incarnation, "
+            "topic_filter, qos, no_local, retain_as_published, retain_handling, "
+            "subscription_identifier) VALUES (?,?,?,?,?,?,?,?,?)"
+        )
+        self._sub_del = p(
+            "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND "
+            "incarnation=? AND topic_filter=?"
+        )
+        self._sub_list = p(
+            "SELECT * FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=?"
+        )
+        self._sub_drop = p(
+            "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=?"
+        )
+        self._sub_all = p("SELECT * FROM subscriptions")
+
+    async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
+        rows = list(await self._exec(self._get, (tenant, client_id)))
+        if not rows:
+            return None
+        r = rows[0]
+        return SessionRecord(
+            tenant, client_id, r.incarnation, r.expiry_interval_s, r.connected, r.disconnected_at_ms
+        )
+
+    async def put_session(self, r: SessionRecord) -> None:
+        old = list(await self._exec(self._get, (r.tenant, r.client_id)))
+        shard = _shard(r.tenant, r.client_id)
+        if old and old[0].expires_at_ms is not None:
+            await self._exec(self._idx_del, (shard, old[0].expires_at_ms, r.tenant, r.client_id))
+        expires = r.expires_at_ms()
+        await self._exec(
+            self._put,
+            (
+                r.tenant,
+                r.client_id,
+                r.incarnation,
+                r.expiry_interval_s,
+                r.connected,
+                r.disconnected_at_ms,
+                expires,
+            ),
+        )
+        if expires is not None:
+            await self._exec(self._idx_put, (shard, expires, r.tenant, r.client_id))
+
+    async def delete_session(self, tenant: str, client_id: str, incarnation: int) -> bool:
+        old = list(await self._exec(self._get, (tenant, client_id)))
+        rows = list(await self._exec(self._del, (tenant, client_id, incarnation)))
+        applied = bool(rows and rows[0][0])
+        if applied and old and old[0].expires_at_ms is not None:
+            await self._exec(
+                self._idx_del, (_shard(tenant, client_id), old[0].expires_at_ms, tenant, client_id)
+            )
+        return applied
+
+    async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]:
+        out: list[SessionRecord] = []
+        for shard in range(SHARDS):
+            for row in await self._exec(self._idx_scan, (shard, now_ms, limit)):
+                rec = await self.get_session(row.tenant, row.client_id)
+                if rec is not None and (rec.expires_at_ms() or now_ms + 1) <= now_ms:
+                    out.append(rec)
+                else:  # stale index row
+                    await self._exec(
+                        self._idx_del, (shard, row.expires_at_ms, row.tenant, row.client_id)
+                    )
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> None:
+        for s in subs:
+            await self._exec(
+                self._sub_put,
+                (
+                    s.tenant,
+                    s.client_id,
+                    s.incarnation,
+                    s.topic_filter,
+                    s.qos,
+                    s.no_local,
+                    s.retain_as_published,
+                    s.retain_handling,
+                    s.subscription_identifier,
+                ),
+            )
+
+    async def delete_subscriptions(
+        self, tenant: str, client_id: str, incarnation: int, filters: list[str]
+    ) -> None:
+        for f in filters:
+            await self._exec(self._sub_del, (tenant, client_id, incarnation, f))
+
+    @staticmethod
+    def _rec(r: Any) -> SubscriptionRecord:
+        return SubscriptionRecord(
+            r.tenant,
+            r.client_id,
+            r.incarnation,
+            r.topic_filter,
+            r.qos,
+            r.no_local,
+            r.retain_as_published,
+            r.retain_handling,
+            r.subscription_identifier,
+        )
+
+    async def list_subscriptions(
+        self, tenant: str, client_id: str, incarnation: int
+    ) -> list[SubscriptionRecord]:
+        rows = await self._exec(self._sub_list, (tenant, client_id, incarnation))
+        return [self._rec(r) for r in rows]
+
+    async def all_subscriptions(self) -> list[SubscriptionRecord]:
+        # The driver pages through the table; this runs once, when a router starts.
+        return [self._rec(r) for r in await self._exec(self._sub_all)]
+
+    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None:
+        await self._exec(self._sub_drop, (tenant, client_id, incarnation))

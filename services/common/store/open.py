@@ -1,0 +1,46 @@
+"""Open the configured backend of each store: Cassandra when contact points are set,
+otherwise the embedded SQLite files under `data_dir`."""
+
+from __future__ import annotations
+
+from services.common.config import ServiceSettings
+from services.common.store.ports import AuthStore, QueueStore, SessionStore
+
+
+def _cassandra_args(s: ServiceSettings) -> dict[str, object]:
+    return {
+        "contact_points": s.cassandra_contact_points,
+        "port": s.cassandra_port,
+        "keyspace": s.cassandra_keyspace,
+        "consistency": s.cassandra_consistency,
+    }
+
+
+def open_auth_store(s: ServiceSettings) -> AuthStore:
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra import CassandraStore
+
+        return CassandraStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite import SqliteStore
+
+    return SqliteStore(s.data_dir / "auth.db")
+
+
+def open_session_store(s: ServiceSettings) -> SessionStore:
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra_session import CassandraSessionStore
+
+        return CassandraSessionStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite_session import SqliteSessionStore
+
+    return SqliteSessionStore(s.data_dir / "sessions.db")
+
+
+def open_queue_store(s: ServiceSettings) -> QueueStore:
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra_queue import CassandraQueueStore
+
+        return CassandraQueueStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite_queue import SqliteQueueStore
+
+    return SqliteQueueStore(s.data_dir / "queues.db")

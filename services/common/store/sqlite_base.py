@@ -1,0 +1,47 @@
+"""Shared plumbing of the embedded SQLite stores: one connection, one worker thread, WAL."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class SqliteDb:
+    """Runs every statement on one worker thread so the event loop never waits on disk.
+
+    WAL with synchronous=FULL: a committed transaction survives a killed process and a power
+    cut. busy_timeout lets several processes of one machine share a file.
+    """
+
+    def __init__(self, path: Path, schema: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA busy_timeout=10000")
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(schema)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in one IMMEDIATE transaction (takes the write lock up front)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(self.db)
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+        return out
+
+    async def close(self) -> None:
+        await self.run(self.db.close)
+        self._pool.shutdown(wait=True)

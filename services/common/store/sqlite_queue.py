@@ -1,0 +1,177 @@
+"""Embedded `QueueStore`: per-session queues in SQLite, same logical schema as Cassandra.
+
+Invariants:
+- `seq` increases by one per appended entry of a queue; entries are never rewritten, only
+  marked released (outbound QoS 2) or deleted (ack, drop-oldest, drop).
+- An append commits in one transaction that first checks the partition's owner epoch, so an
+  instance that lost its partition can no longer write (fencing).
+- `(tenant, queue_id, message_id)` is unique: a retried append of the same message is a
+  no-op, which makes the router's retries after a crash safe.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from services.common.store.ports import AppendOutcome, NewQueueItem, QueueState, StoredEntry
+from services.common.store.sqlite_base import SqliteDb
+
+BUCKET_BITS = 16  # bucket = seq >> 16, as in the Cassandra partition key
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queue_entries (
+  tenant TEXT NOT NULL, queue_id TEXT NOT NULL, bucket INTEGER NOT NULL, seq INTEGER NOT NULL,
+  message_id TEXT NOT NULL, qos INTEGER NOT NULL, data BLOB NOT NULL,
+  expires_at_ms INTEGER NOT NULL, released INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (tenant, queue_id, seq));
+CREATE UNIQUE INDEX IF NOT EXISTS queue_entries_msg ON queue_entries (tenant, queue_id, message_id);
+CREATE TABLE IF NOT EXISTS queue_state (
+  tenant TEXT NOT NULL, queue_id TEXT NOT NULL, last_seq INTEGER NOT NULL,
+  acked_through INTEGER NOT NULL, depth INTEGER NOT NULL, dropped INTEGER NOT NULL,
+  PRIMARY KEY (tenant, queue_id));
+CREATE TABLE IF NOT EXISTS partition_owner (
+  partition INTEGER PRIMARY KEY, epoch INTEGER NOT NULL);
+"""
+
+
+def _state(db: sqlite3.Connection, tenant: str, queue_id: str) -> QueueState:
+    row = db.execute(
+        "SELECT last_seq, acked_through, depth, dropped FROM queue_state "
+        "WHERE tenant=? AND queue_id=?",
+        (tenant, queue_id),
+    ).fetchone()
+    return QueueState(*row) if row else QueueState(0, 0, 0, 0)
+
+
+class SqliteQueueStore(SqliteDb):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, _SCHEMA)
+
+    async def claim_partition(self, partition: int) -> int:
+        def claim(db: sqlite3.Connection) -> int:
+            row = db.execute(
+                "SELECT epoch FROM partition_owner WHERE partition=?", (partition,)
+            ).fetchone()
+            epoch = (row[0] if row else 0) + 1
+            db.execute("INSERT OR REPLACE INTO partition_owner VALUES (?, ?)", (partition, epoch))
+            return int(epoch)
+
+        return await self.run(lambda: self.tx(claim))
+
+    async def append(
+        self,
+        tenant: str,
+        queue_id: str,
+        items: list[NewQueueItem],
+        partition: int,
+        epoch: int,
+        max_depth: int,
+        drop_oldest: bool,
+    ) -> list[str]:
+        def append(db: sqlite3.Connection) -> list[str]:
+            row = db.execute(
+                "SELECT epoch FROM partition_owner WHERE partition=?", (partition,)
+            ).fetchone()
+            if row is None or row[0] != epoch:
+                return [AppendOutcome.FENCED] * len(items)
+            st = _state(db, tenant, queue_id)
+            last, depth, dropped = st.last_seq, st.depth, st.dropped
+            out = []
+            for item in items:
+                if db.execute(
+                    "SELECT 1 FROM queue_entries WHERE tenant=? AND queue_id=? AND message_id=?",
+                    (tenant, queue_id, item.message_id),
+                ).fetchone():
+                    out.append(AppendOutcome.DUPLICATE)
+                    continue
+                if max_depth and depth >= max_depth:
+                    if not drop_oldest:
+                        dropped += 1
+                        out.append(AppendOutcome.FULL)
+                        continue
+                    oldest = db.execute(
+                        "SELECT min(seq) FROM queue_entries WHERE tenant=? AND queue_id=?",
+                        (tenant, queue_id),
+                    ).fetchone()[0]
+                    if oldest is not None:
+                        db.execute(
+                            "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq=?",
+                            (tenant, queue_id, oldest),
+                        )
+                        depth -= 1
+                        dropped += 1
+                last += 1
+                db.execute(
+                    "INSERT INTO queue_entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                    (
+                        tenant,
+                        queue_id,
+                        last >> BUCKET_BITS,
+                        last,
+                        item.message_id,
+                        item.qos,
+                        item.data,
+                        item.expires_at_ms,
+                    ),
+                )
+                depth += 1
+                out.append(AppendOutcome.OK)
+            db.execute(
+                "INSERT OR REPLACE INTO queue_state VALUES (?, ?, ?, ?, ?, ?)",
+                (tenant, queue_id, last, st.acked_through, depth, dropped),
+            )
+            return out
+
+        return await self.run(lambda: self.tx(append))
+
+    async def read(
+        self, tenant: str, queue_id: str, from_seq: int, limit: int
+    ) -> tuple[list[StoredEntry], QueueState]:
+        def read() -> tuple[list[StoredEntry], QueueState]:
+            rows = self.db.execute(
+                "SELECT seq, qos, data, expires_at_ms, released FROM queue_entries WHERE "
+                "tenant=? AND queue_id=? AND seq>=? ORDER BY seq LIMIT ?",
+                (tenant, queue_id, from_seq, limit),
+            ).fetchall()
+            entries = [StoredEntry(s, q, d, e, bool(r)) for s, q, d, e, r in rows]
+            return entries, _state(self.db, tenant, queue_id)
+
+        return await self.run(read)
+
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
+        def ack(db: sqlite3.Connection) -> None:
+            st = _state(db, tenant, queue_id)
+            if through_seq <= st.acked_through:
+                return
+            cur = db.execute(
+                "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq<=?",
+                (tenant, queue_id, through_seq),
+            )
+            db.execute(
+                "UPDATE queue_state SET acked_through=?, depth=max(0, depth-?) "
+                "WHERE tenant=? AND queue_id=?",
+                (min(through_seq, st.last_seq), cur.rowcount, tenant, queue_id),
+            )
+
+        await self.run(lambda: self.tx(ack))
+
+    async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
+        await self.run(
+            lambda: self.db.execute(
+                "UPDATE queue_entries SET released=1 WHERE tenant=? AND queue_id=? AND seq=?",
+                (tenant, queue_id, seq),
+            )
+        )
+
+    async def drop(self, tenant: str, queue_id: str) -> None:
+        def drop(db: sqlite3.Connection) -> None:
+            db.execute(
+                "DELETE FROM queue_entries WHERE tenant=? AND queue_id=?", (tenant, queue_id)
+            )
+            db.execute("DELETE FROM queue_state WHERE tenant=? AND queue_id=?", (tenant, queue_id))
+
+        await self.run(lambda: self.tx(drop))
+
+    async def state(self, tenant: str, queue_id: str) -> QueueState:
+        return await self.run(lambda: _state(self.db, tenant, queue_id))

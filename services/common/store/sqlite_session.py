@@ -1,0 +1,162 @@
+"""Embedded `SessionStore`: session records and persistent subscriptions in SQLite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.common.store.ports import NEVER_EXPIRES, SessionRecord, SubscriptionRecord
+from services.common.store.sqlite_base import SqliteDb
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+  tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
+  expiry_interval_s INTEGER NOT NULL, connected INTEGER NOT NULL,
+  disconnected_at_ms INTEGER NOT NULL, expires_at_ms INTEGER,
+  PRIMARY KEY (tenant, client_id));
+CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at_ms)
+  WHERE expires_at_ms IS NOT NULL;
+CREATE TABLE IF NOT EXISTS subscriptions (
+  tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
+  topic_filter TEXT NOT NULL, qos INTEGER NOT NULL, no_local INTEGER NOT NULL,
+  retain_as_published INTEGER NOT NULL, retain_handling INTEGER NOT NULL,
+  subscription_identifier INTEGER NOT NULL,
+  PRIMARY KEY (tenant, client_id, incarnation, topic_filter));
+"""
+
+_SUB_COLS = (
+    "tenant, client_id, incarnation, topic_filter, qos, no_local, retain_as_published, "
+    "retain_handling, subscription_identifier"
+)
+
+
+def _sub(row: tuple[object, ...]) -> SubscriptionRecord:
+    t, c, i, f, q, nl, rap, rh, sid = row
+    return SubscriptionRecord(
+        str(t),
+        str(c),
+        int(i),
+        str(f),
+        int(q),
+        bool(nl),  # type: ignore[call-overload]
+        bool(rap),
+        int(rh),
+        int(sid),
+    )  # type: ignore[call-overload]
+
+
+class SqliteSessionStore(SqliteDb):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, _SCHEMA)
+
+    async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
+        row = await self.run(
+            lambda: self.db.execute(
+                "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms FROM sessions "
+                "WHERE tenant=? AND client_id=?",
+                (tenant, client_id),
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        return SessionRecord(tenant, client_id, row[0], row[1], bool(row[2]), row[3])
+
+    async def put_session(self, r: SessionRecord) -> None:
+        expires = r.expires_at_ms()
+        await self.run(
+            lambda: self.db.execute(
+                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    r.tenant,
+                    r.client_id,
+                    r.incarnation,
+                    r.expiry_interval_s,
+                    int(r.connected),
+                    r.disconnected_at_ms,
+                    expires,
+                ),
+            )
+        )
+
+    async def delete_session(self, tenant: str, client_id: str, incarnation: int) -> bool:
+        cur = await self.run(
+            lambda: self.db.execute(
+                "DELETE FROM sessions WHERE tenant=? AND client_id=? AND incarnation=?",
+                (tenant, client_id, incarnation),
+            )
+        )
+        return cur.rowcount > 0
+
+    async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]:
+        rows = await self.run(
+            lambda: self.db.execute(
+                "SELECT tenant, client_id, incarnation, expiry_interval_s, disconnected_at_ms "
+                "FROM sessions WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ? LIMIT ?",
+                (now_ms, limit),
+            ).fetchall()
+        )
+        return [SessionRecord(t, c, i, e, False, d) for t, c, i, e, d in rows]
+
+    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> None:
+        await self.run(
+            lambda: self.tx(
+                lambda db: db.executemany(
+                    f"INSERT OR REPLACE INTO subscriptions ({_SUB_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                    [
+                        (
+                            s.tenant,
+                            s.client_id,
+                            s.incarnation,
+                            s.topic_filter,
+                            s.qos,
+                            int(s.no_local),
+                            int(s.retain_as_published),
+                            s.retain_handling,
+                            s.subscription_identifier,
+                        )
+                        for s in subs
+                    ],
+                )
+            )
+        )
+
+    async def delete_subscriptions(
+        self, tenant: str, client_id: str, incarnation: int, filters: list[str]
+    ) -> None:
+        await self.run(
+            lambda: self.tx(
+                lambda db: db.executemany(
+                    "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=? "
+                    "AND topic_filter=?",
+                    [(tenant, client_id, incarnation, f) for f in filters],
+                )
+            )
+        )
+
+    async def list_subscriptions(
+        self, tenant: str, client_id: str, incarnation: int
+    ) -> list[SubscriptionRecord]:
+        rows = await self.run(
+            lambda: self.db.execute(
+                f"SELECT {_SUB_COLS} FROM subscriptions WHERE tenant=? AND client_id=? "
+                "AND incarnation=? ORDER BY topic_filter",
+                (tenant, client_id, incarnation),
+            ).fetchall()
+        )
+        return [_sub(r) for r in rows]
+
+    async def all_subscriptions(self) -> list[SubscriptionRecord]:
+        rows = await self.run(
+            lambda: self.db.execute(f"SELECT {_SUB_COLS} FROM subscriptions").fetchall()
+        )
+        return [_sub(r) for r in rows]
+
+    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None:
+        await self.run(
+            lambda: self.db.execute(
+                "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=?",
+                (tenant, client_id, incarnation),
+            )
+        )
+
+
+__all__ = ["NEVER_EXPIRES", "SqliteSessionStore"]

@@ -1,0 +1,240 @@
+"""Delivery of a persistent session's queue to its connection.
+
+Invariants:
+- A persistent session takes QoS>=1 deliveries only from its queue, never from the
+  transient fan-out, so nothing arrives twice.
+- The packet id of an entry is derived from its seq, so a resend after a reconnect (DUP) and
+  a PUBREL for an entry the client already PUBREC'd use the id the client knows.
+- The queue is acked through the highest seq below which every delivered entry is complete
+  (PUBACK, PUBCOMP, or expired/too large); acks are batched.
+- On resume every entry read while draining the backlog is sent with DUP set, because the
+  previous connection may have sent it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from services.common.bus import subjects
+from services.connection.actions import Message
+from services.connection.envelope import from_envelope
+from starling.queue.v1 import queue_pb2
+
+log = logging.getLogger("starling.connection.persistence")
+
+ACK_EVERY = 64
+ACK_DELAY_S = 0.02
+
+
+def queue_id(client_id: str, incarnation: int) -> str:
+    """Same naming as the queue service's (services/queue/core.py): client id#incarnation."""
+    return f"{client_id}#{incarnation}"
+
+
+def pid_for(seq: int) -> int:
+    return seq % 65535 + 1
+
+
+class QueuePort(Protocol):
+    async def read(
+        self, tenant: str, queue_id: str, from_seq: int, limit: int
+    ) -> queue_pb2.ReadResponse: ...
+
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None: ...
+
+    async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None: ...
+
+
+class PersistentDelivery:
+    def __init__(
+        self,
+        conn: Any,
+        queue: QueuePort,
+        nc: Any,
+        tenant: str,
+        queue_id: str,
+        resumed: bool,
+        now: Any,
+    ) -> None:
+        self.conn = conn
+        self.queue = queue
+        self.nc = nc
+        self.tenant = tenant
+        self.queue_id = queue_id
+        self.now = now  # clock for expiry checks
+        self.next_read = 0  # 0: start after the queue's acked_through
+        self.draining_backlog = resumed
+        self.by_pid: dict[int, int] = {}  # packet id -> seq, delivered and not complete
+        self.read_through = 0  # highest seq read
+        self.acked = 0
+        self.more = True
+        self.closed = False
+        self._reading = False
+        self._ack_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sub: Any = None
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(
+            subjects.queue_notice(self.tenant, self.queue_id), cb=self._on_notice
+        )
+        self.pump()
+
+    async def _on_notice(self, msg: Any) -> None:
+        self.more = True
+        self.pump()
+
+    def pump(self) -> None:
+        """Read more if the client's window has room and the queue may have entries."""
+        if self.closed or self._reading or not self.more:
+            return
+        if self.conn.channel.outbound.free_window <= 0:
+            return
+        self._reading = True
+        self._spawn(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while not self.closed and self.more:
+                window = self.conn.channel.outbound.free_window
+                if window <= 0:
+                    return
+                from_seq = self.next_read or 1
+                try:
+                    resp = await self.queue.read(
+                        self.tenant, self.queue_id, from_seq, min(window, 500)
+                    )
+                except Exception as exc:  # queue service down: the poll retries
+                    log.warning("queue_read_failed", extra={"error": type(exc).__name__})
+                    return
+                if self.next_read == 0:
+                    self.acked = resp.acked_through
+                    self.read_through = resp.acked_through
+                if resp.last_seq < from_seq:  # nothing left to scan, for now
+                    self.more = False
+                    self.draining_backlog = False
+                    return
+                self.next_read = resp.last_seq + 1
+                self.read_through = max(self.read_through, resp.last_seq)
+                self._deliver(resp.entries)
+        finally:
+            self._reading = False
+            self._schedule_ack()
+
+    def _deliver(self, entries: Any) -> None:
+        ch = self.conn.channel
+        ob = ch.outbound
+        now = self.now()
+        for e in entries:
+            pid = pid_for(e.seq)
+            if pid in self.by_pid:
+                continue  # still in flight from this connection
+            self.by_pid[pid] = e.seq
+            if e.released:
+                ob.resend_pubrel(pid)
+                continue
+            m = from_envelope(e.message)
+            if e.expires_at_ms:
+                m = m._replace(expires_at=e.expires_at_ms / 1000)
+            msg = Message(
+                m.tenant,
+                m.topic,
+                m.payload,
+                e.qos,
+                e.retain,
+                m.publisher,
+                m.properties,
+                m.expires_at,
+                m.published_at,
+                m.trace_context,
+            )
+            if not ob.deliver_stored(
+                msg,
+                e.qos,
+                e.retain,
+                tuple(e.subscription_identifiers),
+                pid,
+                self.draining_backlog,
+                now,
+            ):
+                ob.completed.append(pid)  # expired or too large: done without sending
+        self.conn.node.mark_dirty(self.conn)
+
+    def progress(self) -> None:
+        """The channel recorded PUBACK/PUBCOMP/PUBREC: ack the queue, read more."""
+        ob = self.conn.channel.outbound
+        if ob.released:
+            for pid in ob.released:
+                seq = self.by_pid.get(pid)
+                if seq is not None:
+                    self._spawn(self._mark_released(seq))
+            ob.released.clear()
+        if ob.completed:
+            for pid in ob.completed:
+                self.by_pid.pop(pid, None)
+            ob.completed.clear()
+            self._schedule_ack()
+        self.more = True
+        self.pump()
+
+    def _ack_through(self) -> int:
+        if self.by_pid:
+            return min(self.by_pid.values()) - 1
+        return self.read_through
+
+    def _schedule_ack(self) -> None:
+        if self.closed or self._ack_task is not None:
+            return
+        through = self._ack_through()
+        if through <= self.acked:
+            return
+        delay = 0.0 if through - self.acked >= ACK_EVERY else ACK_DELAY_S
+        self._ack_task = asyncio.ensure_future(self._ack_later(delay))
+
+    async def _ack_later(self, delay: float) -> None:
+        try:
+            if delay:
+                await asyncio.sleep(delay)
+            through = self._ack_through()
+            if through > self.acked:
+                await self.queue.ack(self.tenant, self.queue_id, through)
+                self.acked = through
+        except Exception as exc:  # retried with the next progress
+            log.warning("queue_ack_failed", extra={"error": type(exc).__name__})
+        finally:
+            self._ack_task = None
+
+    async def _mark_released(self, seq: int) -> None:
+        try:
+            await self.queue.mark_released(self.tenant, self.queue_id, seq)
+        except Exception as exc:  # a lost mark only means a DUP resend instead of PUBREL
+            log.warning("queue_mark_released_failed", extra={"error": type(exc).__name__})
+
+    async def close(self) -> None:
+        """Connection gone: flush the last ack, stop listening."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # the NATS connection may be closing too
+                log.debug("notice_unsubscribe_failed")
+        through = self._ack_through()
+        if through > self.acked:
+            try:
+                await self.queue.ack(self.tenant, self.queue_id, through)
+            except Exception as exc:
+                log.warning("queue_final_ack_failed", extra={"error": type(exc).__name__})
+
+    def poll(self) -> None:
+        """Periodic safety net for missed notices (e.g. the queue service restarted)."""
+        self.more = True
+        self.pump()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

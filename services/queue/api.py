@@ -1,0 +1,171 @@
+"""Thin gRPC servicers of the queue service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+
+import grpc
+from nats.aio.client import Client
+
+from services.common.bus import subjects
+from services.common.rpc.status import InvalidArgumentError
+from services.common.store.ports import AppendOutcome, NewQueueItem, QueueStore
+from services.queue.config import QueueSettings
+from services.queue.core import expires_at_ms, owned, partition_of
+from starling.queue.v1 import queue_pb2 as pb
+from starling.queue.v1 import queue_pb2_grpc as pb_grpc
+
+log = logging.getLogger("starling.queue")
+
+_RESULT = {
+    AppendOutcome.OK: pb.APPEND_RESULT_OK,
+    AppendOutcome.DUPLICATE: pb.APPEND_RESULT_OK,  # already stored: the caller may go on
+    AppendOutcome.FULL: pb.APPEND_RESULT_QUEUE_FULL,
+    AppendOutcome.FENCED: pb.APPEND_RESULT_FENCED,
+}
+
+
+class Partitions:
+    """This instance's partitions and their fencing epochs."""
+
+    def __init__(self, settings: QueueSettings) -> None:
+        self.count = settings.queue_partitions
+        self.ordinal = settings.instance_ordinal
+        self.instances = settings.instance_count
+        self.epochs: dict[int, int] = {}
+        self.locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def claim_all(self, store: QueueStore) -> None:
+        for p in range(self.count):
+            if owned(p, self.ordinal, self.instances):
+                self.epochs[p] = await store.claim_partition(p)
+
+
+class QueueApi(pb_grpc.QueueServiceServicer):
+    def __init__(
+        self, store: QueueStore, parts: Partitions, settings: QueueSettings, nats: Client
+    ) -> None:
+        self._store = store
+        self._parts = parts
+        self._max_depth = settings.max_queue_depth
+        self._drop_oldest = settings.depth_policy == "drop_oldest"
+        self._nats = nats
+
+    async def Append(
+        self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AppendResponse:
+        if not request.tenant:
+            raise InvalidArgumentError("tenant is required")
+        tenant = request.tenant
+        by_queue: dict[str, list[tuple[int, NewQueueItem]]] = defaultdict(list)
+        for i, e in enumerate(request.entries):
+            if not e.queue_id or not e.message.message_id:
+                raise InvalidArgumentError(f"entries[{i}] needs queue_id and message.message_id")
+            m = e.message
+            expiry = (
+                m.properties.message_expiry_interval_s
+                if m.properties.HasField("message_expiry_interval_s")
+                else None
+            )
+            data = pb.QueueEntry(
+                message=m,
+                qos=e.qos,
+                retain=e.retain,
+                subscription_identifiers=e.subscription_identifiers,
+            )
+            by_queue[e.queue_id].append(
+                (
+                    i,
+                    NewQueueItem(
+                        m.message_id,
+                        e.qos,
+                        data.SerializeToString(),
+                        expires_at_ms(m.published_at_ms, expiry),
+                    ),
+                )
+            )
+        results = [pb.APPEND_RESULT_UNSPECIFIED] * len(request.entries)
+        for qid, items in by_queue.items():
+            p = partition_of(tenant, qid, self._parts.count)
+            epoch = self._parts.epochs.get(p)
+            if epoch is None:
+                outcomes = [AppendOutcome.FENCED] * len(items)
+            else:
+                async with self._parts.locks[p]:  # one writer per partition
+                    outcomes = await self._store.append(
+                        tenant,
+                        qid,
+                        [it for _, it in items],
+                        p,
+                        epoch,
+                        self._max_depth,
+                        self._drop_oldest,
+                    )
+                if AppendOutcome.FENCED in outcomes:
+                    log.warning("partition_fenced", extra={"partition": p})
+                    self._parts.epochs.pop(p, None)
+            for (i, _), outcome in zip(items, outcomes, strict=True):
+                results[i] = _RESULT[outcome]
+            if AppendOutcome.OK in outcomes:
+                st = await self._store.state(tenant, qid)
+                notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=st.last_seq)
+                await self._nats.publish(
+                    subjects.queue_notice(tenant, qid), notice.SerializeToString()
+                )
+        return pb.AppendResponse(results=results)
+
+    async def Read(
+        self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReadResponse:
+        limit = min(request.limit or 100, 10_000)
+        entries, st = await self._store.read(
+            request.tenant, request.queue_id, max(1, request.from_seq), limit
+        )
+        now_ms = int(time.time() * 1000)
+        out = []
+        for e in entries:
+            if e.expires_at_ms and e.expires_at_ms <= now_ms:
+                continue  # expired: never delivered; the reader's ack passes over it
+            entry = pb.QueueEntry.FromString(e.data)
+            entry.seq = e.seq
+            entry.expires_at_ms = e.expires_at_ms
+            entry.released = e.released
+            out.append(entry)
+        # last_seq: the last seq this read looked at, so the reader continues after entries
+        # it was not given (expired ones).
+        scanned = entries[-1].seq if entries else max(request.from_seq - 1, 0)
+        return pb.ReadResponse(entries=out, acked_through=st.acked_through, last_seq=scanned)
+
+    async def Ack(
+        self, request: pb.AckRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AckResponse:
+        await self._store.ack(request.tenant, request.queue_id, request.through_seq)
+        return pb.AckResponse()
+
+    async def MarkReleased(
+        self, request: pb.MarkReleasedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MarkReleasedResponse:
+        await self._store.mark_released(request.tenant, request.queue_id, request.seq)
+        return pb.MarkReleasedResponse()
+
+    async def Drop(
+        self, request: pb.DropRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DropResponse:
+        await self._store.drop(request.tenant, request.queue_id)
+        return pb.DropResponse()
+
+
+class QueueAdminApi(pb_grpc.QueueAdminServiceServicer):
+    def __init__(self, store: QueueStore) -> None:
+        self._store = store
+
+    async def GetQueueStats(
+        self, request: pb.GetQueueStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetQueueStatsResponse:
+        st = await self._store.state(request.tenant, request.queue_id)
+        return pb.GetQueueStatsResponse(
+            depth=st.depth, last_seq=st.last_seq, acked_through=st.acked_through, dropped=st.dropped
+        )

@@ -1,0 +1,88 @@
+"""The persistent route table: pure matching of topics to session queues."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.store.ports import SubscriptionRecord
+from services.common.topics import TopicTrie
+
+SessionKey = tuple[str, int]  # (client_id, incarnation)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One queue a message goes to, at the QoS it is delivered with."""
+
+    client_id: str
+    incarnation: int
+    qos: int
+    retain: bool
+    subscription_ids: tuple[int, ...]
+
+
+class RouteTable:
+    def __init__(self) -> None:
+        self._tries: dict[str, TopicTrie[SessionKey, SubscriptionRecord]] = {}
+        self._filters: dict[tuple[str, str, int], set[str]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._tries.values())
+
+    def add(self, rec: SubscriptionRecord) -> None:
+        trie = self._tries.setdefault(rec.tenant, TopicTrie())
+        trie.add(rec.topic_filter, (rec.client_id, rec.incarnation), rec)
+        self._filters.setdefault((rec.tenant, rec.client_id, rec.incarnation), set()).add(
+            rec.topic_filter
+        )
+
+    def remove(self, tenant: str, client_id: str, incarnation: int, filt: str) -> None:
+        trie = self._tries.get(tenant)
+        if trie is not None:
+            trie.remove(filt, (client_id, incarnation))
+        self._filters.get((tenant, client_id, incarnation), set()).discard(filt)
+
+    def drop(self, tenant: str, client_id: str, incarnation: int) -> None:
+        for f in self._filters.pop((tenant, client_id, incarnation), set()):
+            self.remove(tenant, client_id, incarnation, f)
+
+    def subscriptions(
+        self, tenant: str, client_id: str, incarnation: int
+    ) -> list[SubscriptionRecord]:
+        trie = self._tries.get(tenant)
+        filters = sorted(self._filters.get((tenant, client_id, incarnation), set()))
+        if trie is None:
+            return []
+        out = [trie.get(f, (client_id, incarnation)) for f in filters]
+        return [r for r in out if r is not None]
+
+    def targets(
+        self,
+        tenant: str,
+        topic: str,
+        qos: int,
+        retain: bool,
+        publisher: str,
+        include_qos0: bool = False,
+    ) -> list[Target]:
+        """Queues for one message: per session the highest QoS of its matching
+        subscriptions [MQTT-3.3.4-2] and all their identifiers; no-local honoured."""
+        trie = self._tries.get(tenant)
+        if trie is None:
+            return []
+        per: dict[SessionKey, tuple[int, bool, tuple[int, ...]]] = {}
+        for key, rec in trie.match(topic):
+            if rec.no_local and key[0] == publisher:
+                continue
+            q = min(qos, rec.qos)
+            rap = retain and rec.retain_as_published
+            ids = (rec.subscription_identifier,) if rec.subscription_identifier else ()
+            prev = per.get(key)
+            if prev is not None:
+                q, rap, ids = max(prev[0], q), prev[1] or rap, prev[2] + ids
+            per[key] = (q, rap, ids)
+        return [
+            Target(k[0], k[1], q, rap, ids)
+            for k, (q, rap, ids) in per.items()
+            if q > 0 or include_qos0
+        ]

@@ -1,0 +1,164 @@
+"""Contract of `SessionStore` and `QueueStore`, for every backend (see test_store_contract)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.common.store.ports import (
+    NEVER_EXPIRES,
+    AppendOutcome,
+    NewQueueItem,
+    QueueStore,
+    SessionRecord,
+    SessionStore,
+    SubscriptionRecord,
+)
+from services.common.store.sqlite_queue import SqliteQueueStore
+from services.common.store.sqlite_session import SqliteSessionStore
+
+CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
+
+
+def _cassandra(kind: str) -> Any:
+    if not CASSANDRA:
+        pytest.skip(
+            "Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port "
+            "(no Docker engine here for testcontainers)"
+        )
+    from services.common.store.cassandra_queue import CassandraQueueStore
+    from services.common.store.cassandra_session import CassandraSessionStore
+
+    host, _, port = CASSANDRA.partition(":")
+    cls = CassandraQueueStore if kind == "queue" else CassandraSessionStore
+    return cls([host], int(port or 9042), keyspace="starling_test", consistency="ONE")
+
+
+@pytest.fixture(params=["sqlite", "cassandra"])
+async def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    s = SqliteSessionStore(tmp_path / "s.db") if request.param == "sqlite" else _cassandra("s")
+    yield s
+    await s.close()
+
+
+@pytest.fixture(params=["sqlite", "cassandra"])
+async def queues(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueStore]:
+    q = SqliteQueueStore(tmp_path / "q.db") if request.param == "sqlite" else _cassandra("queue")
+    yield q
+    await q.close()
+
+
+def _items(n: int, start: int = 0, prefix: str = "m") -> list[NewQueueItem]:
+    return [
+        NewQueueItem(f"{prefix}{i}", 1, f"payload-{i}".encode()) for i in range(start, start + n)
+    ]
+
+
+async def test_session_records_and_expiry(sessions: SessionStore) -> None:
+    t = f"t{uuid.uuid4().hex[:6]}"
+    assert await sessions.get_session(t, "c") is None
+    await sessions.put_session(SessionRecord(t, "c", 1, 60, True))
+    assert (await sessions.get_session(t, "c")) == SessionRecord(t, "c", 1, 60, True, 0)
+    await sessions.put_session(SessionRecord(t, "c", 1, 60, False, 1_000))
+    await sessions.put_session(SessionRecord(t, "never", 1, NEVER_EXPIRES, False, 1_000))
+    expired = [r for r in await sessions.expired_sessions(61_000) if r.tenant == t]
+    assert [r.client_id for r in expired] == ["c"]
+    assert [r for r in await sessions.expired_sessions(60_999) if r.tenant == t] == []
+    assert await sessions.delete_session(t, "c", 2) is False  # other incarnation
+    assert await sessions.delete_session(t, "c", 1) is True
+    assert await sessions.get_session(t, "c") is None
+
+
+async def test_subscriptions(sessions: SessionStore) -> None:
+    t = f"t{uuid.uuid4().hex[:6]}"
+    subs = [
+        SubscriptionRecord(t, "c", 3, "a/#", 1, True, False, 2, 7),
+        SubscriptionRecord(t, "c", 3, "b", 2),
+    ]
+    await sessions.put_subscriptions(subs)
+    await sessions.put_subscriptions([SubscriptionRecord(t, "c", 4, "new", 0)])
+    assert await sessions.list_subscriptions(t, "c", 3) == subs
+    await sessions.delete_subscriptions(t, "c", 3, ["b"])
+    assert await sessions.list_subscriptions(t, "c", 3) == subs[:1]
+    assert {s.topic_filter for s in await sessions.all_subscriptions() if s.tenant == t} == {
+        "a/#",
+        "new",
+    }
+    await sessions.drop_subscriptions(t, "c", 3)
+    assert await sessions.list_subscriptions(t, "c", 3) == []
+
+
+async def test_append_read_ack_in_order(queues: QueueStore) -> None:
+    t, q = f"t{uuid.uuid4().hex[:6]}", "client#1"
+    epoch = await queues.claim_partition(7)
+    res = await queues.append(t, q, _items(5), 7, epoch, 0, True)
+    assert res == [AppendOutcome.OK] * 5
+    entries, st = await queues.read(t, q, 1, 100)
+    assert [e.seq for e in entries] == [1, 2, 3, 4, 5]
+    assert [e.data for e in entries] == [f"payload-{i}".encode() for i in range(5)]
+    assert (st.last_seq, st.acked_through, st.depth) == (5, 0, 5)
+    await queues.ack(t, q, 3)
+    entries, st = await queues.read(t, q, 1, 100)
+    assert [e.seq for e in entries] == [4, 5] and st.acked_through == 3 and st.depth == 2
+    await queues.ack(t, q, 2)  # acks never go backwards
+    assert (await queues.state(t, q)).acked_through == 3
+
+
+async def test_append_is_idempotent_per_message_id(queues: QueueStore) -> None:
+    t, q = f"t{uuid.uuid4().hex[:6]}", "c#1"
+    epoch = await queues.claim_partition(1)
+    await queues.append(t, q, _items(3), 1, epoch, 0, True)
+    res = await queues.append(t, q, _items(4), 1, epoch, 0, True)  # retry plus one new
+    assert res == [AppendOutcome.DUPLICATE] * 3 + [AppendOutcome.OK]
+    assert (await queues.state(t, q)).last_seq == 4
+
+
+async def test_fencing_rejects_a_stale_owner(queues: QueueStore) -> None:
+    t, q = f"t{uuid.uuid4().hex[:6]}", "c#1"
+    old = await queues.claim_partition(9)
+    new = await queues.claim_partition(9)
+    assert new > old
+    assert await queues.append(t, q, _items(1), 9, old, 0, True) == [AppendOutcome.FENCED]
+    assert await queues.append(t, q, _items(1), 9, new, 0, True) == [AppendOutcome.OK]
+
+
+async def test_depth_limit_policies(queues: QueueStore) -> None:
+    t = f"t{uuid.uuid4().hex[:6]}"
+    epoch = await queues.claim_partition(2)
+    await queues.append(t, "old#1", _items(5), 2, epoch, 3, True)  # drop oldest
+    entries, st = await queues.read(t, "old#1", 1, 100)
+    assert [e.data for e in entries] == [b"payload-2", b"payload-3", b"payload-4"]
+    assert st.dropped == 2
+    res = await queues.append(t, "new#1", _items(5), 2, epoch, 3, False)  # reject newest
+    assert res == [AppendOutcome.OK] * 3 + [AppendOutcome.FULL] * 2
+    entries, st = await queues.read(t, "new#1", 1, 100)
+    assert [e.data for e in entries] == [b"payload-0", b"payload-1", b"payload-2"]
+    assert st.dropped == 2
+
+
+async def test_released_mark_and_drop(queues: QueueStore) -> None:
+    t, q = f"t{uuid.uuid4().hex[:6]}", "c#2"
+    epoch = await queues.claim_partition(3)
+    await queues.append(t, q, _items(2), 3, epoch, 0, True)
+    await queues.mark_released(t, q, 1)
+    entries, _ = await queues.read(t, q, 1, 10)
+    assert [e.released for e in entries] == [True, False]
+    await queues.drop(t, q)
+    entries, st = await queues.read(t, q, 1, 10)
+    assert entries == [] and st.last_seq == 0
+
+
+async def test_queue_survives_reopen(tmp_path: Path) -> None:
+    q1 = SqliteQueueStore(tmp_path / "q.db")
+    e = await q1.claim_partition(0)
+    await q1.append("t", "c#1", _items(3), 0, e, 0, True)
+    await q1.close()
+    q2 = SqliteQueueStore(tmp_path / "q.db")
+    entries, _ = await q2.read("t", "c#1", 1, 10)
+    assert len(entries) == 3
+    await q2.close()
