@@ -52,10 +52,14 @@ def _constraints(info: FieldInfo) -> str:
 def _table(fields: dict[str, FieldInfo]) -> list[str]:
     rows = ["| setting | env | default | constraints | meaning |", "|---|---|---|---|---|"]
     for name, info in fields.items():
-        rows.append(
-            f"| `{name}` | `STARLING_{name.upper()}` | {_default(info)} | "
-            f"{_constraints(info)} | {info.description or ''} |"
-        )
+        cells = [
+            f"`{name}`",
+            f"`STARLING_{name.upper()}`",
+            _default(info),
+            _constraints(info),
+            info.description or "",
+        ]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return rows
 
 

@@ -281,7 +281,7 @@ class Node:
             ch.actions = []
             for action in actions:
                 if type(action) is SubscribeRequest:
-                    self._subscribe(conn, action)
+                    self._subscribe(conn, action, persist=ch.persistent)
                 elif type(action) is Unsubscribed:
                     self._unsubscribe(conn, action.filters, persist=ch.persistent)
                 elif type(action) is Authenticate:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.rpc.server import channel
+from services.common.rpc.server import LazyStub
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
@@ -10,12 +10,11 @@ from starling.router.v1 import router_pb2_grpc as pb_grpc
 
 class RouterClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
-        self._channel = channel(address)
-        self._stub = pb_grpc.RouterServiceStub(self._channel)
+        self._lazy = LazyStub(address, pb_grpc.RouterServiceStub)
         self._timeout = timeout_s
 
     async def route(self, messages: list[RoutedMessage]) -> list[int]:
-        resp = await self._stub.RoutePersistent(
+        resp = await self._lazy.stub.RoutePersistent(
             pb.RoutePersistentRequest(messages=messages), timeout=self._timeout
         )
         return list(resp.results)
@@ -23,7 +22,7 @@ class RouterClient:
     async def subscribe(
         self, tenant: str, client_id: str, incarnation: int, subs: list[pb.PersistentSubscription]
     ) -> None:
-        await self._stub.Subscribe(
+        await self._lazy.stub.Subscribe(
             pb.SubscribeRequest(
                 tenant=tenant, client_id=client_id, incarnation=incarnation, subscriptions=subs
             ),
@@ -33,7 +32,7 @@ class RouterClient:
     async def unsubscribe(
         self, tenant: str, client_id: str, incarnation: int, filters: list[str]
     ) -> None:
-        await self._stub.Unsubscribe(
+        await self._lazy.stub.Unsubscribe(
             pb.UnsubscribeRequest(
                 tenant=tenant, client_id=client_id, incarnation=incarnation, topic_filters=filters
             ),
@@ -41,10 +40,10 @@ class RouterClient:
         )
 
     async def drop_session(self, tenant: str, client_id: str, incarnation: int) -> None:
-        await self._stub.DropSession(
+        await self._lazy.stub.DropSession(
             pb.DropSessionRequest(tenant=tenant, client_id=client_id, incarnation=incarnation),
             timeout=self._timeout,
         )
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._lazy.close()

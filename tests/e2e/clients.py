@@ -60,15 +60,27 @@ class Paho:
         self.disconnects: queue.Queue[Any] = queue.Queue()
         self.pubacks: dict[int, Any] = {}
         self.c.on_message = lambda c, u, m: self.messages.put(m)
-        self.c.on_connect = lambda c, u, f, rc, p: self.connacks.put(rc)
+        self.session_present: bool | None = None
+
+        def on_connect(c: Any, u: Any, flags: Any, rc: Any, p: Any) -> None:
+            self.session_present = bool(flags.session_present)
+            self.connacks.put(rc)
+
+        self.c.on_connect = on_connect
         self.c.on_subscribe = lambda c, u, mid, rcs, p: self.subacks.put(rcs)
         self.c.on_disconnect = lambda c, u, f, rc, p: self.disconnects.put(rc)
         self.c.on_publish = lambda c, u, mid, rc, p: self.pubacks.__setitem__(mid, rc)
 
-    def connect(self, expect_ok: bool = True, clean_start: bool = True) -> Any:
+    def connect(
+        self, expect_ok: bool = True, clean_start: bool = True, session_expiry: int | None = None
+    ) -> Any:
         kwargs: dict[str, Any] = {"keepalive": self.keepalive}
         if self.v5:
             kwargs["clean_start"] = clean_start
+            if session_expiry is not None:
+                props = PahoProps(PacketTypes.CONNECT)
+                props.SessionExpiryInterval = session_expiry
+                kwargs["properties"] = props
         self.c.connect("127.0.0.1", self.port, **kwargs)
         self.c.loop_start()
         rc = self.connacks.get(timeout=TIMEOUT)
