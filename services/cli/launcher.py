@@ -102,6 +102,7 @@ class Launcher:
         self.ws = ws
         self.tls = tls
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._specs: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         self.mesh = Mesh(str(self.data_dir))
 
     # ---- start ----------------------------------------------------------------------------
@@ -122,7 +123,9 @@ class Launcher:
         out.close()
         comp.pid = proc.pid
         self.procs[comp.name] = proc
-        self.mesh.components.append(comp)
+        self._specs[comp.name] = (argv, env)
+        if comp not in self.mesh.components:
+            self.mesh.components.append(comp)
 
     def start_nats(self) -> Component:
         comp = Component("nats", "nats", port=free_port())
@@ -260,6 +263,35 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+    def restart(self, name: str, timeout_s: float = 30.0) -> Component:
+        """Start `name` again with the same command, environment and ports (after a crash or
+        a kill); returns once it serves.
+
+        Call it from a thread that outlives the child: PR_SET_PDEATHSIG fires when the thread
+        that forked the child exits, not only the process."""
+        from services.cli.status import component_status
+
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        comp = self.mesh.by_name(name)
+        argv, env = self._specs[name]
+        self._spawn(comp, argv, env)
+        self.mesh.save()
+        deadline = time.monotonic() + timeout_s
+        while component_status(comp) != "SERVING":
+            if time.monotonic() > deadline or self.procs[name].poll() is not None:
+                raise RuntimeError(f"{name} did not come back; see {comp.log}")
+            time.sleep(0.05)
+        return comp
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one component (fault tests)."""
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait()
 
     def crashed(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is not None]

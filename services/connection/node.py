@@ -877,14 +877,20 @@ class Node:
             log.warning("session_release_failed", extra={"error": str(exc)})
 
     async def _sweeper(self) -> None:
+        """Keep alive and CONNECT timeouts; a poll of persistent queues every second, for
+        notices missed while the queue service was away."""
+        rounds = 0
         while True:
             await asyncio.sleep(0.5)
+            rounds += 1
             now = time.time()
             for conn in list(self.conns):
                 ch = conn.channel
                 ch.tick(now)
                 if ch.actions or ch.out:
                     self.after(conn)
+                if rounds % 2 == 0 and conn.persistent is not None:
+                    conn.persistent.poll()
             cutoff = time.monotonic() - 60
             for key in [k for k, (_, at) in self._tombstones.items() if at < cutoff]:
                 del self._tombstones[key]

@@ -73,7 +73,10 @@ class RoutingPipeline:
             try:
                 results = await self._router.route([env for _, _, env in pending])
             except Exception as exc:  # router down or slow: retry the same messages
-                log.warning("router_unavailable", extra={"error": type(exc).__name__})
+                code = getattr(exc, "code", lambda: None)()
+                log.warning(
+                    "router_unavailable", extra={"error": type(exc).__name__, "code": str(code)}
+                )
                 results = [router_pb2.ROUTE_RESULT_TRY_LATER] * len(pending)
             retry = []
             for item, result in zip(pending, results, strict=True):

@@ -5,19 +5,23 @@ Invariants:
   marked released (outbound QoS 2) or deleted (ack, drop-oldest, drop).
 - An append commits in one transaction that first checks the partition's owner epoch, so an
   instance that lost its partition can no longer write (fencing).
-- `(tenant, queue_id, message_id)` is unique: a retried append of the same message is a
-  no-op, which makes the router's retries after a crash safe.
+- A message id appended to a queue is remembered in `queue_msgids` for MSGID_RETENTION_MS,
+  even after its entry is acked and deleted: a retried append of the same message (the
+  router died before answering, the node retries) is a no-op, not a second delivery.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from services.common.store.ports import AppendOutcome, NewQueueItem, QueueState, StoredEntry
 from services.common.store.sqlite_base import SqliteDb
 
 BUCKET_BITS = 16  # bucket = seq >> 16, as in the Cassandra partition key
+MSGID_RETENTION_MS = 15 * 60 * 1000  # far longer than any retry of an append
+PRUNE_EVERY = 1000  # appends between prunes of old message ids
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queue_entries (
@@ -25,7 +29,10 @@ CREATE TABLE IF NOT EXISTS queue_entries (
   message_id TEXT NOT NULL, qos INTEGER NOT NULL, data BLOB NOT NULL,
   expires_at_ms INTEGER NOT NULL, released INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (tenant, queue_id, seq));
-CREATE UNIQUE INDEX IF NOT EXISTS queue_entries_msg ON queue_entries (tenant, queue_id, message_id);
+CREATE TABLE IF NOT EXISTS queue_msgids (
+  tenant TEXT NOT NULL, queue_id TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL,
+  created_at_ms INTEGER NOT NULL, PRIMARY KEY (tenant, queue_id, message_id));
+CREATE INDEX IF NOT EXISTS queue_msgids_age ON queue_msgids (created_at_ms);
 CREATE TABLE IF NOT EXISTS queue_state (
   tenant TEXT NOT NULL, queue_id TEXT NOT NULL, last_seq INTEGER NOT NULL,
   acked_through INTEGER NOT NULL, depth INTEGER NOT NULL, dropped INTEGER NOT NULL,
@@ -47,6 +54,7 @@ def _state(db: sqlite3.Connection, tenant: str, queue_id: str) -> QueueState:
 class SqliteQueueStore(SqliteDb):
     def __init__(self, path: Path) -> None:
         super().__init__(path, _SCHEMA)
+        self._appends = 0
 
     async def claim_partition(self, partition: int) -> int:
         def claim(db: sqlite3.Connection) -> int:
@@ -77,10 +85,17 @@ class SqliteQueueStore(SqliteDb):
                 return [AppendOutcome.FENCED] * len(items)
             st = _state(db, tenant, queue_id)
             last, depth, dropped = st.last_seq, st.depth, st.dropped
+            now_ms = int(time.time() * 1000)
+            self._appends += 1
+            if self._appends % PRUNE_EVERY == 0:
+                db.execute(
+                    "DELETE FROM queue_msgids WHERE created_at_ms < ?",
+                    (now_ms - MSGID_RETENTION_MS,),
+                )
             out = []
             for item in items:
                 if db.execute(
-                    "SELECT 1 FROM queue_entries WHERE tenant=? AND queue_id=? AND message_id=?",
+                    "SELECT 1 FROM queue_msgids WHERE tenant=? AND queue_id=? AND message_id=?",
                     (tenant, queue_id, item.message_id),
                 ).fetchone():
                     out.append(AppendOutcome.DUPLICATE)
@@ -114,6 +129,10 @@ class SqliteQueueStore(SqliteDb):
                         item.data,
                         item.expires_at_ms,
                     ),
+                )
+                db.execute(
+                    "INSERT INTO queue_msgids VALUES (?, ?, ?, ?, ?)",
+                    (tenant, queue_id, item.message_id, last, now_ms),
                 )
                 depth += 1
                 out.append(AppendOutcome.OK)
@@ -170,6 +189,7 @@ class SqliteQueueStore(SqliteDb):
                 "DELETE FROM queue_entries WHERE tenant=? AND queue_id=?", (tenant, queue_id)
             )
             db.execute("DELETE FROM queue_state WHERE tenant=? AND queue_id=?", (tenant, queue_id))
+            db.execute("DELETE FROM queue_msgids WHERE tenant=? AND queue_id=?", (tenant, queue_id))
 
         await self.run(lambda: self.tx(drop))
 

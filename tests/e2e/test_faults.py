@@ -1,0 +1,192 @@
+"""Nothing acknowledged is lost: 10,000 QoS 1 messages to a persistent subscriber while the
+subscriber's node, the router or the queue service is SIGKILLed mid-stream.
+
+These tests kill processes, so they run on a mesh of their own (two nodes), not the shared
+one. The subscriber is a raw-socket client that acknowledges everything it receives and
+reconnects (clean start 0) wherever it is told to.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from services.cli.launcher import Launcher
+from services.common.mqtt import ConnAck, Connect, PubAck, Publish, SubAck, Subscribe, Subscription
+from services.common.mqtt.properties import Properties
+from tests.e2e.clients import Raw
+
+N = 10_000
+
+
+@pytest.fixture(scope="module")
+def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    launcher = Launcher(
+        tmp_path_factory.mktemp("faults") / "run",
+        nodes=2,
+        mqtt_port=0,
+        anonymous=True,
+        ws=False,
+        extra_env={"STARLING_LOG_LEVEL": "INFO"},
+    )
+    launcher.start(timeout_s=60)
+    yield launcher
+    launcher.stop()
+
+
+def port(launcher: Launcher, i: int) -> int:
+    return launcher.mesh.by_name(f"connection-{i}").port
+
+
+class Reader(threading.Thread):
+    """Persistent subscriber: acks everything, records (value, dup), reconnects on loss."""
+
+    def __init__(self, port: int, cid: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.cid = cid
+        self.topic = topic
+        self.got: list[tuple[int, bool]] = []
+        self.pids: list[int] = []
+        self.unique: set[int] = set()
+        self.stop = False
+        self.connections = 0
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop and len(self.unique) < N:
+            try:
+                self._session()
+            except (OSError, ConnectionError, TimeoutError):
+                time.sleep(0.2)
+
+    def _session(self) -> None:
+        raw = Raw(self.port)
+        try:
+            ack = raw.connect(
+                Connect(
+                    self.cid,
+                    5,
+                    clean_start=False,
+                    keepalive_s=30,
+                    properties=Properties(session_expiry_interval=600, receive_maximum=200),
+                )
+            )
+            assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
+            self.connections += 1
+            if self.connections == 1:
+                raw.send(Subscribe(1, (Subscription(self.topic, 1),)))
+            while not self.stop and len(self.unique) < N:
+                p = raw.recv(timeout=2)
+                if isinstance(p, SubAck):
+                    self.ready.set()
+                elif isinstance(p, Publish):
+                    v = int(p.payload)
+                    self.got.append((v, p.dup))
+                    self.pids.append(p.packet_id or 0)
+                    self.unique.add(v)
+                    raw.send(PubAck(p.packet_id or 0))
+        finally:
+            raw.close()
+
+
+def publish_all(port: int, topic: str, on_progress: object = None) -> list[object]:
+    """Queue N QoS 1 publishes in paho (it keeps 200 in flight); returns their infos."""
+    c = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=f"pub-{uuid.uuid4().hex[:6]}",
+        protocol=mqtt.MQTTv311,
+    )
+    c.max_inflight_messages_set(200)
+    publish_all.connects = 0  # type: ignore[attr-defined]
+
+    def on_connect(*_: object) -> None:
+        publish_all.connects += 1  # type: ignore[attr-defined]
+
+    def on_disconnect(client: object, u: object, f: object, rc: object, p: object) -> None:
+        publish_all.disconnects.append(str(rc))  # type: ignore[attr-defined]
+
+    publish_all.disconnects = []  # type: ignore[attr-defined]
+    c.on_connect = on_connect
+    c.on_disconnect = on_disconnect
+    c.max_queued_messages_set(0)
+    c.connect("127.0.0.1", port, keepalive=60)
+    c.loop_start()
+    infos = []
+    for i in range(N):
+        infos.append(c.publish(topic, str(i), 1))
+        if on_progress is not None:
+            on_progress(i)  # type: ignore[operator]
+    publish_all.client = c  # type: ignore[attr-defined]
+    return infos
+
+
+def check_all_in_order(reader: Reader) -> None:
+    seen: set[int] = set()
+    firsts = []
+    for k, (v, dup) in enumerate(reader.got):
+        if v in seen:
+            assert dup, (
+                f"message {v} repeated without DUP: {reader.got[max(0, k - 5) : k + 3]} "
+                f"pids {reader.pids[max(0, k - 5) : k + 3]} publisher connects "
+                f"{publish_all.connects} {publish_all.disconnects}"
+            )  # type: ignore[attr-defined]
+        else:
+            seen.add(v)
+            firsts.append(v)
+    assert firsts == list(range(N)), "first deliveries out of publish order or missing"
+
+
+def _run(launcher: Launcher, victim: str, sub_node: int, resume_node: int, restart: bool) -> Reader:
+    cid, topic = f"f-{uuid.uuid4().hex[:8]}", f"fault/{uuid.uuid4().hex[:6]}"
+    reader = Reader(port(launcher, sub_node), cid, topic)
+    reader.start()
+    assert reader.ready.wait(20), "subscriber not subscribed"
+    killed = threading.Event()
+
+    def on_progress(i: int) -> None:
+        if i == N // 3 and not killed.is_set():
+            # Let a third of the stream flow, then kill mid-stream.
+            deadline = time.monotonic() + 30
+            while len(reader.unique) < N // 10 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            launcher.kill(victim)
+            killed.set()
+            reader.port = port(launcher, resume_node)
+
+    infos = publish_all(port(launcher, 0), topic, on_progress)
+    if restart:
+        time.sleep(1.0)  # down for a second, with publishes waiting for their acks
+        launcher.restart(victim)  # from this (long-lived) thread: see Launcher.restart
+    for info in infos:
+        info.wait_for_publish(60)  # type: ignore[attr-defined]
+        assert info.is_published()  # type: ignore[attr-defined]
+    publish_all.client.disconnect()  # type: ignore[attr-defined]
+    publish_all.client.loop_stop()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 90
+    while len(reader.unique) < N and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reader.stop = True
+    reader.join(10)
+    assert killed.is_set()
+    check_all_in_order(reader)
+    return reader
+
+
+def test_subscriber_node_killed(fault_mesh: Launcher) -> None:
+    reader = _run(fault_mesh, "connection-1", sub_node=1, resume_node=0, restart=False)
+    assert reader.connections >= 2  # it really lost its node and resumed elsewhere
+    fault_mesh.restart("connection-1")
+
+
+def test_router_killed_and_restarted(fault_mesh: Launcher) -> None:
+    _run(fault_mesh, "router", sub_node=1, resume_node=1, restart=True)
+
+
+def test_queue_service_killed_and_restarted(fault_mesh: Launcher) -> None:
+    _run(fault_mesh, "queue", sub_node=1, resume_node=1, restart=True)
