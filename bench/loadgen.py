@@ -27,8 +27,9 @@ from services.common.mqtt import (
 
 
 class Client(asyncio.Protocol):
-    def __init__(self, name: str, on_publish: object = None) -> None:
+    def __init__(self, name: str, on_publish: object = None, clean: bool = True) -> None:
         self.name = name
+        self.clean = clean
         self.decoder = Decoder(4)
         self.transport: asyncio.Transport | None = None
         self.connack = asyncio.get_running_loop().create_future()
@@ -44,7 +45,7 @@ class Client(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.write(encode(Connect(self.name, 4, keepalive_s=120), 4))  # type: ignore[attr-defined]
+        transport.write(encode(Connect(self.name, 4, clean_start=self.clean, keepalive_s=120), 4))  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         acks = bytearray()
@@ -81,9 +82,10 @@ class Client(asyncio.Protocol):
         await asyncio.wait_for(self.suback, 10)
 
 
-async def connect(port: int, name: str) -> Client:
+async def connect(port: int, name: str, clean: bool = True) -> Client:
+    """`clean=False`: a 3.1.1 persistent session (its QoS 1 messages go through its queue)."""
     loop = asyncio.get_running_loop()
-    _, proto = await loop.create_connection(lambda: Client(name), "127.0.0.1", port)
+    _, proto = await loop.create_connection(lambda: Client(name, clean=clean), "127.0.0.1", port)
     await asyncio.wait_for(proto.connack, 10)
     return proto
 
@@ -154,11 +156,14 @@ async def throughput(
     seconds: float = 4.0,
     payload_size: int = 64,
     sub_port: int = 0,
+    persistent: bool = False,
 ) -> Result:
     """mode: 'pairs' (pub i -> sub i), 'fan-in' (all pubs -> 1 sub), 'fan-out' (1 pub -> all).
     `sub_port`: subscribers connect there (another node) instead of `port`."""
     tag = f"{mode}{qos}{time.monotonic_ns() % 10**8}"
-    subscribers = [await connect(sub_port or port, f"s-{tag}-{i}") for i in range(subs)]
+    subscribers = [
+        await connect(sub_port or port, f"s-{tag}-{i}", clean=not persistent) for i in range(subs)
+    ]
     for i, s in enumerate(subscribers):
         await s.subscribe(f"b/{tag}/{i}" if mode == "pairs" else f"b/{tag}/#", qos)
     publishers = [await connect(port, f"p-{tag}-{i}") for i in range(pubs)]
@@ -194,9 +199,11 @@ async def throughput(
     return Result(sum(c[0] for c in counters), rx, elapsed)
 
 
-async def latency(port: int, qos: int, rate_per_s: int = 5000, seconds: float = 4.0) -> Result:
+async def latency(
+    port: int, qos: int, rate_per_s: int = 5000, seconds: float = 4.0, persistent: bool = False
+) -> Result:
     tag = f"lat{qos}{time.monotonic_ns() % 10**8}"
-    sub = await connect(port, f"s-{tag}")
+    sub = await connect(port, f"s-{tag}", clean=not persistent)
     await sub.subscribe(f"l/{tag}", qos)
     pub = await connect(port, f"p-{tag}")
     assert pub.transport is not None

@@ -102,6 +102,10 @@ LATENCY = [("latency at 5,000 msg/s, QoS 0", 0), ("latency at 5,000 msg/s, QoS 1
 
 
 CROSS = [("8 pairs across two nodes, QoS 0", 0), ("8 pairs across two nodes, QoS 1", 1)]
+PERSISTENT = [
+    ("8 pairs, QoS 1, persistent subscribers (embedded store)", "pairs"),
+    ("fan-in 8 -> 1, QoS 1, persistent subscriber", "fan-in"),
+]
 
 
 async def measure(broker: Broker) -> dict[str, str]:
@@ -115,6 +119,21 @@ async def measure(broker: Broker) -> dict[str, str]:
         r = await loadgen.latency(broker.port, qos)
         out[name] = f"p50 {r.pct(0.5):.2f} ms, p99 {r.pct(0.99):.2f} ms"
         print(f"  {broker.name:<12} {name:<28} {out[name]}", flush=True)
+    for name, mode in PERSISTENT:
+        if broker.second_port:  # Mosquitto's in-memory session store is not comparable
+            pubs, subs = (8, 8) if mode == "pairs" else (8, 1)
+            r = await loadgen.throughput(broker.port, pubs, subs, mode, 1, SECONDS, persistent=True)
+            out[name] = f"{r.rate:,.0f} msg/s"
+        else:
+            out[name] = "n/a (no durable store)"
+        print(f"  {broker.name:<12} {name:<28} {out[name]}", flush=True)
+    name = "latency at 1,000 msg/s, QoS 1, persistent subscriber"
+    if broker.second_port:
+        r = await loadgen.latency(broker.port, 1, rate_per_s=1000, persistent=True)
+        out[name] = f"p50 {r.pct(0.5):.2f} ms, p99 {r.pct(0.99):.2f} ms"
+    else:
+        out[name] = "n/a"
+    print(f"  {broker.name:<12} {name:<28} {out[name]}", flush=True)
     for name, qos in CROSS:
         if broker.second_port:
             r = await loadgen.throughput(

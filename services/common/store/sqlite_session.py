@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from services.common.store.ports import NEVER_EXPIRES, SessionRecord, SubscriptionRecord
 from services.common.store.sqlite_base import SqliteDb
@@ -29,19 +30,11 @@ _SUB_COLS = (
 )
 
 
-def _sub(row: tuple[object, ...]) -> SubscriptionRecord:
+def _sub(row: tuple[Any, ...]) -> SubscriptionRecord:
     t, c, i, f, q, nl, rap, rh, sid = row
     return SubscriptionRecord(
-        str(t),
-        str(c),
-        int(i),
-        str(f),
-        int(q),
-        bool(nl),  # type: ignore[call-overload]
-        bool(rap),
-        int(rh),
-        int(sid),
-    )  # type: ignore[call-overload]
+        str(t), str(c), int(i), str(f), int(q), bool(nl), bool(rap), int(rh), int(sid)
+    )
 
 
 class SqliteSessionStore(SqliteDb):
@@ -51,8 +44,8 @@ class SqliteSessionStore(SqliteDb):
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
         row = await self.run(
             lambda: self.db.execute(
-                "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms FROM sessions "
-                "WHERE tenant=? AND client_id=?",
+                "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms "
+                "FROM sessions WHERE tenant=? AND client_id=?",
                 (tenant, client_id),
             ).fetchone()
         )
@@ -100,7 +93,8 @@ class SqliteSessionStore(SqliteDb):
         await self.run(
             lambda: self.tx(
                 lambda db: db.executemany(
-                    f"INSERT OR REPLACE INTO subscriptions ({_SUB_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                    f"INSERT OR REPLACE INTO subscriptions ({_SUB_COLS}) "
+                    "VALUES (?,?,?,?,?,?,?,?,?)",
                     [
                         (
                             s.tenant,
