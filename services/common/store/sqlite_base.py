@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
 T = TypeVar("T")
 
 
@@ -24,9 +26,15 @@ class SqliteDb:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA busy_timeout=10000")
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(schema)
+        # Several services open the same file at start; switching to WAL can report BUSY
+        # without waiting on the busy handler, so retry the set-up for a while.
+        for attempt in Retrying(stop=stop_after_delay(15), wait=wait_fixed(0.05),
+                                retry=retry_if_exception_type(sqlite3.OperationalError),
+                                reraise=True):
+            with attempt:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=FULL")
+                self.db.executescript(schema)
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
