@@ -225,6 +225,10 @@ class Node:
         self._ctl_sub = await self.nc.subscribe(
             subjects.node_control(self.node_id), cb=self._on_control
         )
+        # Before any client connects: the session service releases what an earlier life
+        # of this node id held (after a crash and restart).
+        await self.nc.publish(subjects.node_hello(self.node_id), self.node_id.encode())
+        await self.nc.flush(timeout=5)
         self._workers = [
             asyncio.create_task(self._publisher(), name="node-publisher"),
             asyncio.create_task(self._controller(), name="node-controller"),
@@ -891,6 +895,13 @@ class Node:
                     self.after(conn)
                 if rounds % 2 == 0 and conn.persistent is not None:
                     conn.persistent.poll()
+            if rounds % 2 == 0:
+                try:
+                    await self.nc.publish(
+                        subjects.node_heartbeat(self.node_id), self.node_id.encode()
+                    )
+                except Exception:  # NATS away: the session service will notice
+                    log.warning("heartbeat_failed")
             cutoff = time.monotonic() - 60
             for key in [k for k, (_, at) in self._tombstones.items() if at < cutoff]:
                 del self._tombstones[key]

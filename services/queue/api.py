@@ -15,6 +15,7 @@ from services.common.rpc.status import InvalidArgumentError
 from services.common.store.ports import AppendOutcome, NewQueueItem, QueueStore
 from services.queue.config import QueueSettings
 from services.queue.core import expires_at_ms, owned, partition_of
+from starling.common.v1 import event_pb2
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 
@@ -95,6 +96,9 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 outcomes = [AppendOutcome.FENCED] * len(items)
             else:
                 async with self._parts.locks[p]:  # one writer per partition
+                    dropped_before = (
+                        (await self._store.state(tenant, qid)).dropped if self._max_depth else 0
+                    )
                     outcomes = await self._store.append(
                         tenant,
                         qid,
@@ -109,13 +113,28 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                     self._parts.epochs.pop(p, None)
             for (i, _), outcome in zip(items, outcomes, strict=True):
                 results[i] = _RESULT[outcome]
-            if AppendOutcome.OK in outcomes:
+            if AppendOutcome.OK in outcomes or AppendOutcome.FULL in outcomes:
                 st = await self._store.state(tenant, qid)
-                notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=st.last_seq)
-                await self._nats.publish(
-                    subjects.queue_notice(tenant, qid), notice.SerializeToString()
-                )
+                if AppendOutcome.OK in outcomes:
+                    notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=st.last_seq)
+                    await self._nats.publish(
+                        subjects.queue_notice(tenant, qid), notice.SerializeToString()
+                    )
+                if self._max_depth and st.dropped > dropped_before:
+                    await self._dropped(tenant, qid, st.dropped - dropped_before)
         return pb.AppendResponse(results=results)
+
+    async def _dropped(self, tenant: str, qid: str, count: int) -> None:
+        """Depth limit hit: counted in the queue state, and an event on EVENTS."""
+        log.warning("queue_depth_drop", extra={"tenant": tenant, "queue_id": qid, "count": count})
+        ev = event_pb2.Event(
+            tenant=tenant,
+            type=event_pb2.EVENT_TYPE_MESSAGE_DROPPED,
+            ts_ms=int(time.time() * 1000),
+            client_id=qid.rsplit("#", 1)[0],
+            message_dropped=event_pb2.MessageDropped(reason="queue_depth_limit", count=count),
+        )
+        await self._nats.publish(subjects.event(tenant, "message_dropped"), ev.SerializeToString())
 
     async def Read(
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext

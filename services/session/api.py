@@ -180,6 +180,8 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext
     ) -> pb.DisconnectResponse:
         removed = await self._registry.release(request.tenant, request.client_id, request.epoch)
+        if request.node_id:
+            await self._registry.forget_on_node(request.node_id, request.tenant, request.client_id)
         if removed:  # only the current holder may end or park the session
             expiry = (
                 request.session_expiry_interval_s

@@ -22,6 +22,9 @@ class SessionSettings(ServiceSettings):
     )
     auth_cache_ttl_s: int = Field(default=300, ge=0, description="Redis cache of users/ACLs.")
     session_expiry_sweep_s: float = Field(default=1.0, gt=0, description="Expiry scan period.")
+    node_timeout_s: float = Field(
+        default=10.0, gt=0, description="A node silent this long is dead; its clients released."
+    )
     max_session_expiry_s: int = Field(
         default=0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="Cap on Session Expiry Interval."
     )

@@ -18,6 +18,7 @@ from services.router.client import RouterClient
 from services.session.api import Events, SessionAdminApi, SessionApi
 from services.session.auth import Authenticator
 from services.session.config import SessionSettings
+from services.session.liveness import NodeLiveness
 from services.session.registry import Registry
 from services.session.sessions import Sessions
 from starling.session.v1 import session_pb2 as pb
@@ -47,6 +48,8 @@ class SessionService:
             self._events,
         )
         self._sweeper: asyncio.Task[None] | None = None
+        self._liveness = NodeLiveness(self._registry, self._sessions, settings.node_timeout_s)
+        self._watcher: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         nc: Client = self._nats  # type: ignore[assignment]
@@ -81,10 +84,13 @@ class SessionService:
         self._sweeper = asyncio.create_task(
             self._sessions.run_sweeper(self._settings.session_expiry_sweep_s)
         )
+        await self._liveness.start(self._nats.nc)
+        self._watcher = asyncio.create_task(self._liveness.run())
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._watcher):
+            if task is not None:
+                task.cancel()
         await self._router.close()
         await self._queues.close()
         if self._nats.nc is not None:

@@ -58,6 +58,14 @@ def _key(tenant: str) -> str:
     return f"st:clients:{tenant}"
 
 
+def _node_key(node_id: str) -> str:
+    return f"st:node:{node_id}:clients"
+
+
+def _member(tenant: str, client_id: str) -> str:
+    return f"{tenant}\0{client_id}"
+
+
 def _decode(raw: bytes | str) -> Holder:
     return Holder(**json.loads(raw))
 
@@ -76,10 +84,39 @@ class Registry:
             keys=[_key(holder.tenant)],
             args=[holder.client_id, holder.epoch, json.dumps(asdict(holder))],
         )
+        if won:
+            # Which clients each node holds: what to release if the node dies.
+            await self._redis.sadd(
+                _node_key(holder.node_id),  # type: ignore[misc]
+                _member(holder.tenant, holder.client_id),
+            )
         return ClaimResult(bool(won), _decode(prev) if prev else None)
 
     async def release(self, tenant: str, client_id: str, epoch: int) -> bool:
         return bool(await self._release(keys=[_key(tenant)], args=[client_id, epoch]))
+
+    async def forget_on_node(self, node_id: str, tenant: str, client_id: str) -> None:
+        await self._redis.srem(_node_key(node_id), _member(tenant, client_id))  # type: ignore[misc]
+
+    async def held_by(self, node_id: str) -> list[tuple[str, str]]:
+        """(tenant, client id) of every client the node was given (may include stale ones)."""
+        raw = await self._redis.smembers(_node_key(node_id))  # type: ignore[misc]
+        out = []
+        for m in raw:
+            tenant, _, client_id = (m.decode() if isinstance(m, bytes) else m).partition("\0")
+            out.append((tenant, client_id))
+        return out
+
+    async def known_nodes(self) -> list[str]:
+        """Nodes that hold (or held) clients, from the per-node sets."""
+        nodes = []
+        async for key in self._redis.scan_iter(match="st:node:*:clients"):
+            k = key.decode() if isinstance(key, bytes) else key
+            nodes.append(k[len("st:node:") : -len(":clients")])
+        return nodes
+
+    async def drop_node(self, node_id: str) -> None:
+        await self._redis.delete(_node_key(node_id))
 
     async def get(self, tenant: str, client_id: str) -> Holder | None:
         raw = await self._redis.hget(_key(tenant), client_id)  # type: ignore[misc]

@@ -84,6 +84,18 @@ class Sessions:
             SessionRecord(tenant, client_id, incarnation, expiry, False, int(time.time() * 1000))
         )
 
+    async def park(self, tenant: str, client_id: str, at_ms: int) -> None:
+        """The node holding the client died: the session is disconnected since `at_ms`."""
+        rec = await self._store.get_session(tenant, client_id)
+        if rec is None or not rec.connected:
+            return
+        if rec.expiry_interval_s == 0:
+            await self._discard(rec)
+            return
+        await self._store.put_session(
+            SessionRecord(tenant, client_id, rec.incarnation, rec.expiry_interval_s, False, at_ms)
+        )
+
     async def _discard(self, rec: SessionRecord) -> None:
         """End a session incarnation: forget its subscriptions, its queue, its record."""
         try:

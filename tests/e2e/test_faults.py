@@ -32,7 +32,7 @@ def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
         mqtt_port=0,
         anonymous=True,
         ws=False,
-        extra_env={"STARLING_LOG_LEVEL": "INFO"},
+        extra_env={"STARLING_LOG_LEVEL": "INFO", "STARLING_NODE_TIMEOUT_S": "3"},
     )
     launcher.start(timeout_s=60)
     yield launcher
@@ -190,3 +190,44 @@ def test_router_killed_and_restarted(fault_mesh: Launcher) -> None:
 
 def test_queue_service_killed_and_restarted(fault_mesh: Launcher) -> None:
     _run(fault_mesh, "queue", sub_node=1, resume_node=1, restart=True)
+
+
+def _rows(launcher: Launcher, db: str, sql: str, arg: str) -> int:
+    import sqlite3
+    from pathlib import Path
+
+    path = Path(launcher.mesh.data_dir) / "data" / db
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute(sql, (arg,)).fetchone()[0])
+
+
+def test_session_of_a_dead_node_still_expires(fault_mesh: Launcher) -> None:
+    """The client's node is SIGKILLed and the client never returns: the session service
+    notices the silent node, starts the expiry clock, and removes session and queue."""
+    cid, topic = f"gone-{uuid.uuid4().hex[:8]}", f"gone/{uuid.uuid4().hex[:6]}"
+    raw = Raw(port(fault_mesh, 1))
+    raw.connect(
+        Connect(cid, 5, clean_start=False, properties=Properties(session_expiry_interval=2))
+    )
+    raw.send(Subscribe(1, (Subscription(topic, 1),)))
+    assert isinstance(raw.recv(), SubAck)
+    fault_mesh.kill("connection-1")
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+    c.connect("127.0.0.1", port(fault_mesh, 0))
+    c.loop_start()
+    for i in range(3):
+        c.publish(topic, str(i), 1).wait_for_publish(10)
+    c.disconnect()
+    c.loop_stop()
+    queued = "SELECT count(*) FROM queue_entries WHERE queue_id LIKE ?"
+    assert _rows(fault_mesh, "queues.db", queued, f"{cid}#%") == 3
+    deadline = time.monotonic() + 30  # node timeout 3 s + expiry 2 s + sweeps
+    while _rows(fault_mesh, "queues.db", queued, f"{cid}#%"):
+        assert time.monotonic() < deadline, "the dead node's session never expired"
+        time.sleep(0.2)
+    assert (
+        _rows(fault_mesh, "sessions.db", "SELECT count(*) FROM sessions WHERE client_id=?", cid)
+        == 0
+    )
+    raw.close()
+    fault_mesh.restart("connection-1")

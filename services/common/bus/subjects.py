@@ -9,6 +9,8 @@ from __future__ import annotations
 from services.common.topics.subject import escape_token, filter_to_subjects, topic_to_subject
 
 EVENTS_STREAM = "EVENTS"
+NODE_HEARTBEATS = "hb.node.*"
+NODE_HELLOS = "hello.node.*"
 EVENTS_WILDCARD = "ev.>"
 
 
@@ -20,6 +22,16 @@ def node_control(node_id: str) -> str:
 def event(tenant: str, event_type: str) -> str:
     """`ev.<tenant>.<type>` on the EVENTS stream."""
     return f"ev.{escape_token(tenant)}.{event_type}"
+
+
+def node_heartbeat(node_id: str) -> str:
+    """A connection node says it is alive (payload: its node id)."""
+    return f"hb.node.{escape_token(node_id)}"
+
+
+def node_hello(node_id: str) -> str:
+    """A connection node started (payload: its node id); what it held before is gone."""
+    return f"hello.node.{escape_token(node_id)}"
 
 
 def queue_notice(tenant: str, queue_id: str) -> str:
@@ -38,6 +50,8 @@ __all__ = [
     "event",
     "filter_to_subjects",
     "node_control",
+    "node_heartbeat",
+    "node_hello",
     "queue_notice",
     "shared_group",
     "topic_to_subject",

@@ -28,9 +28,12 @@ class SqliteDb:
         self.db.execute("PRAGMA busy_timeout=10000")
         # Several services open the same file at start; switching to WAL can report BUSY
         # without waiting on the busy handler, so retry the set-up for a while.
-        for attempt in Retrying(stop=stop_after_delay(15), wait=wait_fixed(0.05),
-                                retry=retry_if_exception_type(sqlite3.OperationalError),
-                                reraise=True):
+        for attempt in Retrying(
+            stop=stop_after_delay(15),
+            wait=wait_fixed(0.05),
+            retry=retry_if_exception_type(sqlite3.OperationalError),
+            reraise=True,
+        ):
             with attempt:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=FULL")

@@ -1,0 +1,78 @@
+"""Connection-node liveness: what to do with the clients of a node that died.
+
+Nodes publish a heartbeat on `hb.node.<node_id>` every second. A node silent for
+`node_timeout_s` is declared dead: every client the registry says it held is released, and
+its persistent session is parked as disconnected at the node's last heartbeat, so session
+expiry runs even when a SIGKILLed node's clients never come back. Nodes named in the
+registry's per-node sets count as seen when this service starts, so a node that died while
+the session service was down is found too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from services.common.bus import subjects
+from services.session.registry import Registry
+from services.session.sessions import Sessions
+
+log = logging.getLogger("starling.session.liveness")
+
+
+class NodeLiveness:
+    def __init__(self, registry: Registry, sessions: Sessions, timeout_s: float) -> None:
+        self._registry = registry
+        self._sessions = sessions
+        self._timeout = timeout_s
+        self.last_seen: dict[str, float] = {}  # node id -> time.monotonic()
+
+    async def start(self, nc: Any) -> None:
+        now = time.monotonic()
+        for node in await self._registry.known_nodes():
+            self.last_seen.setdefault(node, now)
+        await nc.subscribe(subjects.NODE_HEARTBEATS, cb=self._on_heartbeat)
+        await nc.subscribe(subjects.NODE_HELLOS, cb=self._on_hello)
+
+    async def _on_heartbeat(self, msg: Any) -> None:
+        self.last_seen[msg.data.decode()] = time.monotonic()
+
+    async def _on_hello(self, msg: Any) -> None:
+        """A node (re)started: whatever its previous life held is gone."""
+        node = msg.data.decode()
+        await self.release_node(node, int(time.time() * 1000))
+        self.last_seen[node] = time.monotonic()
+
+    async def check(self) -> list[str]:
+        """Declare silent nodes dead and release their clients; returns the dead nodes."""
+        now = time.monotonic()
+        dead = [n for n, seen in self.last_seen.items() if now - seen > self._timeout]
+        for node in dead:
+            died_at_ms = int((time.time() - (now - self.last_seen[node])) * 1000)
+            del self.last_seen[node]
+            await self.release_node(node, died_at_ms)
+        return dead
+
+    async def release_node(self, node: str, died_at_ms: int) -> int:
+        released = 0
+        for tenant, client_id in await self._registry.held_by(node):
+            holder = await self._registry.get(tenant, client_id)
+            if holder is None or holder.node_id != node:
+                continue  # reconnected elsewhere meanwhile
+            if await self._registry.release(tenant, client_id, holder.epoch):
+                await self._sessions.park(tenant, client_id, died_at_ms)
+                released += 1
+        await self._registry.drop_node(node)
+        if released:
+            log.warning("node_down", extra={"node": node, "released_clients": released})
+        return released
+
+    async def run(self, period_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self.check()
+            except Exception:  # keep watching; one failed pass must not stop it
+                log.exception("liveness_check_failed")
