@@ -1,12 +1,43 @@
-"""Free-port picking for local meshes (bind to port 0, read it back, release)."""
+"""Free-port picking for local meshes.
+
+Ports come from below the kernel's ephemeral range (net.ipv4.ip_local_port_range), which
+outgoing connections use for their source ports: a port handed out by the kernel for
+`bind(0)` could otherwise be taken by some component's outgoing connection before the child
+process that should listen on it binds it. Each candidate is test-bound before it is
+handed out, and never handed out twice by one process.
+"""
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    high = min(_ephemeral_low(), 32768) - 1
+    low = 10000 if high > 12000 else 1024
+    for _ in range(200):
+        port = random.randint(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # fall back to the kernel
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

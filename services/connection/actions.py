@@ -48,6 +48,7 @@ class SubscribeRequest:
     packet_id: int
     subscriptions: tuple[tuple[Subscription, int | None], ...]  # (options, subscription id)
     reason_codes: tuple[int, ...]  # final codes, slots of refused filters already filled
+    fresh: tuple[bool, ...] = ()  # per subscription: it did not exist before (retain handling 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -454,7 +454,8 @@ class Channel:
                 continue
             codes.append(s.qos)
             accepted.append((s, sub_id))
-        self.actions.append(SubscribeRequest(p.packet_id, tuple(accepted), tuple(codes)))
+        fresh = tuple(s.filter not in self.subscriptions for s, _ in accepted)
+        self.actions.append(SubscribeRequest(p.packet_id, tuple(accepted), tuple(codes), fresh))
 
     def on_subscribed(self, request: SubscribeRequest) -> None:
         if self.state is not State.CONNECTED:

@@ -53,7 +53,7 @@ from services.connection.actions import (
     message_properties,
 )
 from services.connection.channel import Channel, ChannelConfig, State, requested_session_expiry
-from services.connection.envelope import add_to_batch, from_envelope
+from services.connection.envelope import add_to_batch, from_envelope, to_envelope
 from services.connection.persistence import PersistentDelivery, QueuePort, queue_id
 from services.connection.routing import RoutingPipeline
 from services.connection.subscriptions import (
@@ -102,6 +102,15 @@ class SubscriptionPort(Protocol):
 
     async def route(self, messages: list[RoutedMessage]) -> list[int]: ...
 
+    async def get_retained(
+        self,
+        tenant: str,
+        topic_filter: str,
+        queue_id: str = "",
+        qos: int = 0,
+        subscription_identifier: int = 0,
+    ) -> list[RoutedMessage]: ...
+
 
 class SessionPort(Protocol):
     async def connect(self, request: session_pb2.ConnectRequest) -> session_pb2.ConnectResponse: ...
@@ -124,6 +133,7 @@ INBOUND_HIGH_BYTES = 1 << 20  # mesh data received but not yet delivered
 INBOUND_LOW_BYTES = 256 << 10
 CHECK_EVERY = 256
 MAX_BATCH = 64  # messages per NATS message
+DELAYED_PREFIX = "$delayed/"
 FLUSH_EVERY = 1000  # messages between PING/PONG barriers under load
 
 
@@ -322,10 +332,12 @@ class Node:
 
     # ---- publishing into the mesh -------------------------------------------------------
 
-    def _routed(self, conn: Conn | None, pid: int) -> None:
-        """The router stored a QoS>=1 publish: the publisher gets its PUBACK/PUBREC now."""
+    def _routed(self, conn: Conn | None, pid: int, result: int) -> None:
+        """The router stored a QoS>=1 publish: the publisher gets its PUBACK/PUBREC now
+        (0x97 on MQTT 5 when the tenant's retained-message cap refused its retained part)."""
         if conn is not None and pid and not conn.closed:
-            conn.channel.ack_publish(pid)
+            quota = result == router_pb2.ROUTE_RESULT_QUOTA_EXCEEDED and conn.channel.level == 5
+            conn.channel.ack_publish(pid, RC.QUOTA_EXCEEDED if quota else 0)
             self._mark_dirty(conn)
 
     def _routing_gave_up(self, conn: Conn | None) -> None:
@@ -348,6 +360,12 @@ class Node:
         matches: list[tuple[Conn, SubEntry]] = []
         for msg in msgs:
             counters.messages_in += 1
+            if msg.topic.startswith(DELAYED_PREFIX) and self.routing is not None:
+                # Delayed publish: only the router sees it now; it publishes when due.
+                self.routing.submit(
+                    conn, msg.packet_id, to_envelope(msg, node_id, prefix + str(next(ids)))
+                )
+                continue
             subject = topic_to_subject(msg.tenant, msg.topic)
             if queue and queue[-1][0] == subject and len(queue[-1][1].messages) < MAX_BATCH:
                 batch = queue[-1][1]
@@ -379,8 +397,9 @@ class Node:
                         self._deliver_traced(msg, matches, msg.publisher)
                     else:
                         self._deliver(msg, matches, msg.publisher)
-            if msg.qos and self.routing is not None:
-                # Persistent sessions: stored before the publisher is acknowledged.
+            if (msg.qos or msg.retain) and self.routing is not None:
+                # Persistent sessions (and retained messages): stored before the publisher
+                # is acknowledged.
                 self.routing.submit(conn, msg.packet_id, env)
         self._queued += len(msgs)
         self._pub_wake.set()
@@ -623,8 +642,39 @@ class Node:
             if answer:
                 conn.channel.on_subscribed(final)
                 self._mark_dirty(conn)
+                await self._send_retained(conn, final)
 
         self._ctl_queue.put_nowait(op)
+
+    async def _send_retained(self, conn: Conn, req: SubscribeRequest) -> None:
+        """Retained messages for new subscriptions, after the SUBACK, by retain handling:
+        0 always, 1 only for a subscription that did not exist, 2 never; none for shared
+        subscriptions. A persistent session gets them through its queue."""
+        if self.router is None or conn.closed:
+            return
+        ch = conn.channel
+        fresh = req.fresh or (True,) * len(req.subscriptions)
+        for (s, sub_id), is_new in zip(req.subscriptions, fresh, strict=True):
+            if parse_shared(s.filter) is not None or s.retain_handling == 2:
+                continue
+            if s.retain_handling == 1 and not is_new:
+                continue
+            try:
+                if conn.persistent is not None:
+                    await self.router.get_retained(
+                        ch.tenant, s.filter, conn.persistent.queue_id, s.qos, sub_id or 0
+                    )
+                    continue
+                found = await self.router.get_retained(ch.tenant, s.filter)
+            except Exception as exc:
+                log.warning("retained_lookup_failed", extra={"error": type(exc).__name__})
+                continue
+            now = time.time()
+            ids = (sub_id,) if sub_id else ()
+            for env in found:
+                m = from_envelope(env)
+                ch.deliver(m, min(m.qos, s.qos), True, ids, now)  # [MQTT-3.3.1-8]
+            self._mark_dirty(conn)
 
     async def _persist_subscriptions(self, conn: Conn, req: SubscribeRequest) -> SubscribeRequest:
         """Store a persistent session's new subscriptions in the router before the SUBACK;

@@ -150,6 +150,10 @@ class PersistentDelivery:
                 m.published_at,
                 m.trace_context,
             )
+            if e.qos == 0:  # e.g. a retained QoS 0 message for this session
+                ob.deliver(msg, 0, e.retain, tuple(e.subscription_identifiers), now)
+                ob.completed.append(pid)
+                continue
             if not ob.deliver_stored(
                 msg,
                 e.qos,

@@ -23,7 +23,11 @@ from starling.router.v1 import router_pb2
 log = logging.getLogger("starling.connection.routing")
 
 MAX_BATCH = 1000
-_DONE = {router_pb2.ROUTE_RESULT_STORED, router_pb2.ROUTE_RESULT_NO_MATCH}
+_DONE = {
+    router_pb2.ROUTE_RESULT_STORED,
+    router_pb2.ROUTE_RESULT_NO_MATCH,
+    router_pb2.ROUTE_RESULT_QUOTA_EXCEEDED,
+}
 
 
 class RouterPort(Protocol):
@@ -38,7 +42,7 @@ class RoutingPipeline:
     def __init__(
         self,
         router: RouterPort,
-        on_done: Callable[[Any, int], None],
+        on_done: Callable[[Any, int, int], None],
         on_give_up: Callable[[Any], None],
         give_up_s: float = 30.0,
     ) -> None:
@@ -81,7 +85,7 @@ class RoutingPipeline:
             retry = []
             for item, result in zip(pending, results, strict=True):
                 if result in _DONE:
-                    self._on_done(item[0], item[1])
+                    self._on_done(item[0], item[1], result)
                 else:
                     retry.append(item)
             pending = retry

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 
 import grpc
 
@@ -11,12 +13,14 @@ from services.common.store.ports import SessionStore, SubscriptionRecord
 from services.queue.client import QueueClient
 from services.queue.core import queue_id
 from services.router.core import RouteTable
+from services.router.publishing import Publisher
+from services.router.retained import RetainedIndex
+from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
 
 log = logging.getLogger("starling.router")
-_OK = {queue_pb2.APPEND_RESULT_OK, queue_pb2.APPEND_RESULT_QUEUE_FULL}
 
 
 def _record(
@@ -42,49 +46,60 @@ def _check_session(tenant: str, client_id: str, incarnation: int) -> None:
 
 class RouterApi(pb_grpc.RouterServiceServicer):
     def __init__(
-        self, table: RouteTable, store: SessionStore, queues: QueueClient, queue_qos0: bool
+        self,
+        table: RouteTable,
+        store: SessionStore,
+        queues: QueueClient,
+        publisher: Publisher,
+        retained: RetainedIndex,
     ) -> None:
         self._table = table
         self._store = store
         self._queues = queues
-        self._qos0 = queue_qos0
+        self._publisher = publisher
+        self._retained = retained
 
     async def RoutePersistent(
         self, request: pb.RoutePersistentRequest, context: grpc.aio.ServicerContext
     ) -> pb.RoutePersistentResponse:
-        results = [pb.ROUTE_RESULT_NO_MATCH] * len(request.messages)
-        by_tenant: dict[str, tuple[list[queue_pb2.NewEntry], list[int]]] = {}
         for i, m in enumerate(request.messages):
             if not m.message_id:
                 raise InvalidArgumentError(f"messages[{i}].message_id is required")
-            for t in self._table.targets(
-                m.tenant, m.topic, m.qos, m.retain, m.publisher.client_id, self._qos0
-            ):
-                entries, owners = by_tenant.setdefault(m.tenant, ([], []))
-                entries.append(
-                    queue_pb2.NewEntry(
-                        queue_id=queue_id(t.client_id, t.incarnation),
-                        message=m,
-                        qos=t.qos,
-                        retain=t.retain,
-                        subscription_identifiers=t.subscription_ids,
-                    )
-                )
-                owners.append(i)
-        queues = 0
-        for tenant, (entries, owners) in by_tenant.items():
-            try:
-                outcomes = await self._queues.append(tenant, entries)
-            except grpc.aio.AioRpcError as exc:
-                log.warning("queue_append_failed", extra={"code": exc.code().name})
-                outcomes = [queue_pb2.APPEND_RESULT_UNSPECIFIED] * len(entries)
-            for i, outcome in zip(owners, outcomes, strict=True):
-                if outcome not in _OK:
-                    results[i] = pb.ROUTE_RESULT_TRY_LATER
-                elif results[i] != pb.ROUTE_RESULT_TRY_LATER:
-                    results[i] = pb.ROUTE_RESULT_STORED
-            queues += len(entries)
+        results, queues = await self._publisher.accept(list(request.messages))
         return pb.RoutePersistentResponse(results=results, queues=queues)
+
+    async def GetRetained(
+        self, request: pb.GetRetainedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetRetainedResponse:
+        if not request.tenant or not request.topic_filter:
+            raise InvalidArgumentError("tenant and topic_filter are required")
+        found, examined = self._retained.match(
+            request.tenant, request.topic_filter, int(time.time() * 1000)
+        )
+        messages = []
+        for _topic, value in found:
+            m = RoutedMessage.FromString(value.data)
+            m.retain = True
+            messages.append(m)
+        if not request.queue_id:
+            return pb.GetRetainedResponse(messages=messages, examined=examined)
+        entries = [
+            queue_pb2.NewEntry(
+                queue_id=request.queue_id,
+                message=m,
+                qos=min(m.qos, request.qos),
+                retain=True,
+                subscription_identifiers=(
+                    [request.subscription_identifier] if request.subscription_identifier else []
+                ),
+            )
+            for m in messages
+        ]
+        for e in entries:  # a retained copy per subscription: its own message id
+            e.message.message_id = f"{e.message.message_id}/r{uuid.uuid4().hex[:12]}"
+        if entries:
+            await self._queues.append(request.tenant, entries)
+        return pb.GetRetainedResponse(examined=examined)
 
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
@@ -136,3 +151,6 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         await self._store.drop_subscriptions(request.tenant, request.client_id, request.incarnation)
         self._table.drop(request.tenant, request.client_id, request.incarnation)
         return pb.DropSessionResponse()
+
+
+__all__ = ["RouterApi", "queue_id"]

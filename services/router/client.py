@@ -45,5 +45,25 @@ class RouterClient:
             timeout=self._timeout,
         )
 
+    async def get_retained(
+        self,
+        tenant: str,
+        topic_filter: str,
+        queue_id: str = "",
+        qos: int = 0,
+        subscription_identifier: int = 0,
+    ) -> list[RoutedMessage]:
+        resp = await self._lazy.stub.GetRetained(
+            pb.GetRetainedRequest(
+                tenant=tenant,
+                topic_filter=topic_filter,
+                queue_id=queue_id,
+                qos=qos,
+                subscription_identifier=subscription_identifier,
+            ),
+            timeout=self._timeout,
+        )
+        return list(resp.messages)
+
     async def close(self) -> None:
         await self._lazy.close()

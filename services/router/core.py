@@ -46,6 +46,16 @@ class RouteTable:
         for f in self._filters.pop((tenant, client_id, incarnation), set()):
             self.remove(tenant, client_id, incarnation, f)
 
+    def routes(self, tenant: str) -> dict[str, list[str]]:
+        """Persistent filters of a tenant and the sessions (client#incarnation) behind them."""
+        out: dict[str, list[str]] = {}
+        for (t, client_id, incarnation), filters in self._filters.items():
+            if t != tenant:
+                continue
+            for f in filters:
+                out.setdefault(f, []).append(f"{client_id}#{incarnation}")
+        return out
+
     def subscriptions(
         self, tenant: str, client_id: str, incarnation: int
     ) -> list[SubscriptionRecord]:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
 import grpc
 
+from services.common.bus.client import LateClient, connect
 from services.common.runtime import run_service
-from services.common.store.open import open_session_store
+from services.common.store.open import open_router_store, open_session_store
 from services.queue.client import QueueClient
+from services.router.admin import RouterAdminApi
 from services.router.api import RouterApi
 from services.router.config import RouterSettings
 from services.router.core import RouteTable
+from services.router.publishing import Publisher
+from services.router.retained import RetainedIndex
+from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
 
 log = logging.getLogger("starling.router")
@@ -22,23 +28,51 @@ class RouterService:
     def __init__(self, settings: RouterSettings) -> None:
         self._s = settings
         self._store = open_session_store(settings)
+        self._router_store = open_router_store(settings)
         self._table = RouteTable()
+        self._retained = RetainedIndex()
         self._queues = QueueClient(settings.queue_addr)
+        self._nats = LateClient()
+        self._publisher = Publisher(
+            self._table,
+            self._queues,
+            self._retained,
+            self._router_store,
+            self._nats,
+            settings.max_retained_per_tenant,
+            settings.queue_qos0_offline,
+        )
+        self._scheduler: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_RouterServiceServicer_to_server(
-            RouterApi(self._table, self._store, self._queues, self._s.queue_qos0_offline), server
+            RouterApi(self._table, self._store, self._queues, self._publisher, self._retained),
+            server,
         )
-        return ["starling.router.v1.RouterService"]
+        pb_grpc.add_RouterAdminServiceServicer_to_server(
+            RouterAdminApi(self._table, self._retained, self._publisher, self._router_store), server
+        )
+        return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
+        self._nats.nc = await connect(self._s.nats_url, self._s.node_id)
         for rec in await self._store.all_subscriptions():
             self._table.add(rec)
-        log.info("route_table_loaded", extra={"subscriptions": len(self._table)})
+        await self._publisher.load()
+        log.info(
+            "route_table_loaded",
+            extra={"subscriptions": len(self._table), "delayed": len(self._publisher.schedule)},
+        )
+        self._scheduler = asyncio.create_task(self._publisher.run_scheduler())
 
     async def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+        if self._nats.nc is not None:
+            await self._nats.nc.drain()
         await self._queues.close()
         await self._store.close()
+        await self._router_store.close()
 
 
 def main() -> int:

@@ -231,3 +231,32 @@ def test_session_of_a_dead_node_still_expires(fault_mesh: Launcher) -> None:
     )
     raw.close()
     fault_mesh.restart("connection-1")
+
+
+def test_delayed_publish_survives_a_restart_of_every_service(fault_mesh: Launcher) -> None:
+    topic = f"delay/{uuid.uuid4().hex[:6]}"
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+    c.connect("127.0.0.1", port(fault_mesh, 0))
+    c.loop_start()
+    sent = time.monotonic()
+    c.publish(f"$delayed/10/{topic}", "survivor", 1).wait_for_publish(10)
+    c.disconnect()
+    c.loop_stop()
+    for name in ("router", "queue", "session", "rules", "quota", "metrics"):
+        fault_mesh.restart(name)
+    for name in ("connection-0", "connection-1"):
+        fault_mesh.restart(name)
+    got: list[tuple[bytes, float]] = []
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+    sub.on_message = lambda cl, u, m: got.append((m.payload, time.monotonic() - sent))
+    sub.connect("127.0.0.1", port(fault_mesh, 1))
+    sub.loop_start()
+    sub.subscribe(topic, 1)
+    assert time.monotonic() - sent < 9, "restarts took too long for this test's delay"
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sub.disconnect()
+    sub.loop_stop()
+    assert [p for p, _ in got] == [b"survivor"]
+    assert 10.0 <= got[0][1] <= 11.5  # within a second of its due time

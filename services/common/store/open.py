@@ -4,7 +4,7 @@ otherwise the embedded SQLite files under `data_dir`."""
 from __future__ import annotations
 
 from services.common.config import ServiceSettings
-from services.common.store.ports import AuthStore, QueueStore, SessionStore
+from services.common.store.ports import AuthStore, QueueStore, RouterStore, SessionStore
 
 
 def _cassandra_args(s: ServiceSettings) -> dict[str, object]:
@@ -44,3 +44,13 @@ def open_queue_store(s: ServiceSettings) -> QueueStore:
     from services.common.store.sqlite_queue import SqliteQueueStore
 
     return SqliteQueueStore(s.data_dir / "queues.db")
+
+
+def open_router_store(s: ServiceSettings) -> RouterStore:
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra_router import CassandraRouterStore
+
+        return CassandraRouterStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite_router import SqliteRouterStore
+
+    return SqliteRouterStore(s.data_dir / "router.db")

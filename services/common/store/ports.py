@@ -155,3 +155,37 @@ class QueueStore(Protocol):
     async def state(self, tenant: str, queue_id: str) -> QueueState: ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedRecord:
+    tenant: str
+    topic: str
+    data: bytes  # serialized starling.common.v1.RoutedMessage
+    expires_at_ms: int = 0  # 0: never
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedRecord:
+    id: str
+    tenant: str
+    due_ms: int
+    data: bytes  # serialized RoutedMessage, topic already without the $delayed prefix
+
+
+class RouterStore(Protocol):
+    """Retained messages and delayed publishes (owned by the router)."""
+
+    async def put_retained(self, rec: RetainedRecord) -> None: ...
+
+    async def delete_retained(self, tenant: str, topic: str) -> bool: ...
+
+    async def all_retained(self) -> list[RetainedRecord]: ...
+
+    async def put_delayed(self, rec: DelayedRecord) -> None: ...
+
+    async def delete_delayed(self, tenant: str, id: str) -> bool: ...
+
+    async def all_delayed(self) -> list[DelayedRecord]: ...
+
+    async def close(self) -> None: ...

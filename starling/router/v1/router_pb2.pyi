@@ -42,6 +42,62 @@ ROUTE_RESULT_QUOTA_EXCEEDED: RouteResult.ValueType  # 4
 Global___RouteResult: _TypeAlias = RouteResult  # noqa: Y015
 
 @_typing.final
+class GetRetainedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    TOPIC_FILTER_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_IDENTIFIER_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    topic_filter: _builtins.str
+    queue_id: _builtins.str
+    """Persistent session: append to this queue at min(message QoS, qos)."""
+    qos: _builtins.int
+    subscription_identifier: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        topic_filter: _builtins.str = ...,
+        queue_id: _builtins.str = ...,
+        qos: _builtins.int = ...,
+        subscription_identifier: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["qos", b"qos", "queue_id", b"queue_id", "subscription_identifier", b"subscription_identifier", "tenant", b"tenant", "topic_filter", b"topic_filter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRetainedRequest: _TypeAlias = GetRetainedRequest  # noqa: Y015
+
+@_typing.final
+class GetRetainedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    EXAMINED_FIELD_NUMBER: _builtins.int
+    examined: _builtins.int
+    """Index nodes examined to answer (cost of the lookup; not the number stored)."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.RoutedMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[_message_pb2.RoutedMessage] | None = ...,
+        examined: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["examined", b"examined", "messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRetainedResponse: _TypeAlias = GetRetainedResponse  # noqa: Y015
+
+@_typing.final
 class RoutePersistentRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -305,7 +361,9 @@ class Route(_message.Message):
     topic_filter: _builtins.str
     persistent: _builtins.bool
     @_builtins.property
-    def node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Nodes for transient routes; for persistent routes, the sessions (client id#incarnation)."""
+
     def __init__(
         self,
         *,
@@ -390,16 +448,23 @@ class ListRetainedResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
+    EXAMINED_FIELD_NUMBER: _builtins.int
+    STORED_FIELD_NUMBER: _builtins.int
+    examined: _builtins.int
+    stored: _builtins.int
+    """Retained messages stored for the tenant."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.RoutedMessage]: ...
     def __init__(
         self,
         *,
         messages: _abc.Iterable[_message_pb2.RoutedMessage] | None = ...,
+        examined: _builtins.int = ...,
+        stored: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["examined", b"examined", "messages", b"messages", "stored", b"stored"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

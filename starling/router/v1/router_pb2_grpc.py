@@ -60,6 +60,11 @@ class RouterServiceStub:
                 request_serializer=starling_dot_router_dot_v1_dot_router__pb2.DropSessionRequest.SerializeToString,
                 response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.DropSessionResponse.FromString,
                 _registered_method=True)
+        self.GetRetained = channel.unary_unary(
+                '/starling.router.v1.RouterService/GetRetained',
+                request_serializer=starling_dot_router_dot_v1_dot_router__pb2.GetRetainedRequest.SerializeToString,
+                response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.GetRetainedResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServiceServicer:
@@ -100,6 +105,14 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRetained(self, request, context):
+        """Retained messages matching a new subscription. With queue_id set (a persistent
+        session), they are appended to that queue instead of returned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +140,11 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.DropSession,
                     request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.DropSessionRequest.FromString,
                     response_serializer=starling_dot_router_dot_v1_dot_router__pb2.DropSessionResponse.SerializeToString,
+            ),
+            'GetRetained': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRetained,
+                    request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.GetRetainedRequest.FromString,
+                    response_serializer=starling_dot_router_dot_v1_dot_router__pb2.GetRetainedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +283,33 @@ class RouterService:
             '/starling.router.v1.RouterService/DropSession',
             starling_dot_router_dot_v1_dot_router__pb2.DropSessionRequest.SerializeToString,
             starling_dot_router_dot_v1_dot_router__pb2.DropSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRetained(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.router.v1.RouterService/GetRetained',
+            starling_dot_router_dot_v1_dot_router__pb2.GetRetainedRequest.SerializeToString,
+            starling_dot_router_dot_v1_dot_router__pb2.GetRetainedResponse.FromString,
             options,
             channel_credentials,
             insecure,

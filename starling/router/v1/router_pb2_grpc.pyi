@@ -43,6 +43,10 @@ class RouterServiceStub:
     ListSubscriptions: _grpc.UnaryUnaryMultiCallable[_router_pb2.ListSubscriptionsRequest, _router_pb2.ListSubscriptionsResponse]
     DropSession: _grpc.UnaryUnaryMultiCallable[_router_pb2.DropSessionRequest, _router_pb2.DropSessionResponse]
     """Forget every subscription of one session incarnation (session ended or expired)."""
+    GetRetained: _grpc.UnaryUnaryMultiCallable[_router_pb2.GetRetainedRequest, _router_pb2.GetRetainedResponse]
+    """Retained messages matching a new subscription. With queue_id set (a persistent
+    session), they are appended to that queue instead of returned.
+    """
 
 @_typing.type_check_only
 class RouterServiceAsyncStub(RouterServiceStub):
@@ -59,6 +63,10 @@ class RouterServiceAsyncStub(RouterServiceStub):
     ListSubscriptions: _aio.UnaryUnaryMultiCallable[_router_pb2.ListSubscriptionsRequest, _router_pb2.ListSubscriptionsResponse]  # type: ignore[assignment]
     DropSession: _aio.UnaryUnaryMultiCallable[_router_pb2.DropSessionRequest, _router_pb2.DropSessionResponse]  # type: ignore[assignment]
     """Forget every subscription of one session incarnation (session ended or expired)."""
+    GetRetained: _aio.UnaryUnaryMultiCallable[_router_pb2.GetRetainedRequest, _router_pb2.GetRetainedResponse]  # type: ignore[assignment]
+    """Retained messages matching a new subscription. With queue_id set (a persistent
+    session), they are appended to that queue instead of returned.
+    """
 
 class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal: persistent routing of QoS>=1 publishes (grows with the persistence issue)."""
@@ -102,6 +110,16 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_router_pb2.DropSessionResponse, _abc.Awaitable[_router_pb2.DropSessionResponse]]:
         """Forget every subscription of one session incarnation (session ended or expired)."""
+
+    @_abc_1.abstractmethod
+    def GetRetained(
+        self,
+        request: _router_pb2.GetRetainedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.GetRetainedResponse, _abc.Awaitable[_router_pb2.GetRetainedResponse]]:
+        """Retained messages matching a new subscription. With queue_id set (a persistent
+        session), they are appended to that queue instead of returned.
+        """
 
 def add_RouterServiceServicer_to_server(servicer: RouterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -1,0 +1,199 @@
+"""What the router does with a publish: delayed ones wait, retained ones are stored, QoS>=1
+ones go to every matching persistent session's queue. Also the delayed-publish scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import grpc
+
+from services.common.bus import subjects
+from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
+from services.common.topics import topic_to_subject
+from services.queue.client import QueueClient
+from services.queue.core import queue_id
+from services.router.core import RouteTable
+from services.router.delayed import DelayedTopic, Schedule, parse_delayed
+from services.router.retained import Retained, RetainedIndex
+from starling.common.v1 import event_pb2
+from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
+from starling.queue.v1 import queue_pb2
+from starling.router.v1 import router_pb2 as pb
+
+log = logging.getLogger("starling.router")
+_OK = {queue_pb2.APPEND_RESULT_OK, queue_pb2.APPEND_RESULT_QUEUE_FULL}
+
+
+def _expires_at_ms(m: RoutedMessage) -> int:
+    if m.properties.HasField("message_expiry_interval_s"):
+        return m.published_at_ms + m.properties.message_expiry_interval_s * 1000
+    return 0
+
+
+class Publisher:
+    def __init__(
+        self,
+        table: RouteTable,
+        queues: QueueClient,
+        retained: RetainedIndex,
+        store: RouterStore,
+        nats: Any,
+        max_retained: int,
+        queue_qos0: bool,
+    ) -> None:
+        self._table = table
+        self._queues = queues
+        self._retained = retained
+        self._store = store
+        self._nats = nats
+        self._max_retained = max_retained
+        self._qos0 = queue_qos0
+        self.schedule = Schedule()
+        self.delayed: dict[tuple[str, str], DelayedRecord] = {}
+        self._wake = asyncio.Event()
+
+    async def load(self) -> None:
+        for r in await self._store.all_retained():
+            self._retained.put(r.tenant, r.topic, Retained(r.data, r.expires_at_ms))
+        for d in await self._store.all_delayed():
+            self.delayed[(d.tenant, d.id)] = d
+            self.schedule.add(d.due_ms, d.tenant, d.id)
+
+    async def accept(self, messages: list[RoutedMessage]) -> tuple[list[int], int]:
+        """Handle publishes from a node; one RouteResult per message, and queues touched."""
+        results = [pb.ROUTE_RESULT_NO_MATCH] * len(messages)
+        to_route: list[tuple[int, RoutedMessage]] = []
+        for i, m in enumerate(messages):
+            delayed = parse_delayed(m.topic)
+            if delayed is not None:
+                await self._delay(m, delayed)
+                results[i] = pb.ROUTE_RESULT_STORED
+                continue
+            if m.retain and not await self._retain(m):
+                results[i] = pb.ROUTE_RESULT_QUOTA_EXCEEDED
+            to_route.append((i, m))
+        queues = await self._route(to_route, results)
+        return results, queues
+
+    async def _route(self, items: list[tuple[int, RoutedMessage]], results: list[int]) -> int:
+        by_tenant: dict[str, tuple[list[queue_pb2.NewEntry], list[int]]] = {}
+        for i, m in items:
+            for t in self._table.targets(
+                m.tenant, m.topic, m.qos, m.retain, m.publisher.client_id, self._qos0
+            ):
+                entries, owners = by_tenant.setdefault(m.tenant, ([], []))
+                entries.append(
+                    queue_pb2.NewEntry(
+                        queue_id=queue_id(t.client_id, t.incarnation),
+                        message=m,
+                        qos=t.qos,
+                        retain=t.retain,
+                        subscription_identifiers=t.subscription_ids,
+                    )
+                )
+                owners.append(i)
+        queues = 0
+        for tenant, (entries, owners) in by_tenant.items():
+            try:
+                outcomes = await self._queues.append(tenant, entries)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("queue_append_failed", extra={"code": exc.code().name})
+                outcomes = [queue_pb2.APPEND_RESULT_UNSPECIFIED] * len(entries)
+            for i, outcome in zip(owners, outcomes, strict=True):
+                if outcome not in _OK:
+                    results[i] = pb.ROUTE_RESULT_TRY_LATER
+                elif results[i] == pb.ROUTE_RESULT_NO_MATCH:
+                    results[i] = pb.ROUTE_RESULT_STORED
+            queues += len(entries)
+        return queues
+
+    async def _retain(self, m: RoutedMessage) -> bool:
+        """Store (or, for an empty payload, delete [MQTT-3.3.1-10]) the retained message."""
+        if not m.payload:
+            self._retained.delete(m.tenant, m.topic)
+            await self._store.delete_retained(m.tenant, m.topic)
+            return True
+        if (
+            self._max_retained
+            and not self._retained.has(m.tenant, m.topic)
+            and self._retained.count(m.tenant) >= self._max_retained
+        ):
+            await self._quota_event(m.tenant, "retained_messages")
+            return False
+        stored = RoutedMessage()
+        stored.CopyFrom(m)
+        data = stored.SerializeToString()
+        await self._store.put_retained(RetainedRecord(m.tenant, m.topic, data, _expires_at_ms(m)))
+        self._retained.put(m.tenant, m.topic, Retained(data, _expires_at_ms(m)))
+        return True
+
+    async def _quota_event(self, tenant: str, limit: str) -> None:
+        ev = event_pb2.Event(
+            tenant=tenant,
+            type=event_pb2.EVENT_TYPE_QUOTA_EXCEEDED,
+            ts_ms=int(time.time() * 1000),
+            quota_exceeded=event_pb2.QuotaExceeded(limit=limit),
+        )
+        try:
+            await self._nats.publish(
+                subjects.event(tenant, "quota_exceeded"), ev.SerializeToString()
+            )
+        except Exception:  # events are best effort; the refusal itself is what matters
+            log.warning("event_publish_failed")
+
+    async def _delay(self, m: RoutedMessage, d: DelayedTopic) -> None:
+        inner = RoutedMessage()
+        inner.CopyFrom(m)
+        inner.topic = d.topic
+        due = int(time.time() * 1000) + d.seconds * 1000
+        rec = DelayedRecord(m.message_id, m.tenant, due, inner.SerializeToString())
+        await self._store.put_delayed(rec)
+        self.delayed[(rec.tenant, rec.id)] = rec
+        self.schedule.add(due, rec.tenant, rec.id)
+        self._wake.set()
+
+    async def cancel(self, tenant: str, id: str) -> bool:
+        rec = self.delayed.pop((tenant, id), None)
+        if rec is None:
+            return False
+        self.schedule.cancel(tenant, id)
+        await self._store.delete_delayed(tenant, id)
+        return True
+
+    async def run_scheduler(self) -> None:
+        """Publish delayed messages when due (checked at least every 200 ms)."""
+        while True:
+            now = int(time.time() * 1000)
+            nxt = self.schedule.next_due_ms()
+            wait = 0.2 if nxt is None else max(0.0, min(0.2, (nxt - now) / 1000))
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)
+            except TimeoutError:
+                pass
+            for tenant, id in self.schedule.pop_due(int(time.time() * 1000)):
+                rec = self.delayed.get((tenant, id))
+                if rec is None:
+                    continue
+                try:
+                    await self._publish_due(rec)
+                except Exception:  # keep it scheduled: try again shortly
+                    log.exception("delayed_publish_failed", extra={"id": id})
+                    self.schedule.add(int(time.time() * 1000) + 1000, tenant, id)
+                    continue
+                self.delayed.pop((tenant, id), None)
+                await self._store.delete_delayed(tenant, id)
+
+    async def _publish_due(self, rec: DelayedRecord) -> None:
+        m = RoutedMessage.FromString(rec.data)
+        m.published_at_ms = int(time.time() * 1000)
+        batch = RoutedBatch()
+        batch.messages.append(m)
+        await self._nats.publish(topic_to_subject(m.tenant, m.topic), batch.SerializeToString())
+        results, _ = await self.accept([m])
+        if pb.ROUTE_RESULT_TRY_LATER in results:
+            raise RuntimeError("persistent queues unavailable")

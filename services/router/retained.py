@@ -1,0 +1,122 @@
+"""Retained messages in memory: one trie of topic names per tenant.
+
+Theory of operation: where the subscription trie stores filters and is walked by a topic,
+this index stores topics and is walked by a filter. A literal level follows one child, `+`
+fans out over the children of one level, `#` takes the whole subtree (and the parent level,
+[MQTT-4.7.1-2]); wildcards at the first level skip topics starting with `$` [MQTT-4.7.2-1].
+So a SUBSCRIBE costs what it matches, not what is stored; `match` reports how many trie
+nodes it examined, which the admin API exposes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Retained:
+    data: bytes  # serialized RoutedMessage
+    expires_at_ms: int  # 0: never
+
+
+@dataclass(slots=True)
+class _Node:
+    children: dict[str, _Node] = field(default_factory=dict)
+    value: Retained | None = None
+
+
+class RetainedIndex:
+    def __init__(self) -> None:
+        self._roots: dict[str, _Node] = {}
+        self._counts: dict[str, int] = {}
+
+    def count(self, tenant: str) -> int:
+        return self._counts.get(tenant, 0)
+
+    def has(self, tenant: str, topic: str) -> bool:
+        node = self._find(tenant, topic)
+        return node is not None and node.value is not None
+
+    def _find(self, tenant: str, topic: str) -> _Node | None:
+        node = self._roots.get(tenant)
+        for level in topic.split("/"):
+            if node is None:
+                return None
+            node = node.children.get(level)
+        return node
+
+    def put(self, tenant: str, topic: str, value: Retained) -> None:
+        node = self._roots.setdefault(tenant, _Node())
+        for level in topic.split("/"):
+            node = node.children.setdefault(level, _Node())
+        if node.value is None:
+            self._counts[tenant] = self._counts.get(tenant, 0) + 1
+        node.value = value
+
+    def delete(self, tenant: str, topic: str) -> bool:
+        root = self._roots.get(tenant)
+        if root is None:
+            return False
+        path = [root]
+        for level in topic.split("/"):
+            nxt = path[-1].children.get(level)
+            if nxt is None:
+                return False
+            path.append(nxt)
+        if path[-1].value is None:
+            return False
+        path[-1].value = None
+        self._counts[tenant] -= 1
+        for parent, level in zip(reversed(path[:-1]), reversed(topic.split("/")), strict=True):
+            child = parent.children[level]
+            if child.value is not None or child.children:
+                break
+            del parent.children[level]
+        return True
+
+    def match(self, tenant: str, filt: str, now_ms: int) -> tuple[list[tuple[str, Retained]], int]:
+        """Unexpired (topic, value) pairs matching `filt`, and the number of nodes examined."""
+        root = self._roots.get(tenant)
+        if root is None:
+            return [], 0
+        levels = filt.split("/")
+        out: list[tuple[str, Retained]] = []
+        examined = 0
+        stack: list[tuple[_Node, int, tuple[str, ...]]] = [(root, 0, ())]
+        while stack:
+            node, i, path = stack.pop()
+            examined += 1
+            if i == len(levels):
+                self._emit(node, path, now_ms, out)
+                continue
+            level = levels[i]
+            if level == "#":
+                if i:  # `a/#` also matches `a` itself
+                    self._emit(node, path, now_ms, out)
+                sub = [
+                    (c, (*path, name))
+                    for name, c in node.children.items()
+                    if not (i == 0 and name.startswith("$"))
+                ]
+                while sub:
+                    n, p = sub.pop()
+                    examined += 1
+                    self._emit(n, p, now_ms, out)
+                    sub.extend((c, (*p, name)) for name, c in n.children.items())
+            elif level == "+":
+                for name, child in node.children.items():
+                    if not (i == 0 and name.startswith("$")):
+                        stack.append((child, i + 1, (*path, name)))
+            else:
+                child = node.children.get(level)
+                if child is not None:
+                    stack.append((child, i + 1, (*path, level)))
+        return out, examined
+
+    @staticmethod
+    def _emit(
+        node: _Node, path: tuple[str, ...], now_ms: int, out: list[tuple[str, Retained]]
+    ) -> None:
+        v = node.value
+        if v is not None and (not v.expires_at_ms or v.expires_at_ms > now_ms):
+            out.append(("/".join(path), v))
