@@ -61,6 +61,7 @@ from services.connection.subscriptions import (
     SharedGroup,
     SubEntry,
     entry_for,
+    redelivery_subject,
     should_process,
 )
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
@@ -574,31 +575,31 @@ class Node:
             self._deliver_shared(group, env)
 
     def _deliver_shared(self, group: SharedGroup[Conn], env: RoutedMessage) -> None:
+        """One member gets it: the next one, in rotation, that has free inflight credit, or
+        the one with the most if none has any, so no member is flooded while another idles
+        and every member gets a share. Shared deliveries bypass the queue of a persistent
+        member: only connected members receive."""
         members = [(c, e) for c, e in group.members.items() if c.channel.state is State.CONNECTED]
         if not members:
             return
-        # Prefer the member with the most free inflight credit; rotate among equals.
         group.turn += 1
         n = len(members)
-        best = max(
-            range(n),
-            key=lambda i: (
-                members[(i + group.turn) % n][0].channel.outbound.receive_maximum
-                - len(members[(i + group.turn) % n][0].channel.outbound.inflight),
-                -i,
-            ),
-        )
-        conn, e = members[(best + group.turn) % n]
+
+        def credit(i: int) -> int:
+            ob = members[i][0].channel.outbound
+            return ob.receive_maximum - len(ob.inflight) - len(ob.pending or ())
+
+        order = [(group.turn + k) % n for k in range(n)]
+        chosen = next((i for i in order if credit(i) > 0), None)
+        if chosen is None:
+            chosen = max(order, key=credit)
+        conn, e = members[chosen]
         message = from_envelope(env)
-        self._deliver_one(
-            conn,
-            message,
-            min(message.qos, e.qos),
-            False,
-            e.sub_ids,
-            time.time(),
-            self._counters(message.tenant),
-        )
+        qos = min(message.qos, e.qos)
+        origin = (redelivery_subject(group), env) if qos else None
+        conn.channel.outbound.deliver(message, qos, False, e.sub_ids, time.time(), origin)
+        if conn.channel.out:
+            self._mark_dirty(conn)
 
     # ---- subscriptions -------------------------------------------------------------------
 
@@ -624,18 +625,16 @@ class Node:
                     new_groups.append(g)
 
         async def op() -> None:
-            for subject in new_subjects:
-                await self._nats_subscribe(subject)
-            for g in new_groups:
-                for subject in g.subjects:
-                    key = f"{g.queue}|{subject}"
-                    self._nats_subs[key] = await self.nc_shared.subscribe(
-                        subject, queue=g.queue, cb=lambda m, g=g: self._on_shared(g, m)
-                    )
-            if new_subjects:
-                await self.nc.flush(timeout=5)
-            if new_groups:
-                await self.nc_shared.flush(timeout=5)
+            try:
+                await self._add_nats_subscriptions(new_subjects, new_groups)
+            except Exception:  # answer the client anyway: these subscriptions failed
+                log.exception("nats_subscribe_failed")
+                self._unsubscribe(conn, tuple(s.filter for s, _ in req.subscriptions))
+                if answer:
+                    codes = tuple(0x80 if c < 0x80 else c for c in req.reason_codes)
+                    conn.channel.on_subscribed(SubscribeRequest(req.packet_id, (), codes))
+                    self._mark_dirty(conn)
+                return
             final = req
             if persist and req.subscriptions:
                 final = await self._persist_subscriptions(conn, req)
@@ -675,6 +674,26 @@ class Node:
                 m = from_envelope(env)
                 ch.deliver(m, min(m.qos, s.qos), True, ids, now)  # [MQTT-3.3.1-8]
             self._mark_dirty(conn)
+
+    async def _add_nats_subscriptions(
+        self, new_subjects: list[str], new_groups: list[SharedGroup[Conn]]
+    ) -> None:
+        for subject in new_subjects:
+            await self._nats_subscribe(subject)
+        for g in new_groups:
+            # nats-py needs a coroutine function as callback (a lambda is refused).
+            async def on_shared(msg: Msg, g: SharedGroup[Conn] = g) -> None:
+                await self._on_shared(g, msg)
+
+            for subject in (*g.subjects, redelivery_subject(g)):
+                key = f"{g.queue}|{subject}"
+                self._nats_subs[key] = await self.nc_shared.subscribe(
+                    subject, queue=g.queue, cb=on_shared
+                )
+        if new_subjects:
+            await self.nc.flush(timeout=5)
+        if new_groups:
+            await self.nc_shared.flush(timeout=5)
 
     async def _persist_subscriptions(self, conn: Conn, req: SubscribeRequest) -> SubscribeRequest:
         """Store a persistent session's new subscriptions in the router before the SUBACK;
@@ -731,7 +750,7 @@ class Node:
             else:
                 g = self.subs.remove_shared(tenant, shared.group, conn, shared.filter)
                 if g is not None:
-                    gone += [f"{g.queue}|{s}" for s in g.subjects]
+                    gone += [f"{g.queue}|{s}" for s in (*g.subjects, redelivery_subject(g))]
         if gone:
 
             async def op() -> None:
@@ -881,8 +900,11 @@ class Node:
         self._throttled.discard(conn)
         ch = conn.channel
         ch.connection_lost()
+        leftovers = ch.outbound.unacked_shared()
         if ch.subscriptions:
             self._unsubscribe(conn, tuple(ch.subscriptions))
+        if leftovers:
+            self._ctl_queue.put_nowait(lambda: self._redeliver(leftovers))
         if conn.persistent is not None:
             self._spawn(conn.persistent.close())
         if not conn.registered:
@@ -919,6 +941,16 @@ class Node:
         self._spawn(
             self._release(ch.tenant, ch.client_id, ch.epoch, ch.incarnation, ch.disconnect_expiry_s)
         )
+
+    async def _redeliver(self, leftovers: list[object]) -> None:
+        """A shared-subscription member left with unacknowledged messages: hand each to
+        another member of its group (queued after this node dropped the member, so NATS
+        picks among the remaining ones)."""
+        for subject, env in leftovers:  # type: ignore[misc]
+            batch = RoutedBatch()
+            batch.messages.append(env)
+            await self.nc_shared.publish(subject, batch.SerializeToString())
+        log.info("shared_redelivered", extra={"messages": len(leftovers)})
 
     async def _release(
         self, tenant: str, client_id: str, epoch: int, incarnation: int, expiry_s: int | None

@@ -24,7 +24,9 @@ AWAIT_PUBACK = 1
 AWAIT_PUBREC = 2
 AWAIT_PUBCOMP = 3
 
-Pending = tuple[Message, int, bool, tuple[int, ...]]
+# (message, qos, retain, subscription ids, origin); origin marks shared-subscription
+# deliveries so they can be handed to another member if this client leaves unacked.
+Pending = tuple[Message, int, bool, tuple[int, ...], object]
 
 
 class Outbound:
@@ -45,6 +47,7 @@ class Outbound:
         "receive_maximum",
         "released",
         "sent",
+        "shared",
     )
 
     def __init__(
@@ -75,6 +78,8 @@ class Outbound:
         # ids the client PUBREC'd: a persistent session reports them to its queue.
         self.completed: list[int] = []
         self.released: list[int] = []
+        # packet id -> origin of an unacknowledged shared-subscription delivery
+        self.shared: dict[int, object] | None = None
 
     def deliver_stored(
         self,
@@ -108,7 +113,13 @@ class Outbound:
         return max(0, self.receive_maximum - len(self.inflight))
 
     def deliver(
-        self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
+        self,
+        msg: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        now: float,
+        origin: object = None,
     ) -> None:
         if msg.expires_at is not None and msg.expires_at <= now:
             self.expired += 1
@@ -121,23 +132,40 @@ class Outbound:
             return
         pending = self.pending
         if not pending and len(self.inflight) < self.receive_maximum:
-            self._send_acked(msg, qos, retain, sub_ids, now)
+            self._send_acked(msg, qos, retain, sub_ids, now, origin)
         elif pending is None:
             if self.max_queued:
-                self.pending = deque([(msg, qos, retain, sub_ids)])
+                self.pending = deque([(msg, qos, retain, sub_ids, origin)])
             else:
                 self.dropped += 1
         elif len(pending) < self.max_queued:
-            pending.append((msg, qos, retain, sub_ids))
+            pending.append((msg, qos, retain, sub_ids, origin))
         else:
             self.dropped += 1
 
     def _send_acked(
-        self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
+        self,
+        msg: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        now: float,
+        origin: object = None,
     ) -> None:
         pid = self._take_pid()
         if self._write(msg, qos, retain, sub_ids, pid, now):
             self.inflight[pid] = AWAIT_PUBACK if qos == 1 else AWAIT_PUBREC
+            if origin is not None:
+                if self.shared is None:
+                    self.shared = {}
+                self.shared[pid] = origin
+
+    def unacked_shared(self) -> list[object]:
+        """Origins of shared deliveries the client has not acknowledged (sent or queued)."""
+        out = list(self.shared.values()) if self.shared else []
+        if self.pending:
+            out += [p[4] for p in self.pending if p[4] is not None]
+        return out
 
     def _take_pid(self) -> int:
         pid = self._next_pid
@@ -208,6 +236,8 @@ class Outbound:
             return False
         del self.inflight[pid]
         self.completed.append(pid)
+        if self.shared:
+            self.shared.pop(pid, None)
         self._pump(now)
         return True
 
@@ -215,6 +245,8 @@ class Outbound:
         """PUBREC for `pid`: answer PUBREL, or finish on an error reason (MQTT 5)."""
         if self.inflight.get(pid) != AWAIT_PUBREC:
             return False
+        if self.shared:
+            self.shared.pop(pid, None)  # the client has it: no redelivery after PUBREC
         if failed:
             del self.inflight[pid]
             self.completed.append(pid)
@@ -230,8 +262,8 @@ class Outbound:
         if pending is None:
             return
         while pending and len(self.inflight) < self.receive_maximum:
-            msg, qos, retain, sub_ids = pending.popleft()
+            msg, qos, retain, sub_ids, origin = pending.popleft()
             if msg.expires_at is not None and msg.expires_at <= now:
                 self.expired += 1
                 continue
-            self._send_acked(msg, qos, retain, sub_ids, now)
+            self._send_acked(msg, qos, retain, sub_ids, now, origin)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from services.common.bus.subjects import shared_group
 from services.common.topics import TopicTrie, filter_to_subjects
@@ -47,6 +47,12 @@ class SharedGroup(Generic[C]):
     subjects: tuple[str, ...]
     members: dict[C, SubEntry] = field(default_factory=dict)
     turn: int = 0
+
+
+def redelivery_subject(group: SharedGroup[Any]) -> str:
+    """Where a group's unacknowledged messages go when a member leaves; members subscribe
+    with the group's queue name, so exactly one remaining member gets each."""
+    return f"re.{group.queue}"
 
 
 class NodeSubscriptions(Generic[C]):

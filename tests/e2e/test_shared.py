@@ -1,0 +1,81 @@
+"""Shared subscriptions across nodes: one member per message, credit-aware dispatch, and a
+leaving member's unacknowledged messages redelivered to the others."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import paho.mqtt.client as mqtt
+
+from services.common.mqtt import Connect, Publish, SubAck, Subscribe, Subscription
+from services.common.mqtt.properties import Properties
+from tests.conftest import MeshInfo
+from tests.e2e.clients import Paho, Raw
+
+N = 3000
+
+
+def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: MeshInfo) -> None:
+    group, topic = f"g{uuid.uuid4().hex[:6]}", f"jobs/{uuid.uuid4().hex[:6]}"
+    shared = f"$share/{group}/{topic}"
+    b = Paho(mesh.node(0))  # MQTT 5 member
+    b.connect()
+    b.subscribe(shared, 1)
+    c = Paho(mesh.node(1), v5=False)  # MQTT 3.1.1 members may use shared subscriptions too
+    c.connect()
+    c.subscribe(shared, 1)
+    # The leaver: takes messages but never acknowledges them, then drops its connection.
+    a = Raw(mesh.node(1))
+    a.connect(Connect(f"leaver-{group}", 5, properties=Properties(receive_maximum=20)))
+    a.send(Subscribe(1, (Subscription(shared, 1),)))
+    assert isinstance(a.recv(), SubAck)
+    got_a: list[int] = []
+    stop = threading.Event()
+
+    def read_a() -> None:
+        while not stop.is_set():
+            try:
+                p = a.recv(timeout=0.2)
+            except (TimeoutError, OSError, ConnectionError):
+                continue
+            if isinstance(p, Publish):
+                got_a.append(int(p.payload))
+
+    reader = threading.Thread(target=read_a, daemon=True)
+    reader.start()
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+    pub.max_inflight_messages_set(100)
+    pub.max_queued_messages_set(0)
+    pub.connect("127.0.0.1", mesh.node(0))
+    pub.loop_start()
+    infos = []
+    for i in range(N):
+        infos.append(pub.publish(topic, str(i), 1))
+        if i == N // 2:
+            deadline = time.monotonic() + 10
+            while not got_a and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stop.set()
+            reader.join(2)
+            a.close()  # mid-stream, with unacknowledged messages
+    for info in infos:
+        info.wait_for_publish(30)
+    got_b: list[int] = []
+    got_c: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(got_b) + len(got_c) < N and time.monotonic() < deadline:
+        for client, got in ((b, got_b), (c, got_c)):
+            while not client.messages.empty():
+                got.append(int(client.messages.get().payload))
+        time.sleep(0.05)
+    assert got_a, "the leaving member got no share before it left"
+    assert got_b and got_c, "each remaining member gets a share"
+    assert not set(got_b) & set(got_c), "a message reached two members"
+    assert sorted(got_b + got_c) == list(range(N)), "every message acknowledged exactly once"
+    assert set(got_a) <= set(got_b) | set(got_c)  # the leaver's messages went on
+    pub.disconnect()
+    pub.loop_stop()
+    b.close()
+    c.close()
