@@ -14,6 +14,8 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 
 from services.cli.launcher import Mesh
 from starling.metrics.v1 import metrics_pb2, metrics_pb2_grpc
+from starling.router.v1 import router_pb2 as rpb
+from starling.router.v1 import router_pb2_grpc as rgrpc
 from starling.session.v1 import session_pb2 as spb
 from starling.session.v1 import session_pb2_grpc as sgrpc
 
@@ -37,6 +39,27 @@ def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
 async def _call(args: argparse.Namespace) -> Any:
     md = _metadata(args)
     cmd = args.command
+    if cmd in ("routes", "retained", "delete-retained", "delayed", "cancel-delayed"):
+        async with grpc.aio.insecure_channel(_address(args, "router")) as ch:
+            r = rgrpc.RouterAdminServiceStub(ch)
+            if cmd == "routes":
+                return await r.ListRoutes(rpb.ListRoutesRequest(tenant=args.tenant), metadata=md)
+            if cmd == "retained":
+                return await r.ListRetained(
+                    rpb.ListRetainedRequest(
+                        tenant=args.tenant, topic_filter=args.filter, limit=args.limit
+                    ),
+                    metadata=md,
+                )
+            if cmd == "delete-retained":
+                return await r.DeleteRetained(
+                    rpb.DeleteRetainedRequest(tenant=args.tenant, topic=args.topic), metadata=md
+                )
+            if cmd == "delayed":
+                return await r.ListDelayed(rpb.ListDelayedRequest(tenant=args.tenant), metadata=md)
+            return await r.CancelDelayed(
+                rpb.CancelDelayedRequest(tenant=args.tenant, id=args.id), metadata=md
+            )
     if cmd == "stats":
         async with grpc.aio.insecure_channel(_address(args, "metrics")) as ch:
             stub = metrics_pb2_grpc.MetricsAdminServiceStub(ch)
@@ -103,6 +126,23 @@ def add_admin_commands(sub: Any) -> None:
     common(p)
     p.add_argument("--tenant", default="default")
     p.add_argument("--client-id", required=True)
+
+    def router_cmd(name: str, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        common(p)
+        p.add_argument("--router-addr", help="router service gRPC address")
+        p.add_argument("--tenant", default="default")
+        return p
+
+    router_cmd("routes", "persistent subscriptions of a tenant and their sessions")
+    p = router_cmd("retained", "retained messages matching a filter")
+    p.add_argument("--filter", default="#")
+    p.add_argument("--limit", type=int, default=100)
+    p = router_cmd("delete-retained", "delete one retained message")
+    p.add_argument("--topic", required=True)
+    router_cmd("delayed", "delayed messages waiting to be published")
+    p = router_cmd("cancel-delayed", "cancel a delayed message")
+    p.add_argument("--id", required=True)
     p = sub.add_parser("stats", help="cluster statistics from the metrics service")
     common(p)
     p.add_argument("--metrics-addr", help="metrics service gRPC address")
