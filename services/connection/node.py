@@ -112,6 +112,8 @@ class SubscriptionPort(Protocol):
         subscription_identifier: int = 0,
     ) -> list[RoutedMessage]: ...
 
+    async def settle_will(self, tenant: str, client_id: str, publish_now: bool) -> bool: ...
+
 
 class SessionPort(Protocol):
     async def connect(self, request: session_pb2.ConnectRequest) -> session_pb2.ConnectResponse: ...
@@ -851,8 +853,10 @@ class Node:
             self.clients.setdefault((ch.tenant, ch.client_id), {})[ch.epoch] = conn
             if taken_over:
                 ch.disconnect(RC.SESSION_TAKEN_OVER, "a newer connection took the session")
-            elif ch.persistent:
-                self._resume(conn, result)
+            else:
+                self._spawn(self._settle_will(ch.tenant, ch.client_id, result.session_present))
+                if ch.persistent:
+                    self._resume(conn, result)
         self.after(conn)
 
     def _resume(self, conn: Conn, result: AuthResult) -> None:
@@ -919,28 +923,51 @@ class Node:
             if not held:
                 del self.clients[key]
         if ch.will is not None and not ch.normal_disconnect:
-            w = ch.will
-            if ch.acl.can_publish(w.topic):
-                now = time.time()
-                mei = w.properties.message_expiry_interval
-                self.route(
-                    [
-                        Message(
-                            ch.tenant,
-                            w.topic,
-                            w.payload,
-                            w.qos,
-                            w.retain,
-                            ch.client_id,
-                            message_properties(w.properties),
-                            now + mei if mei is not None else None,
-                            now,
-                        )
-                    ]
-                )
+            self._publish_will(ch)
         self._spawn(
             self._release(ch.tenant, ch.client_id, ch.epoch, ch.incarnation, ch.disconnect_expiry_s)
         )
+
+    def _publish_will(self, ch: Channel) -> None:
+        """The connection ended without a normal DISCONNECT: publish the will now, or, with
+        a Will Delay Interval, hand it to the router to publish after min(delay, session
+        expiry) unless the client connects again first [MQTT-3.1.3-9]."""
+        w = ch.will
+        if w is None or not ch.acl.can_publish(w.topic):
+            return
+        now = time.time()
+        mei = w.properties.message_expiry_interval
+        msg = Message(
+            ch.tenant,
+            w.topic,
+            w.payload,
+            w.qos,
+            w.retain,
+            ch.client_id,
+            message_properties(w.properties),
+            now + mei if mei is not None else None,
+            now,
+        )
+        expiry = (
+            ch.disconnect_expiry_s if ch.disconnect_expiry_s is not None else (ch.session_expiry_s)
+        )
+        delay = min(w.properties.will_delay_interval or 0, expiry)
+        if delay and self.routing is not None:
+            env = to_envelope(msg, self.node_id, f"{self.node_id}-{next(self._ids)}")
+            env.delay_s = delay
+            self.routing.submit(None, 0, env)
+            return
+        self.route([msg])
+
+    async def _settle_will(self, tenant: str, client_id: str, resumed: bool) -> None:
+        """A client connected: a delayed will of its previous connection is cancelled if the
+        session was resumed, published now if the old session ended (clean start)."""
+        if self.router is None:
+            return
+        try:
+            await self.router.settle_will(tenant, client_id, publish_now=not resumed)
+        except Exception as exc:
+            log.warning("settle_will_failed", extra={"error": type(exc).__name__})
 
     async def _redeliver(self, leftovers: list[object]) -> None:
         """A shared-subscription member left with unacknowledged messages: hand each to

@@ -101,6 +101,16 @@ class RouterApi(pb_grpc.RouterServiceServicer):
             await self._queues.append(request.tenant, entries)
         return pb.GetRetainedResponse(examined=examined)
 
+    async def SettleWill(
+        self, request: pb.SettleWillRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SettleWillResponse:
+        if not request.tenant or not request.client_id:
+            raise InvalidArgumentError("tenant and client_id are required")
+        found = await self._publisher.settle_will(
+            request.tenant, request.client_id, request.publish_now
+        )
+        return pb.SettleWillResponse(found=found)
+
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubscribeResponse:

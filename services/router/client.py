@@ -65,5 +65,12 @@ class RouterClient:
         )
         return list(resp.messages)
 
+    async def settle_will(self, tenant: str, client_id: str, publish_now: bool) -> bool:
+        resp = await self._lazy.stub.SettleWill(
+            pb.SettleWillRequest(tenant=tenant, client_id=client_id, publish_now=publish_now),
+            timeout=self._timeout,
+        )
+        return bool(resp.found)
+
     async def close(self) -> None:
         await self._lazy.close()

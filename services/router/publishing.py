@@ -28,6 +28,14 @@ log = logging.getLogger("starling.router")
 _OK = {queue_pb2.APPEND_RESULT_OK, queue_pb2.APPEND_RESULT_QUEUE_FULL}
 
 
+WILL_PREFIX = "will/"
+
+
+def will_id(client_id: str) -> str:
+    """Id of a client's delayed will among the delayed messages (one per client)."""
+    return WILL_PREFIX + client_id
+
+
 def _expires_at_ms(m: RoutedMessage) -> int:
     if m.properties.HasField("message_expiry_interval_s"):
         return m.published_at_ms + m.properties.message_expiry_interval_s * 1000
@@ -68,6 +76,13 @@ class Publisher:
         results = [pb.ROUTE_RESULT_NO_MATCH] * len(messages)
         to_route: list[tuple[int, RoutedMessage]] = []
         for i, m in enumerate(messages):
+            if m.delay_s:  # a will with a delay: held until due or settled
+                held = RoutedMessage()
+                held.CopyFrom(m)
+                held.delay_s = 0
+                await self.delay_will(held, m.delay_s)
+                results[i] = pb.ROUTE_RESULT_STORED
+                continue
             delayed = parse_delayed(m.topic)
             if delayed is not None:
                 await self._delay(m, delayed)
@@ -145,16 +160,29 @@ class Publisher:
         except Exception:  # events are best effort; the refusal itself is what matters
             log.warning("event_publish_failed")
 
-    async def _delay(self, m: RoutedMessage, d: DelayedTopic) -> None:
+    async def _delay(self, m: RoutedMessage, d: DelayedTopic, id: str = "") -> None:
         inner = RoutedMessage()
         inner.CopyFrom(m)
         inner.topic = d.topic
         due = int(time.time() * 1000) + d.seconds * 1000
-        rec = DelayedRecord(m.message_id, m.tenant, due, inner.SerializeToString())
+        rec = DelayedRecord(id or m.message_id, m.tenant, due, inner.SerializeToString())
         await self._store.put_delayed(rec)
         self.delayed[(rec.tenant, rec.id)] = rec
         self.schedule.add(due, rec.tenant, rec.id)
         self._wake.set()
+
+    async def delay_will(self, m: RoutedMessage, delay_s: int) -> None:
+        """A will with a delay: published when due unless the client comes back first."""
+        await self._delay(m, DelayedTopic(delay_s, m.topic), will_id(m.publisher.client_id))
+
+    async def settle_will(self, tenant: str, client_id: str, publish_now: bool) -> bool:
+        id = will_id(client_id)
+        rec = self.delayed.get((tenant, id))
+        if rec is None:
+            return False
+        if publish_now:
+            await self._publish_due(rec)
+        return await self.cancel(tenant, id)
 
     async def cancel(self, tenant: str, id: str) -> bool:
         rec = self.delayed.pop((tenant, id), None)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
+import time
+import uuid
 
 import pytest
 
 from services.common.mqtt import Connect, Will
+from services.common.mqtt.properties import Properties
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho, Raw
 
@@ -160,3 +163,41 @@ def test_racing_connects_leave_exactly_one(mesh: MeshInfo) -> None:
     assert len(alive) == 1
     for r in raws:
         r.close()
+
+
+def test_will_delay_is_honoured_and_cancelled_by_a_reconnect(mesh: MeshInfo) -> None:
+    """[MQTT-3.1.3-9] A delayed will waits; a new connection to the session before the
+    delay cancels it; without one it is published after the delay."""
+    watcher = Paho(mesh.node(1))
+    watcher.connect()
+    watcher.subscribe("wd/+", 1)
+    persistent = Properties(session_expiry_interval=60)
+
+    def drop(cid: str, topic: str) -> None:
+        raw = Raw(mesh.node(0))
+        raw.connect(
+            Connect(
+                cid,
+                5,
+                clean_start=False,
+                properties=persistent,
+                will=Will(topic, b"gone", 1, False, Properties(will_delay_interval=2)),
+            )
+        )
+        raw.sock.shutdown(socket.SHUT_RDWR)
+        raw.close()
+
+    cid = f"wd-{uuid.uuid4().hex[:6]}"
+    drop(cid, "wd/late")
+    started = time.monotonic()
+    watcher.nothing(1.2)  # not before its delay
+    (m,) = watcher.expect(1, timeout=4)
+    assert m.topic == "wd/late" and time.monotonic() - started >= 1.8
+
+    cid2 = f"wd-{uuid.uuid4().hex[:6]}"
+    drop(cid2, "wd/cancelled")
+    back = Raw(mesh.node(1))  # the session comes back before the delay: no will
+    back.connect(Connect(cid2, 5, clean_start=False, properties=persistent))
+    watcher.nothing(3.0)
+    back.close()
+    watcher.close()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n starling/common/v1/message.proto\x12\x12starling.common.v1\"*\n\x0cUserProperty\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xe8\x02\n\x11MessageProperties\x12%\n\x18payload_format_indicator\x18\x01 \x01(\rH\x00\x88\x01\x01\x12&\n\x19message_expiry_interval_s\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x0c\x63ontent_type\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x1b\n\x0eresponse_topic\x18\x04 \x01(\tH\x03\x88\x01\x01\x12\x1d\n\x10\x63orrelation_data\x18\x05 \x01(\x0cH\x04\x88\x01\x01\x12\x39\n\x0fuser_properties\x18\x06 \x03(\x0b\x32 .starling.common.v1.UserPropertyB\x1b\n\x19_payload_format_indicatorB\x1c\n\x1a_message_expiry_interval_sB\x0f\n\r_content_typeB\x11\n\x0f_response_topicB\x13\n\x11_correlation_data\"A\n\tPublisher\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"\xf7\x02\n\rRoutedMessage\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x0b\n\x03qos\x18\x04 \x01(\r\x12\x0e\n\x06retain\x18\x05 \x01(\x08\x12\x39\n\nproperties\x18\x06 \x01(\x0b\x32%.starling.common.v1.MessageProperties\x12\x30\n\tpublisher\x18\x07 \x01(\x0b\x32\x1d.starling.common.v1.Publisher\x12J\n\rtrace_context\x18\x08 \x03(\x0b\x32\x33.starling.common.v1.RoutedMessage.TraceContextEntry\x12\x17\n\x0fpublished_at_ms\x18\t \x01(\x03\x12\x12\n\nmessage_id\x18\n \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x0bRoutedBatch\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.starling.common.v1.RoutedMessage\"\xbd\x01\n\nClientInfo\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x10\n\x08username\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x16\n\x0eprotocol_level\x18\x06 \x01(\r\x12\x17\n\x0f\x63onnected_at_ms\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x13\n\x0b\x63lean_start\x18\t \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n starling/common/v1/message.proto\x12\x12starling.common.v1\"*\n\x0cUserProperty\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xe8\x02\n\x11MessageProperties\x12%\n\x18payload_format_indicator\x18\x01 \x01(\rH\x00\x88\x01\x01\x12&\n\x19message_expiry_interval_s\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x0c\x63ontent_type\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x1b\n\x0eresponse_topic\x18\x04 \x01(\tH\x03\x88\x01\x01\x12\x1d\n\x10\x63orrelation_data\x18\x05 \x01(\x0cH\x04\x88\x01\x01\x12\x39\n\x0fuser_properties\x18\x06 \x03(\x0b\x32 .starling.common.v1.UserPropertyB\x1b\n\x19_payload_format_indicatorB\x1c\n\x1a_message_expiry_interval_sB\x0f\n\r_content_typeB\x11\n\x0f_response_topicB\x13\n\x11_correlation_data\"A\n\tPublisher\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"\x88\x03\n\rRoutedMessage\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x0b\n\x03qos\x18\x04 \x01(\r\x12\x0e\n\x06retain\x18\x05 \x01(\x08\x12\x39\n\nproperties\x18\x06 \x01(\x0b\x32%.starling.common.v1.MessageProperties\x12\x30\n\tpublisher\x18\x07 \x01(\x0b\x32\x1d.starling.common.v1.Publisher\x12J\n\rtrace_context\x18\x08 \x03(\x0b\x32\x33.starling.common.v1.RoutedMessage.TraceContextEntry\x12\x17\n\x0fpublished_at_ms\x18\t \x01(\x03\x12\x12\n\nmessage_id\x18\n \x01(\t\x12\x0f\n\x07\x64\x65lay_s\x18\x0b \x01(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x0bRoutedBatch\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.starling.common.v1.RoutedMessage\"\xbd\x01\n\nClientInfo\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x10\n\x08username\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x16\n\x0eprotocol_level\x18\x06 \x01(\r\x12\x17\n\x0f\x63onnected_at_ms\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x13\n\x0b\x63lean_start\x18\t \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,11 +40,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUBLISHER']._serialized_start=463
   _globals['_PUBLISHER']._serialized_end=528
   _globals['_ROUTEDMESSAGE']._serialized_start=531
-  _globals['_ROUTEDMESSAGE']._serialized_end=906
-  _globals['_ROUTEDMESSAGE_TRACECONTEXTENTRY']._serialized_start=855
-  _globals['_ROUTEDMESSAGE_TRACECONTEXTENTRY']._serialized_end=906
-  _globals['_ROUTEDBATCH']._serialized_start=908
-  _globals['_ROUTEDBATCH']._serialized_end=974
-  _globals['_CLIENTINFO']._serialized_start=977
-  _globals['_CLIENTINFO']._serialized_end=1166
+  _globals['_ROUTEDMESSAGE']._serialized_end=923
+  _globals['_ROUTEDMESSAGE_TRACECONTEXTENTRY']._serialized_start=872
+  _globals['_ROUTEDMESSAGE_TRACECONTEXTENTRY']._serialized_end=923
+  _globals['_ROUTEDBATCH']._serialized_start=925
+  _globals['_ROUTEDBATCH']._serialized_end=991
+  _globals['_CLIENTINFO']._serialized_start=994
+  _globals['_CLIENTINFO']._serialized_end=1183
 # @@protoc_insertion_point(module_scope)

@@ -163,6 +163,7 @@ class RoutedMessage(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     PUBLISHED_AT_MS_FIELD_NUMBER: _builtins.int
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    DELAY_S_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     topic: _builtins.str
     payload: _builtins.bytes
@@ -171,6 +172,10 @@ class RoutedMessage(_message.Message):
     published_at_ms: _builtins.int
     message_id: _builtins.str
     """Unique per publish: node id and a per-node counter."""
+    delay_s: _builtins.int
+    """Publish only after this many seconds (a will with a Will Delay Interval; the router
+    holds it). 0: now.
+    """
     @_builtins.property
     def properties(self) -> Global___MessageProperties: ...
     @_builtins.property
@@ -192,10 +197,11 @@ class RoutedMessage(_message.Message):
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         published_at_ms: _builtins.int = ...,
         message_id: _builtins.str = ...,
+        delay_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["properties", b"properties", "publisher", b"publisher"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "payload", b"payload", "properties", b"properties", "published_at_ms", b"published_at_ms", "publisher", b"publisher", "qos", b"qos", "retain", b"retain", "tenant", b"tenant", "topic", b"topic", "trace_context", b"trace_context"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_s", b"delay_s", "message_id", b"message_id", "payload", b"payload", "properties", b"properties", "published_at_ms", b"published_at_ms", "publisher", b"publisher", "qos", b"qos", "retain", b"retain", "tenant", b"tenant", "topic", b"topic", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -42,6 +42,50 @@ ROUTE_RESULT_QUOTA_EXCEEDED: RouteResult.ValueType  # 4
 Global___RouteResult: _TypeAlias = RouteResult  # noqa: Y015
 
 @_typing.final
+class SettleWillRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    PUBLISH_NOW_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    publish_now: _builtins.bool
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        publish_now: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "publish_now", b"publish_now", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleWillRequest: _TypeAlias = SettleWillRequest  # noqa: Y015
+
+@_typing.final
+class SettleWillResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleWillResponse: _TypeAlias = SettleWillResponse  # noqa: Y015
+
+@_typing.final
 class GetRetainedRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

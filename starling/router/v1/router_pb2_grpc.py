@@ -65,6 +65,11 @@ class RouterServiceStub:
                 request_serializer=starling_dot_router_dot_v1_dot_router__pb2.GetRetainedRequest.SerializeToString,
                 response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.GetRetainedResponse.FromString,
                 _registered_method=True)
+        self.SettleWill = channel.unary_unary(
+                '/starling.router.v1.RouterService/SettleWill',
+                request_serializer=starling_dot_router_dot_v1_dot_router__pb2.SettleWillRequest.SerializeToString,
+                response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.SettleWillResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServiceServicer:
@@ -113,6 +118,14 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SettleWill(self, request, context):
+        """A client connected again: its delayed will (if any) is cancelled (session resumed) or
+        published now (the old session ended) [MQTT-3.1.3-9].
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.GetRetained,
                     request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.GetRetainedRequest.FromString,
                     response_serializer=starling_dot_router_dot_v1_dot_router__pb2.GetRetainedResponse.SerializeToString,
+            ),
+            'SettleWill': grpc.unary_unary_rpc_method_handler(
+                    servicer.SettleWill,
+                    request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.SettleWillRequest.FromString,
+                    response_serializer=starling_dot_router_dot_v1_dot_router__pb2.SettleWillResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +328,33 @@ class RouterService:
             '/starling.router.v1.RouterService/GetRetained',
             starling_dot_router_dot_v1_dot_router__pb2.GetRetainedRequest.SerializeToString,
             starling_dot_router_dot_v1_dot_router__pb2.GetRetainedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SettleWill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.router.v1.RouterService/SettleWill',
+            starling_dot_router_dot_v1_dot_router__pb2.SettleWillRequest.SerializeToString,
+            starling_dot_router_dot_v1_dot_router__pb2.SettleWillResponse.FromString,
             options,
             channel_credentials,
             insecure,

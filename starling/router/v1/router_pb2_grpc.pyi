@@ -47,6 +47,10 @@ class RouterServiceStub:
     """Retained messages matching a new subscription. With queue_id set (a persistent
     session), they are appended to that queue instead of returned.
     """
+    SettleWill: _grpc.UnaryUnaryMultiCallable[_router_pb2.SettleWillRequest, _router_pb2.SettleWillResponse]
+    """A client connected again: its delayed will (if any) is cancelled (session resumed) or
+    published now (the old session ended) [MQTT-3.1.3-9].
+    """
 
 @_typing.type_check_only
 class RouterServiceAsyncStub(RouterServiceStub):
@@ -66,6 +70,10 @@ class RouterServiceAsyncStub(RouterServiceStub):
     GetRetained: _aio.UnaryUnaryMultiCallable[_router_pb2.GetRetainedRequest, _router_pb2.GetRetainedResponse]  # type: ignore[assignment]
     """Retained messages matching a new subscription. With queue_id set (a persistent
     session), they are appended to that queue instead of returned.
+    """
+    SettleWill: _aio.UnaryUnaryMultiCallable[_router_pb2.SettleWillRequest, _router_pb2.SettleWillResponse]  # type: ignore[assignment]
+    """A client connected again: its delayed will (if any) is cancelled (session resumed) or
+    published now (the old session ended) [MQTT-3.1.3-9].
     """
 
 class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -119,6 +127,16 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_router_pb2.GetRetainedResponse, _abc.Awaitable[_router_pb2.GetRetainedResponse]]:
         """Retained messages matching a new subscription. With queue_id set (a persistent
         session), they are appended to that queue instead of returned.
+        """
+
+    @_abc_1.abstractmethod
+    def SettleWill(
+        self,
+        request: _router_pb2.SettleWillRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.SettleWillResponse, _abc.Awaitable[_router_pb2.SettleWillResponse]]:
+        """A client connected again: its delayed will (if any) is cancelled (session resumed) or
+        published now (the old session ended) [MQTT-3.1.3-9].
         """
 
 def add_RouterServiceServicer_to_server(servicer: RouterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
