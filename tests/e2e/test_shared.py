@@ -79,3 +79,30 @@ def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: Mesh
     pub.loop_stop()
     b.close()
     c.close()
+
+
+def test_persistent_and_clean_members_share_the_stream(mesh: MeshInfo) -> None:
+    group, topic = f"g{uuid.uuid4().hex[:6]}", f"work/{uuid.uuid4().hex[:6]}"
+    shared = f"$share/{group}/{topic}"
+    durable = Paho(mesh.node(0), client_id=f"dur-{group}")
+    durable.connect(clean_start=False, session_expiry=60)
+    durable.subscribe(shared, 1)
+    clean = Paho(mesh.node(1))
+    clean.connect()
+    clean.subscribe(shared, 1)
+    pub = Paho(mesh.node(0))
+    pub.connect()
+    for i in range(200):
+        pub.c.publish(topic, str(i), 1)
+    pub.publish(topic, "200", 1)
+    got: dict[str, list[int]] = {"durable": [], "clean": []}
+    deadline = time.monotonic() + 20
+    while sum(map(len, got.values())) < 201 and time.monotonic() < deadline:
+        for name, client in (("durable", durable), ("clean", clean)):
+            while not client.messages.empty():
+                got[name].append(int(client.messages.get().payload))
+        time.sleep(0.05)
+    assert got["durable"] and got["clean"]
+    assert sorted(got["durable"] + got["clean"]) == list(range(201))
+    for c in (durable, clean, pub):
+        c.close()
