@@ -2,13 +2,13 @@
 
 Children run in their own session (so a terminal Ctrl-C reaches only the launcher, which
 then stops them in order: connection nodes, back-office services, Redis, NATS) and die with
-the launcher if it is killed (PR_SET_PDEATHSIG). Endpoints and pids are written to
+the launcher if it is killed (PR_SET_PDEATHSIG, armed by services.cli.deathsig, not by a
+`preexec_fn`: see that module). Endpoints and pids are written to
 `<data-dir>/mesh.json` for `starling status`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -56,11 +56,8 @@ class Mesh:
         return Mesh(raw["data_dir"], [Component(**c) for c in raw["components"]])
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+# Children import `services` from here even when started from another working directory.
+_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
 
 def nats_binary() -> str:
@@ -112,13 +109,14 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         comp.log = str(logs / f"{comp.name}.log")
         out = open(comp.log, "ab")
+        wrapped = [sys.executable, "-m", "services.cli.deathsig", str(os.getpid()), *argv]
         proc = subprocess.Popen(
-            argv,
+            wrapped,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            cwd=_ROOT,
         )
         out.close()
         comp.pid = proc.pid

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import threading
 import signal
 import sys
 from collections.abc import Callable, Iterable
@@ -76,6 +78,11 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
     finally:
         log.info("service_stopping", extra={"service": name})
         grace = settings.shutdown_grace_s
+        # Backstop: a dependency that swallows cancellation (a NATS drain with the server
+        # gone, say) must not keep the process alive past its grace period.
+        backstop = threading.Timer(grace + 3.0, _force_exit, args=(name,))
+        backstop.daemon = True
+        backstop.start()
         try:
             async with asyncio.timeout(grace + 1.0):
                 await health.enter_graceful_shutdown()
@@ -84,6 +91,12 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         except TimeoutError:
             log.warning("service_stop_timeout", extra={"service": name})
         log.info("service_stopped", extra={"service": name})
+
+
+def _force_exit(name: str) -> None:
+    log.error("service_stop_forced", extra={"service": name})
+    logging.shutdown()
+    os._exit(1)
 
 
 def run_service(
