@@ -13,9 +13,9 @@ import asyncio
 import gc
 import logging
 import os
-import threading
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
