@@ -238,6 +238,7 @@ class Node:
         self._ctl_sub = await self.nc.subscribe(
             subjects.node_control(self.node_id), cb=self._on_control
         )
+        self._routes_sub = await self.nc.subscribe(subjects.ROUTE_LISTING, cb=self._on_routes)
         # Before any client connects: the session service releases what an earlier life
         # of this node id held (after a crash and restart).
         await self.nc.publish(subjects.node_hello(self.node_id), self.node_id.encode())
@@ -881,6 +882,24 @@ class Node:
             await persistent.start()
 
         self._ctl_queue.put_nowait(start)
+
+    async def _on_routes(self, msg: Msg) -> None:
+        """The router's ListRoutes asks every node which filters its clients hold."""
+        tenant = msg.data.decode()
+        trie = self.subs.tries.get(tenant)
+        filters = sorted({f for f, _, _ in trie.items()}) if trie is not None else []
+        filters += sorted(
+            {
+                f"$share/{g.group}/{g.filter}"
+                for (t, _, _), g in self.subs.shared.items()
+                if t == tenant
+            }
+        )
+        reply = router_pb2.ListRoutesResponse(
+            routes=[router_pb2.Route(topic_filter=f, node_ids=[self.node_id]) for f in filters]
+        )
+        if msg.reply:
+            await self.nc.publish(msg.reply, reply.SerializeToString())
 
     async def _on_control(self, msg: Msg) -> None:
         kick = connection_pb2.Kick.FromString(msg.data)

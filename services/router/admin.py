@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 import grpc
 
+from services.common.bus import subjects
 from services.common.rpc.status import InvalidArgumentError, NotFoundError
 from services.router.core import RouteTable
 from services.router.publishing import Publisher
@@ -23,8 +26,14 @@ def _tenant(value: str) -> str:
 
 class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     def __init__(
-        self, table: RouteTable, retained: RetainedIndex, publisher: Publisher, store: object
+        self,
+        table: RouteTable,
+        retained: RetainedIndex,
+        publisher: Publisher,
+        store: object,
+        nats: Any = None,
     ) -> None:
+        self._nats = nats
         self._table = table
         self._retained = retained
         self._publisher = publisher
@@ -33,13 +42,36 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     async def ListRoutes(
         self, request: pb.ListRoutesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListRoutesResponse:
-        routes = self._table.routes(_tenant(request.tenant))
-        return pb.ListRoutesResponse(
-            routes=[
-                pb.Route(topic_filter=f, node_ids=sorted(sessions), persistent=True)
-                for f, sessions in sorted(routes.items())
-            ]
-        )
+        """Transient routes (filter -> nodes, gathered from every node over NATS) and
+        persistent routes (filter -> sessions client#incarnation, from the route table)."""
+        tenant = _tenant(request.tenant)
+        nodes: dict[str, set[str]] = {}
+        for reply in await self._gather(tenant):
+            for r in reply.routes:
+                nodes.setdefault(r.topic_filter, set()).update(r.node_ids)
+        routes = [pb.Route(topic_filter=f, node_ids=sorted(ns)) for f, ns in sorted(nodes.items())]
+        routes += [
+            pb.Route(topic_filter=f, node_ids=sorted(sessions), persistent=True)
+            for f, sessions in sorted(self._table.routes(tenant).items())
+        ]
+        return pb.ListRoutesResponse(routes=routes)
+
+    async def _gather(self, tenant: str, gather_s: float = 0.3) -> list[pb.ListRoutesResponse]:
+        """Scatter-gather over NATS: every node answers within `gather_s`."""
+        nc = self._nats
+        if nc is None:
+            return []
+        inbox = nc.new_inbox()
+        replies: list[pb.ListRoutesResponse] = []
+
+        async def collect(msg: Any) -> None:
+            replies.append(pb.ListRoutesResponse.FromString(msg.data))
+
+        sub = await nc.subscribe(inbox, cb=collect)
+        await nc.publish(subjects.ROUTE_LISTING, tenant.encode(), reply=inbox)
+        await asyncio.sleep(gather_s)
+        await sub.unsubscribe()
+        return replies
 
     async def ListRetained(
         self, request: pb.ListRetainedRequest, context: grpc.aio.ServicerContext

@@ -50,7 +50,10 @@ class RouterService:
             server,
         )
         pb_grpc.add_RouterAdminServiceServicer_to_server(
-            RouterAdminApi(self._table, self._retained, self._publisher, self._router_store), server
+            RouterAdminApi(
+                self._table, self._retained, self._publisher, self._router_store, self._nats
+            ),
+            server,
         )
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 

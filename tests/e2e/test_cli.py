@@ -45,3 +45,22 @@ def test_admin_commands(mesh: MeshInfo) -> None:
     bad = starling(mesh, "acl-get", "--tenant", "no such tenant")
     assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stdout
     c.close()
+
+
+def test_routes_show_transient_nodes_and_persistent_sessions(mesh: MeshInfo) -> None:
+    a = Paho(mesh.node(0))
+    a.connect()
+    a.subscribe("fleet/+/gps", 1)
+    b = Paho(mesh.node(1))
+    b.connect()
+    b.subscribe("fleet/+/gps", 0)
+    durable = Paho(mesh.node(1), client_id=f"fleet-{uuid.uuid4().hex[:6]}")
+    durable.connect(clean_start=False, session_expiry=60)
+    durable.subscribe("fleet/#", 1)
+    routes = json.loads(starling(mesh, "routes").stdout)["routes"]
+    transient = {r["topic_filter"]: r["node_ids"] for r in routes if not r.get("persistent")}
+    persistent = {r["topic_filter"]: r["node_ids"] for r in routes if r.get("persistent")}
+    assert transient["fleet/+/gps"] == ["connection-0", "connection-1"]
+    assert [s.split("#")[0] for s in persistent["fleet/#"]] == [durable.client_id]
+    for c in (a, b, durable):
+        c.close()

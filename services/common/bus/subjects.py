@@ -34,6 +34,9 @@ def node_hello(node_id: str) -> str:
     return f"hello.node.{escape_token(node_id)}"
 
 
+ROUTE_LISTING = "rt.list"  # request: tenant name; every node replies with its filters
+
+
 def queue_notice(tenant: str, queue_id: str) -> str:
     """New entries in a session queue: the node holding the session reads them."""
     return f"qn.{escape_token(tenant)}.{escape_token(queue_id)}"
