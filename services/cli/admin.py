@@ -134,7 +134,7 @@ def add_admin_commands(sub: Any) -> None:
         p.add_argument("--tenant", default="default")
         return p
 
-    router_cmd("routes", "persistent subscriptions of a tenant and their sessions")
+    router_cmd("routes", "a tenant's filters with their nodes, and persistent ones with sessions")
     p = router_cmd("retained", "retained messages matching a filter")
     p.add_argument("--filter", default="#")
     p.add_argument("--limit", type=int, default=100)
