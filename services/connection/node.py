@@ -282,12 +282,8 @@ class Node:
     def after(self, conn: Conn) -> None:
         ch = conn.channel
         ob = ch.outbound
-        if ob.completed or ob.released:
-            if conn.persistent is not None:
-                conn.persistent.progress()
-            else:
-                ob.completed.clear()
-                ob.released.clear()
+        if (ob.completed or ob.released) and conn.persistent is not None:
+            conn.persistent.progress()
         if ch.publishes:
             msgs = ch.publishes
             ch.publishes = []
@@ -528,7 +524,6 @@ class Node:
         now = time.time()
         pub_qos = message.qos
         retained = message.retain
-        counters = self._counters(message.tenant)
         if len(matches) == 1:
             conn, e = matches[0]
             if not (e.no_local and conn.channel.client_id == publisher):
@@ -539,7 +534,6 @@ class Node:
                     retained and e.retain_as_published,
                     e.sub_ids,
                     now,
-                    counters,
                 )
             return
         per_conn: dict[Conn, tuple[int, bool, tuple[int, ...]]] = {}
@@ -555,7 +549,7 @@ class Node:
             else:
                 per_conn[conn] = (q, rap, e.sub_ids)
         for conn, (q, rap, ids) in per_conn.items():
-            self._deliver_one(conn, message, q, rap, ids, now, counters)
+            self._deliver_one(conn, message, q, rap, ids, now)
 
     def _deliver_one(
         self,
@@ -565,7 +559,6 @@ class Node:
         retain: bool,
         sub_ids: tuple[int, ...],
         now: float,
-        counters: TenantCounters,
     ) -> None:
         if qos and conn.persistent is not None:
             return  # a persistent session takes QoS>=1 only from its queue
@@ -1054,11 +1047,3 @@ class Node:
         if c is None:
             c = self.counters[tenant] = TenantCounters()
         return c
-
-    def client_drops(self) -> dict[tuple[str, str], int]:
-        """Dropped deliveries per connected (tenant, client id)."""
-        return {
-            (c.channel.tenant, c.channel.client_id): c.channel.outbound.dropped
-            for c in self.conns
-            if c.channel.outbound.dropped
-        }

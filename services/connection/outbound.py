@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from services.common.mqtt.encoder import encode, encode_properties
 from services.common.mqtt.packets import PubRel
+from services.common.mqtt.primitives import encode_varint
 from services.common.mqtt.properties import EMPTY
 from services.connection.actions import Message
 
@@ -48,6 +49,7 @@ class Outbound:
         "released",
         "sent",
         "shared",
+        "track_completions",
     )
 
     def __init__(
@@ -78,6 +80,7 @@ class Outbound:
         # ids the client PUBREC'd: a persistent session reports them to its queue.
         self.completed: list[int] = []
         self.released: list[int] = []
+        self.track_completions = False  # only a persistent session reports to its queue
         # packet id -> origin of an unacknowledged shared-subscription delivery
         self.shared: dict[int, object] | None = None
 
@@ -220,8 +223,6 @@ class Outbound:
         if n < 128:
             data = bytes((first, n)) + head + props_b + msg.payload
         else:
-            from services.common.mqtt.primitives import encode_varint
-
             data = bytes((first,)) + encode_varint(n) + head + props_b + msg.payload
         if len(data) > self.max_packet_size:
             self.dropped += 1  # [MQTT-3.1.2-25] discard as if sent
@@ -235,7 +236,8 @@ class Outbound:
         if self.inflight.get(pid) != stage:
             return False
         del self.inflight[pid]
-        self.completed.append(pid)
+        if self.track_completions:
+            self.completed.append(pid)
         if self.shared:
             self.shared.pop(pid, None)
         self._pump(now)
@@ -249,11 +251,13 @@ class Outbound:
             self.shared.pop(pid, None)  # the client has it: no redelivery after PUBREC
         if failed:
             del self.inflight[pid]
-            self.completed.append(pid)
+            if self.track_completions:
+                self.completed.append(pid)
             self._pump(now)
             return True
         self.inflight[pid] = AWAIT_PUBCOMP
-        self.released.append(pid)
+        if self.track_completions:
+            self.released.append(pid)
         self.out += encode(PubRel(pid), self.level)
         return True
 

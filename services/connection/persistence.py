@@ -18,7 +18,6 @@ import logging
 from typing import Any, Protocol
 
 from services.common.bus import subjects
-from services.connection.actions import Message
 from services.connection.envelope import from_envelope
 from starling.queue.v1 import queue_pb2
 
@@ -70,6 +69,8 @@ class PersistentDelivery:
         self.read_through = 0  # highest seq read
         self.acked = 0
         self.more = True
+        self._notices = 0  # bumped by every notice; a read only clears `more` if unchanged
+        self.announced = 0  # highest seq a notice reported
         self.closed = False
         self._reading = False
         self._ack_task: asyncio.Task[None] | None = None
@@ -77,12 +78,16 @@ class PersistentDelivery:
         self._sub: Any = None
 
     async def start(self) -> None:
+        self.conn.channel.outbound.track_completions = True
         self._sub = await self.nc.subscribe(
             subjects.queue_notice(self.tenant, self.queue_id), cb=self._on_notice
         )
         self.pump()
 
     async def _on_notice(self, msg: Any) -> None:
+        self._notices += 1
+        notice = queue_pb2.QueueNotice.FromString(msg.data)
+        self.announced = max(self.announced, notice.last_seq)
         self.more = True
         self.pump()
 
@@ -102,6 +107,7 @@ class PersistentDelivery:
                 if window <= 0:
                     return
                 from_seq = self.next_read or 1
+                notices = self._notices
                 try:
                     resp = await self.queue.read(
                         self.tenant, self.queue_id, from_seq, min(window, 500)
@@ -113,9 +119,11 @@ class PersistentDelivery:
                     self.acked = resp.acked_through
                     self.read_through = resp.acked_through
                 if resp.last_seq < from_seq:  # nothing left to scan, for now
-                    self.more = False
                     self.draining_backlog = False
-                    return
+                    if self._notices == notices:  # no new entries announced meanwhile
+                        self.more = False
+                        return
+                    continue
                 self.next_read = resp.last_seq + 1
                 self.read_through = max(self.read_through, resp.last_seq)
                 self._deliver(resp.entries)
@@ -135,21 +143,9 @@ class PersistentDelivery:
             if e.released:
                 ob.resend_pubrel(pid)
                 continue
-            m = from_envelope(e.message)
+            msg = from_envelope(e.message)._replace(qos=e.qos, retain=e.retain)
             if e.expires_at_ms:
-                m = m._replace(expires_at=e.expires_at_ms / 1000)
-            msg = Message(
-                m.tenant,
-                m.topic,
-                m.payload,
-                e.qos,
-                e.retain,
-                m.publisher,
-                m.properties,
-                m.expires_at,
-                m.published_at,
-                m.trace_context,
-            )
+                msg = msg._replace(expires_at=e.expires_at_ms / 1000)
             if e.qos == 0:  # e.g. a retained QoS 0 message for this session
                 ob.deliver(msg, 0, e.retain, tuple(e.subscription_identifiers), now)
                 ob.completed.append(pid)
@@ -180,7 +176,8 @@ class PersistentDelivery:
                 self.by_pid.pop(pid, None)
             ob.completed.clear()
             self._schedule_ack()
-        self.more = True
+        if self.next_read and self.next_read <= self.announced:
+            self.more = True  # entries were announced beyond what has been read
         self.pump()
 
     def _ack_through(self) -> int:
