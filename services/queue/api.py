@@ -12,7 +12,7 @@ from nats.aio.client import Client
 
 from services.common.bus import subjects
 from services.common.rpc.status import InvalidArgumentError
-from services.common.store.ports import AppendOutcome, NewQueueItem, QueueStore
+from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
 from services.queue.config import QueueSettings
 from services.queue.core import expires_at_ms, owned, partition_of
 from starling.common.v1 import event_pb2
@@ -93,13 +93,10 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             p = partition_of(tenant, qid, self._parts.count)
             epoch = self._parts.epochs.get(p)
             if epoch is None:
-                outcomes = [AppendOutcome.FENCED] * len(items)
+                report = AppendReport([AppendOutcome.FENCED] * len(items))
             else:
                 async with self._parts.locks[p]:  # one writer per partition
-                    dropped_before = (
-                        (await self._store.state(tenant, qid)).dropped if self._max_depth else 0
-                    )
-                    outcomes = await self._store.append(
+                    report = await self._store.append(
                         tenant,
                         qid,
                         [it for _, it in items],
@@ -108,20 +105,18 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                         self._max_depth,
                         self._drop_oldest,
                     )
-                if AppendOutcome.FENCED in outcomes:
+                if AppendOutcome.FENCED in report.outcomes:
                     log.warning("partition_fenced", extra={"partition": p})
                     self._parts.epochs.pop(p, None)
-            for (i, _), outcome in zip(items, outcomes, strict=True):
+            for (i, _), outcome in zip(items, report.outcomes, strict=True):
                 results[i] = _RESULT[outcome]
-            if AppendOutcome.OK in outcomes or AppendOutcome.FULL in outcomes:
-                st = await self._store.state(tenant, qid)
-                if AppendOutcome.OK in outcomes:
-                    notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=st.last_seq)
-                    await self._nats.publish(
-                        subjects.queue_notice(tenant, qid), notice.SerializeToString()
-                    )
-                if self._max_depth and st.dropped > dropped_before:
-                    await self._dropped(tenant, qid, st.dropped - dropped_before)
+            if AppendOutcome.OK in report.outcomes:
+                notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=report.last_seq)
+                await self._nats.publish(
+                    subjects.queue_notice(tenant, qid), notice.SerializeToString()
+                )
+            if report.dropped:
+                await self._dropped(tenant, qid, report.dropped)
         return pb.AppendResponse(results=results)
 
     async def _dropped(self, tenant: str, qid: str, count: int) -> None:

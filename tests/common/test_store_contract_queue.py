@@ -97,7 +97,8 @@ async def test_append_read_ack_in_order(queues: QueueStore) -> None:
     t, q = f"t{uuid.uuid4().hex[:6]}", "client#1"
     epoch = await queues.claim_partition(7)
     res = await queues.append(t, q, _items(5), 7, epoch, 0, True)
-    assert res == [AppendOutcome.OK] * 5
+    assert res.outcomes == [AppendOutcome.OK] * 5
+    assert (res.last_seq, res.dropped) == (5, 0)
     entries, st = await queues.read(t, q, 1, 100)
     assert [e.seq for e in entries] == [1, 2, 3, 4, 5]
     assert [e.data for e in entries] == [f"payload-{i}".encode() for i in range(5)]
@@ -114,7 +115,7 @@ async def test_append_is_idempotent_per_message_id(queues: QueueStore) -> None:
     epoch = await queues.claim_partition(1)
     await queues.append(t, q, _items(3), 1, epoch, 0, True)
     res = await queues.append(t, q, _items(4), 1, epoch, 0, True)  # retry plus one new
-    assert res == [AppendOutcome.DUPLICATE] * 3 + [AppendOutcome.OK]
+    assert res.outcomes == [AppendOutcome.DUPLICATE] * 3 + [AppendOutcome.OK]
     assert (await queues.state(t, q)).last_seq == 4
 
 
@@ -123,19 +124,23 @@ async def test_fencing_rejects_a_stale_owner(queues: QueueStore) -> None:
     old = await queues.claim_partition(9)
     new = await queues.claim_partition(9)
     assert new > old
-    assert await queues.append(t, q, _items(1), 9, old, 0, True) == [AppendOutcome.FENCED]
-    assert await queues.append(t, q, _items(1), 9, new, 0, True) == [AppendOutcome.OK]
+    assert (await queues.append(t, q, _items(1), 9, old, 0, True)).outcomes == [
+        AppendOutcome.FENCED
+    ]
+    assert (await queues.append(t, q, _items(1), 9, new, 0, True)).outcomes == [AppendOutcome.OK]
 
 
 async def test_depth_limit_policies(queues: QueueStore) -> None:
     t = f"t{uuid.uuid4().hex[:6]}"
     epoch = await queues.claim_partition(2)
-    await queues.append(t, "old#1", _items(5), 2, epoch, 3, True)  # drop oldest
+    old = await queues.append(t, "old#1", _items(5), 2, epoch, 3, True)  # drop oldest
+    assert old.dropped == 2
     entries, st = await queues.read(t, "old#1", 1, 100)
     assert [e.data for e in entries] == [b"payload-2", b"payload-3", b"payload-4"]
     assert st.dropped == 2
     res = await queues.append(t, "new#1", _items(5), 2, epoch, 3, False)  # reject newest
-    assert res == [AppendOutcome.OK] * 3 + [AppendOutcome.FULL] * 2
+    assert res.outcomes == [AppendOutcome.OK] * 3 + [AppendOutcome.FULL] * 2
+    assert (res.last_seq, res.dropped) == (3, 2)
     entries, st = await queues.read(t, "new#1", 1, 100)
     assert [e.data for e in entries] == [b"payload-0", b"payload-1", b"payload-2"]
     assert st.dropped == 2

@@ -13,7 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.store.cassandra import CassandraBase
-from services.common.store.ports import AppendOutcome, NewQueueItem, QueueState, StoredEntry
+from services.common.store.ports import (
+    AppendOutcome,
+    AppendReport,
+    NewQueueItem,
+    QueueState,
+    StoredEntry,
+)
 
 BUCKET_BITS = 16
 BACKSTOP_TTL_S = 30 * 24 * 3600
@@ -118,15 +124,16 @@ class CassandraQueueStore(CassandraBase):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
-    ) -> list[str]:
+    ) -> AppendReport:
         owner = await self._row(self._owner_get, (partition,))
         if owner is None or owner.epoch != epoch:
-            return [AppendOutcome.FENCED] * len(items)
+            return AppendReport([AppendOutcome.FENCED] * len(items))
         row = await self._row(self._state_get, (tenant, queue_id))
         if row is None:
             await self._exec(self._state_new, (tenant, queue_id, 0, 0, 0, 0, epoch))
             row = await self._row(self._state_get, (tenant, queue_id))
         last, depth, dropped, acked = row.last_seq, row.depth, row.dropped, row.acked_through
+        dropped_before = dropped
         plan: list[tuple[int, NewQueueItem]] = []
         out: list[str] = []
         for item in items:
@@ -156,7 +163,7 @@ class CassandraQueueStore(CassandraBase):
             self._state_set, (last, depth, dropped, epoch, tenant, queue_id, epoch)
         )
         if not applied[0]:
-            return [AppendOutcome.FENCED] * len(items)
+            return AppendReport([AppendOutcome.FENCED] * len(items))
         for seq, item in plan:
             ttl = BACKSTOP_TTL_S
             await self._exec(
@@ -174,7 +181,7 @@ class CassandraQueueStore(CassandraBase):
                 ),
             )
             await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, seq))
-        return out
+        return AppendReport(out, last, dropped - dropped_before)
 
     async def _oldest(self, tenant: str, queue_id: str, first: int, last: int) -> int | None:
         entries = await self._scan(tenant, queue_id, first, last, 1)

@@ -117,6 +117,16 @@ class AppendOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class AppendReport:
+    """What one append did: an `AppendOutcome` per item, the queue's last seq after it, and
+    how many entries the depth limit dropped (oldest removed or newest refused)."""
+
+    outcomes: list[str]
+    last_seq: int = 0
+    dropped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class QueueState:
     last_seq: int
     acked_through: int
@@ -139,8 +149,8 @@ class QueueStore(Protocol):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
-    ) -> list[str]:
-        """Append in order; one `AppendOutcome` per item."""
+    ) -> AppendReport:
+        """Append in order, in one transaction."""
 
     async def read(
         self, tenant: str, queue_id: str, from_seq: int, limit: int

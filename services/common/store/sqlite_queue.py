@@ -16,7 +16,13 @@ import sqlite3
 import time
 from pathlib import Path
 
-from services.common.store.ports import AppendOutcome, NewQueueItem, QueueState, StoredEntry
+from services.common.store.ports import (
+    AppendOutcome,
+    AppendReport,
+    NewQueueItem,
+    QueueState,
+    StoredEntry,
+)
 from services.common.store.sqlite_base import SqliteDb
 
 BUCKET_BITS = 16  # bucket = seq >> 16, as in the Cassandra partition key
@@ -76,13 +82,13 @@ class SqliteQueueStore(SqliteDb):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
-    ) -> list[str]:
-        def append(db: sqlite3.Connection) -> list[str]:
+    ) -> AppendReport:
+        def append(db: sqlite3.Connection) -> AppendReport:
             row = db.execute(
                 "SELECT epoch FROM partition_owner WHERE partition=?", (partition,)
             ).fetchone()
             if row is None or row[0] != epoch:
-                return [AppendOutcome.FENCED] * len(items)
+                return AppendReport([AppendOutcome.FENCED] * len(items))
             st = _state(db, tenant, queue_id)
             last, depth, dropped = st.last_seq, st.depth, st.dropped
             now_ms = int(time.time() * 1000)
@@ -140,7 +146,7 @@ class SqliteQueueStore(SqliteDb):
                 "INSERT OR REPLACE INTO queue_state VALUES (?, ?, ?, ?, ?, ?)",
                 (tenant, queue_id, last, st.acked_through, depth, dropped),
             )
-            return out
+            return AppendReport(out, last, dropped - st.dropped)
 
         return await self.run(lambda: self.tx(append))
 
