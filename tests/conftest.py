@@ -5,10 +5,8 @@ Starling mesh (two connection nodes) shared by the end-to-end tests of a session
 from __future__ import annotations
 
 import datetime
-import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -126,9 +124,6 @@ class MeshInfo:
     def node(self, i: int) -> int:
         return self.mesh.by_name(f"connection-{i}").port
 
-    def comp(self, name: str) -> object:
-        return self.mesh.by_name(name)
-
     def addr(self, name: str) -> str:
         return f"127.0.0.1:{self.mesh.by_name(name).grpc_port}"
 
@@ -151,10 +146,3 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
     m = launcher.start(timeout_s=60)
     yield MeshInfo(m, launcher, cert)
     launcher.stop()
-
-
-def python() -> str:
-    return sys.executable
-
-
-os.environ.setdefault("STARLING_TEST", "1")

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -278,12 +279,24 @@ class Launcher:
         argv, env = self._specs[name]
         self._spawn(comp, argv, env)
         self.mesh.save()
-        deadline = time.monotonic() + timeout_s
-        while component_status(comp) != "SERVING":
-            if time.monotonic() > deadline or self.procs[name].poll() is not None:
-                raise RuntimeError(f"{name} did not come back; see {comp.log}")
-            time.sleep(0.05)
+        if self.until(lambda: component_status(comp) == "SERVING", timeout_s, [name]) is not None:
+            raise RuntimeError(f"{name} did not come back; see {comp.log}")
         return comp
+
+    def until(
+        self, cond: Callable[[], bool], timeout_s: float, watch: Iterable[str]
+    ) -> list[str] | None:
+        """Poll `cond` until it holds (None), a watched child exits (their names), or time
+        runs out (an empty list)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if cond():
+                return None
+            dead = [n for n in watch if self.procs[n].poll() is not None]
+            if dead:
+                return dead
+            time.sleep(0.05)
+        return []
 
     def kill(self, name: str) -> None:
         """SIGKILL one component (fault tests)."""
@@ -295,18 +308,15 @@ class Launcher:
         return [name for name, p in self.procs.items() if p.poll() is not None]
 
 
-def _wait(cond: object, timeout_s: float, what: str, launcher: Launcher) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        dead = launcher.crashed()
-        if dead:
-            launcher.stop()
-            logs = ", ".join(launcher.mesh.by_name(d).log for d in dead)
-            raise SystemExit(f"starling up: {', '.join(dead)} exited during start-up; see {logs}")
-        time.sleep(0.05)
+def _wait(cond: Callable[[], bool], timeout_s: float, what: str, launcher: Launcher) -> None:
+    """Start-up: wait for `cond`; on any child's exit or a timeout stop the mesh and exit."""
+    dead = launcher.until(cond, timeout_s, list(launcher.procs))
+    if dead is None:
+        return
     launcher.stop()
+    if dead:
+        logs = ", ".join(launcher.mesh.by_name(d).log for d in dead)
+        raise SystemExit(f"starling up: {', '.join(dead)} exited during start-up; see {logs}")
     raise SystemExit(f"starling up: {what} did not become ready in {timeout_s:.0f}s")
 
 

@@ -8,7 +8,6 @@ from services.common.mqtt.properties import EMPTY, Properties
 from services.connection.actions import Message
 from starling.common.v1.message_pb2 import (
     MessageProperties,
-    Publisher,
     RoutedBatch,
     RoutedMessage,
     UserProperty,
@@ -91,4 +90,4 @@ def from_envelope(env: RoutedMessage) -> Message:
     )
 
 
-__all__ = ["Publisher", "add_to_batch", "from_envelope", "to_envelope"]
+__all__ = ["add_to_batch", "from_envelope", "to_envelope"]

@@ -54,7 +54,7 @@ from services.connection.actions import (
 )
 from services.connection.channel import Channel, ChannelConfig, State, requested_session_expiry
 from services.connection.envelope import add_to_batch, from_envelope, to_envelope
-from services.connection.persistence import PersistentDelivery, QueuePort, queue_id
+from services.connection.persistence import PersistentDelivery, QueuePort
 from services.connection.routing import RoutingPipeline
 from services.connection.subscriptions import (
     NodeSubscriptions,
@@ -64,6 +64,7 @@ from services.connection.subscriptions import (
     redelivery_subject,
     should_process,
 )
+from services.queue.client import queue_id
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 from starling.connection.v1 import connection_pb2
 from starling.router.v1 import router_pb2

@@ -27,11 +27,6 @@ ACK_EVERY = 64
 ACK_DELAY_S = 0.02
 
 
-def queue_id(client_id: str, incarnation: int) -> str:
-    """Same naming as the queue service's (services/queue/core.py): client id#incarnation."""
-    return f"{client_id}#{incarnation}"
-
-
 def pid_for(seq: int) -> int:
     return seq % 65535 + 1
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from services.common.rpc.server import LazyStub
+from services.queue.core import queue_id
+
+__all__ = ["QueueClient", "queue_id"]
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 

@@ -11,7 +11,6 @@ import grpc
 from services.common.rpc.status import InvalidArgumentError
 from services.common.store.ports import SessionStore, SubscriptionRecord
 from services.queue.client import QueueClient
-from services.queue.core import queue_id
 from services.router.core import RouteTable
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
@@ -161,6 +160,3 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         await self._store.drop_subscriptions(request.tenant, request.client_id, request.incarnation)
         self._table.drop(request.tenant, request.client_id, request.incarnation)
         return pb.DropSessionResponse()
-
-
-__all__ = ["RouterApi", "queue_id"]

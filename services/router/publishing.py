@@ -14,8 +14,7 @@ import grpc
 from services.common.bus import subjects
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
 from services.common.topics import topic_to_subject
-from services.queue.client import QueueClient
-from services.queue.core import queue_id
+from services.queue.client import QueueClient, queue_id
 from services.router.core import RouteTable
 from services.router.delayed import DelayedTopic, Schedule, parse_delayed
 from services.router.retained import Retained, RetainedIndex

@@ -14,9 +14,10 @@ from services.common.mqtt.errors import MqttError
 from services.common.rpc.status import InvalidArgumentError, NotFoundError
 from services.common.topics import validate_topic_filter
 from services.session.auth import Authenticator, check_tenant, split_username
+from services.session.events import Events
 from services.session.registry import Holder, Registry
 from services.session.sessions import Sessions
-from starling.common.v1 import event_pb2, message_pb2
+from starling.common.v1 import message_pb2
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
@@ -54,31 +55,6 @@ def rule_from_pb(r: pb.AclRule, index: int) -> AclRule:
         r.username,
         r.client_id,
     )
-
-
-class Events:
-    """Client events on the EVENTS stream (`ev.<tenant>.<type>`)."""
-
-    def __init__(self, nc: Client, node_id: str) -> None:
-        self._nc = nc
-        self._node = node_id
-
-    async def emit(self, tenant: str, client_id: str, kind: str, **detail: object) -> None:
-        ev = event_pb2.Event(
-            tenant=tenant, client_id=client_id, node_id=self._node, ts_ms=int(time.time() * 1000)
-        )
-        if kind == "connected":
-            ev.type = event_pb2.EVENT_TYPE_CLIENT_CONNECTED
-            ev.connected.CopyFrom(event_pb2.ClientConnected(**detail))  # type: ignore[arg-type]
-        elif kind == "disconnected":
-            ev.type = event_pb2.EVENT_TYPE_CLIENT_DISCONNECTED
-            ev.disconnected.CopyFrom(event_pb2.ClientDisconnected(**detail))  # type: ignore[arg-type]
-        elif kind == "taken_over":
-            ev.type = event_pb2.EVENT_TYPE_SESSION_TAKEN_OVER
-        elif kind == "session_expired":
-            ev.type = event_pb2.EVENT_TYPE_SESSION_EXPIRED
-            ev.session_expired.SetInParent()
-        await self._nc.publish(subjects.event(tenant, kind), ev.SerializeToString())
 
 
 async def send_kick(nc: Client, holder: Holder, reason: int) -> None:

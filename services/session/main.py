@@ -15,9 +15,10 @@ from services.common.runtime import run_service
 from services.common.store.open import open_auth_store, open_session_store
 from services.queue.client import QueueClient
 from services.router.client import RouterClient
-from services.session.api import Events, SessionAdminApi, SessionApi
+from services.session.api import SessionAdminApi, SessionApi
 from services.session.auth import Authenticator
 from services.session.config import SessionSettings
+from services.session.events import Events
 from services.session.liveness import NodeLiveness
 from services.session.registry import Registry
 from services.session.sessions import Sessions

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 
 from services.common.store.ports import SessionRecord, SessionStore
-from services.queue.client import QueueClient
-from services.queue.core import queue_id
+from services.queue.client import QueueClient, queue_id
 from services.router.client import RouterClient
 from services.session.core import decide
+from services.session.events import Events
 from starling.session.v1 import session_pb2 as pb
 
 log = logging.getLogger("starling.session")
@@ -36,7 +36,7 @@ class Sessions:
         router: RouterClient,
         queues: QueueClient,
         max_expiry_s: int,
-        events: object,
+        events: Events,
     ) -> None:
         self._store = store
         self._router = router
@@ -111,9 +111,7 @@ class Sessions:
         expired = await self._store.expired_sessions(int(time.time() * 1000))
         for rec in expired:
             await self._discard(rec)
-            emit = getattr(self._events, "emit", None)
-            if emit is not None:
-                await emit(rec.tenant, rec.client_id, "session_expired")
+            await self._events.emit(rec.tenant, rec.client_id, "session_expired")
             log.info("session_expired", extra={"tenant": rec.tenant, "client_id": rec.client_id})
         return len(expired)
 
