@@ -139,6 +139,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
         "STARLING_LOG_LEVEL": "INFO",
         "STARLING_MAX_QUEUED_MESSAGES": "100",
         "STARLING_RECEIVE_MAXIMUM": "20",
+        "STARLING_STATS_INTERVAL_S": "0.5",
     }
     launcher = Launcher(
         folder / "run", nodes=2, mqtt_port=0, anonymous=False, extra_env=env, tls=(cert, key)

@@ -35,7 +35,9 @@ class ConnectionSettings(ServiceSettings):
     max_queued_messages: int = Field(default=1000, ge=0)
     max_topic_length_bytes: int = Field(default=4096, ge=1, le=65535)
     max_topic_levels: int = Field(default=32, ge=1, le=1024)
-    stats_interval_s: float = Field(default=5.0, gt=0)
+    stats_interval_s: float = Field(
+        default=5.0, gt=0, description="How often the node reports its counters to metrics."
+    )
 
     @model_validator(mode="after")
     def _tls_files(self) -> ConnectionSettings:

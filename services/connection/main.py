@@ -18,11 +18,13 @@ from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
 from services.connection.listener import server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
+from services.metrics.client import MetricsClient
 from services.queue.client import QueueClient
 from services.router.client import RouterClient
 from services.session.client import SessionClient
 from starling.connection.v1 import connection_pb2 as pb
 from starling.connection.v1 import connection_pb2_grpc as pb_grpc
+from starling.metrics.v1 import metrics_pb2
 
 log = logging.getLogger("starling.connection")
 
@@ -48,6 +50,7 @@ class ConnectionService:
         self.node: Node | None = None
         self._servers: list[asyncio.Server] = []
         self._runners: list[web.AppRunner] = []
+        self._reporter: asyncio.Task[None] | None = None
         self.ports: dict[str, int] = {}
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
@@ -69,6 +72,9 @@ class ConnectionService:
         )
         await node.start()
         _register_metrics(node)
+        self._reporter = asyncio.create_task(
+            report_stats(node, MetricsClient(s.metrics_addr), s.stats_interval_s)
+        )
         tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port)
         self._servers.append(tcp)
         self.ports["mqtt"] = tcp.sockets[0].getsockname()[1]
@@ -90,6 +96,8 @@ class ConnectionService:
         log.info("mqtt_listening", extra={"ports": self.ports, "node": s.node_id})
 
     async def stop(self) -> None:
+        if self._reporter is not None:
+            self._reporter.cancel()
         for srv in self._servers:
             srv.close()
         if self.node is not None:
@@ -100,6 +108,34 @@ class ConnectionService:
             await self.node.nc.drain()
             if self.node.nc_shared is not self.node.nc:
                 await self.node.nc_shared.drain()
+
+
+def tenant_counters(node: Node) -> list[metrics_pb2.TenantCounters]:
+    """This node's counters per tenant, with its open connections."""
+    conns = node.connections_by_tenant()
+    return [
+        metrics_pb2.TenantCounters(
+            tenant=t,
+            connections=conns.get(t, 0),
+            messages_in=c.messages_in,
+            messages_out=c.messages_out,
+            messages_dropped=c.dropped,
+        )
+        for t, c in sorted(node.tenant_stats().items())
+    ]
+
+
+async def report_stats(node: Node, client: MetricsClient, interval_s: float) -> None:
+    """Report to the metrics service every `interval_s`; a missed report is only logged."""
+    try:
+        while True:
+            try:
+                await client.report(node.node_id, tenant_counters(node))
+            except Exception as exc:
+                log.warning("stats_report_failed", extra={"error": type(exc).__name__})
+            await asyncio.sleep(interval_s)
+    finally:
+        await client.close()
 
 
 def _register_metrics(node: Node) -> None:
@@ -126,12 +162,8 @@ def _register_metrics(node: Node) -> None:
     )
 
     def connections(_o: object) -> Iterable[metrics.Observation]:
-        per: dict[str, int] = {}
-        for conn in list(node.conns):
-            t = conn.channel.tenant or "-"
-            per[t] = per.get(t, 0) + 1
-        for tenant, n in per.items():
-            yield metrics.Observation(n, {"tenant": tenant})
+        for tenant, n in node.connections_by_tenant().items():
+            yield metrics.Observation(n, {"tenant": tenant or "-"})
 
     meter.create_observable_gauge(
         "starling_connections", [connections], description="Open MQTT connections"

@@ -1028,6 +1028,14 @@ class Node:
             for key in [k for k, (_, at) in self._tombstones.items() if at < cutoff]:
                 del self._tombstones[key]
 
+    def connections_by_tenant(self) -> dict[str, int]:
+        """Open connections per tenant ("" for those not yet authenticated)."""
+        out: dict[str, int] = {}
+        for conn in list(self.conns):
+            t = conn.channel.tenant
+            out[t] = out.get(t, 0) + 1
+        return out
+
     def tenant_stats(self) -> dict[str, TenantCounters]:
         """Per tenant: closed connections' totals plus the live ones' counters."""
         out = {

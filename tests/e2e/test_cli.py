@@ -64,3 +64,36 @@ def test_routes_show_transient_nodes_and_persistent_sessions(mesh: MeshInfo) -> 
     assert [s.split("#")[0] for s in persistent["fleet/#"]] == [durable.client_id]
     for c in (a, b, durable):
         c.close()
+
+
+def test_stats_sum_the_reports_of_every_node(mesh: MeshInfo) -> None:
+    """Nodes report their counters to the metrics service; `starling stats` sums them."""
+    import time
+
+    tenant = f"st{uuid.uuid4().hex[:6]}"
+    assert (
+        starling(
+            mesh, "user-add", "--tenant", tenant, "--username", "u", "--password", "pw"
+        ).returncode
+        == 0
+    )
+    sub = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
+    sub.connect()
+    sub.subscribe("m/#", 1)
+    pub = Paho(mesh.node(0), username=f"{tenant}/u", password="pw")
+    pub.connect()
+    for i in range(5):
+        pub.publish(f"m/{i}", "x", 1)
+    sub.expect(5)
+    deadline = time.monotonic() + 10
+    while True:
+        stats = json.loads(starling(mesh, "stats").stdout)
+        mine = {t["tenant"]: t for t in stats.get("tenants", [])}.get(tenant, {})
+        if mine.get("messages_in") == "5" and mine.get("messages_out") == "5":
+            break
+        assert time.monotonic() < deadline, f"stats never showed the traffic: {stats}"
+        time.sleep(0.2)
+    assert stats["nodes"] == 2
+    assert int(mine["connections"]) == 2  # uint64 fields print as JSON strings
+    sub.close()
+    pub.close()

@@ -1,0 +1,43 @@
+"""Client events land on the JetStream stream EVENTS as ev.<tenant>.<type>."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import nats
+
+from starling.common.v1 import event_pb2
+from tests.conftest import MeshInfo
+from tests.e2e.clients import Paho
+
+
+async def test_connect_takeover_and_disconnect_events(mesh: MeshInfo) -> None:
+    nc = await nats.connect(f"nats://127.0.0.1:{mesh.mesh.by_name('nats').port}")
+    js = nc.jetstream()
+    cid = f"ev-{uuid.uuid4().hex[:8]}"
+
+    def session() -> None:
+        first = Paho(mesh.node(0), client_id=cid)
+        first.connect()
+        second = Paho(mesh.node(1), client_id=cid)  # takes the session over
+        second.connect()
+        first.disconnects.get(timeout=10)
+        first.c.loop_stop()
+        second.close()
+
+    await asyncio.to_thread(session)
+    sub = await js.subscribe("ev.default.>", ordered_consumer=True)
+    seen: list[int] = []
+    for _ in range(200):
+        try:
+            msg = await sub.next_msg(timeout=0.5)
+        except nats.errors.TimeoutError:
+            break
+        ev = event_pb2.Event.FromString(msg.data)
+        if ev.client_id == cid:
+            seen.append(ev.type)
+    assert seen.count(event_pb2.EVENT_TYPE_CLIENT_CONNECTED) == 2
+    assert event_pb2.EVENT_TYPE_SESSION_TAKEN_OVER in seen
+    assert event_pb2.EVENT_TYPE_CLIENT_DISCONNECTED in seen
+    await nc.close()
