@@ -122,7 +122,6 @@ class Channel:
         self._awaiting_rel: set[int] = set()
         self._held: list[Packet] = []
         self._connect: Connect | None = None
-        self.messages_in = 0
         # Publisher acks in receipt order [MQTT-4.6.0-2]: [packet id, qos, reason, ready].
         # A list, not a deque: it is short and an empty deque costs 760 bytes per connection.
         self._acks: list[list[int]] = []
@@ -130,7 +129,6 @@ class Channel:
         self.incarnation = 0
         self.session_expiry_s = 0
         self.disconnect_expiry_s: int | None = None
-        self.denied = 0
 
     # ---- input -------------------------------------------------------------------------
 
@@ -333,7 +331,6 @@ class Channel:
         code = 0
         forward = True
         if not self.acl.can_publish(topic):
-            self.denied += 1
             forward = False
             code = RC.NOT_AUTHORIZED if level == 5 else 0  # 3.1.1: acknowledge, then drop
         elif props.payload_format_indicator == 1:
@@ -344,7 +341,6 @@ class Channel:
                 code = RC.PAYLOAD_FORMAT_INVALID
         defer = forward and qos > 0 and self.config.defer_publish_acks
         if forward:
-            self.messages_in += 1
             mprops = EMPTY
             expires_at = None
             if props is not EMPTY:
@@ -449,7 +445,6 @@ class Channel:
                 continue
             inner = shared.filter if shared else s.filter
             if not self.acl.can_subscribe(inner):
-                self.denied += 1
                 codes.append(RC.NOT_AUTHORIZED if level == 5 else 0x80)
                 continue
             codes.append(s.qos)
