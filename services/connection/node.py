@@ -138,6 +138,8 @@ INBOUND_LOW_BYTES = 256 << 10
 CHECK_EVERY = 256
 MAX_BATCH = 64  # messages per NATS message
 DELAYED_PREFIX = "$delayed/"
+HOPS_HEADER = "Starling-Hops"  # times a shared message was handed back to its group
+MAX_SHARED_HOPS = 3
 FLUSH_EVERY = 1000  # messages between PING/PONG barriers under load
 
 
@@ -568,10 +570,11 @@ class Node:
             self._mark_dirty(conn)
 
     async def _on_shared(self, group: SharedGroup[Conn], msg: Msg) -> None:
+        hops = int(msg.headers.get(HOPS_HEADER, "0")) if msg.headers else 0
         for env in RoutedBatch.FromString(msg.data).messages:
-            self._deliver_shared(group, env)
+            self._deliver_shared(group, env, hops)
 
-    def _deliver_shared(self, group: SharedGroup[Conn], env: RoutedMessage) -> None:
+    def _deliver_shared(self, group: SharedGroup[Conn], env: RoutedMessage, hops: int = 0) -> None:
         """One member gets it: the next one, in rotation, that has free inflight credit, or
         the one with the most if none has any, so no member is flooded while another idles
         and every member gets a share. Shared deliveries bypass the queue of a persistent
@@ -593,8 +596,14 @@ class Node:
         conn, e = members[chosen]
         message = from_envelope(env)
         qos = min(message.qos, e.qos)
+        ob = conn.channel.outbound
+        if qos and ob.pending and len(ob.pending) >= ob.max_queued and hops < MAX_SHARED_HOPS:
+            # Every member here is saturated: give it back to the group so NATS can pick
+            # another node, instead of overflowing this member's queue (a drop).
+            self._spawn(self._republish_shared([(redelivery_subject(group), env)], hops + 1))
+            return
         origin = (redelivery_subject(group), env) if qos else None
-        conn.channel.outbound.deliver(message, qos, False, e.sub_ids, time.time(), origin)
+        ob.deliver(message, qos, False, e.sub_ids, time.time(), origin)
         if conn.channel.out:
             self._mark_dirty(conn)
 
@@ -986,11 +995,16 @@ class Node:
         """A shared-subscription member left with unacknowledged messages: hand each to
         another member of its group (queued after this node dropped the member, so NATS
         picks among the remaining ones)."""
-        for subject, env in leftovers:  # type: ignore[misc]
+        await self._republish_shared(leftovers, 0)  # type: ignore[arg-type]
+        log.info("shared_redelivered", extra={"messages": len(leftovers)})
+
+    async def _republish_shared(self, items: list[tuple[str, RoutedMessage]], hops: int) -> None:
+        """Publish messages on their group's redelivery subject; one member gets each."""
+        headers = {HOPS_HEADER: str(hops)} if hops else None
+        for subject, env in items:
             batch = RoutedBatch()
             batch.messages.append(env)
-            await self.nc_shared.publish(subject, batch.SerializeToString())
-        log.info("shared_redelivered", extra={"messages": len(leftovers)})
+            await self.nc_shared.publish(subject, batch.SerializeToString(), headers=headers)
 
     async def _release(
         self, tenant: str, client_id: str, epoch: int, incarnation: int, expiry_s: int | None

@@ -17,6 +17,26 @@ from tests.e2e.clients import Paho, Raw
 N = 3000
 
 
+def _drops(mesh: MeshInfo) -> dict[str, int]:
+    """Per-client drop counters of both nodes (for the failure message)."""
+    import grpc
+
+    from starling.connection.v1 import connection_pb2 as cpb
+    from starling.connection.v1 import connection_pb2_grpc as cgrpc
+    from tests.e2e.admin import MD
+
+    out = {}
+    for node in ("connection-0", "connection-1"):
+        with grpc.insecure_channel(mesh.addr(node)) as ch:
+            stats = (
+                cgrpc.ConnectionAdminServiceStub(ch)
+                .GetNodeStats(cpb.GetNodeStatsRequest(), metadata=MD)
+                .stats
+            )
+        out.update({f"{node}/{c.client_id}": c.dropped for c in stats.client_drops})
+    return out
+
+
 def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: MeshInfo) -> None:
     group, topic = f"g{uuid.uuid4().hex[:6]}", f"jobs/{uuid.uuid4().hex[:6]}"
     shared = f"$share/{group}/{topic}"
@@ -73,6 +93,8 @@ def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: Mesh
     assert got_a, "the leaving member got no share before it left"
     assert got_b and got_c, "each remaining member gets a share"
     assert not set(got_b) & set(got_c), "a message reached two members"
+    missing = sorted(set(range(N)) - set(got_b) - set(got_c))
+    assert not missing, f"never acknowledged: {missing[:20]}..., drops: {_drops(mesh)}"
     assert sorted(got_b + got_c) == list(range(N)), "every message acknowledged exactly once"
     assert set(got_a) <= set(got_b) | set(got_c)  # the leaver's messages went on
     pub.disconnect()
