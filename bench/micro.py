@@ -6,9 +6,10 @@ import random
 import time
 from collections.abc import Callable
 
-from services.common.mqtt import Decoder, Publish, encode_publish
+from services.common.connect import ConnectOutcome
+from services.common.message import Message
+from services.common.mqtt import Connect, Decoder, Publish, encode, encode_publish
 from services.common.topics import TopicTrie
-from services.connection.actions import AuthResult, Message
 from services.connection.channel import Channel, ChannelConfig
 
 
@@ -78,11 +79,9 @@ def bench_trie(trie: TopicTrie[int, int], topics: list[str]) -> float:
 
 def bench_fanout_delivery() -> float:
     """Channel.deliver + encode for QoS 0 to a 3.1.1 client: the per-subscriber cost."""
-    ch = Channel(ChannelConfig(), "p", 0.0)
-    from services.common.mqtt import Connect, encode
-
+    ch = Channel(ChannelConfig(), "p", 0.0, lambda: "auto-bench")
     ch.receive(encode(Connect("c", 4), 4), 0.0)
-    ch.on_authenticated(AuthResult(True, 0, "t", 1), 0.0)
+    ch.authenticated(ConnectOutcome(tenant="t", epoch=1), 0.0)
     msg = Message("t", "t" * 32, b"x" * 64, 0, False)
 
     def run() -> int:

@@ -1,5 +1,6 @@
-"""Fixtures that start real servers on free ports: nats-server, redis-server, and a whole
-Starling mesh (two connection nodes) shared by the end-to-end tests of a session.
+"""Fixtures that start real servers on free ports: nats-server, redis-server, the core
+services in this process (client tests), and a whole Starling mesh (two connection nodes)
+shared by the end-to-end tests of a session.
 """
 
 from __future__ import annotations
@@ -8,14 +9,18 @@ import datetime
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from services.cli.launcher import Launcher, Mesh, nats_binary
 from services.cli.ports import free_port, port_open
+
+if TYPE_CHECKING:
+    from tests.inproc import Core
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -73,6 +78,18 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+async def core(
+    nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Core]:
+    """Queue, router, session and metrics services in this process, shared by the client
+    tests of a session (each test uses its own tenant)."""
+    from tests.inproc import core_services
+
+    async with core_services(nats_url, redis_url, tmp_path_factory.mktemp("core")) as c:
+        yield c
 
 
 def make_cert(folder: Path) -> tuple[Path, Path]:

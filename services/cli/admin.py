@@ -1,4 +1,6 @@
-"""Admin subcommands over the gRPC admin APIs (users, ACLs, clients, kick, stats)."""
+"""Admin subcommands (users, ACLs, clients, kick, routes, retained and delayed messages,
+stats) over the services' typed admin clients; replies print as JSON (services/cli/render.py),
+failures as `starling <command>: <STATUS>: <message>`."""
 
 from __future__ import annotations
 
@@ -9,15 +11,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-import grpc
-from google.protobuf.json_format import MessageToDict, ParseDict
-
+from services.cli.acl_file import rule_to_json, rules_from_json
 from services.cli.launcher import Mesh
-from starling.metrics.v1 import metrics_pb2, metrics_pb2_grpc
-from starling.router.v1 import router_pb2 as rpb
-from starling.router.v1 import router_pb2_grpc as rgrpc
-from starling.session.v1 import session_pb2 as spb
-from starling.session.v1 import session_pb2_grpc as sgrpc
+from services.cli.render import to_json
+from services.common.rpc.errors import ServiceError
+from services.metrics.client import MetricsAdminClient
+from services.router.client import RouterAdminClient
+from services.session.client import SessionAdminClient
+
+ROUTER_COMMANDS = ("routes", "retained", "delete-retained", "delayed", "cancel-delayed")
+# Without a local mesh or an address: the services' default gRPC ports.
+_DEFAULT_ADDRESSES = {
+    "session": "127.0.0.1:7001",
+    "router": "127.0.0.1:7002",
+    "metrics": "127.0.0.1:7006",
+}
 
 
 def _address(args: argparse.Namespace, service: str) -> str:
@@ -28,131 +36,144 @@ def _address(args: argparse.Namespace, service: str) -> str:
         mesh = Mesh.load(str(Path(args.data_dir).resolve()))
         return f"127.0.0.1:{mesh.by_name(service).grpc_port}"
     except (FileNotFoundError, StopIteration):
-        return os.environ.get(f"STARLING_{service.upper()}_ADDR", "127.0.0.1:7001")
+        return os.environ.get(f"STARLING_{service.upper()}_ADDR", _DEFAULT_ADDRESSES[service])
 
 
-def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
-    token = args.token or os.environ.get("STARLING_ADMIN_TOKEN", "")
-    return [("authorization", f"Bearer {token}")] if token else []
+def _token(args: argparse.Namespace) -> str:
+    return str(args.token or os.environ.get("STARLING_ADMIN_TOKEN", ""))
 
 
-async def _call(args: argparse.Namespace) -> Any:
-    md = _metadata(args)
-    cmd = args.command
-    if cmd in ("routes", "retained", "delete-retained", "delayed", "cancel-delayed"):
-        async with grpc.aio.insecure_channel(_address(args, "router")) as ch:
-            r = rgrpc.RouterAdminServiceStub(ch)
-            if cmd == "routes":
-                return await r.ListRoutes(rpb.ListRoutesRequest(tenant=args.tenant), metadata=md)
-            if cmd == "retained":
-                return await r.ListRetained(
-                    rpb.ListRetainedRequest(
-                        tenant=args.tenant, topic_filter=args.filter, limit=args.limit
-                    ),
-                    metadata=md,
-                )
-            if cmd == "delete-retained":
-                return await r.DeleteRetained(
-                    rpb.DeleteRetainedRequest(tenant=args.tenant, topic=args.topic), metadata=md
-                )
-            if cmd == "delayed":
-                return await r.ListDelayed(rpb.ListDelayedRequest(tenant=args.tenant), metadata=md)
-            return await r.CancelDelayed(
-                rpb.CancelDelayedRequest(tenant=args.tenant, id=args.id), metadata=md
-            )
-    if cmd == "stats":
-        async with grpc.aio.insecure_channel(_address(args, "metrics")) as ch:
-            stub = metrics_pb2_grpc.MetricsAdminServiceStub(ch)
-            return await stub.GetClusterStats(metrics_pb2.GetClusterStatsRequest(), metadata=md)
-    async with grpc.aio.insecure_channel(_address(args, "session")) as ch:
-        s = sgrpc.SessionAdminServiceStub(ch)
-        if cmd == "user-add":
-            return await s.CreateUser(
-                spb.CreateUserRequest(
-                    tenant=args.tenant,
-                    username=args.username,
-                    password=args.password,
-                    hash_scheme=args.scheme,
-                ),
-                metadata=md,
-            )
-        if cmd == "user-delete":
-            return await s.DeleteUser(
-                spb.DeleteUserRequest(tenant=args.tenant, username=args.username), metadata=md
-            )
-        if cmd == "acl-set":
-            rules = json.loads(Path(args.file).read_text())  # noqa: ASYNC240 - one small file
-            req = ParseDict({"tenant": args.tenant, "rules": rules}, spb.SetAclRequest())
-            return await s.SetAcl(req, metadata=md)
-        if cmd == "acl-get":
-            return await s.GetAcl(spb.GetAclRequest(tenant=args.tenant), metadata=md)
-        if cmd == "clients":
-            return await s.ListClients(spb.ListClientsRequest(tenant=args.tenant), metadata=md)
-        if cmd == "kick":
-            return await s.KickClient(
-                spb.KickClientRequest(tenant=args.tenant, client_id=args.client_id), metadata=md
-            )
+async def _router(c: RouterAdminClient, args: argparse.Namespace) -> object:
+    cmd, tenant = args.command, args.tenant
+    if cmd == "routes":
+        return {"routes": await c.list_routes(tenant)}
+    if cmd == "retained":
+        return await c.list_retained(tenant, args.filter, args.limit)
+    if cmd == "delete-retained":
+        return {"deleted": await c.delete_retained(tenant, args.topic)}
+    if cmd == "delayed":
+        return {"messages": await c.list_delayed(tenant)}
+    await c.cancel_delayed(tenant, args.id)
+    return {"cancelled": True}
+
+
+async def _session(c: SessionAdminClient, args: argparse.Namespace) -> object:
+    cmd, tenant = args.command, args.tenant
+    if cmd == "user-add":
+        await c.create_user(tenant, args.username, args.password, args.scheme)
+        return {}
+    if cmd == "user-delete":
+        return {"deleted": await c.delete_user(tenant, args.username)}
+    if cmd == "acl-set":
+        text = Path(args.file).read_text()  # noqa: ASYNC240 - one small file
+        await c.set_acl(tenant, rules_from_json(json.loads(text)))
+        return {}
+    if cmd == "acl-get":
+        return {"rules": [rule_to_json(r) for r in await c.get_acl(tenant)]}
+    if cmd == "clients":
+        return {"clients": await c.list_clients(tenant)}
+    if cmd == "kick":
+        await c.kick(tenant, args.client_id)
+        return {"kicked": True}
     raise SystemExit(f"unknown command {cmd}")
 
 
+async def _call(args: argparse.Namespace) -> object:
+    token = _token(args)
+    if args.command in ROUTER_COMMANDS:
+        router = RouterAdminClient(_address(args, "router"), token)
+        try:
+            return await _router(router, args)
+        finally:
+            await router.close()
+    if args.command == "stats":
+        metrics = MetricsAdminClient(_address(args, "metrics"), token)
+        try:
+            return await metrics.cluster_stats()
+        finally:
+            await metrics.close()
+    session = SessionAdminClient(_address(args, "session"), token)
+    try:
+        return await _session(session, args)
+    finally:
+        await session.close()
+
+
 def add_admin_commands(sub: Any) -> None:
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", default=".starling", help="local mesh to talk to")
-        p.add_argument("--session-addr", help="session service gRPC address")
-        p.add_argument("--token", help="admin token (or STARLING_ADMIN_TOKEN)")
-
-    p = sub.add_parser("user-add", help="create or replace a user")
-    common(p)
-    p.add_argument("--tenant", default="default")
-    p.add_argument("--username", required=True)
-    p.add_argument("--password", required=True)
-    p.add_argument("--scheme", default="argon2", choices=["argon2", "bcrypt"])
-    p = sub.add_parser("user-delete", help="delete a user")
-    common(p)
-    p.add_argument("--tenant", default="default")
-    p.add_argument("--username", required=True)
-    p = sub.add_parser("acl-set", help="replace a tenant's ACL with rules from a JSON file")
-    common(p)
-    p.add_argument("--tenant", default="default")
-    p.add_argument("--file", required=True, help="JSON list of AclRule objects")
-    for name, help_ in (
-        ("acl-get", "show a tenant's ACL"),
-        ("clients", "list connected clients of a tenant"),
-    ):
-        p = sub.add_parser(name, help=help_)
-        common(p)
-        p.add_argument("--tenant", default="default")
-    p = sub.add_parser("kick", help="disconnect a client (any node)")
-    common(p)
-    p.add_argument("--tenant", default="default")
-    p.add_argument("--client-id", required=True)
-
-    def router_cmd(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_)
-        common(p)
-        p.add_argument("--router-addr", help="router service gRPC address")
-        p.add_argument("--tenant", default="default")
-        return p
-
-    router_cmd("routes", "a tenant's filters with their nodes, and persistent ones with sessions")
-    p = router_cmd("retained", "retained messages matching a filter")
-    p.add_argument("--filter", default="#")
-    p.add_argument("--limit", type=int, default=100)
-    p = router_cmd("delete-retained", "delete one retained message")
-    p.add_argument("--topic", required=True)
-    router_cmd("delayed", "delayed messages waiting to be published")
-    p = router_cmd("cancel-delayed", "cancel a delayed message")
-    p.add_argument("--id", required=True)
+    """Register the admin subcommands on `sub` (the CLI's argparse subparsers)."""
+    # Registration order is the order `starling --help` lists the commands in.
+    _add_session_commands(sub)
+    _add_router_commands(sub)
     p = sub.add_parser("stats", help="cluster statistics from the metrics service")
-    common(p)
+    _add_common_options(p)
     p.add_argument("--metrics-addr", help="metrics service gRPC address")
 
 
-def run_admin(args: argparse.Namespace) -> int:
+def _add_common_options(p: argparse.ArgumentParser) -> None:
+    """Options of every admin command: where the services are, and the admin token."""
+    p.add_argument("--data-dir", default=".starling", help="local mesh to talk to")
+    p.add_argument("--session-addr", help="session service gRPC address")
+    p.add_argument("--token", help="admin token (or STARLING_ADMIN_TOKEN)")
+
+
+def _add_session_command(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
+    """A command answered by the session service, on one tenant."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
+    _add_common_options(p)
+    p.add_argument("--tenant", default="default")
+    return p
+
+
+def _add_session_commands(sub: Any) -> None:
+    p = _add_session_command(sub, "user-add", "create or replace a user")
+    p.add_argument("--username", required=True)
+    p.add_argument("--password", required=True)
+    p.add_argument("--scheme", default="argon2", choices=["argon2", "bcrypt"])
+    p = _add_session_command(sub, "user-delete", "delete a user")
+    p.add_argument("--username", required=True)
+    p = _add_session_command(sub, "acl-set", "replace a tenant's ACL with rules from a JSON file")
+    p.add_argument("--file", required=True, help="JSON list of AclRule objects")
+    _add_session_command(sub, "acl-get", "show a tenant's ACL")
+    _add_session_command(sub, "clients", "list connected clients of a tenant")
+    p = _add_session_command(sub, "kick", "disconnect a client (any node)")
+    p.add_argument("--client-id", required=True)
+
+
+def _add_router_command(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
+    """A command answered by the router service, on one tenant."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
+    _add_common_options(p)
+    p.add_argument("--router-addr", help="router service gRPC address")
+    p.add_argument("--tenant", default="default")
+    return p
+
+
+def _add_router_commands(sub: Any) -> None:
+    _add_router_command(
+        sub, "routes", "a tenant's filters with their nodes, and persistent ones with sessions"
+    )
+    p = _add_router_command(sub, "retained", "retained messages matching a filter")
+    p.add_argument("--filter", default="#")
+    p.add_argument("--limit", type=int, default=100)
+    p = _add_router_command(sub, "delete-retained", "delete one retained message")
+    p.add_argument("--topic", required=True)
+    _add_router_command(sub, "delayed", "delayed messages waiting to be published")
+    p = _add_router_command(sub, "cancel-delayed", "cancel a delayed message")
+    p.add_argument("--id", required=True)
+
+
+async def admin_command(args: argparse.Namespace) -> tuple[int, str]:
+    """Run one admin command: (exit status, what to print)."""
     try:
-        reply = asyncio.run(_call(args))
-    except grpc.aio.AioRpcError as exc:
-        print(f"starling {args.command}: {exc.code().name}: {exc.details()}")
-        return 1
-    print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
-    return 0
+        reply = await _call(args)
+    except ServiceError as exc:
+        return 1, f"starling {args.command}: {exc.code.name}: {exc.details}"
+    except (OSError, ValueError) as exc:  # the ACL file: unreadable or not JSON
+        return 1, f"starling {args.command}: {exc}"
+    return 0, to_json(reply)
+
+
+def run_admin(args: argparse.Namespace) -> int:
+    status, text = asyncio.run(admin_command(args))
+    print(text)
+    return status

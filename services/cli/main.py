@@ -12,7 +12,7 @@ from services.cli.admin import add_admin_commands, run_admin
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="starling", description="Starling MQTT mesh")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run one service in this process")
@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("status", help="health of every component of the local mesh")
     p.add_argument("--data-dir", default=".starling")
     add_admin_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         module = importlib.import_module(f"services.{args.service}.main")

@@ -23,12 +23,13 @@ class ConnectionAdminApi(pb_grpc.ConnectionAdminServiceServicer):
         node = self._service.node
         if node is None:
             raise RuntimeError("node is not started")
-        stats = node.tenant_stats()
+        stats = node.stats.by_tenant()
         counters = list(stats.values())
+        conns = list(node.registry.conns)
         return pb.GetNodeStatsResponse(
             stats=pb.NodeStats(
                 node_id=node.node_id,
-                connections=len(node.conns),
+                connections=len(conns),
                 messages_in=sum(c.messages_in for c in counters),
                 messages_out=sum(c.messages_out for c in counters),
                 messages_dropped=sum(c.dropped for c in counters),
@@ -48,7 +49,7 @@ class ConnectionAdminApi(pb_grpc.ConnectionAdminServiceServicer):
                         dropped=c.channel.outbound.dropped,
                         expired=c.channel.outbound.expired,
                     )
-                    for c in list(node.conns)
+                    for c in conns
                     if c.channel.outbound.dropped or c.channel.outbound.expired
                 ],
             )

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from aiohttp import WSMsgType, web
 
-from services.connection.node import Conn, Node
+from services.connection.conn import Conn
+from services.connection.node import Node
 
 log = logging.getLogger("starling.connection.listener")
 WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
@@ -28,10 +29,11 @@ class MqttProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        transport.set_write_buffer_limits(high=1 << 20)  # type: ignore[attr-defined]
-        peer = transport.get_extra_info("peername")
-        self.conn = self.node.open(transport, f"{peer[0]}:{peer[1]}" if peer else "?")
+        tcp: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self.transport = tcp
+        tcp.set_write_buffer_limits(high=1 << 20)
+        peer = tcp.get_extra_info("peername")
+        self.conn = self.node.open(tcp, f"{peer[0]}:{peer[1]}" if peer else "?")
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None
@@ -109,8 +111,7 @@ def ws_app(node: Node, path: str) -> web.Application:
                     conn.receive(msg.data)
                 elif msg.type is WSMsgType.TEXT:
                     # MQTT over WebSocket must use binary frames [MQTT-6.0.0-1].
-                    conn.channel.disconnect(0x81, "text frame")
-                    node.after(conn)
+                    node.carry_out(conn, conn.channel.disconnect(0x81, "text frame"))
                     break
                 elif msg.type is WSMsgType.ERROR:
                     break

@@ -8,7 +8,6 @@ from collections.abc import Iterable
 
 import grpc
 from aiohttp import web
-from opentelemetry import metrics
 
 from services.common.bus.client import connect
 from services.common.runtime import run_service
@@ -18,13 +17,13 @@ from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
 from services.connection.listener import server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
+from services.connection.stats import register_metrics, report_stats
 from services.metrics.client import MetricsClient
 from services.queue.client import QueueClient
 from services.router.client import RouterClient
 from services.session.client import SessionClient
 from starling.connection.v1 import connection_pb2 as pb
 from starling.connection.v1 import connection_pb2_grpc as pb_grpc
-from starling.metrics.v1 import metrics_pb2
 
 log = logging.getLogger("starling.connection")
 
@@ -71,9 +70,11 @@ class ConnectionService:
             queue=QueueClient(s.queue_addr),
         )
         await node.start()
-        _register_metrics(node)
+        register_metrics(node.stats)
         self._reporter = asyncio.create_task(
-            report_stats(node, MetricsClient(s.metrics_addr), s.stats_interval_s)
+            report_stats(
+                node.node_id, node.stats, MetricsClient(s.metrics_addr), s.stats_interval_s
+            )
         )
         tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port)
         self._servers.append(tcp)
@@ -108,66 +109,6 @@ class ConnectionService:
             await self.node.nc.drain()
             if self.node.nc_shared is not self.node.nc:
                 await self.node.nc_shared.drain()
-
-
-def tenant_counters(node: Node) -> list[metrics_pb2.TenantCounters]:
-    """This node's counters per tenant, with its open connections."""
-    conns = node.connections_by_tenant()
-    return [
-        metrics_pb2.TenantCounters(
-            tenant=t,
-            connections=conns.get(t, 0),
-            messages_in=c.messages_in,
-            messages_out=c.messages_out,
-            messages_dropped=c.dropped,
-        )
-        for t, c in sorted(node.tenant_stats().items())
-    ]
-
-
-async def report_stats(node: Node, client: MetricsClient, interval_s: float) -> None:
-    """Report to the metrics service every `interval_s`; a missed report is only logged."""
-    try:
-        while True:
-            try:
-                await client.report(node.node_id, tenant_counters(node))
-            except Exception as exc:
-                log.warning("stats_report_failed", extra={"error": type(exc).__name__})
-            await asyncio.sleep(interval_s)
-    finally:
-        await client.close()
-
-
-def _register_metrics(node: Node) -> None:
-    meter = metrics.get_meter("starling.connection")
-
-    def by_tenant(field: str) -> Iterable[metrics.Observation]:
-        for tenant, c in node.tenant_stats().items():
-            yield metrics.Observation(getattr(c, field), {"tenant": tenant})
-
-    meter.create_observable_counter(
-        "starling_messages_in",
-        [lambda _o: by_tenant("messages_in")],
-        description="PUBLISH packets accepted from clients",
-    )
-    meter.create_observable_counter(
-        "starling_messages_out",
-        [lambda _o: by_tenant("messages_out")],
-        description="PUBLISH packets written to clients",
-    )
-    meter.create_observable_counter(
-        "starling_messages_dropped",
-        [lambda _o: by_tenant("dropped")],
-        description="Deliveries dropped (slow consumer, queue full, too large)",
-    )
-
-    def connections(_o: object) -> Iterable[metrics.Observation]:
-        for tenant, n in node.connections_by_tenant().items():
-            yield metrics.Observation(n, {"tenant": tenant or "-"})
-
-    meter.create_observable_gauge(
-        "starling_connections", [connections], description="Open MQTT connections"
-    )
 
 
 def main() -> int:

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
 
 from services.common.bus import subjects
-from services.connection.envelope import from_envelope
+from services.common.tasks import TaskSet
+from services.connection.channel import Channel
+from services.queue.client import QueueClient, QueueEntry
 from starling.queue.v1 import queue_pb2
 
 log = logging.getLogger("starling.connection.persistence")
@@ -31,28 +37,20 @@ def pid_for(seq: int) -> int:
     return seq % 65535 + 1
 
 
-class QueuePort(Protocol):
-    async def read(
-        self, tenant: str, queue_id: str, from_seq: int, limit: int
-    ) -> queue_pb2.ReadResponse: ...
-
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None: ...
-
-    async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None: ...
-
-
 class PersistentDelivery:
     def __init__(
         self,
-        conn: Any,
-        queue: QueuePort,
-        nc: Any,
+        channel: Channel,
+        queue: QueueClient,
+        nc: Client,
         tenant: str,
         queue_id: str,
         resumed: bool,
-        now: Any,
+        now: Callable[[], float],
+        wrote: Callable[[], None],
     ) -> None:
-        self.conn = conn
+        self.channel = channel
+        self.wrote = wrote  # the channel has bytes to send
         self.queue = queue
         self.nc = nc
         self.tenant = tenant
@@ -69,17 +67,17 @@ class PersistentDelivery:
         self.closed = False
         self._reading = False
         self._ack_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._sub: Any = None
+        self._tasks = TaskSet()
+        self._sub: NatsSubscription | None = None
 
     async def start(self) -> None:
-        self.conn.channel.outbound.track_completions = True
+        self.channel.outbound.track_completions = True
         self._sub = await self.nc.subscribe(
             subjects.queue_notice(self.tenant, self.queue_id), cb=self._on_notice
         )
         self.pump()
 
-    async def _on_notice(self, msg: Any) -> None:
+    async def _on_notice(self, msg: Msg) -> None:
         self._notices += 1
         notice = queue_pb2.QueueNotice.FromString(msg.data)
         self.announced = max(self.announced, notice.last_seq)
@@ -90,15 +88,15 @@ class PersistentDelivery:
         """Read more if the client's window has room and the queue may have entries."""
         if self.closed or self._reading or not self.more:
             return
-        if self.conn.channel.outbound.free_window <= 0:
+        if self.channel.outbound.free_window <= 0:
             return
         self._reading = True
-        self._spawn(self._read())
+        self._tasks.spawn(self._read())
 
     async def _read(self) -> None:
         try:
             while not self.closed and self.more:
-                window = self.conn.channel.outbound.free_window
+                window = self.channel.outbound.free_window
                 if window <= 0:
                     return
                 from_seq = self.next_read or 1
@@ -126,9 +124,8 @@ class PersistentDelivery:
             self._reading = False
             self._schedule_ack()
 
-    def _deliver(self, entries: Any) -> None:
-        ch = self.conn.channel
-        ob = ch.outbound
+    def _deliver(self, entries: Sequence[QueueEntry]) -> None:
+        ob = self.channel.outbound
         now = self.now()
         for e in entries:
             pid = pid_for(e.seq)
@@ -138,33 +135,26 @@ class PersistentDelivery:
             if e.released:
                 ob.resend_pubrel(pid)
                 continue
-            msg = from_envelope(e.message)._replace(qos=e.qos, retain=e.retain)
-            if e.expires_at_ms:
-                msg = msg._replace(expires_at=e.expires_at_ms / 1000)
-            if e.qos == 0:  # e.g. a retained QoS 0 message for this session
-                ob.deliver(msg, 0, e.retain, tuple(e.subscription_identifiers), now)
+            msg = e.message
+            if msg.qos == 0:  # e.g. a retained QoS 0 message for this session
+                ob.deliver(msg, 0, msg.retain, e.subscription_ids, now)
                 ob.completed.append(pid)
                 continue
             if not ob.deliver_stored(
-                msg,
-                e.qos,
-                e.retain,
-                tuple(e.subscription_identifiers),
-                pid,
-                self.draining_backlog,
-                now,
+                msg, msg.qos, msg.retain, e.subscription_ids, pid, self.draining_backlog, now
             ):
                 ob.completed.append(pid)  # expired or too large: done without sending
-        self.conn.node.mark_dirty(self.conn)
+        if self.channel.out:
+            self.wrote()
 
     def progress(self) -> None:
         """The channel recorded PUBACK/PUBCOMP/PUBREC: ack the queue, read more."""
-        ob = self.conn.channel.outbound
+        ob = self.channel.outbound
         if ob.released:
             for pid in ob.released:
                 seq = self.by_pid.get(pid)
                 if seq is not None:
-                    self._spawn(self._mark_released(seq))
+                    self._tasks.spawn(self._mark_released(seq))
             ob.released.clear()
         if ob.completed:
             for pid in ob.completed:
@@ -187,7 +177,7 @@ class PersistentDelivery:
         if through <= self.acked:
             return
         delay = 0.0 if through - self.acked >= ACK_EVERY else ACK_DELAY_S
-        self._ack_task = asyncio.ensure_future(self._ack_later(delay))
+        self._ack_task = self._tasks.spawn(self._ack_later(delay), name="queue-ack")
 
     async def _ack_later(self, delay: float) -> None:
         try:
@@ -229,8 +219,3 @@ class PersistentDelivery:
         """Periodic safety net for missed notices (e.g. the queue service restarted)."""
         self.more = True
         self.pump()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)

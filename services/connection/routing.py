@@ -14,50 +14,45 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol, TypeVar
 
+from services.router.client import RouteResult
 from starling.common.v1.message_pb2 import RoutedMessage
-from starling.router.v1 import router_pb2
 
 log = logging.getLogger("starling.connection.routing")
 
 MAX_BATCH = 1000
-_DONE = {
-    router_pb2.ROUTE_RESULT_STORED,
-    router_pb2.ROUTE_RESULT_NO_MATCH,
-    router_pb2.ROUTE_RESULT_QUOTA_EXCEEDED,
-}
+_DONE = {RouteResult.STORED, RouteResult.NO_MATCH, RouteResult.QUOTA_EXCEEDED}
+
+P = TypeVar("P")  # the publisher (a connection; None for wills and delayed releases)
 
 
-class RouterPort(Protocol):
-    async def route(self, messages: list[RoutedMessage]) -> list[int]: ...
+class Router(Protocol):
+    async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]: ...
 
 
-# (conn, publisher packet id, envelope); conn is None for wills
-Item = tuple[Any, int, RoutedMessage]
-
-
-class RoutingPipeline:
+class RoutingPipeline(Generic[P]):
     def __init__(
         self,
-        router: RouterPort,
-        on_done: Callable[[Any, int, int], None],
-        on_give_up: Callable[[Any], None],
+        router: Router,
+        on_done: Callable[[P | None, int, RouteResult], None],
+        on_give_up: Callable[[P | None], None],
         give_up_s: float = 30.0,
     ) -> None:
         self._router = router
         self._on_done = on_done
         self._on_give_up = on_give_up
         self._give_up_s = give_up_s
-        self._queue: deque[Item] = deque()
+        self._queue: deque[tuple[P | None, int, RoutedMessage]] = deque()
         self._wake = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def submit(self, conn: Any, pid: int, env: RoutedMessage) -> None:
-        self._queue.append((conn, pid, env))
+    def submit(self, publisher: P | None, pid: int, env: RoutedMessage) -> None:
+        """Route `env`; `pid` is the publisher's packet id to acknowledge (0: none)."""
+        self._queue.append((publisher, pid, env))
         self._wake.set()
 
     async def run(self) -> None:
@@ -69,7 +64,7 @@ class RoutingPipeline:
                 batch = [self._queue.popleft() for _ in range(n)]
                 await self._route(batch)
 
-    async def _route(self, batch: list[Item]) -> None:
+    async def _route(self, batch: list[tuple[P | None, int, RoutedMessage]]) -> None:
         delay = 0.05
         started = time.monotonic()
         pending = batch
@@ -77,11 +72,8 @@ class RoutingPipeline:
             try:
                 results = await self._router.route([env for _, _, env in pending])
             except Exception as exc:  # router down or slow: retry the same messages
-                code = getattr(exc, "code", lambda: None)()
-                log.warning(
-                    "router_unavailable", extra={"error": type(exc).__name__, "code": str(code)}
-                )
-                results = [router_pb2.ROUTE_RESULT_TRY_LATER] * len(pending)
+                log.warning("router_unavailable", extra={"error": type(exc).__name__})
+                results = [RouteResult.TRY_LATER] * len(pending)
             retry = []
             for item, result in zip(pending, results, strict=True):
                 if result in _DONE:

@@ -11,6 +11,7 @@ groups, one per (tenant, group, filter), so each message reaches one node and th
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -128,7 +129,9 @@ class NodeSubscriptions(Generic[C]):
         return g
 
 
-def should_process(received_on: str, subject: str, matches: list[tuple[object, SubEntry]]) -> bool:
+def should_process(
+    received_on: str, subject: str, matches: Sequence[tuple[object, SubEntry]]
+) -> bool:
     """True for exactly one of the copies NATS delivered for overlapping subscriptions."""
     first = matches[0][1].subjects
     if all(e.subjects is first or e.subjects == first for _, e in matches):

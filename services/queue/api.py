@@ -6,12 +6,13 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 
 import grpc
 from nats.aio.client import Client
 
 from services.common.bus import subjects
-from services.common.rpc.status import InvalidArgumentError
+from services.common.rpc.errors import InvalidArgumentError
 from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
 from services.queue.config import QueueSettings
 from services.queue.core import expires_at_ms, owned, partition_of
@@ -45,6 +46,41 @@ class Partitions:
                 self.epochs[p] = await store.claim_partition(p)
 
 
+def _items_by_queue(
+    entries: Iterable[pb.NewEntry],
+) -> dict[str, list[tuple[int, NewQueueItem]]]:
+    """Validate the entries and group them by queue, each with its index in the request (so
+    results can be put back in request order)."""
+    by_queue: dict[str, list[tuple[int, NewQueueItem]]] = defaultdict(list)
+    for i, e in enumerate(entries):
+        if not e.queue_id or not e.message.message_id:
+            raise InvalidArgumentError(f"entries[{i}] needs queue_id and message.message_id")
+        by_queue[e.queue_id].append((i, _new_item(e)))
+    return by_queue
+
+
+def _new_item(e: pb.NewEntry) -> NewQueueItem:
+    """The stored form of an entry: the serialized QueueEntry, with its expiry time."""
+    m = e.message
+    expiry = (
+        m.properties.message_expiry_interval_s
+        if m.properties.HasField("message_expiry_interval_s")
+        else None
+    )
+    data = pb.QueueEntry(
+        message=m,
+        qos=e.qos,
+        retain=e.retain,
+        subscription_identifiers=e.subscription_identifiers,
+    )
+    return NewQueueItem(
+        m.message_id,
+        e.qos,
+        data.SerializeToString(),
+        expires_at_ms(m.published_at_ms, expiry),
+    )
+
+
 class QueueApi(pb_grpc.QueueServiceServicer):
     def __init__(
         self, store: QueueStore, parts: Partitions, settings: QueueSettings, nats: Client
@@ -61,63 +97,47 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         if not request.tenant:
             raise InvalidArgumentError("tenant is required")
         tenant = request.tenant
-        by_queue: dict[str, list[tuple[int, NewQueueItem]]] = defaultdict(list)
-        for i, e in enumerate(request.entries):
-            if not e.queue_id or not e.message.message_id:
-                raise InvalidArgumentError(f"entries[{i}] needs queue_id and message.message_id")
-            m = e.message
-            expiry = (
-                m.properties.message_expiry_interval_s
-                if m.properties.HasField("message_expiry_interval_s")
-                else None
-            )
-            data = pb.QueueEntry(
-                message=m,
-                qos=e.qos,
-                retain=e.retain,
-                subscription_identifiers=e.subscription_identifiers,
-            )
-            by_queue[e.queue_id].append(
-                (
-                    i,
-                    NewQueueItem(
-                        m.message_id,
-                        e.qos,
-                        data.SerializeToString(),
-                        expires_at_ms(m.published_at_ms, expiry),
-                    ),
-                )
-            )
+        by_queue = _items_by_queue(request.entries)
         results = [pb.APPEND_RESULT_UNSPECIFIED] * len(request.entries)
         for qid, items in by_queue.items():
-            p = partition_of(tenant, qid, self._parts.count)
-            epoch = self._parts.epochs.get(p)
-            if epoch is None:
-                report = AppendReport([AppendOutcome.FENCED] * len(items))
-            else:
-                async with self._parts.locks[p]:  # one writer per partition
-                    report = await self._store.append(
-                        tenant,
-                        qid,
-                        [it for _, it in items],
-                        p,
-                        epoch,
-                        self._max_depth,
-                        self._drop_oldest,
-                    )
-                if AppendOutcome.FENCED in report.outcomes:
-                    log.warning("partition_fenced", extra={"partition": p})
-                    self._parts.epochs.pop(p, None)
+            report = await self._append_to_queue(tenant, qid, [it for _, it in items])
             for (i, _), outcome in zip(items, report.outcomes, strict=True):
                 results[i] = _RESULT[outcome]
-            if AppendOutcome.OK in report.outcomes:
-                notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=report.last_seq)
-                await self._nats.publish(
-                    subjects.queue_notice(tenant, qid), notice.SerializeToString()
-                )
-            if report.dropped:
-                await self._dropped(tenant, qid, report.dropped)
+            await self._announce(tenant, qid, report)
         return pb.AppendResponse(results=results)
+
+    async def _append_to_queue(
+        self, tenant: str, qid: str, items: list[NewQueueItem]
+    ) -> AppendReport:
+        """Append to one queue under its partition's epoch; every item is FENCED when this
+        instance does not (or no longer) own the partition."""
+        p = partition_of(tenant, qid, self._parts.count)
+        epoch = self._parts.epochs.get(p)
+        if epoch is None:
+            return AppendReport([AppendOutcome.FENCED] * len(items))
+        async with self._parts.locks[p]:  # one writer per partition
+            report = await self._store.append(
+                tenant,
+                qid,
+                items,
+                p,
+                epoch,
+                self._max_depth,
+                self._drop_oldest,
+            )
+        if AppendOutcome.FENCED in report.outcomes:
+            # Another instance took the partition over: stop writing to it.
+            log.warning("partition_fenced", extra={"partition": p})
+            self._parts.epochs.pop(p, None)
+        return report
+
+    async def _announce(self, tenant: str, qid: str, report: AppendReport) -> None:
+        """Tell the queue's readers about new entries (a notice on NATS), and report drops."""
+        if AppendOutcome.OK in report.outcomes:
+            notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=report.last_seq)
+            await self._nats.publish(subjects.queue_notice(tenant, qid), notice.SerializeToString())
+        if report.dropped:
+            await self._dropped(tenant, qid, report.dropped)
 
     async def _dropped(self, tenant: str, qid: str, count: int) -> None:
         """Depth limit hit: counted in the queue state, and an event on EVENTS."""

@@ -1,47 +1,143 @@
-"""Typed client of the queue service (used by the router, the session service and nodes)."""
+"""Typed clients of the queue service: `QueueClient` for the router (append), the session
+service (drop) and connection nodes (read, ack, mark_released); `QueueAdminClient` for
+operators.
+
+Entries come back as `Message`s that already carry the delivery QoS, retain flag and expiry of
+their queue entry: callers never see the queue's protobuf.
+"""
 
 from __future__ import annotations
 
-from services.common.rpc.server import LazyStub
-from services.queue.core import queue_id
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
 
-__all__ = ["QueueClient", "queue_id"]
+from services.common.envelope import from_envelope
+from services.common.message import Message
+from services.common.rpc.client import LazyStub
+from services.queue.core import queue_id
+from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
+
+__all__ = [
+    "AppendResult",
+    "NewEntry",
+    "QueueAdminClient",
+    "QueueClient",
+    "QueueEntry",
+    "QueueRead",
+    "QueueStats",
+    "queue_id",
+]
+
+
+class AppendResult(IntEnum):
+    """What an append did with one entry (values of `starling.queue.v1.AppendResult`)."""
+
+    OK = pb.APPEND_RESULT_OK  # stored (or already stored: appends are idempotent)
+    FENCED = pb.APPEND_RESULT_FENCED  # this queue's partition moved: not stored, try later
+    QUEUE_FULL = pb.APPEND_RESULT_QUEUE_FULL  # the depth limit refused it: dropped for good
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """One message for one queue, delivered at `qos` with `retain`."""
+
+    queue_id: str
+    message: RoutedMessage  # its message_id makes the append idempotent
+    qos: int
+    retain: bool
+    subscription_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    seq: int
+    message: Message  # with the entry's qos, retain and expires_at
+    subscription_ids: tuple[int, ...]
+    released: bool  # the client sent PUBREC: resend PUBREL, not the PUBLISH
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRead:
+    entries: tuple[QueueEntry, ...]
+    acked_through: int
+    last_seq: int  # the last seq examined (expired entries are skipped): go on from + 1
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    depth: int
+    last_seq: int
+    acked_through: int
+    dropped: int
+
+
+def _entry_to_pb(e: NewEntry) -> pb.NewEntry:
+    return pb.NewEntry(
+        queue_id=e.queue_id,
+        message=e.message,
+        qos=e.qos,
+        retain=e.retain,
+        subscription_identifiers=e.subscription_ids,
+    )
+
+
+def _entry_from_pb(e: pb.QueueEntry) -> QueueEntry:
+    m = from_envelope(e.message)
+    expires_at = e.expires_at_ms / 1000 if e.expires_at_ms else m.expires_at
+    return QueueEntry(
+        e.seq,
+        m._replace(qos=e.qos, retain=e.retain, expires_at=expires_at),
+        tuple(e.subscription_identifiers),
+        e.released,
+    )
 
 
 class QueueClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
-        self._lazy = LazyStub(address, pb_grpc.QueueServiceStub)
-        self._timeout = timeout_s
+        self._rpc = LazyStub(address, pb_grpc.QueueServiceStub, timeout_s=timeout_s)
 
-    async def append(self, tenant: str, entries: list[pb.NewEntry]) -> list[int]:
-        resp = await self._lazy.stub.Append(
-            pb.AppendRequest(tenant=tenant, entries=entries), timeout=self._timeout
-        )
-        return list(resp.results)
+    async def append(self, tenant: str, entries: Sequence[NewEntry]) -> list[AppendResult]:
+        """One result per entry, in order."""
+        req = pb.AppendRequest(tenant=tenant, entries=[_entry_to_pb(e) for e in entries])
+        resp = await self._rpc.call(self._rpc.stub.Append, req)
+        return [AppendResult(r) for r in resp.results]
 
-    async def read(self, tenant: str, queue_id: str, from_seq: int, limit: int) -> pb.ReadResponse:
-        return await self._lazy.stub.Read(  # type: ignore[no-any-return]
-            pb.ReadRequest(tenant=tenant, queue_id=queue_id, from_seq=from_seq, limit=limit),
-            timeout=self._timeout,
+    async def read(self, tenant: str, queue_id: str, from_seq: int, limit: int) -> QueueRead:
+        """Up to `limit` unexpired entries from `from_seq` on."""
+        req = pb.ReadRequest(tenant=tenant, queue_id=queue_id, from_seq=from_seq, limit=limit)
+        resp = await self._rpc.call(self._rpc.stub.Read, req)
+        return QueueRead(
+            tuple(_entry_from_pb(e) for e in resp.entries), resp.acked_through, resp.last_seq
         )
 
     async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
-        await self._lazy.stub.Ack(
-            pb.AckRequest(tenant=tenant, queue_id=queue_id, through_seq=through_seq),
-            timeout=self._timeout,
-        )
+        req = pb.AckRequest(tenant=tenant, queue_id=queue_id, through_seq=through_seq)
+        await self._rpc.call(self._rpc.stub.Ack, req)
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
-        await self._lazy.stub.MarkReleased(
-            pb.MarkReleasedRequest(tenant=tenant, queue_id=queue_id, seq=seq), timeout=self._timeout
-        )
+        req = pb.MarkReleasedRequest(tenant=tenant, queue_id=queue_id, seq=seq)
+        await self._rpc.call(self._rpc.stub.MarkReleased, req)
 
     async def drop(self, tenant: str, queue_id: str) -> None:
-        await self._lazy.stub.Drop(
-            pb.DropRequest(tenant=tenant, queue_id=queue_id), timeout=self._timeout
-        )
+        await self._rpc.call(self._rpc.stub.Drop, pb.DropRequest(tenant=tenant, queue_id=queue_id))
 
     async def close(self) -> None:
-        await self._lazy.close()
+        await self._rpc.close()
+
+
+class QueueAdminClient:
+    def __init__(self, address: str, token: str, timeout_s: float = 10.0) -> None:
+        self._rpc = LazyStub(
+            address, pb_grpc.QueueAdminServiceStub, timeout_s=timeout_s, token=token
+        )
+
+    async def queue_stats(self, tenant: str, queue_id: str) -> QueueStats:
+        req = pb.GetQueueStatsRequest(tenant=tenant, queue_id=queue_id)
+        r = await self._rpc.call(self._rpc.stub.GetQueueStats, req)
+        return QueueStats(r.depth, r.last_seq, r.acked_through, r.dropped)
+
+    async def close(self) -> None:
+        await self._rpc.close()

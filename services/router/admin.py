@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from services.common.bus import subjects
-from services.common.rpc.status import InvalidArgumentError, NotFoundError
+from services.common.rpc.errors import InvalidArgumentError, NotFoundError
 from services.router.core import RouteTable
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex

@@ -8,34 +8,18 @@ import uuid
 
 import grpc
 
-from services.common.rpc.status import InvalidArgumentError
-from services.common.store.ports import SessionStore, SubscriptionRecord
-from services.queue.client import QueueClient
+from services.common.rpc.errors import InvalidArgumentError
+from services.common.store.ports import SessionStore
+from services.common.subscription import record_from_pb, record_to_pb
+from services.queue.client import NewEntry, QueueClient
 from services.router.core import RouteTable
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
 from starling.common.v1.message_pb2 import RoutedMessage
-from starling.queue.v1 import queue_pb2
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
 
 log = logging.getLogger("starling.router")
-
-
-def _record(
-    tenant: str, client_id: str, incarnation: int, s: pb.PersistentSubscription
-) -> SubscriptionRecord:
-    return SubscriptionRecord(
-        tenant,
-        client_id,
-        incarnation,
-        s.topic_filter,
-        s.qos,
-        s.no_local,
-        s.retain_as_published,
-        s.retain_handling,
-        s.subscription_identifier,
-    )
 
 
 def _check_session(tenant: str, client_id: str, incarnation: int) -> None:
@@ -65,7 +49,9 @@ class RouterApi(pb_grpc.RouterServiceServicer):
             if not m.message_id:
                 raise InvalidArgumentError(f"messages[{i}].message_id is required")
         results, queues = await self._publisher.accept(list(request.messages))
-        return pb.RoutePersistentResponse(results=results, queues=queues)
+        return pb.RoutePersistentResponse(
+            results=[pb.RouteResult.ValueType(r) for r in results], queues=queues
+        )
 
     async def GetRetained(
         self, request: pb.GetRetainedRequest, context: grpc.aio.ServicerContext
@@ -82,20 +68,13 @@ class RouterApi(pb_grpc.RouterServiceServicer):
             messages.append(m)
         if not request.queue_id:
             return pb.GetRetainedResponse(messages=messages, examined=examined)
+        sid = request.subscription_identifier
+        for m in messages:  # a retained copy per subscription: its own message id
+            m.message_id = f"{m.message_id}/r{uuid.uuid4().hex[:12]}"
         entries = [
-            queue_pb2.NewEntry(
-                queue_id=request.queue_id,
-                message=m,
-                qos=min(m.qos, request.qos),
-                retain=True,
-                subscription_identifiers=(
-                    [request.subscription_identifier] if request.subscription_identifier else []
-                ),
-            )
+            NewEntry(request.queue_id, m, min(m.qos, request.qos), True, (sid,) if sid else ())
             for m in messages
         ]
-        for e in entries:  # a retained copy per subscription: its own message id
-            e.message.message_id = f"{e.message.message_id}/r{uuid.uuid4().hex[:12]}"
         if entries:
             await self._queues.append(request.tenant, entries)
         return pb.GetRetainedResponse(examined=examined)
@@ -115,7 +94,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
     ) -> pb.SubscribeResponse:
         _check_session(request.tenant, request.client_id, request.incarnation)
         recs = [
-            _record(request.tenant, request.client_id, request.incarnation, s)
+            record_from_pb(request.tenant, request.client_id, request.incarnation, s)
             for s in request.subscriptions
         ]
         await self._store.put_subscriptions(recs)
@@ -139,19 +118,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         self, request: pb.ListSubscriptionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListSubscriptionsResponse:
         recs = self._table.subscriptions(request.tenant, request.client_id, request.incarnation)
-        return pb.ListSubscriptionsResponse(
-            subscriptions=[
-                pb.PersistentSubscription(
-                    topic_filter=r.topic_filter,
-                    qos=r.qos,
-                    no_local=r.no_local,
-                    retain_as_published=r.retain_as_published,
-                    retain_handling=r.retain_handling,
-                    subscription_identifier=r.subscription_identifier,
-                )
-                for r in recs
-            ]
-        )
+        return pb.ListSubscriptionsResponse(subscriptions=[record_to_pb(r) for r in recs])
 
     async def DropSession(
         self, request: pb.DropSessionRequest, context: grpc.aio.ServicerContext

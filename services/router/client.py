@@ -1,76 +1,188 @@
-"""Typed client of the router service (used by connection nodes and the session service)."""
+"""Typed clients of the router service: `RouterClient` for connection nodes and the session
+service, `RouterAdminClient` for operators (the CLI).
+
+Publishes travel as `RoutedMessage` envelopes (what NATS carries too); everything else goes in
+and comes out as domain values: results as `RouteResult`, retained messages as `Message`,
+subscriptions as `IdentifiedSubscription`. Failures raise services/common/rpc/errors.py.
+"""
 
 from __future__ import annotations
 
-from services.common.rpc.server import LazyStub
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.common.connect import IdentifiedSubscription
+from services.common.envelope import from_envelope
+from services.common.message import Message
+from services.common.rpc.client import LazyStub
+from services.common.subscription import identified_from_pb, identified_to_pb
+from services.router.core import RouteResult
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
 
+__all__ = [
+    "DelayedMessage",
+    "RetainedListing",
+    "Route",
+    "RouteResult",
+    "RouterAdminClient",
+    "RouterClient",
+]
+
+_RESULTS = {int(r): r for r in RouteResult}
+
+
+def _result(value: int) -> RouteResult:
+    # A reply the router never sends (UNSPECIFIED): not stored, so the node keeps it.
+    return _RESULTS.get(value, RouteResult.TRY_LATER)
+
 
 class RouterClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
-        self._lazy = LazyStub(address, pb_grpc.RouterServiceStub)
-        self._timeout = timeout_s
+        self._rpc = LazyStub(address, pb_grpc.RouterServiceStub, timeout_s=timeout_s)
 
-    async def route(self, messages: list[RoutedMessage]) -> list[int]:
-        resp = await self._lazy.stub.RoutePersistent(
-            pb.RoutePersistentRequest(messages=messages), timeout=self._timeout
-        )
-        return list(resp.results)
+    async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
+        """Store QoS>=1 publishes for persistent sessions; one result per message, in order."""
+        req = pb.RoutePersistentRequest(messages=messages)
+        resp = await self._rpc.call(self._rpc.stub.RoutePersistent, req)
+        return [_result(r) for r in resp.results]
 
     async def subscribe(
-        self, tenant: str, client_id: str, incarnation: int, subs: list[pb.PersistentSubscription]
+        self,
+        tenant: str,
+        client_id: str,
+        incarnation: int,
+        subscriptions: Sequence[IdentifiedSubscription],
     ) -> None:
-        await self._lazy.stub.Subscribe(
-            pb.SubscribeRequest(
-                tenant=tenant, client_id=client_id, incarnation=incarnation, subscriptions=subs
-            ),
-            timeout=self._timeout,
+        """Add (or replace, per filter) a persistent session's subscriptions."""
+        req = pb.SubscribeRequest(
+            tenant=tenant,
+            client_id=client_id,
+            incarnation=incarnation,
+            subscriptions=[identified_to_pb(s, i) for s, i in subscriptions],
         )
+        await self._rpc.call(self._rpc.stub.Subscribe, req)
 
     async def unsubscribe(
-        self, tenant: str, client_id: str, incarnation: int, filters: list[str]
+        self, tenant: str, client_id: str, incarnation: int, filters: Sequence[str]
     ) -> None:
-        await self._lazy.stub.Unsubscribe(
-            pb.UnsubscribeRequest(
-                tenant=tenant, client_id=client_id, incarnation=incarnation, topic_filters=filters
-            ),
-            timeout=self._timeout,
+        req = pb.UnsubscribeRequest(
+            tenant=tenant, client_id=client_id, incarnation=incarnation, topic_filters=filters
         )
+        await self._rpc.call(self._rpc.stub.Unsubscribe, req)
+
+    async def subscriptions(
+        self, tenant: str, client_id: str, incarnation: int
+    ) -> list[IdentifiedSubscription]:
+        """A persistent session's subscriptions as the route table holds them."""
+        req = pb.ListSubscriptionsRequest(
+            tenant=tenant, client_id=client_id, incarnation=incarnation
+        )
+        resp = await self._rpc.call(self._rpc.stub.ListSubscriptions, req)
+        return [identified_from_pb(s) for s in resp.subscriptions]
 
     async def drop_session(self, tenant: str, client_id: str, incarnation: int) -> None:
-        await self._lazy.stub.DropSession(
-            pb.DropSessionRequest(tenant=tenant, client_id=client_id, incarnation=incarnation),
-            timeout=self._timeout,
-        )
+        """Forget every subscription of one session incarnation (it ended or expired)."""
+        req = pb.DropSessionRequest(tenant=tenant, client_id=client_id, incarnation=incarnation)
+        await self._rpc.call(self._rpc.stub.DropSession, req)
 
-    async def get_retained(
+    async def retained(self, tenant: str, topic_filter: str) -> list[Message]:
+        """Retained messages matching a new subscription's filter (retain flag set)."""
+        req = pb.GetRetainedRequest(tenant=tenant, topic_filter=topic_filter)
+        resp = await self._rpc.call(self._rpc.stub.GetRetained, req)
+        return [from_envelope(m) for m in resp.messages]
+
+    async def queue_retained(
         self,
         tenant: str,
         topic_filter: str,
-        queue_id: str = "",
-        qos: int = 0,
-        subscription_identifier: int = 0,
-    ) -> list[RoutedMessage]:
-        resp = await self._lazy.stub.GetRetained(
-            pb.GetRetainedRequest(
-                tenant=tenant,
-                topic_filter=topic_filter,
-                queue_id=queue_id,
-                qos=qos,
-                subscription_identifier=subscription_identifier,
-            ),
-            timeout=self._timeout,
+        queue_id: str,
+        qos: int,
+        subscription_id: int | None,
+    ) -> None:
+        """A persistent session's new subscription: the router appends the matching retained
+        messages to its queue at min(message QoS, `qos`); the node reads them from there."""
+        req = pb.GetRetainedRequest(
+            tenant=tenant,
+            topic_filter=topic_filter,
+            queue_id=queue_id,
+            qos=qos,
+            subscription_identifier=subscription_id or 0,
         )
-        return list(resp.messages)
+        await self._rpc.call(self._rpc.stub.GetRetained, req)
 
     async def settle_will(self, tenant: str, client_id: str, publish_now: bool) -> bool:
-        resp = await self._lazy.stub.SettleWill(
-            pb.SettleWillRequest(tenant=tenant, client_id=client_id, publish_now=publish_now),
-            timeout=self._timeout,
-        )
+        """The client is back: cancel its delayed will, or publish it now (the old session
+        ended) [MQTT-3.1.3-9]. False: it had none."""
+        req = pb.SettleWillRequest(tenant=tenant, client_id=client_id, publish_now=publish_now)
+        resp = await self._rpc.call(self._rpc.stub.SettleWill, req)
         return bool(resp.found)
 
     async def close(self) -> None:
-        await self._lazy.close()
+        await self._rpc.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    topic_filter: str
+    # Transient routes: the nodes holding the filter; persistent: sessions (client#incarnation).
+    node_ids: tuple[str, ...]
+    persistent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedListing:
+    messages: tuple[Message, ...]
+    examined: int  # index nodes read to answer (cost of the lookup)
+    stored: int  # retained messages stored for the tenant
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedMessage:
+    id: str
+    due_ms: int
+    message: Message
+
+
+class RouterAdminClient:
+    """Routes, retained and delayed messages per tenant (the admin token is required)."""
+
+    def __init__(self, address: str, token: str, timeout_s: float = 10.0) -> None:
+        self._rpc = LazyStub(
+            address, pb_grpc.RouterAdminServiceStub, timeout_s=timeout_s, token=token
+        )
+
+    async def list_routes(self, tenant: str) -> list[Route]:
+        """Transient filters with their nodes, then persistent ones with their sessions."""
+        req = pb.ListRoutesRequest(tenant=tenant)
+        resp = await self._rpc.call(self._rpc.stub.ListRoutes, req)
+        return [Route(r.topic_filter, tuple(r.node_ids), r.persistent) for r in resp.routes]
+
+    async def list_retained(
+        self, tenant: str, topic_filter: str = "#", limit: int = 100
+    ) -> RetainedListing:
+        req = pb.ListRetainedRequest(tenant=tenant, topic_filter=topic_filter, limit=limit)
+        resp = await self._rpc.call(self._rpc.stub.ListRetained, req)
+        return RetainedListing(
+            tuple(from_envelope(m) for m in resp.messages), resp.examined, resp.stored
+        )
+
+    async def delete_retained(self, tenant: str, topic: str) -> bool:
+        req = pb.DeleteRetainedRequest(tenant=tenant, topic=topic)
+        resp = await self._rpc.call(self._rpc.stub.DeleteRetained, req)
+        return bool(resp.deleted)
+
+    async def list_delayed(self, tenant: str) -> list[DelayedMessage]:
+        """Delayed publishes and wills, soonest first."""
+        req = pb.ListDelayedRequest(tenant=tenant)
+        resp = await self._rpc.call(self._rpc.stub.ListDelayed, req)
+        return [DelayedMessage(d.id, d.due_ms, from_envelope(d.message)) for d in resp.messages]
+
+    async def cancel_delayed(self, tenant: str, id: str) -> None:
+        """Raises `NotFoundError` when it was already published or cancelled."""
+        req = pb.CancelDelayedRequest(tenant=tenant, id=id)
+        await self._rpc.call(self._rpc.stub.CancelDelayed, req)
+
+    async def close(self) -> None:
+        await self._rpc.close()

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 from services.common.store.ports import SubscriptionRecord
 from services.common.topics import TopicTrie
+from services.common.topics.merge import merge_matches
 
 SessionKey = tuple[str, int]  # (client_id, incarnation)
+
+
+class RouteResult(IntEnum):
+    """What the router did with one publish (values of `starling.router.v1.RouteResult`).
+
+    The node acknowledges the publisher (PUBACK/PUBREC) only after STORED, NO_MATCH or
+    QUOTA_EXCEEDED (with 0x97); TRY_LATER means a queue could not take it: keep it and retry.
+    """
+
+    STORED = 1  # held (delayed, will) or appended to every matching session's queue
+    NO_MATCH = 2  # no persistent session subscribes to it
+    TRY_LATER = 3
+    QUOTA_EXCEEDED = 4  # the tenant's retained-message cap refused it (it was still routed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +34,10 @@ class Target:
     qos: int
     retain: bool
     subscription_ids: tuple[int, ...]
+
+
+def _client_of(key: SessionKey) -> str:
+    return key[0]
 
 
 class RouteTable:
@@ -80,17 +99,7 @@ class RouteTable:
         trie = self._tries.get(tenant)
         if trie is None:
             return []
-        per: dict[SessionKey, tuple[int, bool, tuple[int, ...]]] = {}
-        for key, rec in trie.match(topic):
-            if rec.no_local and key[0] == publisher:
-                continue
-            q = min(qos, rec.qos)
-            rap = retain and rec.retain_as_published
-            ids = (rec.subscription_identifier,) if rec.subscription_identifier else ()
-            prev = per.get(key)
-            if prev is not None:
-                q, rap, ids = max(prev[0], q), prev[1] or rap, prev[2] + ids
-            per[key] = (q, rap, ids)
+        per = merge_matches(trie.match(topic), qos, retain, publisher, _client_of)
         return [
             Target(k[0], k[1], q, rap, ids)
             for k, (q, rap, ids) in per.items()

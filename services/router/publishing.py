@@ -9,22 +9,20 @@ import logging
 import time
 from typing import Any
 
-import grpc
-
 from services.common.bus import subjects
+from services.common.rpc.errors import ServiceError
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
 from services.common.topics import topic_to_subject
-from services.queue.client import QueueClient, queue_id
-from services.router.core import RouteTable
+from services.queue.client import AppendResult, NewEntry, QueueClient, queue_id
+from services.router.core import RouteResult, RouteTable
 from services.router.delayed import DelayedTopic, Schedule, parse_delayed
 from services.router.retained import Retained, RetainedIndex
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
-from starling.queue.v1 import queue_pb2
-from starling.router.v1 import router_pb2 as pb
 
 log = logging.getLogger("starling.router")
-_OK = {queue_pb2.APPEND_RESULT_OK, queue_pb2.APPEND_RESULT_QUEUE_FULL}
+# Settled for the publisher: stored, or refused for good by the depth limit (counted there).
+_SETTLED = {AppendResult.OK, AppendResult.QUEUE_FULL}
 
 
 WILL_PREFIX = "will/"
@@ -70,9 +68,9 @@ class Publisher:
             self.delayed[(d.tenant, d.id)] = d
             self.schedule.add(d.due_ms, d.tenant, d.id)
 
-    async def accept(self, messages: list[RoutedMessage]) -> tuple[list[int], int]:
+    async def accept(self, messages: list[RoutedMessage]) -> tuple[list[RouteResult], int]:
         """Handle publishes from a node; one RouteResult per message, and queues touched."""
-        results = [pb.ROUTE_RESULT_NO_MATCH] * len(messages)
+        results = [RouteResult.NO_MATCH] * len(messages)
         to_route: list[tuple[int, RoutedMessage]] = []
         for i, m in enumerate(messages):
             if m.delay_s:  # a will with a delay: held until due or settled
@@ -80,48 +78,44 @@ class Publisher:
                 held.CopyFrom(m)
                 held.delay_s = 0
                 await self.delay_will(held, m.delay_s)
-                results[i] = pb.ROUTE_RESULT_STORED
+                results[i] = RouteResult.STORED
                 continue
             delayed = parse_delayed(m.topic)
             if delayed is not None:
                 await self._delay(m, delayed)
-                results[i] = pb.ROUTE_RESULT_STORED
+                results[i] = RouteResult.STORED
                 continue
             if m.retain and not await self._retain(m):
-                results[i] = pb.ROUTE_RESULT_QUOTA_EXCEEDED
+                results[i] = RouteResult.QUOTA_EXCEEDED
             to_route.append((i, m))
         queues = await self._route(to_route, results)
         return results, queues
 
-    async def _route(self, items: list[tuple[int, RoutedMessage]], results: list[int]) -> int:
-        by_tenant: dict[str, tuple[list[queue_pb2.NewEntry], list[int]]] = {}
+    async def _route(
+        self, items: list[tuple[int, RoutedMessage]], results: list[RouteResult]
+    ) -> int:
+        by_tenant: dict[str, tuple[list[NewEntry], list[int]]] = {}
         for i, m in items:
             for t in self._table.targets(
                 m.tenant, m.topic, m.qos, m.retain, m.publisher.client_id, self._qos0
             ):
                 entries, owners = by_tenant.setdefault(m.tenant, ([], []))
-                entries.append(
-                    queue_pb2.NewEntry(
-                        queue_id=queue_id(t.client_id, t.incarnation),
-                        message=m,
-                        qos=t.qos,
-                        retain=t.retain,
-                        subscription_identifiers=t.subscription_ids,
-                    )
-                )
+                qid = queue_id(t.client_id, t.incarnation)
+                entries.append(NewEntry(qid, m, t.qos, t.retain, t.subscription_ids))
                 owners.append(i)
         queues = 0
         for tenant, (entries, owners) in by_tenant.items():
+            outcomes: list[AppendResult | None]
             try:
-                outcomes = await self._queues.append(tenant, entries)
-            except grpc.aio.AioRpcError as exc:
-                log.warning("queue_append_failed", extra={"code": exc.code().name})
-                outcomes = [queue_pb2.APPEND_RESULT_UNSPECIFIED] * len(entries)
+                outcomes = list(await self._queues.append(tenant, entries))
+            except ServiceError as exc:
+                log.warning("queue_append_failed", extra={"code": exc.code.name})
+                outcomes = [None] * len(entries)  # nothing known to be stored
             for i, outcome in zip(owners, outcomes, strict=True):
-                if outcome not in _OK:
-                    results[i] = pb.ROUTE_RESULT_TRY_LATER
-                elif results[i] == pb.ROUTE_RESULT_NO_MATCH:
-                    results[i] = pb.ROUTE_RESULT_STORED
+                if outcome not in _SETTLED:
+                    results[i] = RouteResult.TRY_LATER
+                elif results[i] is RouteResult.NO_MATCH:
+                    results[i] = RouteResult.STORED
             queues += len(entries)
         return queues
 
@@ -222,5 +216,5 @@ class Publisher:
         batch.messages.append(m)
         await self._nats.publish(topic_to_subject(m.tenant, m.topic), batch.SerializeToString())
         results, _ = await self.accept([m])
-        if pb.ROUTE_RESULT_TRY_LATER in results:
+        if RouteResult.TRY_LATER in results:
             raise RuntimeError("persistent queues unavailable")

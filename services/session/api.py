@@ -8,15 +8,19 @@ import time
 import grpc
 from nats.aio.client import Client
 
-from services.common.acl import Access, AclRule, substitute
+from services.common.acl import AclRule, substitute
 from services.common.bus import subjects
+from services.common.bus.client import request_proto
 from services.common.mqtt.errors import MqttError
-from services.common.rpc.status import InvalidArgumentError, NotFoundError
+from services.common.rpc.errors import InvalidArgumentError, NotFoundError
+from services.common.subscription import record_to_pb
 from services.common.topics import validate_topic_filter
+from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.auth import Authenticator, check_tenant, split_username
 from services.session.events import Events
+from services.session.locks import KeyedLocks
 from services.session.registry import Holder, Registry
-from services.session.sessions import Sessions
+from services.session.sessions import Opened, Sessions
 from starling.common.v1 import message_pb2
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2 as pb
@@ -26,19 +30,10 @@ log = logging.getLogger(__name__)
 
 SESSION_TAKEN_OVER = 0x8E
 ADMINISTRATIVE_ACTION = 0x98
+KICK_REPLY_TIMEOUT_S = 1.0
 
 
-def rule_to_pb(r: AclRule) -> pb.AclRule:
-    return pb.AclRule(
-        permission=pb.PERMISSION_ALLOW if r.allow else pb.PERMISSION_DENY,
-        action=int(r.access),
-        topic_filter=r.topic_filter,
-        username=r.username,
-        client_id=r.client_id,
-    )
-
-
-def rule_from_pb(r: pb.AclRule, index: int) -> AclRule:
+def _checked_rule(r: pb.AclRule, index: int) -> AclRule:
     if r.permission not in (pb.PERMISSION_ALLOW, pb.PERMISSION_DENY):
         raise InvalidArgumentError(f"rules[{index}].permission must be ALLOW or DENY")
     if r.action not in (1, 2, 3):
@@ -48,21 +43,36 @@ def rule_from_pb(r: pb.AclRule, index: int) -> AclRule:
         validate_topic_filter(probe)
     except MqttError as exc:
         raise InvalidArgumentError(f"rules[{index}].topic_filter: {exc}") from None
-    return AclRule(
-        r.permission == pb.PERMISSION_ALLOW,
-        Access(r.action),
-        r.topic_filter,
-        r.username,
-        r.client_id,
+    return rule_from_pb(r)
+
+
+def _kick(holder: Holder, reason: int) -> connection_pb2.Kick:
+    return connection_pb2.Kick(
+        tenant=holder.tenant, client_id=holder.client_id, epoch=holder.epoch, reason_code=reason
     )
 
 
 async def send_kick(nc: Client, holder: Holder, reason: int) -> None:
-    kick = connection_pb2.Kick(
-        tenant=holder.tenant, client_id=holder.client_id, epoch=holder.epoch, reason_code=reason
+    await nc.publish(
+        subjects.node_control(holder.node_id), _kick(holder, reason).SerializeToString()
     )
-    await nc.publish(subjects.node_control(holder.node_id), kick.SerializeToString())
     await nc.flush(timeout=2)
+
+
+async def kick_and_ask(nc: Client, holder: Holder, reason: int) -> connection_pb2.KickReply | None:
+    """Kick the displaced connection and learn whether it had already ended (and with which
+    Session Expiry); None when its node does not answer in time (dead: nothing to learn)."""
+    try:
+        return await request_proto(
+            nc,
+            subjects.node_control(holder.node_id),
+            _kick(holder, reason),
+            connection_pb2.KickReply,
+            timeout_s=KICK_REPLY_TIMEOUT_S,
+        )
+    except Exception as exc:  # no responders or timeout: the node is gone
+        log.warning("kick_unanswered", extra={"node": holder.node_id, "error": type(exc).__name__})
+        return None
 
 
 class SessionApi(pb_grpc.SessionServiceServicer):
@@ -81,6 +91,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         self._events = events
         self._acl_default = pb.PERMISSION_ALLOW if acl_default_allow else pb.PERMISSION_DENY
         self._sessions = sessions
+        self._locks = KeyedLocks()  # CONNECT and DISCONNECT of one client id, in order
 
     async def Connect(
         self, request: pb.ConnectRequest, context: grpc.aio.ServicerContext
@@ -102,6 +113,39 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             return pb.ConnectResponse(
                 result=pb.CONNECT_RESULT_CLIENT_ID_INVALID, reason="client id required"
             )
+        async with self._locks.hold((tenant, request.client_id)):
+            claimed = await self._claim_and_open(tenant, name, request)
+        if isinstance(claimed, pb.ConnectResponse):
+            return claimed
+        epoch, opened = claimed
+        rules = substitute(await self._auth.acl(tenant), name, request.client_id)
+        await self._events.emit(
+            tenant,
+            request.client_id,
+            "connected",
+            username=name,
+            peer_address=request.peer_address,
+            protocol_level=request.protocol_level,
+            clean_start=request.clean_start,
+            epoch=epoch,
+        )
+        return pb.ConnectResponse(
+            result=pb.CONNECT_RESULT_OK,
+            tenant=tenant,
+            epoch=epoch,
+            session_present=opened.present,
+            acl=[rule_to_pb(r) for r in rules],
+            acl_default=self._acl_default,
+            incarnation=opened.incarnation,
+            subscriptions=[record_to_pb(r) for r in opened.subscriptions],
+            session_expiry_interval_s=opened.expiry_s,
+        )
+
+    async def _claim_and_open(
+        self, tenant: str, name: str, request: pb.ConnectRequest
+    ) -> pb.ConnectResponse | tuple[int, Opened]:
+        """Take a new registry epoch for the client id, settle the connection it displaces,
+        then open or resume the session."""
         epoch = await self._registry.next_epoch(tenant, request.client_id)
         holder = Holder(
             tenant,
@@ -124,49 +168,41 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             )
         prev = claim.previous
         if prev is not None and prev.epoch != epoch:
-            await send_kick(self._nc, prev, SESSION_TAKEN_OVER)
-            await self._events.emit(tenant, request.client_id, "taken_over")
+            reply = await kick_and_ask(self._nc, prev, SESSION_TAKEN_OVER)
+            if reply is not None and reply.ended:
+                # It had ended (its release is still on its way and will be refused): end
+                # the session as its DISCONNECT said before deciding Session Present.
+                expiry = (
+                    reply.session_expiry_interval_s
+                    if reply.HasField("session_expiry_interval_s")
+                    else None
+                )
+                await self._sessions.ended(tenant, request.client_id, expiry)
+            else:
+                await self._events.emit(tenant, request.client_id, "taken_over")
         opened = await self._sessions.open(
             tenant, request.client_id, request.clean_start, request.session_expiry_interval_s
         )
-        rules = substitute(await self._auth.acl(tenant), name, request.client_id)
-        await self._events.emit(
-            tenant,
-            request.client_id,
-            "connected",
-            username=name,
-            peer_address=request.peer_address,
-            protocol_level=request.protocol_level,
-            clean_start=request.clean_start,
-            epoch=epoch,
-        )
-        return pb.ConnectResponse(
-            result=pb.CONNECT_RESULT_OK,
-            tenant=tenant,
-            epoch=epoch,
-            session_present=opened.present,
-            acl=[rule_to_pb(r) for r in rules],
-            acl_default=self._acl_default,
-            incarnation=opened.incarnation,
-            subscriptions=opened.subscriptions,
-            session_expiry_interval_s=opened.expiry_s,
-        )
+        return epoch, opened
 
     async def Disconnect(
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext
     ) -> pb.DisconnectResponse:
-        removed = await self._registry.release(request.tenant, request.client_id, request.epoch)
-        if request.node_id:
-            await self._registry.forget_on_node(request.node_id, request.tenant, request.client_id)
-        if removed:  # only the current holder may end or park the session
-            expiry = (
-                request.session_expiry_interval_s
-                if request.HasField("session_expiry_interval_s")
-                else None
-            )
-            await self._sessions.close(
-                request.tenant, request.client_id, request.incarnation, expiry
-            )
+        async with self._locks.hold((request.tenant, request.client_id)):
+            removed = await self._registry.release(request.tenant, request.client_id, request.epoch)
+            if request.node_id:
+                await self._registry.forget_on_node(
+                    request.node_id, request.tenant, request.client_id
+                )
+            if removed:  # only the current holder may end or park the session
+                expiry = (
+                    request.session_expiry_interval_s
+                    if request.HasField("session_expiry_interval_s")
+                    else None
+                )
+                await self._sessions.close(
+                    request.tenant, request.client_id, request.incarnation, expiry
+                )
         await self._events.emit(
             request.tenant, request.client_id, "disconnected", epoch=request.epoch
         )
@@ -219,7 +255,7 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
         self, request: pb.SetAclRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetAclResponse:
         tenant = self._tenant(request.tenant)
-        rules = [rule_from_pb(r, i) for i, r in enumerate(request.rules)]
+        rules = [_checked_rule(r, i) for i, r in enumerate(request.rules)]
         await self._auth.set_acl(tenant, rules)
         return pb.SetAclResponse()
 

@@ -1,21 +1,77 @@
-"""Typed client of the session service, used by connection nodes and the CLI."""
+"""Typed clients of the session service: `SessionClient` for connection nodes (CONNECT and
+disconnect), `SessionAdminClient` for operators (users, ACLs, clients, kick).
+
+`connect` answers with a `ConnectOutcome` the channel uses as is: a refusal is a CONNACK reason
+code, never an exception. Exceptions (services/common/rpc/errors.py) mean the session service
+could not answer; the node then refuses with 0x88 Server unavailable.
+"""
 
 from __future__ import annotations
 
-import grpc
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from services.common.rpc.server import LazyStub
+from services.common.acl import AclRule
+from services.common.connect import ConnectAttempt, ConnectOutcome
+from services.common.mqtt.reason import ReasonCode
+from services.common.rpc.client import LazyStub
+from services.common.subscription import identified_from_pb
+from services.session.acl_codec import rule_from_pb, rule_to_pb
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
+
+# CONNACK reason code of each refusal; any other refusal is Not authorized.
+_REFUSALS: dict[int, ReasonCode] = {
+    pb.CONNECT_RESULT_BAD_CREDENTIALS: ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+    pb.CONNECT_RESULT_NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+    pb.CONNECT_RESULT_CLIENT_ID_INVALID: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+    pb.CONNECT_RESULT_SERVER_BUSY: ReasonCode.SERVER_BUSY,
+}
+
+
+def _connect_request(a: ConnectAttempt) -> pb.ConnectRequest:
+    req = pb.ConnectRequest(
+        username=a.username,
+        client_id=a.client_id,
+        node_id=a.node_id,
+        peer_address=a.peer_address,
+        protocol_level=a.protocol_level,
+        clean_start=a.clean_start,
+        cert_common_name=a.cert_common_name,
+        session_expiry_interval_s=a.session_expiry_s,
+    )
+    if a.password is not None:
+        req.password = a.password
+    return req
+
+
+def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
+    """The session service's answer as the channel takes it."""
+    if resp.result == pb.CONNECT_RESULT_TAKEN_OVER:
+        # A newer connection already won the race: accept, then close with 0x8E.
+        return ConnectOutcome(tenant=resp.tenant, epoch=resp.epoch, taken_over=True)
+    if resp.result != pb.CONNECT_RESULT_OK:
+        return ConnectOutcome(reason_code=_REFUSALS.get(resp.result, ReasonCode.NOT_AUTHORIZED))
+    return ConnectOutcome(
+        tenant=resp.tenant,
+        epoch=resp.epoch,
+        session_present=resp.session_present,
+        acl=tuple(rule_from_pb(r) for r in resp.acl),
+        acl_default_allow=resp.acl_default != pb.PERMISSION_DENY,
+        incarnation=resp.incarnation,
+        session_expiry_s=resp.session_expiry_interval_s,
+        subscriptions=tuple(identified_from_pb(s) for s in resp.subscriptions),
+    )
 
 
 class SessionClient:
     def __init__(self, address: str, timeout_s: float = 5.0) -> None:
-        self._lazy = LazyStub(address, pb_grpc.SessionServiceStub)
-        self._timeout = timeout_s
+        self._rpc = LazyStub(address, pb_grpc.SessionServiceStub, timeout_s=timeout_s)
 
-    async def connect(self, request: pb.ConnectRequest) -> pb.ConnectResponse:
-        return await self._lazy.stub.Connect(request, timeout=self._timeout)  # type: ignore[no-any-return]
+    async def connect(self, attempt: ConnectAttempt) -> ConnectOutcome:
+        """Authenticate, claim the client id in the registry, open or resume the session."""
+        resp = await self._rpc.call(self._rpc.stub.Connect, _connect_request(attempt))
+        return connect_outcome(resp)
 
     async def disconnect(
         self,
@@ -23,9 +79,12 @@ class SessionClient:
         client_id: str,
         epoch: int,
         node_id: str,
-        incarnation: int = 0,
-        expiry_s: int | None = None,
+        incarnation: int,
+        expiry_s: int | None,
     ) -> bool:
+        """Release the registry entry of this connection (`epoch`) and end or park its session
+        (`expiry_s`: the Session Expiry Interval at disconnect; None keeps CONNECT's).
+        False: a newer connection holds the client id (nothing released)."""
         req = pb.DisconnectRequest(
             tenant=tenant,
             client_id=client_id,
@@ -35,12 +94,82 @@ class SessionClient:
         )
         if expiry_s is not None:
             req.session_expiry_interval_s = expiry_s
-        resp = await self._lazy.stub.Disconnect(req, timeout=self._timeout)
+        resp = await self._rpc.call(self._rpc.stub.Disconnect, req)
         return bool(resp.removed)
 
     async def close(self) -> None:
-        await self._lazy.close()
+        await self._rpc.close()
 
 
-def admin_stub(ch: grpc.aio.Channel) -> pb_grpc.SessionAdminServiceStub:
-    return pb_grpc.SessionAdminServiceStub(ch)
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    """A connected client as the session registry knows it."""
+
+    tenant: str
+    client_id: str
+    username: str
+    node_id: str
+    peer_address: str
+    protocol_level: int
+    connected_at_ms: int
+    epoch: int
+    clean_start: bool
+
+
+class SessionAdminClient:
+    """Users, ACLs and connected clients of a tenant (the admin token is required)."""
+
+    def __init__(self, address: str, token: str, timeout_s: float = 10.0) -> None:
+        self._rpc = LazyStub(
+            address, pb_grpc.SessionAdminServiceStub, timeout_s=timeout_s, token=token
+        )
+
+    async def create_user(
+        self, tenant: str, username: str, password: str, hash_scheme: str = "argon2"
+    ) -> None:
+        """Create or replace a user; `hash_scheme` is "argon2" or "bcrypt"."""
+        req = pb.CreateUserRequest(
+            tenant=tenant, username=username, password=password, hash_scheme=hash_scheme
+        )
+        await self._rpc.call(self._rpc.stub.CreateUser, req)
+
+    async def delete_user(self, tenant: str, username: str) -> bool:
+        req = pb.DeleteUserRequest(tenant=tenant, username=username)
+        resp = await self._rpc.call(self._rpc.stub.DeleteUser, req)
+        return bool(resp.deleted)
+
+    async def set_acl(self, tenant: str, rules: Sequence[AclRule]) -> None:
+        """Replace the tenant's ACL; `InvalidArgumentError` names a bad rule (rules[i])."""
+        req = pb.SetAclRequest(tenant=tenant, rules=[rule_to_pb(r) for r in rules])
+        await self._rpc.call(self._rpc.stub.SetAcl, req)
+
+    async def get_acl(self, tenant: str) -> list[AclRule]:
+        resp = await self._rpc.call(self._rpc.stub.GetAcl, pb.GetAclRequest(tenant=tenant))
+        return [rule_from_pb(r) for r in resp.rules]
+
+    async def list_clients(self, tenant: str) -> list[ClientInfo]:
+        req = pb.ListClientsRequest(tenant=tenant)
+        resp = await self._rpc.call(self._rpc.stub.ListClients, req)
+        return [
+            ClientInfo(
+                c.tenant,
+                c.client_id,
+                c.username,
+                c.node_id,
+                c.peer_address,
+                c.protocol_level,
+                c.connected_at_ms,
+                c.epoch,
+                c.clean_start,
+            )
+            for c in resp.clients
+        ]
+
+    async def kick(self, tenant: str, client_id: str) -> None:
+        """Disconnect the client (DISCONNECT 0x98) on whatever node holds it; raises
+        `NotFoundError` when it is not connected."""
+        req = pb.KickClientRequest(tenant=tenant, client_id=client_id)
+        await self._rpc.call(self._rpc.stub.KickClient, req)
+
+    async def close(self) -> None:
+        await self._rpc.close()

@@ -92,6 +92,7 @@ class SessionService:
         for task in (self._sweeper, self._watcher):
             if task is not None:
                 task.cancel()
+        await self._sessions.stop(min(2.0, self._settings.shutdown_grace_s / 2))
         await self._router.close()
         await self._queues.close()
         if self._nats.nc is not None:

@@ -9,24 +9,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from services.common.store.ports import SessionRecord, SessionStore
+from services.common.store.ports import SessionRecord, SessionStore, SubscriptionRecord
+from services.common.tasks import TaskSet
 from services.queue.client import QueueClient, queue_id
 from services.router.client import RouterClient
 from services.session.core import decide
 from services.session.events import Events
-from starling.session.v1 import session_pb2 as pb
 
 log = logging.getLogger("starling.session")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Opened:
     present: bool
     incarnation: int
     expiry_s: int
-    subscriptions: list[pb.StoredSubscription] = field(default_factory=list)
+    subscriptions: tuple[SubscriptionRecord, ...] = ()  # of a resumed session
 
 
 class Sessions:
@@ -43,31 +43,21 @@ class Sessions:
         self._queues = queues
         self._max_expiry = max_expiry_s
         self._events = events
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()  # discards of ended sessions, off the CONNECT path
 
     async def open(self, tenant: str, client_id: str, clean_start: bool, expiry_s: int) -> Opened:
         expiry_s = min(expiry_s, self._max_expiry)
         rec = await self._store.get_session(tenant, client_id)
         d = decide(rec, clean_start, expiry_s, time.time_ns() // 1000)
         if d.discard is not None:
-            self._spawn(self._discard(d.discard))
+            self._tasks.spawn(self._discard(d.discard), name="session_discard")
         if d.persist or d.present:
             await self._store.put_session(
                 SessionRecord(tenant, client_id, d.incarnation, expiry_s, True)
             )
-        subs: list[pb.StoredSubscription] = []
+        subs: tuple[SubscriptionRecord, ...] = ()
         if d.present:
-            for s in await self._store.list_subscriptions(tenant, client_id, d.incarnation):
-                subs.append(
-                    pb.StoredSubscription(
-                        topic_filter=s.topic_filter,
-                        qos=s.qos,
-                        no_local=s.no_local,
-                        retain_as_published=s.retain_as_published,
-                        retain_handling=s.retain_handling,
-                        subscription_identifier=s.subscription_identifier,
-                    )
-                )
+            subs = tuple(await self._store.list_subscriptions(tenant, client_id, d.incarnation))
         return Opened(d.present, d.incarnation, expiry_s, subs)
 
     async def close(
@@ -83,6 +73,13 @@ class Sessions:
         await self._store.put_session(
             SessionRecord(tenant, client_id, incarnation, expiry, False, int(time.time() * 1000))
         )
+
+    async def ended(self, tenant: str, client_id: str, expiry_s: int | None) -> None:
+        """The connection holding the current session ended (with this Session Expiry from
+        its DISCONNECT, if any) and a new CONNECT displaced it before its release arrived."""
+        rec = await self._store.get_session(tenant, client_id)
+        if rec is not None:
+            await self.close(tenant, client_id, rec.incarnation, expiry_s)
 
     async def park(self, tenant: str, client_id: str, at_ms: int) -> None:
         """The node holding the client died: the session is disconnected since `at_ms`."""
@@ -123,7 +120,7 @@ class Sessions:
             except Exception:  # keep sweeping; one bad pass must not stop expiry
                 log.exception("session_sweep_failed")
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def stop(self, grace_s: float) -> None:
+        """Let discards in flight finish for at most `grace_s`, then cancel the rest."""
+        await self._tasks.wait(grace_s)
+        await self._tasks.cancel()

@@ -45,21 +45,3 @@ def test_packets_before_an_error_are_returned_with_it() -> None:
     with pytest.raises(MqttError) as info:
         Decoder(4).feed(good + good + bad)
     assert len(info.value.packets) == 2
-
-
-def test_fit_to_size_drops_reason_string_and_user_properties_first() -> None:
-    from services.common.mqtt import Disconnect, Properties, Publish, fit_to_size
-
-    big = Disconnect(
-        0x80,
-        Properties(reason_string="x" * 200, user_property=(("k", "v"),), server_reference="other"),
-    )
-    full = encode(big, 5)
-    slim = fit_to_size(big, 5, 40)  # [MQTT-3.1.2-25] may drop reason string/user properties
-    assert slim is not None and len(slim) <= 40 < len(full)
-    (decoded,) = Decoder(5).feed(slim)
-    assert decoded.properties.reason_string is None  # type: ignore[union-attr]
-    assert decoded.properties.server_reference == "other"  # type: ignore[union-attr]
-    # A PUBLISH that does not fit is not sent at all (the caller discards it).
-    assert fit_to_size(Publish("t", b"x" * 100), 5, 50) is None
-    assert fit_to_size(Publish("t", b"x"), 5, 50) == encode(Publish("t", b"x"), 5)

@@ -123,8 +123,13 @@ class Paho:
             return
         raise AssertionError(f"unexpected message on {m.topic}: {m.payload!r}")
 
-    def close(self) -> None:
-        self.c.disconnect()
+    def close(self, session_expiry: int | None = None) -> None:
+        """DISCONNECT (with a Session Expiry Interval, MQTT 5), then stop the loop."""
+        props = None
+        if session_expiry is not None:
+            props = PahoProps(PacketTypes.DISCONNECT)
+            props.SessionExpiryInterval = session_expiry
+        self.c.disconnect(properties=props)
         self.c.loop_stop()
 
 

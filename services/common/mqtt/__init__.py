@@ -5,7 +5,7 @@ does I/O or reads the clock.
 """
 
 from services.common.mqtt.decoder import DEFAULT_MAX_PACKET_SIZE, Decoder
-from services.common.mqtt.encoder import encode, encode_publish, fit_to_size, packet_size
+from services.common.mqtt.encoder import encode, encode_publish, frame_publish
 from services.common.mqtt.errors import (
     MalformedPacketError,
     MqttError,
@@ -74,6 +74,5 @@ __all__ = [
     "Will",
     "encode",
     "encode_publish",
-    "fit_to_size",
-    "packet_size",
+    "frame_publish",
 ]

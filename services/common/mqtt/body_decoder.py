@@ -120,13 +120,31 @@ def _done(i: int, end: int) -> None:
         raise MalformedPacketError("packet has bytes after its last field")
 
 
-def decode_connect(flags: int, b: bytes, level: int) -> Connect:
-    end = len(b)
+def _read_protocol(b: bytes, end: int) -> tuple[str, int, int]:
+    """Read CONNECT's protocol name and level: (name, level, offset after them)."""
     name, i = read_str(b, 0, end)
     lvl, i = read_u8(b, i, end)
     if not ((name == "MQTT" and lvl in (4, 5)) or (name == "MQIsdp" and lvl == 3)):
         # [MQTT-3.1.2-2] unsupported level: answer CONNACK 0x84 / return code 1, then close.
         raise UnsupportedProtocolVersionError(f"unsupported protocol {name!r} level {lvl}")
+    return name, lvl, i
+
+
+def _read_will(
+    b: bytes, i: int, end: int, lvl: int, will_qos: int, will_retain: bool
+) -> tuple[Will, int]:
+    """Read the will (properties on 5, topic, payload) of a CONNECT with the will flag set."""
+    wprops = EMPTY
+    if lvl == 5:
+        wprops, i = decode_properties(b, i, end, WILL)
+    wtopic, i = read_str(b, i, end)
+    wpayload, i = read_binary(b, i, end)
+    return Will(wtopic, wpayload, will_qos, will_retain, wprops), i
+
+
+def decode_connect(flags: int, b: bytes, level: int) -> Connect:
+    end = len(b)
+    name, lvl, i = _read_protocol(b, end)
     cflags, i = read_u8(b, i, end)
     if cflags & 0x01:
         raise MalformedPacketError("CONNECT reserved flag is set")  # [MQTT-3.1.2-3]
@@ -148,12 +166,7 @@ def decode_connect(flags: int, b: bytes, level: int) -> Connect:
     client_id, i = read_str(b, i, end)
     will = None
     if will_flag:
-        wprops = EMPTY
-        if lvl == 5:
-            wprops, i = decode_properties(b, i, end, WILL)
-        wtopic, i = read_str(b, i, end)
-        wpayload, i = read_binary(b, i, end)
-        will = Will(wtopic, wpayload, will_qos, will_retain, wprops)
+        will, i = _read_will(b, i, end, lvl, will_qos, will_retain)
     username = password = None
     if has_username:
         username, i = read_str(b, i, end)

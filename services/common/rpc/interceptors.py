@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from opentelemetry import context, trace
 
-from services.common.rpc.status import status_for
+from services.common.rpc.errors import status_for
 from services.common.telemetry import extract
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -65,17 +64,6 @@ async def stop_server(
     await server.stop(grace_s)
 
 
-def channel(address: str) -> grpc.aio.Channel:
-    """Client channel with tracing; callers wrap it in a service stub (see each client.py)."""
-    from services.common.rpc.interceptors import ClientTraceInterceptor
-
-    return grpc.aio.insecure_channel(
-        address,
-        interceptors=[ClientTraceInterceptor()],
-        options=[("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 20000)],
-    )
-
-
 async def check_health(address: str, timeout_s: float = 1.0, service: str = "") -> str:
     """Health status name ("SERVING", "NOT_SERVING", "UNREACHABLE") of the server at address."""
     async with grpc.aio.insecure_channel(address) as ch:
@@ -87,30 +75,3 @@ async def check_health(address: str, timeout_s: float = 1.0, service: str = "") 
         except grpc.aio.AioRpcError:
             return "UNREACHABLE"
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
-
-
-class LazyStub:
-    """A client stub whose channel is created on first use, inside the running event loop.
-
-    grpc.aio channels belong to the loop that was current when they were made; clients are
-    often built in a service's constructor, before `uvloop.run` starts the real loop.
-    """
-
-    def __init__(self, address: str, stub_cls: Callable[[grpc.aio.Channel], Any]) -> None:
-        self._address = address
-        self._stub_cls = stub_cls
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: Any = None
-
-    @property
-    def stub(self) -> Any:
-        if self._stub is None:
-            self._channel = channel(self._address)
-            self._stub = self._stub_cls(self._channel)
-        return self._stub
-
-    async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-            self._stub = None

@@ -10,6 +10,8 @@ cannot advance a queue. Acked ranges go with range deletes; entries carry a TTL 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from services.common.store.cassandra import CassandraBase
@@ -23,6 +25,19 @@ from services.common.store.ports import (
 
 BUCKET_BITS = 16
 BACKSTOP_TTL_S = 30 * 24 * 3600
+
+
+@dataclass
+class _AppendPlan:
+    """What an append decided before writing: the new entries with their seqs, each item's
+    outcome, and the queue's counters after it."""
+
+    writes: list[tuple[int, NewQueueItem]]
+    outcomes: list[str]
+    last: int
+    depth: int
+    dropped: int
+    dropped_before: int
 
 
 class CassandraQueueStore(CassandraBase):
@@ -44,6 +59,13 @@ class CassandraQueueStore(CassandraBase):
 
     def prepare(self) -> None:
         p = self._session.prepare
+        self._prepare_owner_and_state(p)
+        self._prepare_msgids(p)
+        self._prepare_entries(p)
+        self._prepare_drop(p)
+
+    def _prepare_owner_and_state(self, p: Callable[[str], Any]) -> None:
+        """Statements of partition_owner and queue_state (the fencing epochs and counters)."""
         self._owner_get = p("SELECT epoch FROM partition_owner WHERE partition=?")
         self._owner_set = p("UPDATE partition_owner SET epoch=? WHERE partition=? IF epoch=?")
         self._owner_new = p(
@@ -64,12 +86,18 @@ class CassandraQueueStore(CassandraBase):
         self._state_ack = p(
             "UPDATE queue_state SET acked_through=?, depth=? WHERE tenant=? AND queue_id=?"
         )
+
+    def _prepare_msgids(self, p: Callable[[str], Any]) -> None:
+        """Statements of queue_msgids (idempotent appends)."""
         self._msgid_get = p(
             "SELECT seq FROM queue_msgids WHERE tenant=? AND queue_id=? AND message_id=?"
         )
         self._msgid_put = p(
             "INSERT INTO queue_msgids (tenant, queue_id, message_id, seq) VALUES (?,?,?,?)"
         )
+
+    def _prepare_entries(self, p: Callable[[str], Any]) -> None:
+        """Statements of queue_entries."""
         self._entry_put = p(
             "INSERT INTO queue_entries (tenant, queue_id, bucket, seq, "
             "message_id, qos, data, expires_at_ms, released) "
@@ -89,6 +117,9 @@ class CassandraQueueStore(CassandraBase):
             "UPDATE queue_entries SET released=true WHERE tenant=? AND "
             "queue_id=? AND bucket=? AND seq=?"
         )
+
+    def _prepare_drop(self, p: Callable[[str], Any]) -> None:
+        """Statements that drop a whole queue."""
         self._drop_state = p("DELETE FROM queue_state WHERE tenant=? AND queue_id=?")
         self._drop_bucket = p(
             "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND bucket=?"
@@ -128,10 +159,38 @@ class CassandraQueueStore(CassandraBase):
         owner = await self._row(self._owner_get, (partition,))
         if owner is None or owner.epoch != epoch:
             return AppendReport([AppendOutcome.FENCED] * len(items))
+        row = await self._state_row(tenant, queue_id, epoch)
+        plan = await self._plan_append(tenant, queue_id, items, row, max_depth, drop_oldest)
+        # Reserve the seqs first (conditional on still owning the queue), then write entries:
+        # a crash in between leaves a gap that readers skip, never a reused seq.
+        applied = await self._row(
+            self._state_set,
+            (plan.last, plan.depth, plan.dropped, epoch, tenant, queue_id, epoch),
+        )
+        if not applied[0]:
+            return AppendReport([AppendOutcome.FENCED] * len(items))
+        await self._write_entries(tenant, queue_id, plan.writes)
+        return AppendReport(plan.outcomes, plan.last, plan.dropped - plan.dropped_before)
+
+    async def _state_row(self, tenant: str, queue_id: str, epoch: int) -> Any:
+        """The queue's queue_state row, created (zeroed, owned by `epoch`) if it has none."""
         row = await self._row(self._state_get, (tenant, queue_id))
         if row is None:
             await self._exec(self._state_new, (tenant, queue_id, 0, 0, 0, 0, epoch))
             row = await self._row(self._state_get, (tenant, queue_id))
+        return row
+
+    async def _plan_append(
+        self,
+        tenant: str,
+        queue_id: str,
+        items: list[NewQueueItem],
+        row: Any,
+        max_depth: int,
+        drop_oldest: bool,
+    ) -> _AppendPlan:
+        """Decide each item's outcome and seq from the state `row`, dropping the oldest
+        entries where the depth policy says so; the new entries are not written yet."""
         last, depth, dropped, acked = row.last_seq, row.depth, row.dropped, row.acked_through
         dropped_before = dropped
         plan: list[tuple[int, NewQueueItem]] = []
@@ -157,13 +216,12 @@ class CassandraQueueStore(CassandraBase):
             depth += 1
             plan.append((last, item))
             out.append(AppendOutcome.OK)
-        # Reserve the seqs first (conditional on still owning the queue), then write entries:
-        # a crash in between leaves a gap that readers skip, never a reused seq.
-        applied = await self._row(
-            self._state_set, (last, depth, dropped, epoch, tenant, queue_id, epoch)
-        )
-        if not applied[0]:
-            return AppendReport([AppendOutcome.FENCED] * len(items))
+        return _AppendPlan(plan, out, last, depth, dropped, dropped_before)
+
+    async def _write_entries(
+        self, tenant: str, queue_id: str, plan: list[tuple[int, NewQueueItem]]
+    ) -> None:
+        """Write the planned entries at their reserved seqs, and their message ids."""
         for seq, item in plan:
             ttl = BACKSTOP_TTL_S
             await self._exec(
@@ -181,7 +239,6 @@ class CassandraQueueStore(CassandraBase):
                 ),
             )
             await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, seq))
-        return AppendReport(out, last, dropped - dropped_before)
 
     async def _oldest(self, tenant: str, queue_id: str, first: int, last: int) -> int | None:
         entries = await self._scan(tenant, queue_id, first, last, 1)

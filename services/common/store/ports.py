@@ -63,6 +63,10 @@ class SubscriptionRecord:
     retain_handling: int = 0
     subscription_identifier: int = 0
 
+    @property
+    def sub_ids(self) -> tuple[int, ...]:
+        return (self.subscription_identifier,) if self.subscription_identifier else ()
+
 
 class SessionStore(Protocol):
     """Persistent session records and their subscriptions."""

@@ -57,6 +57,60 @@ def _state(db: sqlite3.Connection, tenant: str, queue_id: str) -> QueueState:
     return QueueState(*row) if row else QueueState(0, 0, 0, 0)
 
 
+def _owns_partition(db: sqlite3.Connection, partition: int, epoch: int) -> bool:
+    """Whether `epoch` is still the partition's owner epoch (else this instance is fenced)."""
+    row = db.execute("SELECT epoch FROM partition_owner WHERE partition=?", (partition,)).fetchone()
+    return row is not None and row[0] == epoch
+
+
+def _is_known_message(db: sqlite3.Connection, tenant: str, queue_id: str, message_id: str) -> bool:
+    """Whether the message was appended to the queue already (a retried append)."""
+    return bool(
+        db.execute(
+            "SELECT 1 FROM queue_msgids WHERE tenant=? AND queue_id=? AND message_id=?",
+            (tenant, queue_id, message_id),
+        ).fetchone()
+    )
+
+
+def _delete_oldest_entry(db: sqlite3.Connection, tenant: str, queue_id: str) -> bool:
+    """Delete the queue's oldest entry, to make room (drop_oldest); False if it has none."""
+    oldest = db.execute(
+        "SELECT min(seq) FROM queue_entries WHERE tenant=? AND queue_id=?",
+        (tenant, queue_id),
+    ).fetchone()[0]
+    if oldest is None:
+        return False
+    db.execute(
+        "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq=?",
+        (tenant, queue_id, oldest),
+    )
+    return True
+
+
+def _insert_entry(
+    db: sqlite3.Connection, tenant: str, queue_id: str, seq: int, item: NewQueueItem, now_ms: int
+) -> None:
+    """Store the entry at `seq`, and remember its message id for retried appends."""
+    db.execute(
+        "INSERT INTO queue_entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+        (
+            tenant,
+            queue_id,
+            seq >> BUCKET_BITS,
+            seq,
+            item.message_id,
+            item.qos,
+            item.data,
+            item.expires_at_ms,
+        ),
+    )
+    db.execute(
+        "INSERT INTO queue_msgids VALUES (?, ?, ?, ?, ?)",
+        (tenant, queue_id, item.message_id, seq, now_ms),
+    )
+
+
 class SqliteQueueStore(SqliteDb):
     def __init__(self, path: Path) -> None:
         super().__init__(path, _SCHEMA)
@@ -84,71 +138,63 @@ class SqliteQueueStore(SqliteDb):
         drop_oldest: bool,
     ) -> AppendReport:
         def append(db: sqlite3.Connection) -> AppendReport:
-            row = db.execute(
-                "SELECT epoch FROM partition_owner WHERE partition=?", (partition,)
-            ).fetchone()
-            if row is None or row[0] != epoch:
-                return AppendReport([AppendOutcome.FENCED] * len(items))
-            st = _state(db, tenant, queue_id)
-            last, depth, dropped = st.last_seq, st.depth, st.dropped
-            now_ms = int(time.time() * 1000)
-            self._appends += 1
-            if self._appends % PRUNE_EVERY == 0:
-                db.execute(
-                    "DELETE FROM queue_msgids WHERE created_at_ms < ?",
-                    (now_ms - MSGID_RETENTION_MS,),
-                )
-            out = []
-            for item in items:
-                if db.execute(
-                    "SELECT 1 FROM queue_msgids WHERE tenant=? AND queue_id=? AND message_id=?",
-                    (tenant, queue_id, item.message_id),
-                ).fetchone():
-                    out.append(AppendOutcome.DUPLICATE)
-                    continue
-                if max_depth and depth >= max_depth:
-                    if not drop_oldest:
-                        dropped += 1
-                        out.append(AppendOutcome.FULL)
-                        continue
-                    oldest = db.execute(
-                        "SELECT min(seq) FROM queue_entries WHERE tenant=? AND queue_id=?",
-                        (tenant, queue_id),
-                    ).fetchone()[0]
-                    if oldest is not None:
-                        db.execute(
-                            "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq=?",
-                            (tenant, queue_id, oldest),
-                        )
-                        depth -= 1
-                        dropped += 1
-                last += 1
-                db.execute(
-                    "INSERT INTO queue_entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                    (
-                        tenant,
-                        queue_id,
-                        last >> BUCKET_BITS,
-                        last,
-                        item.message_id,
-                        item.qos,
-                        item.data,
-                        item.expires_at_ms,
-                    ),
-                )
-                db.execute(
-                    "INSERT INTO queue_msgids VALUES (?, ?, ?, ?, ?)",
-                    (tenant, queue_id, item.message_id, last, now_ms),
-                )
-                depth += 1
-                out.append(AppendOutcome.OK)
-            db.execute(
-                "INSERT OR REPLACE INTO queue_state VALUES (?, ?, ?, ?, ?, ?)",
-                (tenant, queue_id, last, st.acked_through, depth, dropped),
+            return self._append_tx(
+                db, tenant, queue_id, items, partition, epoch, max_depth, drop_oldest
             )
-            return AppendReport(out, last, dropped - st.dropped)
 
         return await self.run(lambda: self.tx(append))
+
+    def _append_tx(
+        self,
+        db: sqlite3.Connection,
+        tenant: str,
+        queue_id: str,
+        items: list[NewQueueItem],
+        partition: int,
+        epoch: int,
+        max_depth: int,
+        drop_oldest: bool,
+    ) -> AppendReport:
+        """The body of `append`, inside its transaction."""
+        # Checked in the same transaction as the writes: a fenced instance writes nothing.
+        if not _owns_partition(db, partition, epoch):
+            return AppendReport([AppendOutcome.FENCED] * len(items))
+        st = _state(db, tenant, queue_id)
+        last, depth, dropped = st.last_seq, st.depth, st.dropped
+        now_ms = int(time.time() * 1000)
+        self._prune_msgids_now_and_then(db, now_ms)
+        out = []
+        for item in items:
+            if _is_known_message(db, tenant, queue_id, item.message_id):
+                out.append(AppendOutcome.DUPLICATE)
+                continue
+            if max_depth and depth >= max_depth:
+                if not drop_oldest:
+                    dropped += 1
+                    out.append(AppendOutcome.FULL)
+                    continue
+                if _delete_oldest_entry(db, tenant, queue_id):
+                    depth -= 1
+                    dropped += 1
+            last += 1
+            _insert_entry(db, tenant, queue_id, last, item, now_ms)
+            depth += 1
+            out.append(AppendOutcome.OK)
+        db.execute(
+            "INSERT OR REPLACE INTO queue_state VALUES (?, ?, ?, ?, ?, ?)",
+            (tenant, queue_id, last, st.acked_through, depth, dropped),
+        )
+        return AppendReport(out, last, dropped - st.dropped)
+
+    def _prune_msgids_now_and_then(self, db: sqlite3.Connection, now_ms: int) -> None:
+        """Every PRUNE_EVERY appends, forget message ids older than MSGID_RETENTION_MS: often
+        enough to bound the table, rarely enough not to cost on every append."""
+        self._appends += 1
+        if self._appends % PRUNE_EVERY == 0:
+            db.execute(
+                "DELETE FROM queue_msgids WHERE created_at_ms < ?",
+                (now_ms - MSGID_RETENTION_MS,),
+            )
 
     async def read(
         self, tenant: str, queue_id: str, from_seq: int, limit: int

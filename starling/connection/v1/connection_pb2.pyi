@@ -51,6 +51,36 @@ class Kick(_message.Message):
 Global___Kick: _TypeAlias = Kick  # noqa: Y015
 
 @_typing.final
+class KickReply(_message.Message):
+    """A node's answer to a Kick sent as a request (a CONNECT displaced an older connection)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDED_FIELD_NUMBER: _builtins.int
+    SESSION_EXPIRY_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    ended: _builtins.bool
+    """The kicked connection had already ended on this node (its release may still be on its
+    way): the session service applies how it ended before opening the session again.
+    """
+    session_expiry_interval_s: _builtins.int
+    """Session Expiry Interval its DISCONNECT set, if it set one."""
+    def __init__(
+        self,
+        *,
+        ended: _builtins.bool = ...,
+        session_expiry_interval_s: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "session_expiry_interval_s", b"session_expiry_interval_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "ended", b"ended", "session_expiry_interval_s", b"session_expiry_interval_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__session_expiry_interval_s: _TypeAlias = _typing.Literal["session_expiry_interval_s"]  # noqa: Y015
+    _WhichOneofArgType__session_expiry_interval_s: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__session_expiry_interval_s) -> _WhichOneofReturnType__session_expiry_interval_s | None: ...
+
+Global___KickReply: _TypeAlias = KickReply  # noqa: Y015
+
+@_typing.final
 class TenantStats(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from starling.common.v1 import message_pb2 as _message_pb2
+from starling.common.v1 import subscription_pb2 as _subscription_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -187,42 +188,6 @@ class RoutePersistentResponse(_message.Message):
 Global___RoutePersistentResponse: _TypeAlias = RoutePersistentResponse  # noqa: Y015
 
 @_typing.final
-class PersistentSubscription(_message.Message):
-    """A persistent session's subscription in the route table."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    TOPIC_FILTER_FIELD_NUMBER: _builtins.int
-    QOS_FIELD_NUMBER: _builtins.int
-    NO_LOCAL_FIELD_NUMBER: _builtins.int
-    RETAIN_AS_PUBLISHED_FIELD_NUMBER: _builtins.int
-    RETAIN_HANDLING_FIELD_NUMBER: _builtins.int
-    SUBSCRIPTION_IDENTIFIER_FIELD_NUMBER: _builtins.int
-    topic_filter: _builtins.str
-    qos: _builtins.int
-    no_local: _builtins.bool
-    retain_as_published: _builtins.bool
-    retain_handling: _builtins.int
-    subscription_identifier: _builtins.int
-    def __init__(
-        self,
-        *,
-        topic_filter: _builtins.str = ...,
-        qos: _builtins.int = ...,
-        no_local: _builtins.bool = ...,
-        retain_as_published: _builtins.bool = ...,
-        retain_handling: _builtins.int = ...,
-        subscription_identifier: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_local", b"no_local", "qos", b"qos", "retain_as_published", b"retain_as_published", "retain_handling", b"retain_handling", "subscription_identifier", b"subscription_identifier", "topic_filter", b"topic_filter"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PersistentSubscription: _TypeAlias = PersistentSubscription  # noqa: Y015
-
-@_typing.final
 class SubscribeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -234,14 +199,14 @@ class SubscribeRequest(_message.Message):
     client_id: _builtins.str
     incarnation: _builtins.int
     @_builtins.property
-    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PersistentSubscription]: ...
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_subscription_pb2.Subscription]: ...
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
         client_id: _builtins.str = ...,
         incarnation: _builtins.int = ...,
-        subscriptions: _abc.Iterable[Global___PersistentSubscription] | None = ...,
+        subscriptions: _abc.Iterable[_subscription_pb2.Subscription] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -341,11 +306,11 @@ class ListSubscriptionsResponse(_message.Message):
 
     SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PersistentSubscription]: ...
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_subscription_pb2.Subscription]: ...
     def __init__(
         self,
         *,
-        subscriptions: _abc.Iterable[Global___PersistentSubscription] | None = ...,
+        subscriptions: _abc.Iterable[_subscription_pb2.Subscription] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from starling.common.v1 import message_pb2 as _message_pb2
+from starling.common.v1 import subscription_pb2 as _subscription_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -165,42 +166,6 @@ class ConnectRequest(_message.Message):
 Global___ConnectRequest: _TypeAlias = ConnectRequest  # noqa: Y015
 
 @_typing.final
-class StoredSubscription(_message.Message):
-    """A subscription of a persistent session, as stored."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    TOPIC_FILTER_FIELD_NUMBER: _builtins.int
-    QOS_FIELD_NUMBER: _builtins.int
-    NO_LOCAL_FIELD_NUMBER: _builtins.int
-    RETAIN_AS_PUBLISHED_FIELD_NUMBER: _builtins.int
-    RETAIN_HANDLING_FIELD_NUMBER: _builtins.int
-    SUBSCRIPTION_IDENTIFIER_FIELD_NUMBER: _builtins.int
-    topic_filter: _builtins.str
-    qos: _builtins.int
-    no_local: _builtins.bool
-    retain_as_published: _builtins.bool
-    retain_handling: _builtins.int
-    subscription_identifier: _builtins.int
-    def __init__(
-        self,
-        *,
-        topic_filter: _builtins.str = ...,
-        qos: _builtins.int = ...,
-        no_local: _builtins.bool = ...,
-        retain_as_published: _builtins.bool = ...,
-        retain_handling: _builtins.int = ...,
-        subscription_identifier: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_local", b"no_local", "qos", b"qos", "retain_as_published", b"retain_as_published", "retain_handling", b"retain_handling", "subscription_identifier", b"subscription_identifier", "topic_filter", b"topic_filter"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___StoredSubscription: _TypeAlias = StoredSubscription  # noqa: Y015
-
-@_typing.final
 class ConnectResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -231,7 +196,7 @@ class ConnectResponse(_message.Message):
         """Rules with %c and %u already substituted, in evaluation order."""
 
     @_builtins.property
-    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredSubscription]:
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_subscription_pb2.Subscription]:
         """Subscriptions of a resumed session (session_present)."""
 
     def __init__(
@@ -245,7 +210,7 @@ class ConnectResponse(_message.Message):
         acl_default: Global___Permission.ValueType = ...,
         reason: _builtins.str = ...,
         incarnation: _builtins.int = ...,
-        subscriptions: _abc.Iterable[Global___StoredSubscription] | None = ...,
+        subscriptions: _abc.Iterable[_subscription_pb2.Subscription] | None = ...,
         session_expiry_interval_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015

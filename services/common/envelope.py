@@ -1,11 +1,11 @@
-"""Conversion between a node's `Message` and the routed-message envelope on NATS."""
+"""Conversion between the in-memory `Message` and the `RoutedMessage` envelope on the wire."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from services.common.message import Message
 from services.common.mqtt.properties import EMPTY, Properties
-from services.connection.actions import Message
 from starling.common.v1.message_pb2 import (
     MessageProperties,
     RoutedBatch,

@@ -1,11 +1,13 @@
-"""Broker-to-client delivery for one connection: inflight window, bounded queue, topic aliases.
+"""Broker-to-client delivery for one connection, and the client's acks of it: inflight window,
+bounded queue, topic aliases out, PUBACK/PUBREC/PUBCOMP.
 
 Invariants:
 - At most `receive_maximum` QoS 1/2 PUBLISHes are unacknowledged at once [MQTT-3.3.4-9];
   further ones wait in `pending`, which is bounded; what does not fit is dropped and counted.
 - QoS 0 is never queued: it is written at once, or dropped when the transport is congested.
 - A PUBLISH larger than the client's maximum packet size is discarded as if sent
-  [MQTT-3.1.2-25].
+  [MQTT-3.1.2-25]; it establishes no topic alias, since the client never sees it.
+- `inflight` maps each unacknowledged packet id to the ack it waits for (AWAIT_*).
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import math
 from collections import deque
 from dataclasses import replace
 
-from services.common.mqtt.encoder import encode, encode_properties
+from services.common.message import Message
+from services.common.mqtt.encoder import encode, encode_properties, frame_publish
 from services.common.mqtt.packets import PubRel
-from services.common.mqtt.primitives import encode_varint
-from services.common.mqtt.properties import EMPTY
-from services.connection.actions import Message
+from services.common.mqtt.properties import Properties
+from services.common.mqtt.reason import ReasonCode as RC
 
-# inflight stage
+# inflight stage: the ack a delivery waits for
 AWAIT_PUBACK = 1
 AWAIT_PUBREC = 2
 AWAIT_PUBCOMP = 3
@@ -76,13 +78,53 @@ class Outbound:
         self.sent = 0
         self.dropped = 0
         self.expired = 0
-        # Packet ids whose delivery finished (PUBACK/PUBCOMP, or discarded as too large), and
+        # Packet ids whose delivery finished (PUBACK/PUBCOMP, or PUBREC with an error), and
         # ids the client PUBREC'd: a persistent session reports them to its queue.
         self.completed: list[int] = []
         self.released: list[int] = []
         self.track_completions = False  # only a persistent session reports to its queue
         # packet id -> origin of an unacknowledged shared-subscription delivery
         self.shared: dict[int, object] | None = None
+
+    def limit(self, props: Properties) -> None:
+        """Apply what an MQTT 5 CONNECT says the client accepts from us."""
+        self.receive_maximum = props.receive_maximum or 65535
+        self.max_packet_size = props.maximum_packet_size or (1 << 28)
+        self.alias_max = props.topic_alias_maximum or 0
+
+    # ---- sending -------------------------------------------------------------------------
+
+    def deliver(
+        self,
+        msg: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        now: float,
+        origin: object = None,
+    ) -> None:
+        """A message for this client at its effective QoS: written, queued, or dropped."""
+        if msg.expires_at is not None and msg.expires_at <= now:
+            self.expired += 1
+            return
+        if qos == 0:
+            if self.congested:
+                self.dropped += 1
+                return
+            self._write(msg, 0, retain, sub_ids, 0, now)
+            return
+        pending = self.pending
+        if not pending and len(self.inflight) < self.receive_maximum:
+            self._send_acked(msg, qos, retain, sub_ids, now, origin)
+        elif pending is None:
+            if self.max_queued:
+                self.pending = deque([(msg, qos, retain, sub_ids, origin)])
+            else:
+                self.dropped += 1
+        elif len(pending) < self.max_queued:
+            pending.append((msg, qos, retain, sub_ids, origin))
+        else:
+            self.dropped += 1
 
     def deliver_stored(
         self,
@@ -115,36 +157,12 @@ class Outbound:
     def free_window(self) -> int:
         return max(0, self.receive_maximum - len(self.inflight))
 
-    def deliver(
-        self,
-        msg: Message,
-        qos: int,
-        retain: bool,
-        sub_ids: tuple[int, ...],
-        now: float,
-        origin: object = None,
-    ) -> None:
-        if msg.expires_at is not None and msg.expires_at <= now:
-            self.expired += 1
-            return
-        if qos == 0:
-            if self.congested:
-                self.dropped += 1
-                return
-            self._write(msg, 0, retain, sub_ids, 0, now)
-            return
-        pending = self.pending
-        if not pending and len(self.inflight) < self.receive_maximum:
-            self._send_acked(msg, qos, retain, sub_ids, now, origin)
-        elif pending is None:
-            if self.max_queued:
-                self.pending = deque([(msg, qos, retain, sub_ids, origin)])
-            else:
-                self.dropped += 1
-        elif len(pending) < self.max_queued:
-            pending.append((msg, qos, retain, sub_ids, origin))
-        else:
-            self.dropped += 1
+    def unacked_shared(self) -> list[object]:
+        """Origins of shared deliveries the client has not acknowledged (sent or queued)."""
+        out = list(self.shared.values()) if self.shared else []
+        if self.pending:
+            out += [p[4] for p in self.pending if p[4] is not None]
+        return out
 
     def _send_acked(
         self,
@@ -162,13 +180,6 @@ class Outbound:
                 if self.shared is None:
                     self.shared = {}
                 self.shared[pid] = origin
-
-    def unacked_shared(self) -> list[object]:
-        """Origins of shared deliveries the client has not acknowledged (sent or queued)."""
-        out = list(self.shared.values()) if self.shared else []
-        if self.pending:
-            out += [p[4] for p in self.pending if p[4] is not None]
-        return out
 
     def _take_pid(self) -> int:
         pid = self._next_pid
@@ -189,22 +200,23 @@ class Outbound:
         now: float,
         dup: bool = False,
     ) -> bool:
+        """Frame and write one PUBLISH; False (and counted as dropped) if it is too large."""
         topic = msg.topic
-        level = self.level
-        props_b = b""
-        if level == 5:
+        props_b = None
+        new_alias = 0
+        if self.level == 5:
             props = msg.properties
             alias = 0
             if self.alias_max:
                 alias = self._alias.get(topic, 0)
                 if alias:
-                    topic = ""
+                    topic = ""  # the client knows the alias: the topic may be empty
                 elif len(self._alias) < self.alias_max:
-                    alias = len(self._alias) + 1
-                    self._alias[topic] = alias
+                    alias = new_alias = len(self._alias) + 1
             if msg.expires_at is not None or sub_ids or alias:
                 props = replace(
                     props,
+                    # [MQTT-3.3.2-6] the expiry left, not the one the publisher set
                     message_expiry_interval=(
                         max(1, math.ceil(msg.expires_at - now))
                         if msg.expires_at is not None
@@ -213,55 +225,59 @@ class Outbound:
                     subscription_identifier=sub_ids,
                     topic_alias=alias or None,
                 )
-            props_b = b"\x00" if props is EMPTY else encode_properties(props)
-        t = topic.encode()
+            props_b = encode_properties(props)
         first = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
-        head = len(t).to_bytes(2, "big") + t
-        if qos:
-            head += pid.to_bytes(2, "big")
-        n = len(head) + len(props_b) + len(msg.payload)
-        if n < 128:
-            data = bytes((first, n)) + head + props_b + msg.payload
-        else:
-            data = bytes((first,)) + encode_varint(n) + head + props_b + msg.payload
+        data = frame_publish(first, topic.encode(), pid, props_b, msg.payload)
         if len(data) > self.max_packet_size:
             self.dropped += 1  # [MQTT-3.1.2-25] discard as if sent
             return False
+        if new_alias:
+            self._alias[topic] = new_alias
         self.out += data
         self.sent += 1
         return True
 
-    def acked(self, pid: int, stage: int, now: float) -> bool:
-        """PUBACK (stage AWAIT_PUBACK) or PUBCOMP (AWAIT_PUBCOMP) for `pid`; True if known."""
-        if self.inflight.get(pid) != stage:
-            return False
-        del self.inflight[pid]
-        if self.track_completions:
-            self.completed.append(pid)
-        if self.shared:
-            self.shared.pop(pid, None)
-        self._pump(now)
-        return True
+    # ---- the client's acks ---------------------------------------------------------------
 
-    def received(self, pid: int, failed: bool, now: float) -> bool:
-        """PUBREC for `pid`: answer PUBREL, or finish on an error reason (MQTT 5)."""
+    def on_puback(self, pid: int, now: float) -> bool:
+        """PUBACK of a QoS 1 delivery; True if a completion was recorded for the queue."""
+        return self._finish(pid, AWAIT_PUBACK, now)
+
+    def on_pubcomp(self, pid: int, now: float) -> bool:
+        """PUBCOMP of a QoS 2 delivery; True if a completion was recorded for the queue."""
+        return self._finish(pid, AWAIT_PUBCOMP, now)
+
+    def on_pubrec(self, pid: int, reason_code: int, now: float) -> bool:
+        """PUBREC of a QoS 2 delivery: answer PUBREL, or finish on an error reason (MQTT 5).
+        True if a release or completion was recorded for the queue."""
         if self.inflight.get(pid) != AWAIT_PUBREC:
+            self.out += encode(PubRel(pid, RC.PACKET_IDENTIFIER_NOT_FOUND), self.level)
             return False
         if self.shared:
             self.shared.pop(pid, None)  # the client has it: no redelivery after PUBREC
-        if failed:
-            del self.inflight[pid]
-            if self.track_completions:
-                self.completed.append(pid)
-            self._pump(now)
-            return True
+        if reason_code >= 0x80:
+            return self._finish(pid, AWAIT_PUBREC, now)
         self.inflight[pid] = AWAIT_PUBCOMP
+        self.out += encode(PubRel(pid), self.level)
         if self.track_completions:
             self.released.append(pid)
-        self.out += encode(PubRel(pid), self.level)
-        return True
+            return True
+        return False
+
+    def _finish(self, pid: int, stage: int, now: float) -> bool:
+        if self.inflight.get(pid) != stage:
+            return False  # unknown or at another stage: nothing to do
+        del self.inflight[pid]
+        if self.shared:
+            self.shared.pop(pid, None)
+        recorded = self.track_completions
+        if recorded:
+            self.completed.append(pid)
+        self._pump(now)
+        return recorded
 
     def _pump(self, now: float) -> None:
+        """Move queued deliveries into the window the last ack freed."""
         pending = self.pending
         if pending is None:
             return

@@ -1,0 +1,49 @@
+"""The per-client MQTT state machine, split by packet family behind one sans-I/O entry point.
+
+Call `Channel.receive(data, now)` and the other `Channel` methods; carry out the actions they
+return; write `Channel.out`. Modules (private; import from here):
+
+- core.py           `Channel`, `State`: receive, dispatch, close, the shell's calls
+- handshake.py      CONNECT checks, CONNACK, packets held until the session is known
+- inbound.py        PUBLISH from the client, its acks in order, PUBREL/PUBCOMP
+- outbound.py       deliveries to the client (window, queue, aliases) and their acks
+- subscriptions.py  the client's subscriptions, SUBSCRIBE/UNSUBSCRIBE
+- control.py        PINGREQ, the client's DISCONNECT, keep alive, CONNECT timeout
+- actions.py        what the channel asks its shell to do
+- config.py         `ChannelConfig`
+"""
+
+from services.connection.channel.actions import (
+    Action,
+    Authenticate,
+    Close,
+    DeliveryProgress,
+    Route,
+    SubscribeRequest,
+    Unsubscribed,
+)
+from services.connection.channel.config import ChannelConfig
+from services.connection.channel.core import Channel, State
+from services.connection.channel.outbound import (
+    AWAIT_PUBACK,
+    AWAIT_PUBCOMP,
+    AWAIT_PUBREC,
+    Outbound,
+)
+
+__all__ = [
+    "AWAIT_PUBACK",
+    "AWAIT_PUBCOMP",
+    "AWAIT_PUBREC",
+    "Action",
+    "Authenticate",
+    "Channel",
+    "ChannelConfig",
+    "Close",
+    "DeliveryProgress",
+    "Outbound",
+    "Route",
+    "State",
+    "SubscribeRequest",
+    "Unsubscribed",
+]

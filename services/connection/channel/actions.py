@@ -1,0 +1,68 @@
+"""What a channel asks its shell to do: it never does I/O itself, it returns these.
+
+Bytes to write are not actions: they accumulate in `Channel.out` and the shell flushes them.
+Every call that can produce actions returns them in a fresh `list[Action]` the caller owns (it
+may append to it); the list is in packet order, except `DeliveryProgress`, which follows
+the other actions of the call but precedes a `Close` (always last).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.connect import IdentifiedSubscription
+from services.common.message import Message
+from services.common.mqtt.packets import Connect
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Publishes from the client, in the order they came: hand them to the mesh.
+
+    Consecutive PUBLISH packets share one Route; `messages` is filled while the channel
+    handles them, so it is complete only once the call that returned it is over."""
+
+    messages: list[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticate:
+    """Ask the session service about this CONNECT; answer with `Channel.authenticated`."""
+
+    connect: Connect
+    client_id: str  # the client's, or the one the channel assigned [MQTT-3.1.3-6]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeRequest:
+    """Add these subscriptions to the node; answer with `Channel.subscribed`."""
+
+    packet_id: int
+    subscriptions: tuple[IdentifiedSubscription, ...]  # the accepted ones
+    reason_codes: tuple[int, ...]  # final codes, slots of refused filters already filled
+    fresh: tuple[bool, ...] = ()  # per subscription: it did not exist before (retain handling 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribed:
+    """The client removed these filters (the UNSUBACK is already written)."""
+
+    filters: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the transport after writing what is in `out`."""
+
+    reason_code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryProgress:
+    """The client acknowledged deliveries of a persistent session: `outbound.completed` and
+    `outbound.released` have new packet ids for its queue (only while
+    `outbound.track_completions` is on). At most one per call."""
+
+
+Action = Route | Authenticate | SubscribeRequest | Unsubscribed | Close | DeliveryProgress

@@ -1,0 +1,26 @@
+"""The limits and policies of every channel on a node (built once from the node's settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.mqtt.decoder import DEFAULT_MAX_PACKET_SIZE
+from services.common.topics import DEFAULT_LIMITS, TopicLimits
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    node_id: str = "node"
+    max_packet_size_bytes: int = DEFAULT_MAX_PACKET_SIZE
+    receive_maximum: int = 1024  # inbound QoS 2 window we announce
+    topic_alias_maximum: int = 64  # inbound aliases we accept
+    max_keepalive_s: int = 0  # 0: accept what the client asks
+    connect_timeout_s: float = 10.0
+    v3_inflight: int = 256  # outbound window for clients that cannot tell us theirs
+    max_queued_messages: int = 1000
+    max_client_id_length: int = 256
+    max_held_packets: int = 1000
+    # PUBACK/PUBREC of forwarded QoS 1/2 publishes wait for `Channel.publish_routed` (the node
+    # acks once the router has stored the message in every matching persistent queue).
+    defer_publish_acks: bool = False
+    topic_limits: TopicLimits = field(default=DEFAULT_LIMITS)

@@ -1,0 +1,397 @@
+"""Per-client MQTT state machine for 3.1, 3.1.1 and 5.0: bytes and ticks in, bytes and actions
+out. It never awaits, never touches a socket and never reads the clock (time comes in as `now`,
+assigned client ids from `new_client_id`); the node is its shell.
+
+Theory of operation:
+- `receive(data, now)` decodes packets and hands each to the module that owns its family
+  (table `_DISPATCH`): handshake.py (CONNECT, packets held until CONNACK), inbound.py
+  (PUBLISH from the client, PUBREL), outbound.py (deliveries, PUBACK/PUBREC/PUBCOMP),
+  subscriptions.py (SUBSCRIBE, UNSUBSCRIBE), control.py (PINGREQ, DISCONNECT, keep alive).
+- Replies accumulate in `out` (the shell writes `bytes(out)` and clears it). What needs I/O
+  comes back as actions, in packet order: consecutive publishes collapse into one `Route`, any
+  other action between them starts a new one. A `DeliveryProgress` (at most one per call)
+  follows the other actions, but precedes a `Close`, which is always last.
+- Every call that returns actions returns a fresh `list[Action]` the caller owns and may
+  extend; an empty list costs one small allocation per call, next to the decoding it follows.
+- CONNECT yields `Authenticate`; packets that arrive before `authenticated` are held and
+  replayed by it, in order, so it returns actions too.
+- SUBSCRIBE yields `SubscribeRequest`; the SUBACK waits for `subscribed`.
+- A client that breaks a rule makes a family raise `MqttError` (its reason code says why);
+  only this connection closes: DISCONNECT with the code on MQTT 5 (CONNACK with it while the
+  session does not exist yet), a plain close on 3.1/3.1.1.
+- `state` only moves forward: AWAIT_CONNECT -> AUTHENTICATING -> CONNECTED -> CLOSED, and any
+  state may go straight to CLOSED. Nothing is written or returned after CLOSED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from enum import IntEnum
+from typing import Any, cast
+
+from services.common.acl import AclChecker
+from services.common.connect import ConnectOutcome
+from services.common.message import Message
+from services.common.mqtt.decoder import Decoder
+from services.common.mqtt.encoder import encode
+from services.common.mqtt.errors import (
+    MqttError,
+    ProtocolViolationError,
+    UnsupportedProtocolVersionError,
+)
+from services.common.mqtt.packets import (
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Subscribe,
+    Unsubscribe,
+    Will,
+)
+from services.common.mqtt.reason import ReasonCode as RC
+from services.connection.channel.actions import (
+    Action,
+    Authenticate,
+    Close,
+    DeliveryProgress,
+    Route,
+    SubscribeRequest,
+)
+from services.connection.channel.config import ChannelConfig
+from services.connection.channel.control import PINGRESP, KeepAlive, read_disconnect
+from services.connection.channel.handshake import Handshake
+from services.connection.channel.inbound import InboundPublishes
+from services.connection.channel.outbound import Outbound
+from services.connection.channel.subscriptions import ClientSubscriptions
+
+_PROGRESS = DeliveryProgress()  # it carries nothing: one instance serves every channel
+_V3_UNACCEPTABLE_PROTOCOL = b"\x20\x02\x00\x01"  # CONNACK with 3.1.1 return code 1
+
+
+class State(IntEnum):
+    AWAIT_CONNECT = 1
+    AUTHENTICATING = 2
+    CONNECTED = 3
+    CLOSED = 4
+
+
+class Channel:
+    """One client connection's MQTT logic. Feed it with `receive`, `authenticated`,
+    `subscribed`, `publish_routed`, `deliver` and `tick`; write `out`; carry out the actions."""
+
+    __slots__ = (
+        "_decoder",
+        "_handshake",
+        "_inbound",
+        "_keepalive",
+        "_subscriptions",
+        "acl",
+        "client_id",
+        "config",
+        "disconnect_expiry_s",
+        "epoch",
+        "incarnation",
+        "level",
+        "normal_disconnect",
+        "out",
+        "outbound",
+        "peer",
+        "persistent",
+        "session_expiry_s",
+        "state",
+        "tenant",
+        "username",
+        "will",
+    )
+
+    def __init__(
+        self, config: ChannelConfig, peer: str, now: float, new_client_id: Callable[[], str]
+    ) -> None:
+        self.config = config
+        self.peer = peer
+        self.state = State.AWAIT_CONNECT
+        self.level = 4  # until CONNECT says otherwise
+        self.out = bytearray()
+        self.client_id = ""
+        self.username = ""
+        self.tenant = ""
+        self.epoch = 0
+        self.incarnation = 0
+        # The session has a stored record and queue: it outlives the connection, or it was
+        # resumed (then its queue is delivered even if the new expiry is 0 [MQTT-3.1.2-4]).
+        self.persistent = False
+        self.session_expiry_s = 0
+        self.disconnect_expiry_s: int | None = None  # set by the client's DISCONNECT
+        self.will: Will | None = None
+        self.normal_disconnect = False
+        self.acl = AclChecker([], True)
+        self.outbound = Outbound(
+            self.out,
+            4,
+            config.v3_inflight,
+            config.max_packet_size_bytes,
+            0,
+            config.max_queued_messages,
+        )
+        self._decoder = Decoder(4, config.max_packet_size_bytes)
+        self._handshake = Handshake(config, new_client_id)
+        self._inbound = InboundPublishes(config, self.out, self.acl)
+        self._subscriptions = ClientSubscriptions(config.topic_limits, self.out, self.acl)
+        self._keepalive = KeepAlive(now)
+
+    @property
+    def subscriptions(self) -> dict[str, int | None]:
+        """Filter -> Subscription Identifier of everything the client is subscribed to."""
+        return self._subscriptions.filters
+
+    # ---- the shell's calls ---------------------------------------------------------------
+
+    def receive(self, data: bytes, now: float) -> list[Action]:
+        """Bytes from the transport: handle every packet they complete."""
+        actions: list[Action] = []
+        if self.state is State.CLOSED:
+            return actions
+        self._keepalive.last_rx = now
+        try:
+            packets = self._decoder.feed(data)
+        except MqttError as exc:
+            # The packets before the broken one still count, in order; then close.
+            self._handle_all(cast("list[Packet]", exc.packets), now, actions, exc)
+            return actions
+        if packets:
+            self._handle_all(packets, now, actions)
+        return actions
+
+    def authenticated(self, outcome: ConnectOutcome, now: float) -> list[Action]:
+        """The session service's answer to `Authenticate`: CONNACK, then the held packets."""
+        actions: list[Action] = []
+        if self.state is not State.AUTHENTICATING:
+            return actions
+        if not outcome.ok:
+            self.will = None  # a refused connection leaves no will
+            actions.append(self._refuse(outcome.reason_code))
+            return actions
+        self._accept(outcome, now)
+        self._handle_all(self._handshake.release_held(), now, actions)
+        return actions
+
+    def subscribed(self, request: SubscribeRequest) -> None:
+        """The node carried out `request`: record the subscriptions and write the SUBACK."""
+        if self.state is State.CONNECTED:
+            self._subscriptions.subscribed(request)
+
+    def publish_routed(self, packet_id: int, reason_code: int = 0) -> None:
+        """The node finished routing a deferred publish: its PUBACK/PUBREC may go (with
+        `reason_code` on MQTT 5; 3.1/3.1.1 get a plain ack)."""
+        if self.state is State.CONNECTED:
+            self._inbound.routed(packet_id, reason_code)
+
+    def deliver(
+        self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
+    ) -> None:
+        """A message from the mesh for this client, at its effective QoS."""
+        if self.state is State.CONNECTED:
+            self.outbound.deliver(msg, qos, retain, sub_ids, now)
+
+    def disconnect(self, code: int, reason: str) -> list[Action]:
+        """Server-initiated close: DISCONNECT(code) on MQTT 5, then close."""
+        if self.state is State.CLOSED:
+            return []
+        return [self._shut(code, reason)]
+
+    def tick(self, now: float) -> list[Action]:
+        """Close a client silent for too long, or one that never sent CONNECT."""
+        state = self.state
+        if state is State.CONNECTED and self._keepalive.silent_too_long(now):
+            return [self._shut(RC.KEEP_ALIVE_TIMEOUT, "keep alive timeout")]
+        timeout_s = self.config.connect_timeout_s
+        if state is State.AWAIT_CONNECT and self._keepalive.connect_overdue(now, timeout_s):
+            return [self._close(RC.MAXIMUM_CONNECT_TIME, "no CONNECT in time")]
+        return []
+
+    def connection_lost(self) -> None:
+        """The transport is gone (either side closed it)."""
+        self.state = State.CLOSED
+
+    # ---- dispatch ------------------------------------------------------------------------
+
+    def _handle_all(
+        self,
+        packets: Iterable[Packet],
+        now: float,
+        actions: list[Action],
+        broken: MqttError | None = None,
+    ) -> None:
+        """Handle `packets` in order, appending to `actions` (see the module doc for the
+        order); then close for `broken`, the decoding error that followed them, if any."""
+        messages: list[Message] | None = None  # of the Route being filled
+        progress = False
+        closing: Action | None = None
+        inbound = self._inbound
+        try:
+            for p in packets:
+                if type(p) is Publish and self.state is State.CONNECTED:  # the hot path
+                    msg = inbound.receive(p, now)
+                    if msg is not None:
+                        if messages is None:
+                            messages = []
+                            actions.append(Route(messages))
+                        messages.append(msg)
+                    continue
+                action = self._handle(p, now)
+                if action is None:
+                    continue
+                if action is _PROGRESS:
+                    progress = True
+                elif self.state is State.CLOSED:
+                    closing = action
+                    break
+                else:
+                    messages = None  # a publish after this action starts a new Route
+                    actions.append(action)
+        except MqttError as exc:
+            broken = exc
+        if progress:  # before a Close: the acks came before what closed the connection
+            actions.append(_PROGRESS)
+        if closing is not None:
+            actions.append(closing)
+        elif broken is not None and self.state is not State.CLOSED:
+            actions.append(self._fail(broken))
+
+    def _handle(self, p: Packet, now: float) -> Action | None:
+        state = self.state
+        if state is State.CONNECTED:
+            handler = _DISPATCH.get(type(p))
+            if handler is None:
+                raise ProtocolViolationError(f"unexpected {type(p).__name__} from client")
+            return handler(self, p, now)
+        if state is State.AWAIT_CONNECT:
+            if type(p) is not Connect:  # [MQTT-3.1.0-1]
+                return self._close(RC.PROTOCOL_ERROR, "first packet must be CONNECT")
+            return self._on_connect(p)
+        if state is State.AUTHENTICATING and not self._handshake.hold(p):
+            raise ProtocolViolationError("too many packets before CONNACK")
+        return None
+
+    # ---- opening and closing -------------------------------------------------------------
+
+    def _on_connect(self, p: Connect) -> Action:
+        self.level = level = p.protocol_level
+        self.outbound.level = level
+        client_id, refusal = self._handshake.begin(p)
+        if refusal:
+            return self._refuse(refusal)
+        self.client_id = client_id
+        self.username = p.username or ""
+        self.will = p.will
+        self._keepalive.interval_s = p.keepalive_s
+        if level == 5:
+            self.outbound.limit(p.properties)
+        self.state = State.AUTHENTICATING
+        return Authenticate(p, client_id)
+
+    def _accept(self, outcome: ConnectOutcome, now: float) -> None:
+        """Take on the session the service granted and write the CONNACK."""
+        self.tenant = outcome.tenant
+        self.epoch = outcome.epoch
+        self.incarnation = outcome.incarnation
+        self.session_expiry_s = outcome.session_expiry_s
+        self.persistent = outcome.session_expiry_s > 0 or outcome.session_present
+        self.acl = acl = AclChecker(list(outcome.acl), outcome.acl_default_allow)
+        self.state = State.CONNECTED
+        self._keepalive.last_rx = now
+        connack, keepalive_s = self._handshake.connack(outcome, self.client_id)
+        if keepalive_s is not None:
+            self._keepalive.interval_s = keepalive_s
+        self.out += encode(connack, self.level)
+        self._inbound.start(self.level, self.tenant, self.client_id, acl)
+        self._subscriptions.start(self.level, acl, outcome.subscriptions)
+
+    def _refuse(self, code: int) -> Close:
+        """Refuse the CONNECT: CONNACK with `code` (the v3 return code on 3.1/3.1.1)."""
+        self.state = State.AUTHENTICATING  # so `_shut` answers MQTT 5 with a CONNACK
+        if self.level < 5:
+            self.out += encode(ConnAck(False, code), self.level)
+        return self._shut(code, "connect refused")
+
+    def _fail(self, exc: MqttError) -> Close:
+        """The client broke a rule (`exc` says which): close with its reason code."""
+        if self.state is State.AWAIT_CONNECT:
+            if isinstance(exc.cause, UnsupportedProtocolVersionError):
+                self.out += _V3_UNACCEPTABLE_PROTOCOL  # [MQTT-3.1.2-2] return code 1, then close
+            return self._close(exc.reason_code, str(exc))
+        return self._shut(exc.reason_code, str(exc))
+
+    def _shut(self, code: int, reason: str) -> Close:
+        """Tell an MQTT 5 client why (DISCONNECT, or CONNACK before the session exists),
+        then close. Not for a CLOSED channel."""
+        if self.level == 5:
+            if self.state is State.CONNECTED:
+                self.out += encode(Disconnect(code), 5)
+            elif self.state is State.AUTHENTICATING and code >= 0x80:
+                self.out += encode(ConnAck(False, code), 5)
+        return self._close(code, reason)
+
+    def _close(self, code: int, reason: str) -> Close:
+        self.state = State.CLOSED
+        return Close(code, reason)
+
+    # ---- packets of a connected client ---------------------------------------------------
+
+    def _on_pubrel(self, p: PubRel, now: float) -> None:
+        self._inbound.on_pubrel(p)
+
+    def _on_puback(self, p: PubAck, now: float) -> Action | None:
+        return _PROGRESS if self.outbound.on_puback(p.packet_id, now) else None
+
+    def _on_pubrec(self, p: PubRec, now: float) -> Action | None:
+        return _PROGRESS if self.outbound.on_pubrec(p.packet_id, p.reason_code, now) else None
+
+    def _on_pubcomp(self, p: PubComp, now: float) -> Action | None:
+        return _PROGRESS if self.outbound.on_pubcomp(p.packet_id, now) else None
+
+    def _on_subscribe(self, p: Subscribe, now: float) -> Action:
+        return self._subscriptions.on_subscribe(p)
+
+    def _on_unsubscribe(self, p: Unsubscribe, now: float) -> Action:
+        return self._subscriptions.on_unsubscribe(p)
+
+    def _on_pingreq(self, p: PingReq, now: float) -> None:
+        self.out += PINGRESP
+
+    def _on_disconnect(self, p: Disconnect, now: float) -> Action:
+        connect = self._handshake.connect
+        asked_s = connect.properties.session_expiry_interval if connect else None
+        farewell = read_disconnect(p, self.level, asked_s)
+        if farewell.discard_will:
+            self.will = None
+            self.normal_disconnect = True
+        if farewell.session_expiry_s is not None:
+            self.disconnect_expiry_s = farewell.session_expiry_s
+        if farewell.violation:
+            raise ProtocolViolationError(farewell.violation)
+        return self._close(p.reason_code, "client disconnected")
+
+    def _on_auth(self, p: Auth, now: float) -> None:
+        raise ProtocolViolationError("AUTH without an authentication method")
+
+
+# What a CONNECTED channel does with each packet type (PUBLISH takes a shortcut before this).
+_DISPATCH: dict[type, Callable[[Channel, Any, float], Action | None]] = {
+    PubAck: Channel._on_puback,
+    PubRec: Channel._on_pubrec,
+    PubRel: Channel._on_pubrel,
+    PubComp: Channel._on_pubcomp,
+    Subscribe: Channel._on_subscribe,
+    Unsubscribe: Channel._on_unsubscribe,
+    PingReq: Channel._on_pingreq,
+    Disconnect: Channel._on_disconnect,
+    Auth: Channel._on_auth,
+}

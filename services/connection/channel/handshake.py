@@ -1,0 +1,112 @@
+"""CONNECT in, CONNACK out: what a channel checks itself before asking the session service,
+the CONNACK it answers with once the service decided, and the packets that arrive meanwhile.
+
+The session service decides who may connect (`ConnectOutcome`); the channel refuses alone only
+what breaks the protocol or our limits, with the CONNACK reason code that says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.common.connect import ConnectOutcome
+from services.common.mqtt.errors import MqttError
+from services.common.mqtt.packets import ConnAck, Connect, Packet
+from services.common.mqtt.primitives import check_utf8
+from services.common.mqtt.properties import EMPTY, Properties
+from services.common.mqtt.reason import ReasonCode as RC
+from services.common.topics import validate_topic_name
+from services.connection.channel.config import ChannelConfig
+
+
+class Handshake:
+    """The CONNECT being answered and the packets held until its answer (`hold`, then
+    `release_held` once authenticated)."""
+
+    __slots__ = ("_config", "_held", "_new_client_id", "connect")
+
+    def __init__(self, config: ChannelConfig, new_client_id: Callable[[], str]) -> None:
+        self._config = config
+        self._new_client_id = new_client_id
+        self._held: list[Packet] | None = None  # created on first use: most clients wait
+        self.connect: Connect | None = None
+
+    def begin(self, p: Connect) -> tuple[str, int]:
+        """Check a CONNECT: (the client id to use, 0), or ("", the refusing reason code)."""
+        code = refusal(p, self._config)
+        if code:
+            return "", code
+        self.connect = p
+        # [MQTT-3.1.3-6] an empty client id gets one assigned (allowed with a clean start)
+        return p.client_id or self._new_client_id(), 0
+
+    def hold(self, p: Packet) -> bool:
+        """Keep a packet that came before the CONNACK; False when too many wait already."""
+        held = self._held
+        if held is None:
+            held = self._held = []
+        if len(held) >= self._config.max_held_packets:
+            return False
+        held.append(p)
+        return True
+
+    def release_held(self) -> list[Packet]:
+        """The held packets, in the order they came, to handle now."""
+        held, self._held = self._held, None
+        return held or []
+
+    def connack(self, outcome: ConnectOutcome, client_id: str) -> tuple[ConnAck, int | None]:
+        """The CONNACK accepting the CONNECT, and the keep alive the server imposes (None:
+        the client's)."""
+        p = self.connect
+        assert p is not None, "connack before begin"
+        if p.protocol_level < 5:
+            return ConnAck(outcome.session_present, 0, EMPTY), None
+        cfg = self._config
+        keepalive = server_keepalive(p.keepalive_s, cfg.max_keepalive_s)
+        asked_expiry_s = p.properties.session_expiry_interval or 0
+        props = Properties(
+            assigned_client_identifier=client_id if not p.client_id else None,
+            receive_maximum=cfg.receive_maximum,
+            topic_alias_maximum=cfg.topic_alias_maximum,
+            maximum_packet_size=cfg.max_packet_size_bytes,
+            server_keep_alive=keepalive,
+            # Only when the server uses another value than the client asked for.
+            session_expiry_interval=(
+                outcome.session_expiry_s if outcome.session_expiry_s != asked_expiry_s else None
+            ),
+        )
+        return ConnAck(outcome.session_present, 0, props), keepalive
+
+
+def refusal(p: Connect, config: ChannelConfig) -> int:
+    """0, or the CONNACK reason code that refuses `p` before asking anyone (the first of
+    these that applies)."""
+    level = p.protocol_level
+    if p.properties.authentication_method is not None:
+        return RC.BAD_AUTHENTICATION_METHOD  # no enhanced authentication methods configured
+    if len(p.client_id) > config.max_client_id_length:
+        return RC.CLIENT_IDENTIFIER_NOT_VALID
+    if not p.client_id and (level == 3 or (level == 4 and not p.clean_start)):
+        return RC.CLIENT_IDENTIFIER_NOT_VALID  # [MQTT-3.1.3-8]
+    will = p.will
+    if will is None:
+        return 0
+    if will.properties.payload_format_indicator == 1:
+        try:
+            check_utf8(will.payload)
+        except MqttError:
+            return RC.PAYLOAD_FORMAT_INVALID
+    try:
+        validate_topic_name(will.topic, config.topic_limits)
+    except MqttError:
+        return RC.TOPIC_NAME_INVALID
+    return 0
+
+
+def server_keepalive(asked_s: int, max_s: int) -> int | None:
+    """The Server Keep Alive to impose on an MQTT 5 client (None: accept what it asked):
+    `max_s` when it asked for none (0) or for more."""
+    if max_s and (asked_s == 0 or asked_s > max_s):
+        return max_s
+    return None

@@ -1,0 +1,228 @@
+"""PUBLISH from the client, and the acks we owe it: topic aliases in, QoS 2 exactly-once,
+PUBACK/PUBREC in receipt order, PUBREL/PUBCOMP.
+
+Invariants:
+- A QoS 2 packet id is in `_awaiting_rel` from its first PUBLISH until its PUBREL (or until
+  its PUBREC carries an error): a resend in between is answered, never forwarded twice.
+- Acks go out in the order the PUBLISHes came [MQTT-4.6.0-2], even when some wait for the node
+  (`ChannelConfig.defer_publish_acks`): see `PublisherAcks`.
+- Anything the client got wrong raises `MqttError` with the reason code to close with; the
+  channel turns it into DISCONNECT.
+"""
+
+from __future__ import annotations
+
+from services.common.acl import AclChecker
+from services.common.message import Message, message_properties
+from services.common.mqtt.encoder import encode
+from services.common.mqtt.errors import MqttError, ProtocolViolationError
+from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
+from services.common.mqtt.primitives import check_utf8
+from services.common.mqtt.properties import EMPTY, Properties
+from services.common.mqtt.reason import ReasonCode as RC
+from services.common.topics import validate_topic_name
+from services.connection.channel.config import ChannelConfig
+
+
+class OwedAck:
+    """One PUBACK (QoS 1) or PUBREC (QoS 2) the publisher is owed."""
+
+    __slots__ = ("packet_id", "qos", "ready", "reason_code")
+
+    def __init__(self, packet_id: int, qos: int, reason_code: int, ready: bool) -> None:
+        self.packet_id = packet_id
+        self.qos = qos
+        self.reason_code = reason_code
+        self.ready = ready  # False while the node has not finished routing the message
+
+
+class PublisherAcks:
+    """Acks owed to the publisher, released in the order its PUBLISHes came [MQTT-4.6.0-2].
+
+    Invariant: the first waiting ack, if any, is not ready; everything ready before it has
+    been released. So an ack that is ready while nothing waits goes out at once, without
+    being stored: the common case (acks not deferred) allocates nothing.
+    A list, not a deque: it is short, and an empty deque costs 760 bytes per connection.
+    """
+
+    __slots__ = ("_waiting",)
+
+    def __init__(self) -> None:
+        self._waiting: list[OwedAck] = []
+
+    def owes(self, packet_id: int) -> bool:
+        """An ack for `packet_id` has not been released yet."""
+        return any(a.packet_id == packet_id for a in self._waiting)
+
+    def add(self, packet_id: int, qos: int, reason_code: int, ready: bool) -> bool:
+        """Owe an ack; True if it may be sent now (it is ready and nothing waits before it)."""
+        if ready and not self._waiting:
+            return True
+        self._waiting.append(OwedAck(packet_id, qos, reason_code, ready))
+        return False
+
+    def settle(self, packet_id: int, reason_code: int) -> list[OwedAck]:
+        """The first waiting ack for `packet_id` is ready with `reason_code`; returns the acks
+        that may go now, in order (none while an earlier one still waits)."""
+        waiting = self._waiting
+        for a in waiting:
+            if a.packet_id == packet_id and not a.ready:
+                a.reason_code, a.ready = reason_code, True
+                break
+        n = 0
+        for a in waiting:
+            if not a.ready:
+                break
+            n += 1
+        released = waiting[:n]
+        del waiting[:n]
+        return released
+
+
+class InboundPublishes:
+    """The client's PUBLISH, PUBREL and the acks it is owed. Call `start` once the session is
+    known, then `receive` for each PUBLISH; `routed` when the node finished a deferred one."""
+
+    __slots__ = (
+        "_acks",
+        "_acl",
+        "_aliases",
+        "_awaiting_rel",
+        "_client_id",
+        "_config",
+        "_level",
+        "_out",
+        "_tenant",
+    )
+
+    def __init__(self, config: ChannelConfig, out: bytearray, acl: AclChecker) -> None:
+        self._config = config
+        self._out = out
+        self._level = 4
+        self._tenant = ""
+        self._client_id = ""
+        self._acl = acl
+        self._aliases: dict[int, str] = {}  # topic alias -> topic name, set by this client
+        self._awaiting_rel: set[int] = set()
+        self._acks = PublisherAcks()
+
+    def start(self, level: int, tenant: str, client_id: str, acl: AclChecker) -> None:
+        """Who publishes: fixed for the life of the connection."""
+        self._level = level
+        self._tenant = tenant
+        self._client_id = client_id
+        self._acl = acl
+
+    def receive(self, p: Publish, now: float) -> Message | None:
+        """A PUBLISH: the message to route (None: nothing to route); its ack is written or
+        owed. Raises `MqttError` when the client broke a rule."""
+        topic = p.topic
+        props = p.properties
+        level = self._level
+        if props is not EMPTY and props.topic_alias is not None and level == 5:
+            topic = self._resolve_alias(props.topic_alias, topic)
+        validate_topic_name(topic, self._config.topic_limits)
+        qos = p.qos
+        pid = p.packet_id or 0
+        if qos == 2 and self._is_resend(pid):
+            return None
+        code = 0
+        msg = None
+        if not self._acl.can_publish(topic):
+            code = RC.NOT_AUTHORIZED if level == 5 else 0  # 3.1.1: acknowledge, then drop
+        elif props.payload_format_indicator == 1 and not _is_utf8(p.payload):
+            code = RC.PAYLOAD_FORMAT_INVALID
+        else:
+            defer = qos > 0 and self._config.defer_publish_acks
+            if props is EMPTY:  # the common case: nothing to copy
+                msg_props, expires_at = EMPTY, None
+            else:
+                msg_props, expires_at = message_properties(props), _expires_at(props, now)
+            msg = Message(
+                self._tenant,
+                topic,
+                p.payload,
+                qos,
+                p.retain,
+                self._client_id,
+                msg_props,
+                expires_at,
+                now,
+                (),
+                pid if defer else 0,  # answered by `Channel.publish_routed(pid)` once stored
+            )
+            if defer:
+                self._owe(pid, qos, 0, False)
+                return msg
+        if qos:
+            self._owe(pid, qos, code, True)
+        return msg
+
+    def routed(self, packet_id: int, reason_code: int) -> None:
+        """The node finished routing a deferred publish: its ack, and those behind it, go."""
+        if self._level < 5:
+            reason_code = 0  # 3.1/3.1.1 acks carry no reason: the client gets a plain ack
+        for a in self._acks.settle(packet_id, reason_code):
+            self._write_ack(a.packet_id, a.qos, a.reason_code)
+
+    def on_pubrel(self, p: PubRel) -> None:
+        """Release of a QoS 2 message: it is forwarded already, PUBCOMP ends the exchange."""
+        pid = p.packet_id
+        if pid in self._awaiting_rel:
+            self._awaiting_rel.discard(pid)
+            self._out += encode(PubComp(pid), self._level)
+        else:
+            self._out += encode(PubComp(pid, RC.PACKET_IDENTIFIER_NOT_FOUND), self._level)
+
+    def _resolve_alias(self, alias: int, topic: str) -> str:
+        if alias > self._config.topic_alias_maximum:
+            raise ProtocolViolationError(  # [MQTT-3.3.2-9]
+                "topic alias out of range", RC.TOPIC_ALIAS_INVALID
+            )
+        if topic:
+            self._aliases[alias] = topic  # a topic with an alias (re)defines the alias
+            return topic
+        known = self._aliases.get(alias, "")
+        if not known:
+            raise ProtocolViolationError("unknown topic alias")
+        return known
+
+    def _is_resend(self, pid: int) -> bool:
+        """A QoS 2 PUBLISH whose id awaits PUBREL is a resend: answer it again (unless its
+        first PUBREC is still owed) and never forward it twice [MQTT-4.3.3-10]."""
+        awaiting = self._awaiting_rel
+        if pid in awaiting:
+            if not self._acks.owes(pid):
+                self._out += encode(PubRec(pid), self._level)
+            return True
+        if len(awaiting) >= self._config.receive_maximum:
+            # More unacknowledged QoS 2 than the Receive Maximum of our CONNACK.
+            raise ProtocolViolationError("receive maximum exceeded", RC.RECEIVE_MAXIMUM_EXCEEDED)
+        return False
+
+    def _owe(self, pid: int, qos: int, code: int, ready: bool) -> None:
+        if qos == 2 and code < 0x80:
+            self._awaiting_rel.add(pid)
+        if self._acks.add(pid, qos, code, ready):
+            self._write_ack(pid, qos, code)
+
+    def _write_ack(self, pid: int, qos: int, code: int) -> None:
+        if qos == 1:
+            self._out += encode(PubAck(pid, code), self._level)
+            return
+        if code >= 0x80:
+            self._awaiting_rel.discard(pid)  # [MQTT-4.3.3-9] a resend of it is a new message
+        self._out += encode(PubRec(pid, code), self._level)
+
+
+def _expires_at(props: Properties, now: float) -> float | None:
+    interval = props.message_expiry_interval
+    return None if interval is None else now + interval
+
+
+def _is_utf8(payload: bytes) -> bool:
+    try:
+        check_utf8(payload)
+    except MqttError:
+        return False
+    return True

@@ -1,0 +1,91 @@
+"""The client's subscriptions and its SUBSCRIBE/UNSUBSCRIBE.
+
+SUBSCRIBE is checked here (filter rules, $share rules, ACL) and becomes a `SubscribeRequest`;
+the SUBACK waits for `subscribed`, which the node calls once the mesh subscriptions are in
+place, so a publish that follows the SUBACK is never missed. UNSUBSCRIBE is answered at once.
+"""
+
+from __future__ import annotations
+
+from services.common.acl import AclChecker
+from services.common.connect import IdentifiedSubscription
+from services.common.mqtt.encoder import encode
+from services.common.mqtt.errors import MqttError, ProtocolViolationError
+from services.common.mqtt.packets import SubAck, Subscribe, Subscription, UnsubAck, Unsubscribe
+from services.common.mqtt.reason import ReasonCode as RC
+from services.common.topics import TopicLimits, parse_shared, validate_topic_filter
+from services.connection.channel.actions import SubscribeRequest, Unsubscribed
+
+_V3_FAILURE = 0x80  # the one SUBACK failure code of 3.1.1
+
+
+class ClientSubscriptions:
+    """`filters` maps each subscribed filter to its Subscription Identifier (None: none).
+    Call `start` once the session is known."""
+
+    __slots__ = ("_acl", "_level", "_limits", "_out", "filters")
+
+    def __init__(self, limits: TopicLimits, out: bytearray, acl: AclChecker) -> None:
+        self._limits = limits
+        self._out = out
+        self._level = 4
+        self._acl = acl
+        self.filters: dict[str, int | None] = {}
+
+    def start(
+        self, level: int, acl: AclChecker, resumed: tuple[IdentifiedSubscription, ...]
+    ) -> None:
+        """The client's protocol level and ACL, and the subscriptions of a resumed session."""
+        self._level = level
+        self._acl = acl
+        for sub, sub_id in resumed:
+            self.filters[sub.filter] = sub_id
+
+    def on_subscribe(self, p: Subscribe) -> SubscribeRequest:
+        """What the node should add; refused filters only get their SUBACK reason code.
+        Raises `MqttError` when the client broke a rule."""
+        ids = p.properties.subscription_identifier
+        sub_id = ids[0] if ids else None
+        codes: list[int] = []
+        accepted: list[IdentifiedSubscription] = []
+        for s in p.subscriptions:
+            code = self._grant(s)
+            codes.append(code)
+            if code < 0x80:
+                accepted.append((s, sub_id))
+        fresh = tuple(s.filter not in self.filters for s, _ in accepted)
+        return SubscribeRequest(p.packet_id, tuple(accepted), tuple(codes), fresh)
+
+    def subscribed(self, request: SubscribeRequest) -> None:
+        """The node has the subscriptions in place: record them and answer with SUBACK."""
+        for s, sub_id in request.subscriptions:
+            self.filters[s.filter] = sub_id
+        self._out += encode(SubAck(request.packet_id, request.reason_codes), self._level)
+
+    def on_unsubscribe(self, p: Unsubscribe) -> Unsubscribed:
+        """Forget the filters and answer with UNSUBACK; the node drops them from the mesh."""
+        codes = []
+        for f in p.filters:
+            existed = self.filters.pop(f, _NO_SUB) is not _NO_SUB
+            codes.append(0 if existed else RC.NO_SUBSCRIPTION_EXISTED)
+        level = self._level
+        self._out += encode(UnsubAck(p.packet_id, tuple(codes) if level == 5 else ()), level)
+        return Unsubscribed(p.filters)
+
+    def _grant(self, s: Subscription) -> int:
+        """The SUBACK reason code for one filter: the granted QoS, or >= 0x80 refused."""
+        v5 = self._level == 5
+        try:
+            shared = parse_shared(s.filter, self._limits)
+            if shared is None:
+                validate_topic_filter(s.filter, self._limits)
+        except MqttError:
+            return RC.TOPIC_FILTER_INVALID if v5 else _V3_FAILURE
+        if shared is not None and s.no_local:
+            raise ProtocolViolationError("no local on a shared subscription")  # [MQTT-3.8.3-4]
+        if not self._acl.can_subscribe(shared.filter if shared else s.filter):
+            return RC.NOT_AUTHORIZED if v5 else _V3_FAILURE
+        return s.qos
+
+
+_NO_SUB = object()

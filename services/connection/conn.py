@@ -1,0 +1,79 @@
+"""One client connection as the node holds it: its channel, its transport and its links.
+
+`Conn` is the thin shell around a sans-I/O `Channel`: bytes from the transport go into the
+channel, the actions the channel returns go to the node (`Shell.carry_out`), and the bytes it
+wants written are flushed in one batch per event-loop turn (`writes.WriteBatcher`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from services.connection.channel import Action, Channel
+
+if TYPE_CHECKING:
+    from services.connection.persistence import PersistentDelivery
+
+
+class Sink(Protocol):
+    """The transport side of a connection (TCP/TLS transport or WebSocket writer)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Shell(Protocol):
+    """What a connection needs from its node."""
+
+    def carry_out(self, conn: Conn, actions: list[Action]) -> None: ...
+
+    def mark_dirty(self, conn: Conn) -> None: ...
+
+    def cleanup(self, conn: Conn) -> None: ...
+
+
+class Conn:
+    __slots__ = ("channel", "closed", "persistent", "registered", "shell", "sink")
+
+    def __init__(self, shell: Shell, channel: Channel, sink: Sink) -> None:
+        self.shell = shell
+        self.channel = channel
+        self.sink = sink
+        self.closed = False
+        self.registered = False  # in the registry: CONNECT was accepted
+        self.persistent: PersistentDelivery | None = None  # the session outlives the connection
+
+    def receive(self, data: bytes) -> None:
+        ch = self.channel
+        actions = ch.receive(data, time.time())
+        if actions:
+            self.shell.carry_out(self, actions)
+        if ch.out and not self.closed:
+            self.shell.mark_dirty(self)
+
+    def flush(self) -> None:
+        out = self.channel.out
+        if out:
+            self.sink.write(bytes(out))
+            out.clear()
+
+    def pause_reading(self) -> bool:
+        """Stop reading from the transport (TCP pushes back on the client); False if the
+        transport cannot."""
+        pause = getattr(self.sink, "pause_reading", None)
+        if pause is None:
+            return False
+        pause()
+        return True
+
+    def resume_reading(self) -> None:
+        resume = getattr(self.sink, "resume_reading", None)
+        if resume is not None and not self.closed:
+            resume()
+
+    def lost(self) -> None:
+        """The transport closed (either side)."""
+        self.channel.connection_lost()
+        self.shell.cleanup(self)

@@ -1,0 +1,103 @@
+"""A client's publishes entering the mesh: the node's hot path.
+
+For each message, in order: a `$delayed/` publish goes only to the router (it publishes when
+due); every other one joins the NATS batch of its subject (for other nodes), is delivered to
+this node's own subscribers straight from the trie (one hop: the NATS connection is
+`no_echo`, so it never comes back here), and, at QoS >= 1 or retained, goes to the router,
+whose answer releases the publisher's PUBACK/PUBREC (`RoutingPipeline`).
+"""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+
+from services.common.envelope import add_to_batch, to_envelope
+from services.common.message import Message
+from services.common.telemetry import inject
+from services.common.topics import topic_to_subject
+from services.connection.conn import Conn
+from services.connection.fanout import Fanout, Matches
+from services.connection.flow import FlowControl
+from services.connection.mesh import MeshPublisher, MessageIds
+from services.connection.routing import RoutingPipeline
+from services.connection.stats import NodeStats
+from services.connection.subscriptions import NodeSubscriptions
+from starling.common.v1.message_pb2 import RoutedMessage
+
+tracer = trace.get_tracer("starling.connection")
+
+DELAYED_PREFIX = "$delayed/"
+
+
+class Ingress:
+    def __init__(
+        self,
+        node_id: str,
+        subs: NodeSubscriptions[Conn],
+        mesh: MeshPublisher,
+        fanout: Fanout,
+        flow: FlowControl,
+        stats: NodeStats,
+        routing: RoutingPipeline[Conn] | None,
+        ids: MessageIds,
+        tracing: bool,
+    ) -> None:
+        self._node_id = node_id
+        self._subs = subs
+        self._mesh = mesh
+        self._fanout = fanout
+        self._flow = flow
+        self._stats = stats
+        self._routing = routing
+        self._ids = ids
+        self._tracing = tracing
+
+    def publish(self, msgs: list[Message], conn: Conn | None = None) -> None:
+        """Messages of one tenant, in the order the client sent them (`conn` None: a will)."""
+        tenant = msgs[0].tenant
+        self._stats.for_tenant(tenant).messages_in += len(msgs)
+        node_id = self._node_id
+        routing = self._routing
+        trie = self._subs.tries.get(tenant)
+        last_topic = None
+        matches: Matches = []
+        sent = 0
+        for msg in msgs:
+            if msg.topic.startswith(DELAYED_PREFIX) and routing is not None:
+                routing.submit(conn, msg.packet_id, to_envelope(msg, node_id, self._ids.next()))
+                continue
+            batch = self._mesh.batch_for(topic_to_subject(tenant, msg.topic))
+            env = add_to_batch(batch, msg, node_id, self._ids.next())
+            sent += 1
+            if self._tracing:
+                msg = self._start_trace(msg, env)
+            if trie is not None:
+                if msg.topic != last_topic:
+                    last_topic = msg.topic
+                    matches = trie.match(msg.topic)
+                if matches:
+                    self._fanout.deliver(msg, matches, msg.publisher)
+            if (msg.qos or msg.retain) and routing is not None:
+                # Persistent sessions and retained messages: stored before the publisher is
+                # acknowledged.
+                routing.submit(conn, msg.packet_id, env)
+        self._mesh.added(sent)
+        self._flow.published(len(msgs), conn)
+
+    def _start_trace(self, msg: Message, env: RoutedMessage) -> Message:
+        """Open the publish span; its context travels in the envelope and the message."""
+        with tracer.start_as_current_span(
+            "mqtt.publish",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "mqtt.topic": msg.topic,
+                "starling.node": self._node_id,
+                "starling.tenant": msg.tenant,
+                "mqtt.qos": msg.qos,
+            },
+        ):
+            carrier = inject()
+        if not carrier:
+            return msg
+        env.trace_context.update(carrier)
+        return msg._replace(trace_context=tuple(carrier.items()))

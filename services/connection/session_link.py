@@ -1,0 +1,181 @@
+"""A connection's link to its session: authenticate, resume, take over, release.
+
+CONNECT: gather the facts (`connect_attempt`), ask the session service (which authenticates,
+registers the connection under a new epoch and opens or resumes the session), then carry out
+its outcome: the channel answers CONNACK; an accepted connection joins the registry, settles a
+pending will, and a persistent session gets its stored subscriptions back and its queue
+delivered. A kick for this client that arrived while we asked means a newer connection won:
+this one is closed with 0x8E right after its CONNACK.
+
+Takeover: the session service publishes a kick on `ctl.node.<node_id>` naming the epoch it
+supersedes; every connection of that client with an epoch at or below it is closed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from opentelemetry import trace
+
+from services.common.connect import ConnectAttempt, ConnectOutcome, requested_session_expiry
+from services.common.mqtt.reason import ReasonCode as RC
+from services.common.tasks import TaskSet
+from services.connection.channel import Action, Authenticate, State, SubscribeRequest
+from services.connection.conn import Conn
+from services.connection.ordered import OrderedOps
+from services.connection.persistence import PersistentDelivery
+from services.connection.registry import Registry
+from services.connection.subscribing import Subscriber
+from services.connection.wills import Wills
+from services.connection.writes import WriteBatcher
+from services.queue.client import QueueClient, queue_id
+from services.session.client import SessionClient
+from starling.connection.v1 import connection_pb2
+
+log = logging.getLogger("starling.connection.session")
+tracer = trace.get_tracer("starling.connection")
+
+
+def connect_attempt(node_id: str, peer: str, action: Authenticate) -> ConnectAttempt:
+    p = action.connect
+    return ConnectAttempt(
+        client_id=action.client_id,
+        username=p.username or "",
+        password=p.password,
+        node_id=node_id,
+        peer_address=peer,
+        protocol_level=p.protocol_level,
+        clean_start=p.clean_start,
+        session_expiry_s=requested_session_expiry(
+            p.protocol_level, p.clean_start, p.properties.session_expiry_interval
+        ),
+    )
+
+
+class SessionLink:
+    def __init__(
+        self,
+        node_id: str,
+        session: SessionClient,
+        queue: QueueClient | None,
+        nc: Client,
+        registry: Registry,
+        subscriber: Subscriber,
+        wills: Wills,
+        ops: OrderedOps,
+        writes: WriteBatcher,
+        tasks: TaskSet,
+        carry_out: Callable[[Conn, list[Action]], None],
+    ) -> None:
+        self._node_id = node_id
+        self._session = session
+        self._queue = queue
+        self._nc = nc  # queue notices and kick replies
+        self._registry = registry
+        self._subscriber = subscriber
+        self._wills = wills
+        self._ops = ops
+        self._writes = writes
+        self._tasks = tasks
+        self._carry_out = carry_out
+
+    def authenticate(self, conn: Conn, action: Authenticate) -> None:
+        self._tasks.spawn(self._authenticate(conn, action), name="authenticate")
+
+    async def _authenticate(self, conn: Conn, action: Authenticate) -> None:
+        outcome = await self._ask(connect_attempt(self._node_id, conn.channel.peer, action))
+        if conn.closed:
+            if outcome.ok:  # the client left while we asked: release the registry entry
+                await self.release(
+                    outcome.tenant, action.client_id, outcome.epoch, outcome.incarnation, None
+                )
+            return
+        if outcome.ok and self._registry.superseded(
+            (outcome.tenant, action.client_id), outcome.epoch
+        ):
+            outcome = dataclasses.replace(outcome, taken_over=True)
+        ch = conn.channel
+        actions = ch.authenticated(outcome, time.time())
+        if ch.state is State.CONNECTED:
+            self._registry.accepted(conn)
+            if outcome.taken_over:
+                actions += ch.disconnect(RC.SESSION_TAKEN_OVER, "a newer connection took it")
+            else:
+                self._tasks.spawn(
+                    self._wills.settle(ch.tenant, ch.client_id, outcome.session_present)
+                )
+                if ch.persistent:
+                    self._resume(conn, outcome)
+        if actions:
+            self._carry_out(conn, actions)
+        if ch.out and not conn.closed:
+            self._writes.mark(conn)
+
+    async def _ask(self, attempt: ConnectAttempt) -> ConnectOutcome:
+        try:
+            with tracer.start_as_current_span(
+                "mqtt.connect",
+                attributes={"starling.node": self._node_id, "mqtt.client_id": attempt.client_id},
+            ):
+                return await self._session.connect(attempt)
+        except Exception as exc:
+            log.warning("session_unavailable", extra={"error": str(exc)})
+            return ConnectOutcome(reason_code=RC.SERVER_UNAVAILABLE)
+
+    def _resume(self, conn: Conn, outcome: ConnectOutcome) -> None:
+        """A persistent session: restore its subscriptions here, then deliver its queue."""
+        ch = conn.channel
+        if outcome.subscriptions:
+            self._subscriber.subscribe(
+                conn, SubscribeRequest(0, outcome.subscriptions, ()), answer=False
+            )
+        if self._queue is None:
+            return
+        persistent = conn.persistent = PersistentDelivery(
+            ch,
+            self._queue,
+            self._nc,
+            ch.tenant,
+            queue_id(ch.client_id, ch.incarnation),
+            outcome.session_present,
+            time.time,
+            lambda: self._writes.mark(conn),
+        )
+        self._ops.put(persistent.start)
+
+    def connection_ended(self, conn: Conn) -> None:
+        ch = conn.channel
+        self._tasks.spawn(
+            self.release(ch.tenant, ch.client_id, ch.epoch, ch.incarnation, ch.disconnect_expiry_s)
+        )
+
+    async def release(
+        self, tenant: str, client_id: str, epoch: int, incarnation: int, expiry_s: int | None
+    ) -> None:
+        try:
+            await self._session.disconnect(
+                tenant, client_id, epoch, self._node_id, incarnation, expiry_s
+            )
+        except Exception as exc:
+            log.warning("session_release_failed", extra={"error": str(exc)})
+
+    async def on_kick(self, msg: Msg) -> None:
+        """Takeover or admin kick: close this client's connections up to the kick's epoch."""
+        kick = connection_pb2.Kick.FromString(msg.data)
+        key = (kick.tenant, kick.client_id)
+        ended, expiry_s = self._registry.ended(key, kick.epoch)
+        for conn in self._registry.kick(key, kick.epoch, time.monotonic()):
+            actions = conn.channel.disconnect(
+                kick.reason_code or RC.ADMINISTRATIVE_ACTION, "kicked"
+            )
+            self._carry_out(conn, actions)
+        if msg.reply:  # a CONNECT displaced it: say whether it had ended, and how
+            reply = connection_pb2.KickReply(ended=ended)
+            if expiry_s is not None:
+                reply.session_expiry_interval_s = expiry_s
+            await self._nc.publish(msg.reply, reply.SerializeToString())

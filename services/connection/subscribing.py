@@ -1,0 +1,214 @@
+"""SUBSCRIBE and UNSUBSCRIBE on a node: the trie, the NATS subscriptions, the router.
+
+Theory of operation: a subscription enters the node's trie at once, so a PUBLISH that follows
+the SUBSCRIBE on any connection of this node already matches it. The NATS subscriptions for
+its subjects (other nodes' traffic), the router (a persistent session's stored
+subscriptions) and then the SUBACK and retained replay follow in order on `OrderedOps`: the
+SUBACK goes out only once NATS confirmed the subscriptions with a flush, so a message
+published anywhere after the client saw its SUBACK is never missed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+
+from services.common.bus import subjects
+from services.common.topics import parse_shared
+from services.connection.channel import SubscribeRequest
+from services.connection.conn import Conn
+from services.connection.fanout import Fanout
+from services.connection.ordered import OrderedOps
+from services.connection.retained import RetainedReplay
+from services.connection.shared import SharedDispatch
+from services.connection.subscriptions import (
+    NodeSubscriptions,
+    SharedGroup,
+    entry_for,
+    redelivery_subject,
+)
+from services.connection.writes import WriteBatcher
+from services.router.client import RouterClient
+from starling.router.v1 import router_pb2
+
+log = logging.getLogger("starling.connection.subscribing")
+
+SUBSCRIBE_FAILED = 0x80  # SUBACK code for a filter the node could not subscribe
+
+
+def refused(req: SubscribeRequest) -> SubscribeRequest:
+    """The same SUBSCRIBE answered with 0x80 for every filter that was to be granted."""
+    codes = tuple(SUBSCRIBE_FAILED if c < 0x80 else c for c in req.reason_codes)
+    return SubscribeRequest(req.packet_id, (), codes)
+
+
+class Subscriber:
+    def __init__(
+        self,
+        node_id: str,
+        subs: NodeSubscriptions[Conn],
+        nc: Client,
+        nc_shared: Client,
+        ops: OrderedOps,
+        fanout: Fanout,
+        shared: SharedDispatch,
+        retained: RetainedReplay,
+        writes: WriteBatcher,
+        router: RouterClient | None,
+    ) -> None:
+        self._node_id = node_id
+        self.subs = subs
+        self._nc = nc
+        self._nc_shared = nc_shared
+        self._ops = ops
+        self._fanout = fanout
+        self._shared = shared
+        self._retained = retained
+        self._writes = writes
+        self._router = router
+        self._nats_subs: dict[str, NatsSubscription] = {}
+
+    def inbound_backlog_bytes(self) -> int:
+        """Bytes NATS handed us that no subscription task has delivered yet."""
+        return sum(sub.pending_bytes for sub in self._nats_subs.values())
+
+    def subscribe(
+        self, conn: Conn, req: SubscribeRequest, persist: bool = False, answer: bool = True
+    ) -> None:
+        """Add to the trie now; NATS, the router (`persist`), the SUBACK (`answer`) and
+        retained replay follow in order."""
+        tenant = conn.channel.tenant
+        new_subjects: list[str] = []
+        new_groups: list[SharedGroup[Conn]] = []
+        for s, sub_id in req.subscriptions:
+            shared = parse_shared(s.filter)
+            if shared is None:
+                entry = entry_for(
+                    s.filter, tenant, s.qos, s.no_local, s.retain_as_published, sub_id
+                )
+                new_subjects += self.subs.add(tenant, conn, entry)
+            else:
+                entry = entry_for(shared.filter, tenant, s.qos, False, False, sub_id)
+                g = self.subs.add_shared(tenant, shared.group, conn, entry)
+                if g is not None:
+                    new_groups.append(g)
+
+        async def op() -> None:
+            final = await self._complete(conn, req, new_subjects, new_groups, persist)
+            if answer:
+                conn.channel.subscribed(final)
+                self._writes.mark(conn)
+                if final.subscriptions:
+                    await self._retained.replay(conn, final)
+
+        self._ops.put(op)
+
+    async def _complete(
+        self,
+        conn: Conn,
+        req: SubscribeRequest,
+        new_subjects: list[str],
+        new_groups: list[SharedGroup[Conn]],
+        persist: bool,
+    ) -> SubscribeRequest:
+        """Subscribe on NATS and store a persistent session's subscriptions; on failure undo
+        them and answer 0x80 for them."""
+        try:
+            await self._nats_subscribe(new_subjects, new_groups)
+        except Exception:
+            log.exception("nats_subscribe_failed")
+            self.unsubscribe(conn, tuple(s.filter for s, _ in req.subscriptions))
+            return refused(req)
+        if not (persist and req.subscriptions and self._router is not None):
+            return req
+        ch = conn.channel
+        try:
+            await self._router.subscribe(ch.tenant, ch.client_id, ch.incarnation, req.subscriptions)
+        except Exception as exc:
+            log.warning("persistent_subscribe_failed", extra={"error": type(exc).__name__})
+            self.unsubscribe(conn, tuple(s.filter for s, _ in req.subscriptions))
+            return refused(req)
+        return req
+
+    async def _nats_subscribe(
+        self, new_subjects: list[str], new_groups: list[SharedGroup[Conn]]
+    ) -> None:
+        for subject in new_subjects:
+            # nats-py needs a coroutine function as callback (a lambda is refused).
+            async def on_mesh(msg: Msg, subject: str = subject) -> None:
+                await self._fanout.on_mesh(msg, subject)
+
+            self._nats_subs[subject] = await self._nc.subscribe(subject, cb=on_mesh)
+        for g in new_groups:
+
+            async def on_shared(msg: Msg, g: SharedGroup[Conn] = g) -> None:
+                await self._shared.on_message(g, msg)
+
+            for subject in (*g.subjects, redelivery_subject(g)):
+                self._nats_subs[f"{g.queue}|{subject}"] = await self._nc_shared.subscribe(
+                    subject, queue=g.queue, cb=on_shared
+                )
+        if new_subjects:
+            await self._nc.flush(timeout=5)
+        if new_groups:
+            await self._nc_shared.flush(timeout=5)
+
+    def unsubscribe(self, conn: Conn, filters: Sequence[str], persist: bool = False) -> None:
+        """Remove from the node; `persist`: also from the session's stored subscriptions."""
+        ch = conn.channel
+        router = self._router
+        if persist and router is not None:
+            tenant, client_id, incarnation = ch.tenant, ch.client_id, ch.incarnation
+
+            async def forget() -> None:
+                try:
+                    await router.unsubscribe(tenant, client_id, incarnation, list(filters))
+                except Exception as exc:
+                    log.warning(
+                        "persistent_unsubscribe_failed", extra={"error": type(exc).__name__}
+                    )
+
+            self._ops.put(forget)
+        gone: list[str] = []
+        for f in filters:
+            shared = parse_shared(f)
+            if shared is None:
+                gone += self.subs.remove(ch.tenant, conn, f)
+            else:
+                g = self.subs.remove_shared(ch.tenant, shared.group, conn, shared.filter)
+                if g is not None:
+                    gone += [f"{g.queue}|{s}" for s in (*g.subjects, redelivery_subject(g))]
+        if gone:
+
+            async def drop() -> None:
+                for key in gone:
+                    sub = self._nats_subs.pop(key, None)
+                    if sub is not None:
+                        await sub.unsubscribe()
+
+            self._ops.put(drop)
+
+    async def on_routes(self, msg: Msg) -> None:
+        """The router's ListRoutes asks every node which filters its clients hold."""
+        tenant = msg.data.decode()
+        trie = self.subs.tries.get(tenant)
+        filters = sorted({f for f, _, _ in trie.items()}) if trie is not None else []
+        filters += sorted(
+            {
+                f"$share/{g.group}/{g.filter}"
+                for (t, _, _), g in self.subs.shared.items()
+                if t == tenant
+            }
+        )
+        reply = router_pb2.ListRoutesResponse(
+            routes=[router_pb2.Route(topic_filter=f, node_ids=[self._node_id]) for f in filters]
+        )
+        if msg.reply:
+            await self._nc.publish(msg.reply, reply.SerializeToString())
+
+    async def listen_for_route_listings(self) -> None:
+        await self._nc.subscribe(subjects.ROUTE_LISTING, cb=self.on_routes)

@@ -1,0 +1,91 @@
+"""Will messages: published when a connection ends without a normal DISCONNECT.
+
+A will with a Will Delay Interval goes to the router, which publishes it after
+min(delay, session expiry) unless the client connects again first [MQTT-3.1.3-9]; when the
+client does connect, `settle` cancels a pending will of a resumed session and publishes it
+now if the old session ended (clean start).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from services.common.envelope import to_envelope
+from services.common.message import Message, message_properties
+from services.connection.channel import Channel
+from services.connection.conn import Conn
+from services.connection.mesh import MessageIds
+from services.connection.routing import RoutingPipeline
+from services.router.client import RouterClient
+
+log = logging.getLogger("starling.connection.wills")
+
+
+def will_message(ch: Channel, now: float) -> Message | None:
+    """The will of an ended connection as a message, or None (none, or the ACL refuses its
+    topic now)."""
+    w = ch.will
+    if w is None or not ch.acl.can_publish(w.topic):
+        return None
+    mei = w.properties.message_expiry_interval
+    return Message(
+        ch.tenant,
+        w.topic,
+        w.payload,
+        w.qos,
+        w.retain,
+        ch.client_id,
+        message_properties(w.properties),
+        now + mei if mei is not None else None,
+        now,
+    )
+
+
+def will_delay_s(ch: Channel) -> int:
+    """Seconds to wait: the Will Delay Interval, capped by the session's expiry."""
+    if ch.will is None:
+        return 0
+    expiry = ch.disconnect_expiry_s if ch.disconnect_expiry_s is not None else ch.session_expiry_s
+    return min(ch.will.properties.will_delay_interval or 0, expiry)
+
+
+class Wills:
+    def __init__(
+        self,
+        node_id: str,
+        publish: Callable[[list[Message]], None],
+        routing: RoutingPipeline[Conn] | None,
+        router: RouterClient | None,
+        ids: MessageIds,
+    ) -> None:
+        self._node_id = node_id
+        self._publish = publish
+        self._routing = routing
+        self._router = router
+        self._ids = ids
+
+    def connection_ended(self, ch: Channel) -> None:
+        if ch.normal_disconnect:
+            return
+        msg = will_message(ch, time.time())
+        if msg is None:
+            return
+        delay = will_delay_s(ch)
+        if delay and self._routing is not None:
+            env = to_envelope(msg, self._node_id, self._ids.next())
+            env.delay_s = delay
+            self._routing.submit(None, 0, env)
+            return
+        self._publish([msg])
+
+    async def settle(self, tenant: str, client_id: str, resumed: bool) -> None:
+        """A client connected: a delayed will of its previous connection is cancelled if the
+        session was resumed, published now if the old session ended."""
+        if self._router is None:
+            return
+        try:
+            await self._router.settle_will(tenant, client_id, publish_now=not resumed)
+        except Exception as exc:
+            log.warning("settle_will_failed", extra={"error": type(exc).__name__})

@@ -1,0 +1,189 @@
+"""The admin commands over the admin clients, against the core services in this process:
+what `starling <command>` prints (JSON with the field names of the API) and how errors read."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.cli.admin import ROUTER_COMMANDS, admin_command
+from services.cli.main import build_parser
+from services.common.connect import ConnectAttempt
+from services.common.mqtt.packets import Subscription
+from services.metrics.client import MetricsClient, TenantCounters
+from services.router.client import RouterClient
+from services.session.client import SessionClient
+from starling.common.v1.message_pb2 import MessageProperties, Publisher, RoutedMessage
+from tests.inproc import ADMIN_TOKEN, Core
+
+
+async def starling(core: Core, *argv: str, token: str = ADMIN_TOKEN) -> tuple[int, Any]:
+    """Exit status and the printed JSON (or the error line)."""
+    extra = ["--session-addr", core.session, "--token", token]
+    if argv[0] in ROUTER_COMMANDS:
+        extra += ["--router-addr", core.router]
+    if argv[0] == "stats":
+        extra += ["--metrics-addr", core.metrics]
+    status, text = await admin_command(build_parser().parse_args([*argv, *extra]))
+    return status, json.loads(text) if status == 0 else text
+
+
+def tenant() -> str:
+    return f"cli{uuid.uuid4().hex[:6]}"
+
+
+async def test_users_and_acl(core: Core, tmp_path: Path) -> None:
+    t = tenant()
+    assert await starling(
+        core, "user-add", "--tenant", t, "--username", "ops", "--password", "pw"
+    ) == (0, {})
+    rules = [  # as docs/clients.md writes them
+        {"permission": "PERMISSION_ALLOW", "action": "ACL_ACTION_PUBLISH", "topic_filter": "d/%c"},
+        {"permission": "PERMISSION_DENY", "action": "ACL_ACTION_ALL", "topic_filter": "#",
+         "username": "guest"},
+    ]  # fmt: skip
+    path = tmp_path / "acl.json"
+    path.write_text(json.dumps(rules))
+    assert await starling(core, "acl-set", "--tenant", t, "--file", str(path)) == (0, {})
+    assert await starling(core, "acl-get", "--tenant", t) == (0, {"rules": rules})
+
+    path.write_text(json.dumps([{**rules[0], "permission": "ALLOW"}]))
+    status, line = await starling(core, "acl-set", "--tenant", t, "--file", str(path))
+    assert status == 1
+    assert line.startswith("starling acl-set: INVALID_ARGUMENT: rules[0].permission must be")
+    path.write_text(json.dumps([{**rules[0], "topic_filter": "a/#/b"}]))
+    status, line = await starling(core, "acl-set", "--tenant", t, "--file", str(path))
+    assert status == 1 and "INVALID_ARGUMENT: rules[0].topic_filter" in line
+    status, line = await starling(core, "acl-get", "--tenant", "no such tenant")
+    assert status == 1 and "INVALID_ARGUMENT" in line
+
+    assert await starling(core, "user-delete", "--tenant", t, "--username", "ops") == (
+        0,
+        {"deleted": True},
+    )
+
+
+async def test_clients_and_kick(core: Core) -> None:
+    t = tenant()
+    await starling(core, "user-add", "--tenant", t, "--username", "u", "--password", "pw")
+    session = SessionClient(core.session)
+    ok = await session.connect(
+        ConnectAttempt(
+            client_id="c1",
+            username=f"{t}/u",
+            password=b"pw",
+            node_id="node-cli",
+            peer_address="10.0.0.1:1234",
+            protocol_level=4,
+            clean_start=True,
+            session_expiry_s=0,
+        )
+    )
+    await session.close()
+    status, out = await starling(core, "clients", "--tenant", t)
+    assert status == 0
+    (client,) = out["clients"]
+    assert client | {"connected_at_ms": 0} == {
+        "tenant": t,
+        "client_id": "c1",
+        "username": "u",
+        "node_id": "node-cli",
+        "peer_address": "10.0.0.1:1234",
+        "protocol_level": 4,
+        "connected_at_ms": 0,
+        "epoch": ok.epoch,
+        "clean_start": True,
+    }
+    assert await starling(core, "kick", "--tenant", t, "--client-id", "c1") == (
+        0,
+        {"kicked": True},
+    )
+    status, line = await starling(core, "kick", "--tenant", t, "--client-id", "c2")
+    assert status == 1 and line.startswith("starling kick: NOT_FOUND: client 'c2'")
+
+
+async def test_routes_retained_and_delayed(core: Core) -> None:
+    t = tenant()
+    router = RouterClient(core.router)
+    await router.subscribe(t, "dur", 4, [(Subscription("fleet/#", 1), None)])
+    now_ms = int(time.time() * 1000)
+
+    def publish(topic: str, retain: bool = False) -> RoutedMessage:
+        return RoutedMessage(
+            tenant=t,
+            topic=topic,
+            payload=b"up",
+            qos=1,
+            retain=retain,
+            publisher=Publisher(client_id="pub"),
+            published_at_ms=now_ms,
+            message_id=uuid.uuid4().hex,
+            properties=MessageProperties(content_type="text/plain"),
+        )
+
+    await router.route([publish("status/a", retain=True), publish("$delayed/60/later")])
+    await router.close()
+
+    status, out = await starling(core, "routes", "--tenant", t)
+    assert (status, out) == (
+        0,
+        {"routes": [{"topic_filter": "fleet/#", "node_ids": ["dur#4"], "persistent": True}]},
+    )
+    status, out = await starling(core, "retained", "--tenant", t, "--filter", "status/#")
+    assert status == 0 and (out["stored"], out["examined"] > 0) == (1, True)
+    (msg,) = out["messages"]
+    assert msg == {
+        "tenant": t,
+        "topic": "status/a",
+        "payload": base64.b64encode(b"up").decode(),
+        "qos": 1,
+        "retain": True,
+        "publisher": "pub",
+        "properties": {"content_type": "text/plain"},
+        "published_at": now_ms / 1000,
+        "trace_context": [],
+        "packet_id": 0,
+    }
+    status, out = await starling(core, "delayed", "--tenant", t)
+    (delayed,) = out["messages"]
+    assert delayed["message"]["topic"] == "later" and delayed["due_ms"] > now_ms
+    assert await starling(core, "cancel-delayed", "--tenant", t, "--id", delayed["id"]) == (
+        0,
+        {"cancelled": True},
+    )
+    status, line = await starling(core, "cancel-delayed", "--tenant", t, "--id", delayed["id"])
+    assert status == 1 and line.startswith("starling cancel-delayed: NOT_FOUND")
+    assert await starling(core, "delete-retained", "--tenant", t, "--topic", "status/a") == (
+        0,
+        {"deleted": True},
+    )
+
+
+async def test_stats(core: Core) -> None:
+    t = tenant()
+    metrics = MetricsClient(core.metrics)
+    await metrics.report("node-cli", [TenantCounters(tenant=t, connections=2, messages_in=5)])
+    await metrics.close()
+    status, out = await starling(core, "stats")
+    assert status == 0 and out["nodes"] >= 1
+    assert {x["tenant"]: x for x in out["tenants"]}[t] == {
+        "tenant": t,
+        "connections": 2,
+        "messages_in": 5,
+        "messages_out": 0,
+        "messages_dropped": 0,
+    }
+
+
+@pytest.mark.parametrize("command", ["clients", "routes", "stats"])
+async def test_a_wrong_token_reads_unauthenticated(core: Core, command: str) -> None:
+    assert await starling(core, command, token="wrong") == (
+        1,
+        f"starling {command}: UNAUTHENTICATED: admin token missing or wrong",
+    )

@@ -1,0 +1,108 @@
+"""A persistent session's queue delivered to its channel: packet ids from seqs, DUP on a
+resumed backlog, acks only through what the client completed, PUBREL state resent."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.message import Message
+from services.common.mqtt import PubAck, PubComp, Publish, PubRec, PubRel, encode
+from services.connection.channel import DeliveryProgress
+from services.connection.persistence import PersistentDelivery, pid_for
+from services.queue.client import QueueEntry, QueueRead
+from tests.connection.harness import connected, written
+
+
+class FakeQueue:
+    def __init__(self, entries: list[QueueEntry]) -> None:
+        self.entries = entries
+        self.acked_through = 0
+        self.released: list[int] = []
+
+    async def read(self, tenant: str, queue_id: str, from_seq: int, limit: int) -> QueueRead:
+        found = tuple(e for e in self.entries if e.seq >= from_seq)[:limit]
+        last = found[-1].seq if found else from_seq - 1
+        return QueueRead(found, self.acked_through, last)
+
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
+        self.acked_through = max(self.acked_through, through_seq)
+
+    async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
+        self.released.append(seq)
+
+
+class FakeNats:
+    async def subscribe(self, subject: str, cb: object) -> object:
+        return None
+
+
+def _entry(seq: int, qos: int = 1, released: bool = False) -> QueueEntry:
+    return QueueEntry(seq, Message("t", "a/b", f"m{seq}".encode(), qos, False), (), released)
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def _delivery(queue: FakeQueue, resumed: bool) -> tuple[PersistentDelivery, object, object]:
+    ch, dec = connected(5)
+    pd = PersistentDelivery(ch, queue, FakeNats(), "t", "q", resumed, lambda: 0.0, lambda: None)  # type: ignore[arg-type]
+    return pd, ch, dec
+
+
+async def test_backlog_is_delivered_under_seq_packet_ids_with_dup_on_resume() -> None:
+    queue = FakeQueue([_entry(1), _entry(2)])
+    pd, ch, dec = _delivery(queue, resumed=True)
+    await pd.start()
+    await _settle()
+    got = written(ch, dec)  # type: ignore[arg-type]
+    assert [(p.packet_id, p.dup, p.payload) for p in got if isinstance(p, Publish)] == [
+        (pid_for(1), True, b"m1"),
+        (pid_for(2), True, b"m2"),
+    ]
+
+
+async def test_the_queue_is_acked_only_through_what_the_client_completed() -> None:
+    queue = FakeQueue([_entry(1), _entry(2), _entry(3)])
+    pd, ch, dec = _delivery(queue, resumed=False)
+    await pd.start()
+    await _settle()
+    assert [p.dup for p in written(ch, dec) if isinstance(p, Publish)] == [False] * 3  # type: ignore[arg-type]
+    # PUBACK for 1 and 3, not 2: the queue may only forget seq 1.
+    for seq in (1, 3):
+        actions = ch.receive(encode(PubAck(pid_for(seq)), 5), 0.0)  # type: ignore[attr-defined]
+        assert DeliveryProgress() in actions
+        pd.progress()
+    await asyncio.sleep(0.05)
+    assert queue.acked_through == 1
+    ch.receive(encode(PubAck(pid_for(2)), 5), 0.0)  # type: ignore[attr-defined]
+    pd.progress()
+    await asyncio.sleep(0.05)
+    assert queue.acked_through == 3
+    await pd.close()
+
+
+async def test_qos2_pubrec_is_recorded_and_a_released_entry_gets_pubrel_not_publish() -> None:
+    queue = FakeQueue([_entry(1, qos=2)])
+    pd, ch, dec = _delivery(queue, resumed=False)
+    await pd.start()
+    await _settle()
+    written(ch, dec)  # type: ignore[arg-type]
+    ch.receive(encode(PubRec(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
+    pd.progress()
+    await _settle()
+    assert queue.released == [1]
+    assert [type(p) for p in written(ch, dec)] == [PubRel]  # type: ignore[arg-type]
+    await pd.close()
+    # The next connection finds the entry released: it resends PUBREL, then completes.
+    queue.entries = [_entry(1, qos=2, released=True)]
+    pd2, ch2, dec2 = _delivery(queue, resumed=True)
+    await pd2.start()
+    await _settle()
+    assert [type(p) for p in written(ch2, dec2)] == [PubRel]  # type: ignore[arg-type]
+    ch2.receive(encode(PubComp(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
+    pd2.progress()
+    await asyncio.sleep(0.05)
+    assert queue.acked_through == 1
+    await pd2.close()

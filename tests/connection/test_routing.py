@@ -1,0 +1,85 @@
+"""The router pipeline: batches in order, acks released per message, retries with the same
+message ids, and publishers disconnected (not acked) when the router stays away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from services.common.rpc.errors import UnavailableError
+from services.connection.routing import MAX_BATCH, RoutingPipeline
+from services.router.client import RouteResult
+from starling.common.v1.message_pb2 import RoutedMessage
+
+
+class FakeRouter:
+    def __init__(self, answers: list[object]) -> None:
+        self.answers = answers  # per call: a RouteResult for every message, or an exception
+        self.calls: list[list[str]] = []
+
+    async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
+        self.calls.append([m.message_id for m in messages])
+        answer = self.answers.pop(0) if self.answers else RouteResult.STORED
+        if isinstance(answer, Exception):
+            raise answer
+        if isinstance(answer, RouteResult):
+            return [answer] * len(messages)
+        return list(answer)  # type: ignore[call-overload]
+
+
+def _env(i: int) -> RoutedMessage:
+    return RoutedMessage(tenant="t", topic="a", message_id=f"m{i}")
+
+
+async def _run(pipeline: RoutingPipeline[str], until: object) -> None:
+    task = asyncio.ensure_future(pipeline.run())
+    try:
+        for _ in range(500):
+            if until():  # type: ignore[operator]
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("pipeline did not finish")
+    finally:
+        task.cancel()
+
+
+async def test_every_message_is_acked_in_order_and_batches_are_bounded() -> None:
+    done: list[tuple[str | None, int, RouteResult]] = []
+    router = FakeRouter([])
+    p: RoutingPipeline[str] = RoutingPipeline(
+        router, lambda c, pid, r: done.append((c, pid, r)), print
+    )
+    n = MAX_BATCH + 10
+    for i in range(n):
+        p.submit("pub", i + 1, _env(i))
+    await _run(p, lambda: len(done) == n)
+    assert [pid for _, pid, _ in done] == list(range(1, n + 1))
+    assert [len(c) for c in router.calls] == [MAX_BATCH, 10]
+
+
+async def test_try_later_and_errors_are_retried_with_the_same_message_ids() -> None:
+    done: list[int] = []
+    answers: list[object] = [
+        UnavailableError("router down"),  # what the router client raises
+        [RouteResult.STORED, RouteResult.TRY_LATER, RouteResult.QUOTA_EXCEEDED],
+    ]
+    router = FakeRouter(answers)
+    p: RoutingPipeline[str] = RoutingPipeline(router, lambda c, pid, r: done.append(pid), print)
+    for i in range(3):
+        p.submit("pub", i + 1, _env(i))
+    await _run(p, lambda: len(done) == 3)
+    assert router.calls == [["m0", "m1", "m2"], ["m0", "m1", "m2"], ["m1"]]
+    assert sorted(done) == [1, 2, 3]
+
+
+async def test_publishers_are_given_up_when_the_router_stays_away() -> None:
+    done: list[int] = []
+    gave_up: list[str | None] = []
+    router = FakeRouter([UnavailableError("down")] * 100)
+    p: RoutingPipeline[str] = RoutingPipeline(
+        router, lambda c, pid, r: done.append(pid), gave_up.append, give_up_s=0.1
+    )
+    p.submit("a", 1, _env(1))
+    p.submit("b", 2, _env(2))
+    await _run(p, lambda: len(gave_up) == 2)
+    assert done == [] and gave_up == ["a", "b"]

@@ -1,0 +1,72 @@
+"""Services started in the test's own process and event loop, on free ports, the way
+`run_service` starts them (register, start, SERVING; stop, then the server)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.rpc.server import create_server, set_serving, stop_server
+from services.common.runtime import Service
+from services.metrics.config import MetricsSettings
+from services.metrics.main import MetricsService
+from services.queue.config import QueueSettings
+from services.queue.main import QueueService
+from services.router.config import RouterSettings
+from services.router.main import RouterService
+from services.session.config import SessionSettings
+from services.session.main import SessionService
+
+ADMIN_TOKEN = "inproc-admin-token"
+OPEN_TENANT = "open"  # the core session service lets anonymous clients into this tenant
+
+
+@asynccontextmanager
+async def serving(service: Service, admin_token: str = ADMIN_TOKEN) -> AsyncIterator[str]:
+    """Yields the service's gRPC address ("127.0.0.1:<port>")."""
+    server, port, health = create_server("127.0.0.1:0", service.register, admin_token=admin_token)
+    await server.start()
+    await service.start()
+    await set_serving(health, [])
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await service.stop()
+        await stop_server(server, health, 0.5)
+
+
+@dataclass(frozen=True)
+class Core:
+    """gRPC addresses of the services a connection node talks to."""
+
+    queue: str
+    router: str
+    session: str
+    metrics: str
+
+
+@asynccontextmanager
+async def core_services(nats_url: str, redis_url: str, data_dir: Path) -> AsyncIterator[Core]:
+    """Queue, router, session and metrics services wired to one another (SQLite stores)."""
+    common = {"nats_url": nats_url, "redis_url": redis_url, "data_dir": data_dir}
+    common["metrics_port"] = -1
+    async with AsyncExitStack() as stack:
+        queue = await stack.enter_async_context(
+            serving(QueueService(QueueSettings(**common, node_id="queue-t")))
+        )
+        router_settings = RouterSettings(**common, node_id="router-t", queue_addr=queue)
+        router = await stack.enter_async_context(serving(RouterService(router_settings)))
+        session_settings = SessionSettings(
+            **common,
+            node_id="session-t",
+            router_addr=router,
+            queue_addr=queue,
+            anonymous_tenants=[OPEN_TENANT],
+        )
+        session = await stack.enter_async_context(serving(SessionService(session_settings)))
+        metrics = await stack.enter_async_context(
+            serving(MetricsService(MetricsSettings(**common, node_id="metrics-t")))
+        )
+        yield Core(queue, router, session, metrics)
