@@ -66,7 +66,7 @@ class Registry:
     def ended(self, key: ClientKey, epoch: int) -> tuple[bool, int | None]:
         """Whether the connection of this epoch already ended here, and the Session Expiry
         its DISCONNECT set (None: it set none)."""
-        if any(e == epoch for e in self._clients.get(key, {})):
+        if epoch in self._clients.get(key, {}):
             return False, None
         rec = self._ended.get(key)
         if rec is None or rec[0] != epoch:
