@@ -4,12 +4,23 @@ them) and connection nodes (which enforce them per message without a remote call
 Rules are evaluated in order; the first rule whose action and topic match decides; otherwise
 the default applies. For SUBSCRIBE an allow rule must cover the whole requested filter, and a
 deny rule applies when the requested filter overlaps it (so `#` cannot sneak past a deny).
+A publish is checked on its effective topic: `$delayed/10/a/b` as `a/b`, so a delay cannot
+carry a message where its sender may not publish.
+
+`%u` and `%c` stand for the user name and client id, which the client chooses. A value with a
+wildcard or a level separator (`+`, `#`, `/`) would widen the rule (`devices/%c/#` with the id
+`#` is `devices/#`), so an allow rule is dropped for such a client, while a deny rule keeps the
+value (a wider deny only refuses more). An empty value is treated the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+
+from services.common.topics.delayed import effective_topic
+
+_UNSAFE_IN_TEMPLATE = frozenset("+#/")
 
 
 class Access(IntEnum):
@@ -32,13 +43,24 @@ class AclRule:
         )
 
 
+def _safe_value(value: str) -> bool:
+    return bool(value) and _UNSAFE_IN_TEMPLATE.isdisjoint(value)
+
+
 def substitute(rules: list[AclRule], username: str, client_id: str) -> list[AclRule]:
-    """Keep the rules for this client and replace %u / %c in their filters."""
+    """Keep the rules for this client and replace %u / %c in their filters (see the module
+    docstring for values that cannot be substituted into an allow rule)."""
     out = []
     for r in rules:
         if not r.applies_to(username, client_id):
             continue
-        filt = r.topic_filter.replace("%u", username).replace("%c", client_id)
+        filt = r.topic_filter
+        if r.allow and (
+            ("%u" in filt and not _safe_value(username))
+            or ("%c" in filt and not _safe_value(client_id))
+        ):
+            continue
+        filt = filt.replace("%u", username).replace("%c", client_id)
         out.append(AclRule(r.allow, r.access, filt))
     return out
 
@@ -95,15 +117,19 @@ class AclChecker:
         hit = self._cache.get(topic)
         if hit is not None:
             return hit
+        result = self._check_publish(effective_topic(topic) if topic[:1] == "$" else topic)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[topic] = result
+        return result
+
+    def _check_publish(self, topic: str) -> bool:
         levels = topic.split("/")
         result = self._default
         for allow, filt in self._pub:
             if _match(filt, levels) and not (topic[:1] == "$" and filt[0] in ("+", "#")):
                 result = allow
                 break
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        self._cache[topic] = result
         return result
 
     def can_subscribe(self, filt: str) -> bool:

@@ -23,13 +23,17 @@ import grpc
 
 from services.common.config import ConfigError, ServiceSettings, load_settings
 from services.common.logs import setup_logging
-from services.common.rpc.server import create_server, set_serving, stop_server
+from services.common.rpc.server import create_server, set_not_serving, set_serving, stop_server
 from services.common.telemetry import setup_telemetry
 
 log = logging.getLogger("starling.runtime")
 
 
 class Service(Protocol):
+    """What `run_service` runs. A service that can lose the ability to serve while it runs
+    (its bus, say) may also have `unhealthy: asyncio.Future[str]`: once it has a result (the
+    reason), health checks answer NOT_SERVING for good."""
+
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         """Add gRPC servicers; return their full service names."""
 
@@ -68,6 +72,16 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         await server.stop(0)
         raise
     await set_serving(health, names)
+    unhealthy: asyncio.Future[str] | None = getattr(service, "unhealthy", None)
+    watcher = None
+    if unhealthy is not None:
+
+        async def watch(f: asyncio.Future[str]) -> None:
+            reason = await f
+            log.error("service_not_serving", extra={"service": name, "reason": reason})
+            await set_not_serving(health, names)
+
+        watcher = asyncio.create_task(watch(unhealthy))
     # Everything built during start-up lives for the whole process: move it out of the
     # collector's sight so full collections stay short (tail latency on the hot path).
     gc.collect()
@@ -77,6 +91,8 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         await stop.wait()
     finally:
         log.info("service_stopping", extra={"service": name})
+        if watcher is not None:
+            watcher.cancel()
         grace = settings.shutdown_grace_s
         # Backstop: a dependency that swallows cancellation (a NATS drain with the server
         # gone, say) must not keep the process alive past its grace period.

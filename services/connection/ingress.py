@@ -15,6 +15,7 @@ from services.common.envelope import add_to_batch, to_envelope
 from services.common.message import Message
 from services.common.telemetry import inject
 from services.common.topics import topic_to_subject
+from services.common.topics.delayed import DELAYED_PREFIX
 from services.connection.conn import Conn
 from services.connection.fanout import Fanout, Matches
 from services.connection.flow import FlowControl
@@ -25,8 +26,6 @@ from services.connection.subscriptions import NodeSubscriptions
 from starling.common.v1.message_pb2 import RoutedMessage
 
 tracer = trace.get_tracer("starling.connection")
-
-DELAYED_PREFIX = "$delayed/"
 
 
 class Ingress:

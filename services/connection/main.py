@@ -10,6 +10,7 @@ import grpc
 from aiohttp import web
 
 from services.common.bus.client import connect
+from services.common.mqtt.reason import ReasonCode as RC
 from services.common.runtime import run_service
 from services.common.topics import TopicLimits
 from services.connection.api import ConnectionAdminApi
@@ -51,6 +52,10 @@ class ConnectionService:
         self._runners: list[web.AppRunner] = []
         self._reporter: asyncio.Task[None] | None = None
         self.ports: dict[str, int] = {}
+        self._stopping = False
+        # Set when the node can no longer carry traffic (health turns NOT_SERVING); made in
+        # `start`, on the loop that runs the service.
+        self.unhealthy: asyncio.Future[str] | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_ConnectionAdminServiceServicer_to_server(ConnectionAdminApi(self), server)
@@ -58,8 +63,9 @@ class ConnectionService:
 
     async def start(self) -> None:
         s = self._s
-        nc = await connect(s.nats_url, s.node_id, no_echo=True)
-        nc_shared = await connect(s.nats_url, f"{s.node_id}-shared")
+        self.unhealthy = asyncio.get_running_loop().create_future()
+        nc = await connect(s.nats_url, s.node_id, no_echo=True, on_closed=self._bus_closed)
+        nc_shared = await connect(s.nats_url, f"{s.node_id}-shared", on_closed=self._bus_closed)
         self.node = node = Node(
             channel_config(s),
             nc,
@@ -96,7 +102,23 @@ class ConnectionService:
             self.ports["wss"] = s.wss_port
         log.info("mqtt_listening", extra={"ports": self.ports, "node": s.node_id})
 
+    async def _bus_closed(self) -> None:
+        """A NATS connection closed for good: this node can no longer reach the mesh. Stop
+        taking connections, tell every client 0x89 (Server busy: try again, elsewhere) and
+        report NOT_SERVING so the orchestrator replaces the process."""
+        if self._stopping or self.unhealthy is None or self.unhealthy.done():
+            return
+        self.unhealthy.set_result("nats connection closed")
+        for srv in self._servers:
+            srv.close()
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        if self.node is not None:
+            self.node.shed(RC.SERVER_BUSY, "node lost the message bus")
+
     async def stop(self) -> None:
+        self._stopping = True
         if self._reporter is not None:
             self._reporter.cancel()
         for srv in self._servers:
@@ -106,9 +128,9 @@ class ConnectionService:
         for runner in self._runners:
             await runner.cleanup()
         if self.node is not None:
-            await self.node.nc.drain()
-            if self.node.nc_shared is not self.node.nc:
-                await self.node.nc_shared.drain()
+            for nc in {self.node.nc, self.node.nc_shared}:
+                if not nc.is_closed:
+                    await nc.drain()
 
 
 def main() -> int:

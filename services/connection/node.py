@@ -159,10 +159,14 @@ class Node:
         if self.routing is not None:
             self._workers.spawn(self.routing.run(), name="node-routing")
 
+    def shed(self, reason: int, why: str) -> None:
+        """Disconnect every client with `reason` (their wills follow as for any close)."""
+        for conn in list(self.registry.conns):
+            self.carry_out(conn, conn.channel.disconnect(reason, why))
+
     async def shutdown(self, grace_s: float = 2.0) -> None:
         """Tell every client 0x8B, publish their wills, drain the mesh."""
-        for conn in list(self.registry.conns):
-            self.carry_out(conn, conn.channel.disconnect(RC.SERVER_SHUTTING_DOWN, "shutdown"))
+        self.shed(RC.SERVER_SHUTTING_DOWN, "shutdown")
         deadline = time.monotonic() + grace_s
         # Polling is fine here: it runs once, on the way out, for at most `grace_s`.
         while (self.mesh.queued or not self.ops.empty()) and time.monotonic() < deadline:  # noqa: ASYNC110

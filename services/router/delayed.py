@@ -1,4 +1,5 @@
-"""Delayed publish: `$delayed/{seconds}/{topic}` is stored and published when due.
+"""Delayed publish: `$delayed/{seconds}/{topic}` (parsed by services.common.topics.delayed)
+is stored and published when due.
 
 The schedule is a heap in memory over records in the store; it is rebuilt from the store at
 start, so delayed messages survive a restart of every service. A message is published and
@@ -9,26 +10,6 @@ repeat by message id).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
-
-DELAYED_PREFIX = "$delayed/"
-MAX_DELAY_S = 7 * 24 * 3600
-
-
-@dataclass(frozen=True, slots=True)
-class DelayedTopic:
-    seconds: int
-    topic: str
-
-
-def parse_delayed(topic: str) -> DelayedTopic | None:
-    """`$delayed/10/a/b` -> (10, "a/b"); None when it is not a valid delayed topic."""
-    if not topic.startswith(DELAYED_PREFIX):
-        return None
-    seconds, _, inner = topic[len(DELAYED_PREFIX) :].partition("/")
-    if not seconds.isdigit() or not inner or "+" in inner or "#" in inner:
-        return None
-    return DelayedTopic(min(int(seconds), MAX_DELAY_S), inner)
 
 
 class Schedule:

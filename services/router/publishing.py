@@ -13,9 +13,10 @@ from services.common.bus import subjects
 from services.common.rpc.errors import ServiceError
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
 from services.common.topics import topic_to_subject
+from services.common.topics.delayed import DelayedTopic, parse_delayed
 from services.queue.client import AppendResult, NewEntry, QueueClient, queue_id
 from services.router.core import RouteResult, RouteTable
-from services.router.delayed import DelayedTopic, Schedule, parse_delayed
+from services.router.delayed import Schedule
 from services.router.retained import Retained, RetainedIndex
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,3 +79,41 @@ def test_cover_and_overlap_agree_with_brute_force(rule: str, req: str) -> None:
     # set for filters of at most four levels.
     assert filter_covers(rule, req) == covers
     assert filters_overlap(rule, req) == overlap
+
+
+@pytest.mark.parametrize("client_id", ["#", "+", "a/b", "x/#", ""])
+def test_template_values_with_wildcards_or_separators_do_not_widen_an_allow_rule(
+    client_id: str,
+) -> None:
+    rules = [AclRule(True, Access.ALL, "devices/%c/#")]
+    acl = AclChecker(substitute(rules, "user", client_id), default_allow=False)
+    assert not acl.can_subscribe("devices/#")
+    assert not acl.can_subscribe("devices/+/state")
+    assert not acl.can_subscribe("devices/a/#")
+    assert not acl.can_publish("devices/a/b/state")
+    assert not acl.can_publish("devices/other/state")
+
+
+def test_a_plain_client_id_keeps_its_own_subtree() -> None:
+    rules = [AclRule(True, Access.ALL, "devices/%c/#"), AclRule(True, Access.ALL, "users/%u")]
+    acl = AclChecker(substitute(rules, "bob", "dev-1"), default_allow=False)
+    assert acl.can_subscribe("devices/dev-1/#") and acl.can_publish("devices/dev-1/t")
+    assert acl.can_publish("users/bob")
+    assert not acl.can_subscribe("devices/dev-2/#")
+
+
+def test_a_deny_rule_with_a_wildcard_value_only_refuses_more() -> None:
+    rules = [AclRule(False, Access.PUBLISH, "jail/%c/#")]
+    acl = AclChecker(substitute(rules, "u", "+"), default_allow=True)
+    assert not acl.can_publish("jail/anyone/x")
+    assert acl.can_publish("free/x")
+
+
+def test_delayed_publish_is_checked_on_its_effective_topic() -> None:
+    deny_secret = AclChecker([AclRule(False, Access.PUBLISH, "secret/#")], default_allow=True)
+    assert not deny_secret.can_publish("secret/x")
+    assert not deny_secret.can_publish("$delayed/1/secret/x")
+    assert deny_secret.can_publish("$delayed/1/public/x")
+    only_a = AclChecker([AclRule(True, Access.PUBLISH, "a/#")], default_allow=False)
+    assert only_a.can_publish("$delayed/5/a/b")
+    assert not only_a.can_publish("$delayed/5/b")

@@ -144,3 +144,33 @@ def test_hash_filter_maps_to_two_subjects() -> None:
     assert filter_to_subjects("t", "a/#") == ("mq.t.a", "mq.t.a.>")
     assert filter_to_subjects("t", "#") == ("mq.t.>",)
     assert filter_to_subjects("t", "$SYS/+") == ("mqd.t.~24SYS.*",)
+
+
+def test_long_levels_hash_to_short_tokens_that_still_match() -> None:
+    # A client picks level, group and client id lengths; NATS closes a connection for good
+    # on a control line over its limit, so no subject may grow with them.
+    from services.common.bus.subjects import shared_group
+    from services.common.topics.subject import MAX_SUBJECT, MAX_TOKEN
+
+    long_a, long_b = "é" * 1500, "é" * 1499 + "e"
+    subject = topic_to_subject("ten", f"dev/{long_a}/temp")
+    assert len(subject) < 200
+    assert subject != topic_to_subject("ten", f"dev/{long_b}/temp")
+    assert all(len(t) <= MAX_TOKEN for t in subject.split("."))
+    assert any(subject_matches(s, subject) for s in filter_to_subjects("ten", f"dev/{long_a}/#"))
+    assert any(subject_matches(s, subject) for s in filter_to_subjects("ten", "dev/+/temp"))
+    assert not any(
+        subject_matches(s, subject) for s in filter_to_subjects("ten", f"dev/{long_b}/#")
+    )
+    assert len(shared_group("ten", "g" * 30_000)) < 200
+    # Escapes that grow past the token limit are hashed too (each '~' byte is 3 chars).
+    assert len(topic_to_subject("ten", "é" * 40)) < MAX_SUBJECT
+    with pytest.raises(TopicNameInvalidError):
+        subject_to_topic(subject)
+
+
+def test_subject_over_the_bus_limit_is_refused() -> None:
+    deep = TopicLimits(max_length_bytes=65535, max_levels=1024)
+    many = "/".join(["abcdefgh" * 8] * 60)
+    with pytest.raises(TopicFilterInvalidError):
+        filter_to_subjects("ten", many, deep)

@@ -7,6 +7,7 @@ raises; nothing here retries forever.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import nats
@@ -26,10 +27,19 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 
-async def connect(url: str, name: str, attempts: int = 10, no_echo: bool = False) -> Client:
+async def connect(
+    url: str,
+    name: str,
+    attempts: int = 10,
+    no_echo: bool = False,
+    on_closed: Callable[[], Awaitable[None]] | None = None,
+) -> Client:
     """Connect to NATS, retrying start-up races with backoff; reconnects are nats-py's job.
 
     `no_echo`: the server does not deliver this connection's own publishes back to it.
+    `on_closed`: called when the connection is closed for good while nobody asked for it:
+    nats-py reconnects after a network error but gives up after a protocol error the server
+    reports (`-ERR`), and a service must not go on as if it could still carry traffic.
     """
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(attempts),
@@ -46,6 +56,7 @@ async def connect(url: str, name: str, attempts: int = 10, no_echo: bool = False
                 reconnect_time_wait=0.5,
                 allow_reconnect=True,
                 no_echo=no_echo,
+                **({"closed_cb": on_closed} if on_closed is not None else {}),
             )
     raise RuntimeError("unreachable")  # pragma: no cover
 

@@ -56,6 +56,12 @@ async def set_serving(health_servicer: health.aio.HealthServicer, names: Iterabl
         await health_servicer.set(name, SERVING)
 
 
+async def set_not_serving(health_servicer: health.aio.HealthServicer, names: Iterable[str]) -> None:
+    await health_servicer.set("", NOT_SERVING)
+    for name in names:
+        await health_servicer.set(name, NOT_SERVING)
+
+
 async def stop_server(
     server: grpc.aio.Server, health_servicer: health.aio.HealthServicer, grace_s: float
 ) -> None:
