@@ -32,7 +32,24 @@ class ConnectionSettings(ServiceSettings):
     v3_inflight: int = Field(
         default=256, ge=1, le=65535, description="Outbound QoS 1/2 window for 3.1/3.1.1 clients."
     )
-    max_queued_messages: int = Field(default=1000, ge=0)
+    max_queued_messages: int = Field(
+        default=1000,
+        ge=0,
+        description="QoS 1/2 messages a connection holds in memory for a client that is "
+        "behind (clean sessions; a persistent session's wait in its durable queue).",
+    )
+    max_queued_bytes: int = Field(
+        default=4 << 20,
+        ge=0,
+        description="Bytes (payload and topic) of those queued messages; past either limit "
+        "new QoS 1/2 messages for that connection are dropped and counted.",
+    )
+    slow_consumer_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A connection whose socket stays over its write buffer's high-water "
+        "mark this long is disconnected (MQTT 5: DISCONNECT 0x97).",
+    )
     max_topic_length_bytes: int = Field(default=4096, ge=1, le=65535)
     max_topic_levels: int = Field(default=32, ge=1, le=1024)
     stats_interval_s: float = Field(

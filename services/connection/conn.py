@@ -59,6 +59,17 @@ class Conn:
             self.sink.write(bytes(out))
             out.clear()
 
+    def writable(self, ok: bool) -> None:
+        """The transport's write buffer went over its high-water mark (False) or drained
+        (True): hold deliveries meanwhile, then move what waits into the window."""
+        ch = self.channel
+        ch.outbound.set_congested(not ok, time.time())
+        if ok and not self.closed:
+            if self.persistent is not None:
+                self.persistent.pump()
+            if ch.out:
+                self.shell.mark_dirty(self)
+
     def pause_reading(self) -> bool:
         """Stop reading from the transport (TCP pushes back on the client); False if the
         transport cannot."""

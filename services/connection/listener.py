@@ -45,11 +45,11 @@ class MqttProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self.conn is not None:
-            self.conn.channel.outbound.congested = True
+            self.conn.writable(False)
 
     def resume_writing(self) -> None:
         if self.conn is not None:
-            self.conn.channel.outbound.congested = False
+            self.conn.writable(True)
 
 
 def server_ssl_context(
@@ -72,15 +72,36 @@ async def start_tcp(
     )
 
 
+# A WebSocket's unsent bytes: over HIGH the connection is congested (as a TCP transport over
+# its high-water mark), under LOW it may be written again.
+WS_HIGH_BYTES = 256 << 10
+WS_LOW_BYTES = 64 << 10
+
+
 class _WsSink:
-    """Queues MQTT bytes for one WebSocket; one writer task sends them in order."""
+    """Queues MQTT bytes for one WebSocket; one writer task sends them in order. The queued
+    bytes are counted, so a client that stops reading congests its connection instead of
+    growing this queue."""
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queued_bytes = 0
+        self.conn: Conn | None = None
+        self._congested = False
 
     def write(self, data: bytes) -> None:
         self.queue.put_nowait(data)
+        self.queued_bytes += len(data)
+        if not self._congested and self.queued_bytes > WS_HIGH_BYTES and self.conn is not None:
+            self._congested = True
+            self.conn.writable(False)
+
+    def _sent(self, n: int) -> None:
+        self.queued_bytes -= n
+        if self._congested and self.queued_bytes < WS_LOW_BYTES and self.conn is not None:
+            self._congested = False
+            self.conn.writable(True)
 
     def close(self) -> None:
         self.queue.put_nowait(None)
@@ -95,6 +116,7 @@ class _WsSink:
                 await self.ws.send_bytes(data)
             except (ConnectionError, RuntimeError):
                 return
+            self._sent(len(data))
 
 
 def ws_app(node: Node, path: str) -> web.Application:
@@ -103,7 +125,7 @@ def ws_app(node: Node, path: str) -> web.Application:
         await ws.prepare(request)
         sink = _WsSink(ws)
         peer = request.remote or "?"
-        conn = node.open(sink, f"ws:{peer}")
+        conn = sink.conn = node.open(sink, f"ws:{peer}")
         writer = asyncio.create_task(sink.run())
         try:
             async for msg in ws:

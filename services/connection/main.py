@@ -39,6 +39,8 @@ def channel_config(s: ConnectionSettings) -> ChannelConfig:
         connect_timeout_s=s.connect_timeout_s,
         v3_inflight=s.v3_inflight,
         max_queued_messages=s.max_queued_messages,
+        max_queued_bytes=s.max_queued_bytes,
+        slow_consumer_timeout_s=s.slow_consumer_timeout_s,
         topic_limits=TopicLimits(s.max_topic_length_bytes, s.max_topic_levels),
         defer_publish_acks=True,
     )

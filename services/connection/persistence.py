@@ -30,6 +30,9 @@ from starling.queue.v1 import queue_pb2
 log = logging.getLogger("starling.connection.persistence")
 
 ACK_EVERY = 64
+# Entries per queue read: with the congestion check between reads, what one client that
+# stopped reading can pull into memory is one batch.
+READ_BATCH = 100
 ACK_DELAY_S = 0.02
 
 
@@ -88,22 +91,24 @@ class PersistentDelivery:
         """Read more if the client's window has room and the queue may have entries."""
         if self.closed or self._reading or not self.more:
             return
-        if self.channel.outbound.free_window <= 0:
-            return
+        ob = self.channel.outbound
+        if ob.free_window <= 0 or ob.congested:
+            return  # the entries wait in the queue, not in this node's memory
         self._reading = True
         self._tasks.spawn(self._read())
 
     async def _read(self) -> None:
         try:
             while not self.closed and self.more:
-                window = self.channel.outbound.free_window
-                if window <= 0:
+                ob = self.channel.outbound
+                window = ob.free_window
+                if window <= 0 or ob.congested:
                     return
                 from_seq = self.next_read or 1
                 notices = self._notices
                 try:
                     resp = await self.queue.read(
-                        self.tenant, self.queue_id, from_seq, min(window, 500)
+                        self.tenant, self.queue_id, from_seq, min(window, READ_BATCH)
                     )
                 except Exception as exc:  # queue service down: the poll retries
                     log.warning("queue_read_failed", extra={"error": type(exc).__name__})

@@ -1,6 +1,8 @@
 """Batched socket writes: a connection with bytes to send is marked dirty, and every dirty
 connection is flushed once per event-loop turn, so a burst of deliveries to one client
-becomes one `write` call instead of one per PUBLISH.
+becomes one `write` call instead of one per PUBLISH. A connection with `FLUSH_NOW_BYTES`
+waiting is written at once: the transport then knows how much it holds and says when it is
+congested, instead of the node growing an unbounded buffer within one turn.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from services.connection.conn import Conn
+
+FLUSH_NOW_BYTES = 64 << 10
 
 
 class WriteBatcher:
@@ -22,6 +26,9 @@ class WriteBatcher:
         self._loop = loop
 
     def mark(self, conn: Conn) -> None:
+        if len(conn.channel.out) >= FLUSH_NOW_BYTES:
+            conn.flush()
+            return
         self._dirty.add(conn)
         if not self._scheduled:
             self._scheduled = True

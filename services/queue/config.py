@@ -15,7 +15,11 @@ class QueueSettings(ServiceSettings):
     queue_partitions: int = Field(default=64, ge=1, le=65536, description="Fixed partition count.")
     instance_ordinal: int = Field(default=0, ge=0, description="This instance's index.")
     instance_count: int = Field(default=1, ge=1, description="Queue instances in the cluster.")
-    max_queue_depth: int = Field(default=100_000, ge=0, description="Entries per queue; 0: no cap.")
+    max_queue_depth: int = Field(
+        default=1_000_000,
+        ge=0,
+        description="Entries per session queue; 0: no cap. Past it `depth_policy` applies.",
+    )
     depth_policy: Literal["drop_oldest", "reject_newest"] = "drop_oldest"
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ import pytest
 from services.common.message import Message
 from services.common.mqtt import (
     Disconnect,
+    PingReq,
     Properties,
     PubAck,
     PubComp,
@@ -132,9 +133,46 @@ def test_expired_messages_are_not_delivered_sent_or_queued() -> None:
 
 def test_qos0_is_dropped_while_the_transport_is_congested() -> None:
     ch, _ = connected(4)
-    ch.outbound.congested = True
+    ch.outbound.set_congested(True, 1.0)
     ch.deliver(_msg(), 0, False, (), 1.0)
     assert not ch.out and ch.outbound.dropped == 1
+
+
+def test_qos1_waits_while_congested_and_goes_out_when_the_transport_drains() -> None:
+    ch, dec = connected(5)
+    ch.outbound.set_congested(True, 1.0)
+    for i in range(3):
+        ch.deliver(_msg(payload=b"%d" % i), 1, False, (), 1.0)
+    assert not ch.out and ch.outbound.pending_bytes == 3 * len("a/b0")
+    ch.outbound.set_congested(False, 2.0)
+    assert [p.payload for p in written(ch, dec)] == [b"0", b"1", b"2"]  # type: ignore[union-attr]
+    assert ch.outbound.pending_bytes == 0
+
+
+def test_queued_bytes_are_bounded_too() -> None:
+    ch, _ = connected(5, config=ChannelConfig(max_queued_bytes=2500))
+    ch.outbound.set_congested(True, 1.0)
+    for _ in range(3):
+        ch.deliver(_msg(payload=b"x" * 1000), 1, False, (), 1.0)
+    ob = ch.outbound
+    assert (len(ob.pending or ()), ob.dropped) == (2, 1)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_client_that_stays_congested_is_disconnected_with_0x97(level: int) -> None:
+    cfg = ChannelConfig(slow_consumer_timeout_s=30.0)
+    ch, dec = connected(level, config=cfg, keepalive_s=0)
+    ch.outbound.set_congested(True, 100.0)
+    ch.receive(encode(PingReq(), level), 120.0)  # it still talks, but does not read
+    written(ch, dec)
+    assert ch.tick(125.0) == []
+    ch.outbound.set_congested(False, 126.0)
+    ch.outbound.set_congested(True, 127.0)  # a fresh episode starts the clock again
+    assert ch.tick(150.0) == []
+    actions = ch.tick(158.0)
+    assert isinstance(actions[0], Close) and actions[0].reason_code == 0x97
+    if level == 5:
+        assert written(ch, dec) == [Disconnect(0x97)]
 
 
 def test_acks_of_a_persistent_session_report_progress_once_per_call() -> None:

@@ -18,6 +18,8 @@ class ChannelConfig:
     connect_timeout_s: float = 10.0
     v3_inflight: int = 256  # outbound window for clients that cannot tell us theirs
     max_queued_messages: int = 1000
+    max_queued_bytes: int = 4 << 20  # QoS 1/2 waiting for the window or the transport
+    slow_consumer_timeout_s: float = 60.0  # congested that long: DISCONNECT 0x97
     max_client_id_length: int = 256
     max_held_packets: int = 1000
     # PUBACK/PUBREC of forwarded QoS 1/2 publishes wait for `Channel.publish_routed` (the node

@@ -139,6 +139,7 @@ class Channel:
             config.max_packet_size_bytes,
             0,
             config.max_queued_messages,
+            config.max_queued_bytes,
         )
         self._decoder = Decoder(4, config.max_packet_size_bytes)
         self._handshake = Handshake(config, new_client_id)
@@ -207,10 +208,16 @@ class Channel:
         return [self._shut(code, reason)]
 
     def tick(self, now: float) -> list[Action]:
-        """Close a client silent for too long, or one that never sent CONNECT."""
+        """Close a client silent for too long, one that never sent CONNECT, or one that has
+        not read from its socket for `slow_consumer_timeout_s`."""
         state = self.state
         if state is State.CONNECTED and self._keepalive.silent_too_long(now):
             return [self._shut(RC.KEEP_ALIVE_TIMEOUT, "keep alive timeout")]
+        since = self.outbound.congested_since
+        if since and now - since > self.config.slow_consumer_timeout_s:
+            # It has not read what we sent for that long: stop holding buffers for it (a
+            # persistent session's messages wait in its queue for the next connection).
+            return [self._shut(RC.QUOTA_EXCEEDED, "slow consumer: not reading")]
         timeout_s = self.config.connect_timeout_s
         if state is State.AWAIT_CONNECT and self._keepalive.connect_overdue(now, timeout_s):
             return [self._close(RC.MAXIMUM_CONNECT_TIME, "no CONNECT in time")]

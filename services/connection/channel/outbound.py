@@ -5,6 +5,10 @@ Invariants:
 - At most `receive_maximum` QoS 1/2 PUBLISHes are unacknowledged at once [MQTT-3.3.4-9];
   further ones wait in `pending`, which is bounded; what does not fit is dropped and counted.
 - QoS 0 is never queued: it is written at once, or dropped when the transport is congested.
+- Nothing is written while the transport is congested (its buffer is over its high-water
+  mark): QoS 1/2 wait in `pending`, bounded in messages and bytes, so a client that stops
+  reading costs the node at most the transport's buffer plus `max_queued_bytes`; a persistent
+  session's deliveries stay in its durable queue meanwhile (the node reads no more).
 - A PUBLISH larger than the client's maximum packet size is discarded as if sent
   [MQTT-3.1.2-25]; it establishes no topic alias, since the client never sees it.
 - `inflight` maps each unacknowledged packet id to the ack it waits for (AWAIT_*).
@@ -39,14 +43,17 @@ class Outbound:
         "alias_max",
         "completed",
         "congested",
+        "congested_since",
         "dropped",
         "expired",
         "inflight",
         "level",
         "max_packet_size",
         "max_queued",
+        "max_queued_bytes",
         "out",
         "pending",
+        "pending_bytes",
         "receive_maximum",
         "released",
         "sent",
@@ -62,6 +69,7 @@ class Outbound:
         max_packet_size: int,
         alias_max: int,
         max_queued: int,
+        max_queued_bytes: int = 1 << 62,
     ) -> None:
         self.out = out
         self.level = level
@@ -69,12 +77,15 @@ class Outbound:
         self.max_packet_size = max_packet_size
         self.alias_max = alias_max
         self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.pending_bytes = 0
         self.inflight: dict[int, int] = {}
         # Created on first use: an empty deque costs 760 bytes per idle connection.
         self.pending: deque[Pending] | None = None
         self._alias: dict[str, int] = {}
         self._next_pid = 0
         self.congested = False
+        self.congested_since = 0.0
         self.sent = 0
         self.dropped = 0
         self.expired = 0
@@ -114,17 +125,31 @@ class Outbound:
             self._write(msg, 0, retain, sub_ids, 0, now)
             return
         pending = self.pending
-        if not pending and len(self.inflight) < self.receive_maximum:
+        if not pending and not self.congested and len(self.inflight) < self.receive_maximum:
             self._send_acked(msg, qos, retain, sub_ids, now, origin)
-        elif pending is None:
-            if self.max_queued:
-                self.pending = deque([(msg, qos, retain, sub_ids, origin)])
-            else:
-                self.dropped += 1
-        elif len(pending) < self.max_queued:
-            pending.append((msg, qos, retain, sub_ids, origin))
-        else:
+            return
+        size = len(msg.payload) + len(msg.topic)
+        if (
+            (pending is not None and len(pending) >= self.max_queued)
+            or not self.max_queued
+            or self.pending_bytes + size > self.max_queued_bytes
+        ):
             self.dropped += 1
+            return
+        if pending is None:
+            pending = self.pending = deque()
+        pending.append((msg, qos, retain, sub_ids, origin))
+        self.pending_bytes += size
+
+    def set_congested(self, congested: bool, now: float) -> None:
+        """The transport's buffer went over (True) or back under (False) its marks; when
+        it drains, queued deliveries move into the window."""
+        self.congested = congested
+        if congested:
+            self.congested_since = self.congested_since or now
+        else:
+            self.congested_since = 0.0
+            self._pump(now)
 
     def deliver_stored(
         self,
@@ -281,8 +306,9 @@ class Outbound:
         pending = self.pending
         if pending is None:
             return
-        while pending and len(self.inflight) < self.receive_maximum:
+        while pending and not self.congested and len(self.inflight) < self.receive_maximum:
             msg, qos, retain, sub_ids, origin = pending.popleft()
+            self.pending_bytes -= len(msg.payload) + len(msg.topic)
             if msg.expires_at is not None and msg.expires_at <= now:
                 self.expired += 1
                 continue
