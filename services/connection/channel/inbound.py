@@ -134,8 +134,11 @@ class InboundPublishes:
         topic = p.topic
         props = p.properties
         level = self._level
-        if props is not EMPTY and props.topic_alias is not None and level == 5:
-            topic = self._resolve_alias(props.topic_alias, topic)
+        if props is not EMPTY and level == 5:
+            if props.subscription_identifier:  # [MQTT-3.3.4-6] only the server sets them
+                raise ProtocolViolationError("subscription identifier in a client's PUBLISH")
+            if props.topic_alias is not None:
+                topic = self._resolve_alias(props.topic_alias, topic)
         validate_topic_name(topic, self._config.topic_limits)
         qos = p.qos
         pid = p.packet_id or 0
