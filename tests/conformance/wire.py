@@ -40,7 +40,13 @@ def connect(
     raw = Raw(port, level)
     name = "MQIsdp" if level == 3 else "MQTT"
     ack = raw.connect(
-        Connect(client_id or uid("cf"), level, protocol_name=name, properties=props, **fields)  # type: ignore[arg-type]
+        Connect(
+            uid("cf") if client_id is None else client_id,
+            level,
+            protocol_name=name,
+            properties=props,
+            **fields,
+        )  # type: ignore[arg-type]
     )
     assert isinstance(ack, ConnAck), ack
     return raw, ack
