@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from services.common.config import ServiceSettings
 from services.common.mqtt.errors import MqttError
@@ -64,19 +64,20 @@ class ConnectionSettings(ServiceSettings):
         'JSON in the env, e.g. `{"acme": {"server_reference": "b.example:1883"}}`.',
     )
 
-    @model_validator(mode="after")
-    def _response_information(self) -> ConnectionSettings:
-        template = self.response_information
+    @field_validator("response_information")
+    @classmethod
+    def _response_information(cls, template: str) -> str:
+        """A prefix clients can publish to: a valid topic name outside `$SYS`."""
         if not template:
-            return self
+            return template
         topic = template.replace("{client_id}", "c")
         try:
             validate_topic_name(topic)
         except MqttError as exc:
-            raise ValueError(f"response_information: {exc}") from None
+            raise ValueError(f"not a usable topic prefix: {exc}") from None
         if topic == "$SYS" or topic.startswith("$SYS/"):
-            raise ValueError("response_information: $SYS topics are refused to clients")
-        return self
+            raise ValueError("$SYS topics are refused to clients")
+        return template
 
     @model_validator(mode="after")
     def _tls_files(self) -> ConnectionSettings:
