@@ -157,6 +157,9 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
         "STARLING_MAX_QUEUED_MESSAGES": "100",
         "STARLING_RECEIVE_MAXIMUM": "20",
         "STARLING_STATS_INTERVAL_S": "0.5",
+        # Server redirection (tests/conformance): tenants served by another server.
+        "STARLING_REDIRECTS": '{"moved": {"server_reference": "new.example:1883", "moved": true},'
+        ' "busy": {"server_reference": "other.example:1883"}}',
     }
     launcher = Launcher(
         folder / "run", nodes=2, mqtt_port=0, anonymous=False, extra_env=env, tls=(cert, key)

@@ -5,9 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from services.common.config import ServiceSettings
+from services.common.mqtt.errors import MqttError
+from services.common.topics import validate_topic_name
+
+
+class Redirect(BaseModel):
+    """Where the clients of one tenant should connect instead (MQTT 5 Server Reference)."""
+
+    server_reference: str = Field(min_length=1, description="e.g. `b.example.com:1883`")
+    moved: bool = Field(default=False, description="true: 0x9D Server moved; false: 0x9C.")
 
 
 class ConnectionSettings(ServiceSettings):
@@ -55,6 +64,37 @@ class ConnectionSettings(ServiceSettings):
     stats_interval_s: float = Field(
         default=5.0, gt=0, description="How often the node reports its counters to metrics."
     )
+    reason_strings: bool = Field(
+        default=True,
+        description="Explain refusals to MQTT 5 clients with a Reason String (CONNACK, "
+        "PUBACK/PUBREC, SUBACK, UNSUBACK, DISCONNECT).",
+    )
+    response_information: str = Field(
+        default="$response/{client_id}",
+        description="Response Information for MQTT 5 clients that request it: a topic prefix "
+        "for their response topics; `{client_id}` becomes the client id; empty: none.",
+    )
+    redirects: dict[str, Redirect] = Field(
+        default_factory=dict,
+        description="Tenant -> {server_reference, moved}: its clients are refused with "
+        "CONNACK 0x9D (moved: true) or 0x9C (Use another server) naming server_reference. "
+        'JSON in the env, e.g. `{"acme": {"server_reference": "b.example:1883"}}`.',
+    )
+
+    @field_validator("response_information")
+    @classmethod
+    def _response_information(cls, template: str) -> str:
+        """A prefix clients can publish to: a valid topic name outside `$SYS`."""
+        if not template:
+            return template
+        topic = template.replace("{client_id}", "c")
+        try:
+            validate_topic_name(topic)
+        except MqttError as exc:
+            raise ValueError(f"not a usable topic prefix: {exc}") from None
+        if topic == "$SYS" or topic.startswith("$SYS/"):
+            raise ValueError("$SYS topics are refused to clients")
+        return template
 
     @model_validator(mode="after")
     def _tls_files(self) -> ConnectionSettings:

@@ -43,6 +43,9 @@ def channel_config(s: ConnectionSettings) -> ChannelConfig:
         slow_consumer_timeout_s=s.slow_consumer_timeout_s,
         topic_limits=TopicLimits(s.max_topic_length_bytes, s.max_topic_levels),
         defer_publish_acks=True,
+        reason_strings=s.reason_strings,
+        response_information=s.response_information,
+        redirects={t: (r.server_reference, r.moved) for t, r in s.redirects.items()},
     )
 
 

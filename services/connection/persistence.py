@@ -149,6 +149,10 @@ class PersistentDelivery:
                 msg, msg.qos, msg.retain, e.subscription_ids, pid, self.draining_backlog, now
             ):
                 ob.completed.append(pid)  # expired or too large: done without sending
+        if ob.completed:
+            # Settled without an ack to wait for: no PUBACK will report them, so the queue
+            # is acked past them now (else a too-large entry would hold back every ack).
+            self.progress()
         if self.channel.out:
             self.wrote()
 

@@ -10,8 +10,12 @@ from services.connection.channel import Action, Authenticate, Channel, ChannelCo
 ASSIGNED_ID = "auto-test"
 
 
+# Reason Strings off unless a test turns them on: most tests compare replies byte for byte.
+PLAIN = ChannelConfig(reason_strings=False)
+
+
 def new_channel(config: ChannelConfig | None = None, now: float = 0.0) -> Channel:
-    return Channel(config or ChannelConfig(), "peer", now, lambda: ASSIGNED_ID)
+    return Channel(config or PLAIN, "peer", now, lambda: ASSIGNED_ID)
 
 
 def connected(

@@ -43,7 +43,9 @@ def test_a_new_session_with_expiry_0_is_not_persistent() -> None:
 
 
 def test_v5_connack_announces_limits_and_the_assigned_client_id() -> None:
-    cfg = ChannelConfig(receive_maximum=10, topic_alias_maximum=5, max_packet_size_bytes=4096)
+    cfg = ChannelConfig(
+        reason_strings=False, receive_maximum=10, topic_alias_maximum=5, max_packet_size_bytes=4096
+    )
     ch = new_channel(cfg)
     (auth,) = ch.receive(encode(Connect("", 5), 5), 0.0)  # [MQTT-3.1.3-6] empty id: assigned
     assert auth == Authenticate(Connect("", 5), ASSIGNED_ID)
@@ -69,7 +71,7 @@ def test_v5_connack_omits_the_session_expiry_the_client_asked_for() -> None:
 
 
 def test_server_keep_alive_caps_what_the_client_asked() -> None:
-    ch = new_channel(ChannelConfig(max_keepalive_s=30))
+    ch = new_channel(ChannelConfig(reason_strings=False, max_keepalive_s=30))
     ch.receive(encode(Connect("c", 5, keepalive_s=0), 5), 0.0)
     ch.authenticated(ConnectOutcome(), 0.0)
     (ack,) = _decode(take(ch), 5)
@@ -109,7 +111,7 @@ def test_refused_by_the_session_service(level: int, raw: str) -> None:
     ch = new_channel()
     ch.receive(encode(Connect("c", level, will=Will("w", b"x")), level), 0.0)
     assert ch.authenticated(ConnectOutcome(reason_code=0x87), 0.0) == [
-        Close(0x87, "connect refused")
+        Close(0x87, "not authorized")
     ]
     assert take(ch) == bytes.fromhex(raw)
     assert ch.will is None and ch.state is State.CLOSED
@@ -145,7 +147,7 @@ def test_packets_before_connack_are_held_and_replayed_in_order() -> None:
 
 
 def test_too_many_packets_before_connack_close_the_connection() -> None:
-    ch = new_channel(ChannelConfig(max_held_packets=2))
+    ch = new_channel(ChannelConfig(reason_strings=False, max_held_packets=2))
     ch.receive(encode(Connect("c", 5), 5), 0.0)
     ping = bytes.fromhex("c000")
     assert ch.receive(ping * 2, 0.0) == []

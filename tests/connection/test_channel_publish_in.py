@@ -117,14 +117,14 @@ def test_payload_that_is_not_utf8_is_refused() -> None:
 
 
 def test_more_unreleased_qos2_than_receive_maximum_closes() -> None:
-    ch, dec = connected(5, config=ChannelConfig(receive_maximum=2))
+    ch, dec = connected(5, config=ChannelConfig(reason_strings=False, receive_maximum=2))
     data = b"".join(encode(Publish("a", b"x", 2, packet_id=i), 5) for i in (1, 2, 3))
     assert kinds(ch.receive(data, 1.0)) == ["Route", "Close"]
     assert written(ch, dec) == [PubRec(1), PubRec(2), Disconnect(0x93)]
 
 
 def test_deferred_acks_wait_for_routing_and_keep_their_order() -> None:
-    ch, dec = connected(5, config=ChannelConfig(defer_publish_acks=True))
+    ch, dec = connected(5, config=ChannelConfig(reason_strings=False, defer_publish_acks=True))
     data = b"".join(encode(Publish("a", b"x", 1, packet_id=i), 5) for i in (1, 2))
     (route,) = ch.receive(data, 1.0)
     assert isinstance(route, Route)
@@ -140,7 +140,7 @@ def test_an_immediate_ack_waits_behind_a_deferred_one() -> None:
     ch, dec = connected(
         5,
         acl=(AclRule(False, Access.PUBLISH, "no"),),
-        config=ChannelConfig(defer_publish_acks=True),
+        config=ChannelConfig(reason_strings=False, defer_publish_acks=True),
     )
     ch.receive(encode(Publish("a", b"x", 1, packet_id=1), 5), 1.0)
     ch.receive(encode(Publish("no", b"x", 1, packet_id=2), 5), 1.0)  # refused: ack is ready
@@ -150,7 +150,7 @@ def test_an_immediate_ack_waits_behind_a_deferred_one() -> None:
 
 
 def test_v311_gets_a_plain_ack_when_routing_reports_an_error() -> None:
-    ch, dec = connected(4, config=ChannelConfig(defer_publish_acks=True))
+    ch, dec = connected(4, config=ChannelConfig(reason_strings=False, defer_publish_acks=True))
     ch.receive(encode(Publish("a", b"x", 2, packet_id=5), 4), 1.0)
     ch.publish_routed(5, 0x97)
     assert take(ch) == bytes.fromhex("50 02 00 05")  # PUBREC without a reason code
@@ -161,7 +161,7 @@ def test_v311_gets_a_plain_ack_when_routing_reports_an_error() -> None:
 
 
 def test_v5_refused_qos2_frees_its_packet_id() -> None:
-    ch, dec = connected(5, config=ChannelConfig(defer_publish_acks=True))
+    ch, dec = connected(5, config=ChannelConfig(reason_strings=False, defer_publish_acks=True))
     ch.receive(encode(Publish("a", b"x", 2, packet_id=5), 5), 1.0)
     ch.publish_routed(5, 0x97)
     assert written(ch, dec) == [PubRec(5, 0x97)]
@@ -170,7 +170,7 @@ def test_v5_refused_qos2_frees_its_packet_id() -> None:
 
 
 def test_routing_answer_after_close_writes_nothing() -> None:
-    ch, _ = connected(5, config=ChannelConfig(defer_publish_acks=True))
+    ch, _ = connected(5, config=ChannelConfig(reason_strings=False, defer_publish_acks=True))
     ch.receive(encode(Publish("a", b"x", 1, packet_id=1), 5), 1.0)
     ch.disconnect(0x8B, "shutting down")
     ch.out.clear()

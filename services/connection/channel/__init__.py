@@ -9,6 +9,7 @@ return; write `Channel.out`. Modules (private; import from here):
 - outbound.py       deliveries to the client (window, queue, aliases) and their acks
 - subscriptions.py  the client's subscriptions, SUBSCRIBE/UNSUBSCRIBE
 - control.py        PINGREQ, the client's DISCONNECT, keep alive, CONNECT timeout
+- problems.py       Reason Strings: whether a reply may carry one, and its text
 - actions.py        what the channel asks its shell to do
 - config.py         `ChannelConfig`
 """

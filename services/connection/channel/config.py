@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from services.common.mqtt.decoder import DEFAULT_MAX_PACKET_SIZE
@@ -26,3 +27,8 @@ class ChannelConfig:
     # acks once the router has stored the message in every matching persistent queue).
     defer_publish_acks: bool = False
     topic_limits: TopicLimits = field(default=DEFAULT_LIMITS)
+    reason_strings: bool = True  # explain refusals to MQTT 5 clients (Reason String)
+    # Response Information for clients that ask for it: `{client_id}` is replaced; "": none.
+    response_information: str = ""
+    # tenant -> (Server Reference, moved): its clients get CONNACK 0x9D (moved) or 0x9C.
+    redirects: Mapping[str, tuple[str, bool]] = field(default_factory=dict)

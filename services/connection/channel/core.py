@@ -69,10 +69,12 @@ from services.connection.channel.control import PINGRESP, KeepAlive, read_discon
 from services.connection.channel.handshake import Handshake
 from services.connection.channel.inbound import InboundPublishes
 from services.connection.channel.outbound import Outbound
+from services.connection.channel.problems import Problems, describe
 from services.connection.channel.subscriptions import ClientSubscriptions
 
 _PROGRESS = DeliveryProgress()  # it carries nothing: one instance serves every channel
 _V3_UNACCEPTABLE_PROTOCOL = b"\x20\x02\x00\x01"  # CONNACK with 3.1.1 return code 1
+_V3_CLOSE_ONLY = frozenset({RC.MALFORMED_PACKET, RC.PROTOCOL_ERROR})
 
 
 class State(IntEnum):
@@ -91,6 +93,7 @@ class Channel:
         "_handshake",
         "_inbound",
         "_keepalive",
+        "_problems",
         "_subscriptions",
         "acl",
         "client_id",
@@ -143,8 +146,9 @@ class Channel:
         )
         self._decoder = Decoder(4, config.max_packet_size_bytes)
         self._handshake = Handshake(config, new_client_id)
-        self._inbound = InboundPublishes(config, self.out, self.acl)
-        self._subscriptions = ClientSubscriptions(config.topic_limits, self.out, self.acl)
+        self._problems = problems = Problems(config.reason_strings)
+        self._inbound = InboundPublishes(config, self.out, self.acl, problems)
+        self._subscriptions = ClientSubscriptions(config.topic_limits, self.out, self.acl, problems)
         self._keepalive = KeepAlive(now)
 
     @property
@@ -292,6 +296,7 @@ class Channel:
     def _on_connect(self, p: Connect) -> Action:
         self.level = level = p.protocol_level
         self.outbound.level = level
+        self._problems.begin(p)
         client_id, refusal = self._handshake.begin(p)
         if refusal:
             return self._refuse(refusal)
@@ -322,11 +327,14 @@ class Channel:
         self._subscriptions.start(self.level, acl, outcome.subscriptions)
 
     def _refuse(self, code: int) -> Close:
-        """Refuse the CONNECT: CONNACK with `code` (the v3 return code on 3.1/3.1.1)."""
+        """Refuse the CONNECT: CONNACK with `code` (the v3 return code on 3.1/3.1.1, which
+        close without CONNACK on a protocol error [MQTT-3.1.4-1]: they have no code for it)."""
         self.state = State.AUTHENTICATING  # so `_shut` answers MQTT 5 with a CONNACK
         if self.level < 5:
+            if code in _V3_CLOSE_ONLY:
+                return self._close(code, describe(code))
             self.out += encode(ConnAck(False, code), self.level)
-        return self._shut(code, "connect refused")
+        return self._shut(code, describe(code))
 
     def _fail(self, exc: MqttError) -> Close:
         """The client broke a rule (`exc` says which): close with its reason code."""
@@ -340,10 +348,11 @@ class Channel:
         """Tell an MQTT 5 client why (DISCONNECT, or CONNACK before the session exists),
         then close. Not for a CLOSED channel."""
         if self.level == 5:
+            problems = self._problems
             if self.state is State.CONNECTED:
-                self.out += encode(Disconnect(code), 5)
+                self.out += problems.encode(Disconnect(code), reason, always=True)
             elif self.state is State.AUTHENTICATING and code >= 0x80:
-                self.out += encode(ConnAck(False, code), 5)
+                self.out += problems.encode(self._handshake.refused(code), reason, always=True)
         return self._close(code, reason)
 
     def _close(self, code: int, reason: str) -> Close:

@@ -23,22 +23,36 @@ class Handshake:
     """The CONNECT being answered and the packets held until its answer (`hold`, then
     `release_held` once authenticated)."""
 
-    __slots__ = ("_config", "_held", "_new_client_id", "connect")
+    __slots__ = ("_config", "_held", "_new_client_id", "connect", "server_reference")
 
     def __init__(self, config: ChannelConfig, new_client_id: Callable[[], str]) -> None:
         self._config = config
         self._new_client_id = new_client_id
         self._held: list[Packet] | None = None  # created on first use: most clients wait
         self.connect: Connect | None = None
+        self.server_reference = ""  # where a redirected client should go instead
 
     def begin(self, p: Connect) -> tuple[str, int]:
         """Check a CONNECT: (the client id to use, 0), or ("", the refusing reason code)."""
         code = refusal(p, self._config)
+        if not code:
+            code = self._redirect(p)
         if code:
             return "", code
         self.connect = p
         # [MQTT-3.1.3-6] an empty client id gets one assigned (allowed with a clean start)
         return p.client_id or self._new_client_id(), 0
+
+    def _redirect(self, p: Connect) -> int:
+        """0x9C/0x9D when the client's tenant is served elsewhere (`ChannelConfig.redirects`).
+
+        Decided before authentication, from the tenant the user name names, so a redirected
+        client leaves no trace here (no registration, no session touched)."""
+        redirect = self._config.redirects.get(tenant_of(p.username or ""))
+        if redirect is None:
+            return 0
+        self.server_reference, moved = redirect
+        return RC.SERVER_MOVED if moved else RC.USE_ANOTHER_SERVER
 
     def hold(self, p: Packet) -> bool:
         """Keep a packet that came before the CONNACK; False when too many wait already."""
@@ -55,13 +69,21 @@ class Handshake:
         held, self._held = self._held, None
         return held or []
 
+    def refused(self, code: int) -> ConnAck:
+        """The MQTT 5 CONNACK refusing the CONNECT with `code` (a redirect names the server)."""
+        ref = self.server_reference
+        if ref and code in (RC.USE_ANOTHER_SERVER, RC.SERVER_MOVED):
+            return ConnAck(False, code, Properties(server_reference=ref))
+        return ConnAck(False, code)
+
     def connack(self, outcome: ConnectOutcome, client_id: str) -> tuple[ConnAck, int | None]:
         """The CONNACK accepting the CONNECT, and the keep alive the server imposes (None:
         the client's)."""
         p = self.connect
         assert p is not None, "connack before begin"
         if p.protocol_level < 5:
-            return ConnAck(outcome.session_present, 0, EMPTY), None
+            # MQTT 3.1 has no Session Present flag: the byte must be 0.
+            return ConnAck(outcome.session_present and p.protocol_level == 4, 0, EMPTY), None
         cfg = self._config
         keepalive = server_keepalive(p.keepalive_s, cfg.max_keepalive_s)
         asked_expiry_s = p.properties.session_expiry_interval or 0
@@ -74,6 +96,11 @@ class Handshake:
             # Only when the server uses another value than the client asked for.
             session_expiry_interval=(
                 outcome.session_expiry_s if outcome.session_expiry_s != asked_expiry_s else None
+            ),
+            response_information=(
+                response_information(cfg.response_information, client_id)
+                if p.properties.request_response_information
+                else None
             ),
         )
         return ConnAck(outcome.session_present, 0, props), keepalive
@@ -92,6 +119,8 @@ def refusal(p: Connect, config: ChannelConfig) -> int:
     will = p.will
     if will is None:
         return 0
+    if not will.topic:
+        return RC.PROTOCOL_ERROR  # [MQTT-3.1.3-11] a will topic is a topic name [MQTT-4.7.3-1]
     if will.properties.payload_format_indicator == 1:
         try:
             check_utf8(will.payload)
@@ -110,3 +139,24 @@ def server_keepalive(asked_s: int, max_s: int) -> int | None:
     if max_s and (asked_s == 0 or asked_s > max_s):
         return max_s
     return None
+
+
+def response_information(template: str, client_id: str) -> str | None:
+    """The Response Information for a client that asked for it (None: we have none for it).
+    `{client_id}` in `template` becomes the client's id; a result that is no valid topic name
+    (a client id with `+`, `#`...) is not offered, since the client could not publish to it."""
+    if not template:
+        return None
+    topic = template.replace("{client_id}", client_id)
+    try:
+        validate_topic_name(topic)
+    except MqttError:
+        return None
+    return topic
+
+
+def tenant_of(username: str) -> str:
+    """The tenant a user name names: `acme/alice` -> `acme`; no slash: `default` (the rule of
+    the session service's authenticator)."""
+    tenant, slash, _ = username.partition("/")
+    return tenant if slash else "default"

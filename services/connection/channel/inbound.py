@@ -6,6 +6,11 @@ Invariants:
   its PUBREC carries an error): a resend in between is answered, never forwarded twice.
 - Acks go out in the order the PUBLISHes came [MQTT-4.6.0-2], even when some wait for the node
   (`ChannelConfig.defer_publish_acks`): see `PublisherAcks`.
+- An MQTT 5 client never has more unacknowledged QoS 1 and 2 publishes with us than the
+  Receive Maximum we announced (QoS 1 until its PUBACK is written, QoS 2 until its PUBREL):
+  one more is a protocol violation, 0x93 [MQTT-3.3.4-9].
+- `$SYS` topics belong to the server: a publish to one is refused (0x87) or, on 3.1/3.1.1,
+  acknowledged and dropped.
 - Anything the client got wrong raises `MqttError` with the reason code to close with; the
   channel turns it into DISCONNECT.
 """
@@ -22,18 +27,20 @@ from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.topics import validate_topic_name
 from services.connection.channel.config import ChannelConfig
+from services.connection.channel.problems import Problems, describe
 
 
 class OwedAck:
     """One PUBACK (QoS 1) or PUBREC (QoS 2) the publisher is owed."""
 
-    __slots__ = ("packet_id", "qos", "ready", "reason_code")
+    __slots__ = ("packet_id", "qos", "ready", "reason_code", "text")
 
-    def __init__(self, packet_id: int, qos: int, reason_code: int, ready: bool) -> None:
+    def __init__(self, packet_id: int, qos: int, reason_code: int, ready: bool, text: str) -> None:
         self.packet_id = packet_id
         self.qos = qos
         self.reason_code = reason_code
         self.ready = ready  # False while the node has not finished routing the message
+        self.text = text  # the Reason String of a refusal ("": the code's generic text)
 
 
 class PublisherAcks:
@@ -45,20 +52,23 @@ class PublisherAcks:
     A list, not a deque: it is short, and an empty deque costs 760 bytes per connection.
     """
 
-    __slots__ = ("_waiting",)
+    __slots__ = ("_waiting", "qos1_waiting")
 
     def __init__(self) -> None:
         self._waiting: list[OwedAck] = []
+        self.qos1_waiting = 0  # PUBACKs among `_waiting`: unacknowledged QoS 1 publishes
 
     def owes(self, packet_id: int) -> bool:
         """An ack for `packet_id` has not been released yet."""
         return any(a.packet_id == packet_id for a in self._waiting)
 
-    def add(self, packet_id: int, qos: int, reason_code: int, ready: bool) -> bool:
+    def add(self, packet_id: int, qos: int, reason_code: int, ready: bool, text: str = "") -> bool:
         """Owe an ack; True if it may be sent now (it is ready and nothing waits before it)."""
         if ready and not self._waiting:
             return True
-        self._waiting.append(OwedAck(packet_id, qos, reason_code, ready))
+        self._waiting.append(OwedAck(packet_id, qos, reason_code, ready, text))
+        if qos == 1:
+            self.qos1_waiting += 1
         return False
 
     def settle(self, packet_id: int, reason_code: int) -> list[OwedAck]:
@@ -76,6 +86,7 @@ class PublisherAcks:
             n += 1
         released = waiting[:n]
         del waiting[:n]
+        self.qos1_waiting -= sum(a.qos == 1 for a in released)
         return released
 
 
@@ -92,12 +103,16 @@ class InboundPublishes:
         "_config",
         "_level",
         "_out",
+        "_problems",
         "_tenant",
     )
 
-    def __init__(self, config: ChannelConfig, out: bytearray, acl: AclChecker) -> None:
+    def __init__(
+        self, config: ChannelConfig, out: bytearray, acl: AclChecker, problems: Problems
+    ) -> None:
         self._config = config
         self._out = out
+        self._problems = problems
         self._level = 4
         self._tenant = ""
         self._client_id = ""
@@ -119,19 +134,31 @@ class InboundPublishes:
         topic = p.topic
         props = p.properties
         level = self._level
-        if props is not EMPTY and props.topic_alias is not None and level == 5:
-            topic = self._resolve_alias(props.topic_alias, topic)
+        if props is not EMPTY and level == 5:
+            if props.subscription_identifier:  # [MQTT-3.3.4-6] only the server sets them
+                raise ProtocolViolationError("subscription identifier in a client's PUBLISH")
+            if props.topic_alias is not None:
+                topic = self._resolve_alias(props.topic_alias, topic)
         validate_topic_name(topic, self._config.topic_limits)
         qos = p.qos
         pid = p.packet_id or 0
         if qos == 2 and self._is_resend(pid):
             return None
+        if qos and self._window_full(qos):
+            # More unacknowledged QoS 1/2 than the Receive Maximum of our CONNACK.
+            raise ProtocolViolationError("receive maximum exceeded", RC.RECEIVE_MAXIMUM_EXCEEDED)
         code = 0
+        text = ""
         msg = None
-        if not self._acl.can_publish(topic):
+        if topic[0] == "$" and (topic == "$SYS" or topic.startswith("$SYS/")):
             code = RC.NOT_AUTHORIZED if level == 5 else 0  # 3.1.1: acknowledge, then drop
+            text = "$SYS topics are reserved for the server"
+        elif not self._acl.can_publish(topic):
+            code = RC.NOT_AUTHORIZED if level == 5 else 0  # 3.1.1: acknowledge, then drop
+            text = f"not authorized to publish to {topic}"
         elif props.payload_format_indicator == 1 and not _is_utf8(p.payload):
             code = RC.PAYLOAD_FORMAT_INVALID
+            text = "payload is not valid UTF-8"
         else:
             defer = qos > 0 and self._config.defer_publish_acks
             if props is EMPTY:  # the common case: nothing to copy
@@ -155,7 +182,7 @@ class InboundPublishes:
                 self._owe(pid, qos, 0, False)
                 return msg
         if qos:
-            self._owe(pid, qos, code, True)
+            self._owe(pid, qos, code, True, text)
         return msg
 
     def routed(self, packet_id: int, reason_code: int) -> None:
@@ -163,7 +190,7 @@ class InboundPublishes:
         if self._level < 5:
             reason_code = 0  # 3.1/3.1.1 acks carry no reason: the client gets a plain ack
         for a in self._acks.settle(packet_id, reason_code):
-            self._write_ack(a.packet_id, a.qos, a.reason_code)
+            self._write_ack(a.packet_id, a.qos, a.reason_code, a.text)
 
     def on_pubrel(self, p: PubRel) -> None:
         """Release of a QoS 2 message: it is forwarded already, PUBCOMP ends the exchange."""
@@ -172,7 +199,8 @@ class InboundPublishes:
             self._awaiting_rel.discard(pid)
             self._out += encode(PubComp(pid), self._level)
         else:
-            self._out += encode(PubComp(pid, RC.PACKET_IDENTIFIER_NOT_FOUND), self._level)
+            code = RC.PACKET_IDENTIFIER_NOT_FOUND
+            self._out += self._problems.encode(PubComp(pid, code), "no QoS 2 publish to release")
 
     def _resolve_alias(self, alias: int, topic: str) -> str:
         if alias > self._config.topic_alias_maximum:
@@ -195,24 +223,34 @@ class InboundPublishes:
             if not self._acks.owes(pid):
                 self._out += encode(PubRec(pid), self._level)
             return True
-        if len(awaiting) >= self._config.receive_maximum:
-            # More unacknowledged QoS 2 than the Receive Maximum of our CONNACK.
-            raise ProtocolViolationError("receive maximum exceeded", RC.RECEIVE_MAXIMUM_EXCEEDED)
         return False
 
-    def _owe(self, pid: int, qos: int, code: int, ready: bool) -> None:
+    def _window_full(self, qos: int) -> bool:
+        """A new QoS 1/2 publish would exceed the Receive Maximum we announced. 3.1/3.1.1
+        clients were told no limit: for them only the QoS 2 state is bounded (by the same
+        number), their QoS 1 acks wait at most as long as the router takes."""
+        unacked = len(self._awaiting_rel)
+        if self._level == 5:
+            unacked += self._acks.qos1_waiting
+        elif qos == 1:
+            return False
+        return unacked >= self._config.receive_maximum
+
+    def _owe(self, pid: int, qos: int, code: int, ready: bool, text: str = "") -> None:
         if qos == 2 and code < 0x80:
             self._awaiting_rel.add(pid)
-        if self._acks.add(pid, qos, code, ready):
-            self._write_ack(pid, qos, code)
+        if self._acks.add(pid, qos, code, ready, text):
+            self._write_ack(pid, qos, code, text)
 
-    def _write_ack(self, pid: int, qos: int, code: int) -> None:
+    def _write_ack(self, pid: int, qos: int, code: int, text: str = "") -> None:
+        if code >= 0x80 and not text:
+            text = describe(code)
         if qos == 1:
-            self._out += encode(PubAck(pid, code), self._level)
+            self._out += self._problems.encode(PubAck(pid, code), text)
             return
         if code >= 0x80:
             self._awaiting_rel.discard(pid)  # [MQTT-4.3.3-9] a resend of it is a new message
-        self._out += encode(PubRec(pid, code), self._level)
+        self._out += self._problems.encode(PubRec(pid, code), text)
 
 
 def _expires_at(props: Properties, now: float) -> float | None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from services.common.acl import AclChecker
 from services.common.connect import IdentifiedSubscription
-from services.common.mqtt.encoder import encode
 from services.common.mqtt.errors import MqttError, ProtocolViolationError
 from services.common.mqtt.packets import SubAck, Subscribe, Subscription, UnsubAck, Unsubscribe
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.topics import TopicLimits, parse_shared, validate_topic_filter
 from services.connection.channel.actions import SubscribeRequest, Unsubscribed
+from services.connection.channel.problems import Problems, describe
 
 _V3_FAILURE = 0x80  # the one SUBACK failure code of 3.1.1
 
@@ -23,11 +23,14 @@ class ClientSubscriptions:
     """`filters` maps each subscribed filter to its Subscription Identifier (None: none).
     Call `start` once the session is known."""
 
-    __slots__ = ("_acl", "_level", "_limits", "_out", "filters")
+    __slots__ = ("_acl", "_level", "_limits", "_out", "_problems", "filters")
 
-    def __init__(self, limits: TopicLimits, out: bytearray, acl: AclChecker) -> None:
+    def __init__(
+        self, limits: TopicLimits, out: bytearray, acl: AclChecker, problems: Problems
+    ) -> None:
         self._limits = limits
         self._out = out
+        self._problems = problems
         self._level = 4
         self._acl = acl
         self.filters: dict[str, int | None] = {}
@@ -60,7 +63,8 @@ class ClientSubscriptions:
         """The node has the subscriptions in place: record them and answer with SUBACK."""
         for s, sub_id in request.subscriptions:
             self.filters[s.filter] = sub_id
-        self._out += encode(SubAck(request.packet_id, request.reason_codes), self._level)
+        suback = SubAck(request.packet_id, request.reason_codes)
+        self._out += self._problems.encode(suback, _explain(request))
 
     def on_unsubscribe(self, p: Unsubscribe) -> Unsubscribed:
         """Forget the filters and answer with UNSUBACK; the node drops them from the mesh."""
@@ -69,7 +73,10 @@ class ClientSubscriptions:
             existed = self.filters.pop(f, _NO_SUB) is not _NO_SUB
             codes.append(0 if existed else RC.NO_SUBSCRIPTION_EXISTED)
         level = self._level
-        self._out += encode(UnsubAck(p.packet_id, tuple(codes) if level == 5 else ()), level)
+        unsuback = UnsubAck(p.packet_id, tuple(codes) if level == 5 else ())
+        missing = [f for f, c in zip(p.filters, codes, strict=True) if c]
+        text = f"no subscription existed for {', '.join(missing)}" if missing else ""
+        self._out += self._problems.encode(unsuback, text)
         return Unsubscribed(p.filters)
 
     def _grant(self, s: Subscription) -> int:
@@ -89,3 +96,15 @@ class ClientSubscriptions:
 
 
 _NO_SUB = object()
+
+
+def _explain(request: SubscribeRequest) -> str:
+    """The Reason String of a SUBACK that refuses filters ("" when it refuses none). The
+    refused filters are not in the request (only their codes are), so it names the codes."""
+    refused = sorted({c for c in request.reason_codes if c >= 0x80})
+    if not refused:
+        return ""
+    n = sum(c >= 0x80 for c in request.reason_codes)
+    return f"{n} of {len(request.reason_codes)} filters refused: " + ", ".join(
+        describe(c) for c in refused
+    )
