@@ -160,7 +160,7 @@ def test_queued_bytes_are_bounded_too() -> None:
 
 @pytest.mark.parametrize("level", [4, 5])
 def test_a_client_that_stays_congested_is_disconnected_with_0x97(level: int) -> None:
-    cfg = ChannelConfig(slow_consumer_timeout_s=30.0)
+    cfg = ChannelConfig(slow_consumer_timeout_s=30.0, reason_strings=False)
     ch, dec = connected(level, config=cfg, keepalive_s=0)
     ch.outbound.set_congested(True, 100.0)
     ch.receive(encode(PingReq(), level), 120.0)  # it still talks, but does not read
