@@ -47,7 +47,12 @@ def start_starling(folder: Path) -> Broker:
         nodes=2,
         mqtt_port=0,
         ws=False,
-        extra_env={"STARLING_LOG_LEVEL": "WARNING", "STARLING_MAX_QUEUED_MESSAGES": "100000"},
+        extra_env={
+            "STARLING_LOG_LEVEL": "WARNING",
+            "STARLING_MAX_QUEUED_MESSAGES": "100000",
+            # Every bench client comes from 127.0.0.1: no cap per address.
+            "STARLING_MAX_CONNECTIONS_PER_IP": "0",
+        },
     )
     mesh = launcher.start()
     node = mesh.by_name("connection-0")

@@ -61,6 +61,12 @@ class ConnectionSettings(ServiceSettings):
     )
     max_topic_length_bytes: int = Field(default=4096, ge=1, le=65535)
     max_topic_levels: int = Field(default=32, ge=1, le=1024)
+    max_connections_per_ip: int = Field(
+        default=1000,
+        ge=0,
+        description="Open connections from one IP address to one node; a CONNECT beyond it "
+        "gets CONNACK 0x97 (3.1.1: 3). Raise it behind NAT or a load balancer; 0: no cap.",
+    )
     stats_interval_s: float = Field(
         default=5.0, gt=0, description="How often the node reports its counters to metrics."
     )

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from services.common.bus.client import connect
 from services.common.mqtt.reason import ReasonCode as RC
+from services.common.refusals import register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.topics import TopicLimits
 from services.connection.api import ConnectionAdminApi
@@ -79,9 +80,11 @@ class ConnectionService:
             nc_shared=nc_shared,
             router=RouterClient(s.router_addr),
             queue=QueueClient(s.queue_addr),
+            max_connections_per_ip=s.max_connections_per_ip,
         )
         await node.start()
         register_metrics(node.stats)
+        register_refusal_metrics(node.refusals, "starling.connection")
         self._reporter = asyncio.create_task(
             report_stats(
                 node.node_id, node.stats, MetricsClient(s.metrics_addr), s.stats_interval_s

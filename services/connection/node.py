@@ -2,7 +2,8 @@
 
 Who owns what (docs/architecture.md has the full map):
 - `conn.Conn` one connection (channel + transport); `listener` the sockets; `writes` batched
-  writes; `registry` connections by client id and kick tombstones;
+  writes; `registry` connections by client id and kick tombstones; `admission` connections
+  per peer address;
 - `ingress` a client's publishes (local fan-out, NATS batch, router); `mesh` batching onto
   NATS; `fanout` delivery to this node's clients; `shared` shared-subscription dispatch;
   `flow` back-pressure; `routing` the router pipeline that releases PUBACK/PUBREC;
@@ -25,8 +26,11 @@ from collections.abc import Callable
 from nats.aio.client import Client
 
 from services.common.bus import subjects
+from services.common.connect import ConnectOutcome
 from services.common.mqtt.reason import ReasonCode as RC
+from services.common.refusals import Refusals
 from services.common.tasks import TaskSet
+from services.connection.admission import PerAddress
 from services.connection.channel import (
     Action,
     Authenticate,
@@ -77,6 +81,7 @@ class Node:
         router: RouterClient | None = None,
         queue: QueueClient | None = None,
         new_client_id: Callable[[], str] = assigned_client_id,
+        max_connections_per_ip: int = 0,
     ) -> None:
         self.config = config
         self.node_id = config.node_id
@@ -87,6 +92,8 @@ class Node:
         self.tasks = TaskSet()
         self._workers = TaskSet()
         self.registry = Registry()
+        self.per_address = PerAddress(max_connections_per_ip)
+        self.refusals = Refusals()
         self.stats = NodeStats(self.registry.conns)
         self.writes = WriteBatcher(self._loop)
         self.subs: NodeSubscriptions[Conn] = NodeSubscriptions()
@@ -182,6 +189,7 @@ class Node:
         now = time.time()
         conn = Conn(self, Channel(self.config, peer, now, self._new_client_id), sink)
         self.registry.opened(conn)
+        self.per_address.opened(peer)
         return conn
 
     # ---- what a channel asked for -------------------------------------------------------
@@ -198,7 +206,7 @@ class Node:
             elif isinstance(action, Unsubscribed):
                 self.subscriber.unsubscribe(conn, action.filters, persist=conn.channel.persistent)
             elif isinstance(action, Authenticate):
-                self.sessions.authenticate(conn, action)
+                self._admit(conn, action)
             elif isinstance(action, Close):
                 conn.flush()
                 conn.sink.close()
@@ -217,6 +225,7 @@ class Node:
             return
         conn.closed = True
         self.registry.closed(conn, time.monotonic())
+        self.per_address.closed(conn.channel.peer)
         self.writes.discard(conn)
         self.flow.forget(conn)
         ch = conn.channel
@@ -233,6 +242,15 @@ class Node:
         self.stats.connection_ended(conn)
         self.wills.connection_ended(ch)
         self.sessions.connection_ended(conn)
+
+    def _admit(self, conn: Conn, action: Authenticate) -> None:
+        """Authenticate the CONNECT unless its address holds too many connections here."""
+        if self.per_address.over(conn.channel.peer):
+            self.refusals.count("connections_per_ip")
+            refused = ConnectOutcome(reason_code=RC.QUOTA_EXCEEDED)
+            self.carry_out(conn, conn.channel.authenticated(refused, time.time()))
+            return
+        self.sessions.authenticate(conn, action)
 
     # ---- answers of the router pipeline -------------------------------------------------
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import grpc
 
 from services.common.bus.client import LateClient, connect
+from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_router_store, open_session_store
 from services.queue.client import QueueClient
@@ -33,14 +34,17 @@ class RouterService:
         self._retained = RetainedIndex()
         self._queues = QueueClient(settings.queue_addr)
         self._nats = LateClient()
+        self._refusals = Refusals()
+        register_refusal_metrics(self._refusals, "starling.router")
         self._publisher = Publisher(
             self._table,
             self._queues,
             self._retained,
             self._router_store,
             self._nats,
-            settings.max_retained_per_tenant,
+            settings.caps(),
             settings.queue_qos0_offline,
+            self._refusals,
         )
         self._scheduler: asyncio.Task[None] | None = None
 

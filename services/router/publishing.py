@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from services.common.bus import subjects
+from services.common.refusals import Refusals
 from services.common.rpc.errors import ServiceError
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
 from services.common.topics import topic_to_subject
@@ -17,6 +18,7 @@ from services.common.topics.delayed import DelayedTopic, parse_delayed
 from services.queue.client import AppendResult, NewEntry, QueueClient, queue_id
 from services.router.core import RouteResult, RouteTable
 from services.router.delayed import Schedule
+from services.router.limits import Caps, Usage, fits
 from services.router.retained import Retained, RetainedIndex
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
@@ -24,6 +26,8 @@ from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 log = logging.getLogger("starling.router")
 # Settled for the publisher: stored, or refused for good by the depth limit (counted there).
 _SETTLED = {AppendResult.OK, AppendResult.QUEUE_FULL}
+# A tenant at a retained cap has its expired retained messages purged at most this often.
+PURGE_EVERY_MS = 1000
 
 
 WILL_PREFIX = "will/"
@@ -48,26 +52,32 @@ class Publisher:
         retained: RetainedIndex,
         store: RouterStore,
         nats: Any,
-        max_retained: int,
+        caps: Caps,
         queue_qos0: bool,
+        refusals: Refusals | None = None,
     ) -> None:
         self._table = table
         self._queues = queues
         self._retained = retained
         self._store = store
         self._nats = nats
-        self._max_retained = max_retained
+        self._caps = caps
         self._qos0 = queue_qos0
+        self.refusals = refusals or Refusals()
         self.schedule = Schedule()
         self.delayed: dict[tuple[str, str], DelayedRecord] = {}
+        # Pending `$delayed` messages per tenant (delayed wills, one per client id, are not
+        # counted: a cap must never lose a will).
+        self.delayed_usage = Usage()
+        self._purged_at: dict[str, int] = {}  # tenant -> last purge of expired retained
         self._wake = asyncio.Event()
 
     async def load(self) -> None:
+        """Retained and delayed messages from the store; the caps' usage follows from them."""
         for r in await self._store.all_retained():
             self._retained.put(r.tenant, r.topic, Retained(r.data, r.expires_at_ms))
         for d in await self._store.all_delayed():
-            self.delayed[(d.tenant, d.id)] = d
-            self.schedule.add(d.due_ms, d.tenant, d.id)
+            self._hold(d)
 
     async def accept(self, messages: list[RoutedMessage]) -> tuple[list[RouteResult], int]:
         """Handle publishes from a node; one RouteResult per message, and queues touched."""
@@ -83,8 +93,8 @@ class Publisher:
                 continue
             delayed = parse_delayed(m.topic)
             if delayed is not None:
-                await self._delay(m, delayed)
-                results[i] = RouteResult.STORED
+                stored = await self._delay(m, delayed)
+                results[i] = RouteResult.STORED if stored else RouteResult.QUOTA_EXCEEDED
                 continue
             if m.retain and not await self._retain(m):
                 results[i] = RouteResult.QUOTA_EXCEEDED
@@ -121,24 +131,64 @@ class Publisher:
         return queues
 
     async def _retain(self, m: RoutedMessage) -> bool:
-        """Store (or, for an empty payload, delete [MQTT-3.3.1-10]) the retained message."""
+        """Store (or, for an empty payload, delete [MQTT-3.3.1-10]) the retained message;
+        False when the tenant's retained caps refuse it (a delete is never refused)."""
         if not m.payload:
             self._retained.delete(m.tenant, m.topic)
             await self._store.delete_retained(m.tenant, m.topic)
             return True
-        if (
-            self._max_retained
-            and not self._retained.has(m.tenant, m.topic)
-            and self._retained.count(m.tenant) >= self._max_retained
-        ):
-            await self._quota_event(m.tenant, "retained_messages")
+        data = m.SerializeToString()
+        if not await self._retained_fits(m.tenant, m.topic, len(data)):
+            limit = self._retained_limit(m.tenant, m.topic, len(data))
+            self.refusals.count(limit, m.tenant)
+            await self._quota_event(m.tenant, limit)
             return False
-        stored = RoutedMessage()
-        stored.CopyFrom(m)
-        data = stored.SerializeToString()
         await self._store.put_retained(RetainedRecord(m.tenant, m.topic, data, _expires_at_ms(m)))
         self._retained.put(m.tenant, m.topic, Retained(data, _expires_at_ms(m)))
         return True
+
+    def _retained_growth(self, tenant: str, topic: str, nbytes: int) -> tuple[int, int]:
+        old = self._retained.get(tenant, topic)
+        return (1, nbytes) if old is None else (0, nbytes - len(old.data))
+
+    def _retained_limit(self, tenant: str, topic: str, nbytes: int) -> str:
+        """Which retained cap a refused message hit."""
+        add_count, _ = self._retained_growth(tenant, topic, nbytes)
+        cap = self._caps.retained_messages
+        if cap and add_count and self._retained.count(tenant) + add_count > cap:
+            return "retained_messages"
+        return "retained_bytes"
+
+    async def _retained_fits(self, tenant: str, topic: str, nbytes: int) -> bool:
+        """Within the caps, counting expired messages out: at a cap, the tenant's expired
+        retained messages are purged first (at most once per PURGE_EVERY_MS, so a client
+        hammering a full tenant does not make every publish walk its whole index)."""
+        for attempt in (0, 1):
+            add_count, add_bytes = self._retained_growth(tenant, topic, nbytes)
+            if fits(
+                self._retained.count(tenant),
+                self._retained.size(tenant),
+                add_count,
+                add_bytes,
+                self._caps.retained_messages,
+                self._caps.retained_bytes,
+            ):
+                return True
+            if attempt or not await self._purge_expired(tenant):
+                return False
+        return False
+
+    async def _purge_expired(self, tenant: str) -> bool:
+        """Forget the tenant's expired retained messages; True when any were."""
+        now = int(time.time() * 1000)
+        if now - self._purged_at.get(tenant, -PURGE_EVERY_MS) < PURGE_EVERY_MS:
+            return False
+        self._purged_at[tenant] = now
+        topics = self._retained.expired(tenant, now)
+        for topic in topics:
+            self._retained.delete(tenant, topic)
+            await self._store.delete_retained(tenant, topic)
+        return bool(topics)
 
     async def _quota_event(self, tenant: str, limit: str) -> None:
         ev = event_pb2.Event(
@@ -154,16 +204,56 @@ class Publisher:
         except Exception:  # events are best effort; the refusal itself is what matters
             log.warning("event_publish_failed")
 
-    async def _delay(self, m: RoutedMessage, d: DelayedTopic, id: str = "") -> None:
+    async def _delay(self, m: RoutedMessage, d: DelayedTopic, id: str = "") -> bool:
+        """Hold `m` until due; False when the tenant's delayed caps refuse it. A `$delayed`
+        message already held (the node retrying the same message id) is not held twice; a
+        will replaces the client's will held before."""
+        key = (m.tenant, id or m.message_id)
+        if not id and key in self.delayed:
+            return True
         inner = RoutedMessage()
         inner.CopyFrom(m)
         inner.topic = d.topic
         due = int(time.time() * 1000) + d.seconds * 1000
-        rec = DelayedRecord(id or m.message_id, m.tenant, due, inner.SerializeToString())
+        rec = DelayedRecord(key[1], m.tenant, due, inner.SerializeToString())
+        if not id:
+            limit = self._delayed_limit(m.tenant, len(rec.data))
+            if limit:
+                self.refusals.count(limit, m.tenant)
+                await self._quota_event(m.tenant, limit)
+                return False
         await self._store.put_delayed(rec)
-        self.delayed[(rec.tenant, rec.id)] = rec
-        self.schedule.add(due, rec.tenant, rec.id)
+        self._hold(rec)
         self._wake.set()
+        return True
+
+    def _delayed_limit(self, tenant: str, nbytes: int) -> str:
+        """The delayed cap one more message of `nbytes` would break ("": none)."""
+        u, caps = self.delayed_usage, self._caps
+        if fits(u.count(tenant), u.size(tenant), 1, nbytes, caps.delayed_messages, 0):
+            if fits(u.count(tenant), u.size(tenant), 1, nbytes, 0, caps.delayed_bytes):
+                return ""
+            return "delayed_bytes"
+        return "delayed_messages"
+
+    def _hold(self, rec: DelayedRecord) -> None:
+        old = self.delayed.get((rec.tenant, rec.id))
+        if old is not None:
+            self._drop_usage(old)
+        self.delayed[(rec.tenant, rec.id)] = rec
+        if not rec.id.startswith(WILL_PREFIX):
+            self.delayed_usage.add(rec.tenant, len(rec.data))
+        self.schedule.add(rec.due_ms, rec.tenant, rec.id)
+
+    def _drop_usage(self, rec: DelayedRecord) -> None:
+        if not rec.id.startswith(WILL_PREFIX):
+            self.delayed_usage.remove(rec.tenant, len(rec.data))
+
+    def _unhold(self, tenant: str, id: str) -> DelayedRecord | None:
+        rec = self.delayed.pop((tenant, id), None)
+        if rec is not None:
+            self._drop_usage(rec)
+        return rec
 
     async def delay_will(self, m: RoutedMessage, delay_s: int) -> None:
         """A will with a delay: published when due unless the client comes back first."""
@@ -179,7 +269,7 @@ class Publisher:
         return await self.cancel(tenant, id)
 
     async def cancel(self, tenant: str, id: str) -> bool:
-        rec = self.delayed.pop((tenant, id), None)
+        rec = self._unhold(tenant, id)
         if rec is None:
             return False
         self.schedule.cancel(tenant, id)
@@ -207,7 +297,7 @@ class Publisher:
                     log.exception("delayed_publish_failed", extra={"id": id})
                     self.schedule.add(int(time.time() * 1000) + 1000, tenant, id)
                     continue
-                self.delayed.pop((tenant, id), None)
+                self._unhold(tenant, id)
                 await self._store.delete_delayed(tenant, id)
 
     async def _publish_due(self, rec: DelayedRecord) -> None:

@@ -5,7 +5,9 @@ this index stores topics and is walked by a filter. A literal level follows one 
 fans out over the children of one level, `#` takes the whole subtree (and the parent level,
 [MQTT-4.7.1-2]); wildcards at the first level skip topics starting with `$` [MQTT-4.7.2-1].
 So a SUBSCRIBE costs what it matches, not what is stored; `match` reports how many trie
-nodes it examined, which the admin API exposes.
+nodes it examined, which the admin API exposes. Per tenant the index also keeps how many
+messages and how many bytes (serialized size) it holds, which the retained caps are checked
+against.
 """
 
 from __future__ import annotations
@@ -29,9 +31,18 @@ class RetainedIndex:
     def __init__(self) -> None:
         self._roots: dict[str, _Node] = {}
         self._counts: dict[str, int] = {}
+        self._bytes: dict[str, int] = {}
 
     def count(self, tenant: str) -> int:
         return self._counts.get(tenant, 0)
+
+    def size(self, tenant: str) -> int:
+        """Bytes of the tenant's retained messages (their serialized size)."""
+        return self._bytes.get(tenant, 0)
+
+    def get(self, tenant: str, topic: str) -> Retained | None:
+        node = self._find(tenant, topic)
+        return None if node is None else node.value
 
     def has(self, tenant: str, topic: str) -> bool:
         node = self._find(tenant, topic)
@@ -49,8 +60,12 @@ class RetainedIndex:
         node = self._roots.setdefault(tenant, _Node())
         for level in topic.split("/"):
             node = node.children.setdefault(level, _Node())
+        old = 0
         if node.value is None:
             self._counts[tenant] = self._counts.get(tenant, 0) + 1
+        else:
+            old = len(node.value.data)
+        self._bytes[tenant] = self._bytes.get(tenant, 0) - old + len(value.data)
         node.value = value
 
     def delete(self, tenant: str, topic: str) -> bool:
@@ -63,16 +78,31 @@ class RetainedIndex:
             if nxt is None:
                 return False
             path.append(nxt)
-        if path[-1].value is None:
+        value = path[-1].value
+        if value is None:
             return False
         path[-1].value = None
         self._counts[tenant] -= 1
+        self._bytes[tenant] -= len(value.data)
         for parent, level in zip(reversed(path[:-1]), reversed(topic.split("/")), strict=True):
             child = parent.children[level]
             if child.value is not None or child.children:
                 break
             del parent.children[level]
         return True
+
+    def expired(self, tenant: str, now_ms: int) -> list[str]:
+        """Topics of the tenant's retained messages that have expired (still stored)."""
+        root = self._roots.get(tenant)
+        out: list[str] = []
+        stack: list[tuple[_Node, tuple[str, ...]]] = [(root, ())] if root is not None else []
+        while stack:
+            node, path = stack.pop()
+            v = node.value
+            if v is not None and v.expires_at_ms and v.expires_at_ms <= now_ms:
+                out.append("/".join(path))
+            stack.extend((c, (*path, name)) for name, c in node.children.items())
+        return out
 
     def match(self, tenant: str, filt: str, now_ms: int) -> tuple[list[tuple[str, Retained]], int]:
         """Unexpired (topic, value) pairs matching `filt`, and the number of nodes examined."""

@@ -12,11 +12,13 @@ from services.common.acl import AclRule, substitute
 from services.common.bus import subjects
 from services.common.bus.client import request_proto
 from services.common.mqtt.errors import MqttError
+from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
 from services.common.subscription import record_to_pb
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.auth import Authenticator, check_tenant, split_username
+from services.session.core import may_use
 from services.session.events import Events
 from services.session.locks import KeyedLocks
 from services.session.registry import Holder, Registry
@@ -84,6 +86,9 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         events: Events,
         acl_default_allow: bool,
         sessions: Sessions,
+        max_connections_per_tenant: int = 0,
+        shared_client_id_tenants: list[str] | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self._auth = auth
         self._registry = registry
@@ -92,6 +97,9 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         self._acl_default = pb.PERMISSION_ALLOW if acl_default_allow else pb.PERMISSION_DENY
         self._sessions = sessions
         self._locks = KeyedLocks()  # CONNECT and DISCONNECT of one client id, in order
+        self._max_connections = max_connections_per_tenant
+        self._shared_ids = set(shared_client_id_tenants or ())
+        self.refusals = refusals or Refusals()
 
     async def Connect(
         self, request: pb.ConnectRequest, context: grpc.aio.ServicerContext
@@ -113,8 +121,11 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             return pb.ConnectResponse(
                 result=pb.CONNECT_RESULT_CLIENT_ID_INVALID, reason="client id required"
             )
+        # Whom the session belongs to: the authenticated user, or "" for an anonymous client
+        # (whatever user name it gave).
+        owner = name if verdict is True else ""
         async with self._locks.hold((tenant, request.client_id)):
-            claimed = await self._claim_and_open(tenant, name, request)
+            claimed = await self._claim_and_open(tenant, name, owner, request)
         if isinstance(claimed, pb.ConnectResponse):
             return claimed
         epoch, opened = claimed
@@ -142,10 +153,17 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         )
 
     async def _claim_and_open(
-        self, tenant: str, name: str, request: pb.ConnectRequest
+        self, tenant: str, name: str, owner: str, request: pb.ConnectRequest
     ) -> pb.ConnectResponse | tuple[int, Opened]:
-        """Take a new registry epoch for the client id, settle the connection it displaces,
-        then open or resume the session."""
+        """Check the client id is the user's to use, take a new registry epoch for it (within
+        the tenant's connection cap), settle the connection it displaces, then open or resume
+        the session."""
+        if not await self._may_use(tenant, request.client_id, owner):
+            self.refusals.count("client_id_owner", tenant)
+            return pb.ConnectResponse(
+                result=pb.CONNECT_RESULT_NOT_AUTHORIZED,
+                reason="the client id belongs to another user",
+            )
         epoch = await self._registry.next_epoch(tenant, request.client_id)
         holder = Holder(
             tenant,
@@ -157,8 +175,18 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             request.protocol_level,
             int(time.time() * 1000),
             request.clean_start,
+            owner,
         )
-        claim = await self._registry.claim(holder)
+        claim = await self._registry.claim(holder, self._max_connections)
+        if claim.full:
+            self.refusals.count("connections_per_tenant", tenant)
+            await self._events.emit(
+                tenant, request.client_id, "quota_exceeded", limit="connections_per_tenant"
+            )
+            return pb.ConnectResponse(
+                result=pb.CONNECT_RESULT_QUOTA_EXCEEDED,
+                reason=f"the tenant has {self._max_connections} clients connected",
+            )
         if not claim.won:
             return pb.ConnectResponse(
                 result=pb.CONNECT_RESULT_TAKEN_OVER,
@@ -181,9 +209,24 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             else:
                 await self._events.emit(tenant, request.client_id, "taken_over")
         opened = await self._sessions.open(
-            tenant, request.client_id, request.clean_start, request.session_expiry_interval_s
+            tenant,
+            request.client_id,
+            request.clean_start,
+            request.session_expiry_interval_s,
+            owner,
         )
         return epoch, opened
+
+    async def _may_use(self, tenant: str, client_id: str, owner: str) -> bool:
+        """The client id is free, or its connection and its session are `owner`'s (or the
+        tenant lets its users share client ids). Checked before the claim: a refused CONNECT
+        must not kick the connection it would have displaced."""
+        if "*" in self._shared_ids or tenant in self._shared_ids:
+            return True
+        holder = await self._registry.get(tenant, client_id)
+        if holder is not None and not may_use(holder.owner, owner):
+            return False
+        return may_use(await self._sessions.owner(tenant, client_id), owner)
 
     async def Disconnect(
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext

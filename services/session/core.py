@@ -1,4 +1,5 @@
-"""Pure session rules: resume or start over, and what a disconnect does to a session."""
+"""Pure session rules: resume or start over, what a disconnect does to a session, and who
+may use a client id."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ def decide(
         return SessionDecision(True, rec.incarnation, None, True)
     incarnation = max(now_us, rec.incarnation + 1) if rec is not None else now_us
     return SessionDecision(False, incarnation, rec, expiry_s > 0)
+
+
+def may_use(owner: str | None, user: str) -> bool:
+    """Whether `user` (its authenticated name, "" for an anonymous client) may take over a
+    client id whose session or connection belongs to `owner` (None: unknown, so anyone).
+    Anonymous clients are one identity: they may take over one another's client ids, never
+    a user's, and a user never an anonymous client's."""
+    return owner is None or owner == user
 
 
 def requested_expiry(protocol_level: int, clean_start: bool, expiry_s: int | None) -> int:

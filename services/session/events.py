@@ -29,6 +29,9 @@ class Events:
             ev.disconnected.CopyFrom(event_pb2.ClientDisconnected(**detail))  # type: ignore[arg-type]
         elif kind == "taken_over":
             ev.type = event_pb2.EVENT_TYPE_SESSION_TAKEN_OVER
+        elif kind == "quota_exceeded":
+            ev.type = event_pb2.EVENT_TYPE_QUOTA_EXCEEDED
+            ev.quota_exceeded.CopyFrom(event_pb2.QuotaExceeded(**detail))  # type: ignore[arg-type]
         elif kind == "session_expired":
             ev.type = event_pb2.EVENT_TYPE_SESSION_EXPIRED
             ev.session_expired.SetInParent()

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect
+from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_auth_store, open_session_store
 from services.queue.client import QueueClient
@@ -51,6 +52,8 @@ class SessionService:
         self._sweeper: asyncio.Task[None] | None = None
         self._liveness = NodeLiveness(self._registry, self._sessions, settings.node_timeout_s)
         self._watcher: asyncio.Task[None] | None = None
+        self._refusals = Refusals()
+        register_refusal_metrics(self._refusals, "starling.session")
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         nc: Client = self._nats  # type: ignore[assignment]
@@ -62,6 +65,9 @@ class SessionService:
                 self._events,
                 self._settings.acl_default == "allow",
                 self._sessions,
+                self._settings.max_connections_per_tenant,
+                self._settings.shared_client_id_tenants,
+                self._refusals,
             ),
             server,
         )

@@ -5,6 +5,9 @@ Theory of operation: every CONNECT takes a fresh epoch from one counter per clie
 (Lua). So of two racing CONNECTs the later epoch always ends installed, the earlier one learns
 it lost (its own claim is refused, or its node receives a kick for its epoch), and exactly one
 connection survives. `release` removes the entry only for the epoch that owns it.
+The tenant's hash has one entry per connected client id, so its length is the tenant's
+connection count mesh-wide: `claim` refuses a new client id, in the same atomic step, when the
+tenant is at its cap (taking over a client id already connected never adds one).
 Redis holds only what may be lost: losing it drops the registry, never a message.
 """
 
@@ -20,6 +23,8 @@ local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
   local old = cjson.decode(cur)
   if tonumber(old['epoch']) > tonumber(ARGV[2]) then return {0, cur} end
+elseif tonumber(ARGV[4]) > 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then
+  return {2, ''}
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return {1, cur or ''}
@@ -46,12 +51,16 @@ class Holder:
     protocol_level: int = 4
     connected_at_ms: int = 0
     clean_start: bool = True
+    # Who the connection authenticated as ("" anonymous; None: unknown, an entry written
+    # before owners were recorded).
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimResult:
     won: bool
     previous: Holder | None
+    full: bool = False  # refused: a new client id and the tenant at its connection cap
 
 
 def _key(tenant: str) -> str:
@@ -79,11 +88,15 @@ class Registry:
     async def next_epoch(self, tenant: str, client_id: str) -> int:
         return int(await self._redis.incr(f"st:epoch:{tenant}:{client_id}"))
 
-    async def claim(self, holder: Holder) -> ClaimResult:
+    async def claim(self, holder: Holder, max_clients: int = 0) -> ClaimResult:
+        """Install `holder` unless a later epoch holds its client id, or the client id is not
+        connected and the tenant already has `max_clients` connected (0: no cap)."""
         won, prev = await self._claim(
             keys=[_key(holder.tenant)],
-            args=[holder.client_id, holder.epoch, json.dumps(asdict(holder))],
+            args=[holder.client_id, holder.epoch, json.dumps(asdict(holder)), max_clients],
         )
+        if won == 2:
+            return ClaimResult(False, None, full=True)
         if won:
             # Which clients each node holds: what to release if the node dies.
             await self._redis.sadd(

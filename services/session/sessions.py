@@ -15,7 +15,7 @@ from services.common.store.ports import SessionRecord, SessionStore, Subscriptio
 from services.common.tasks import TaskSet
 from services.queue.client import QueueClient, queue_id
 from services.router.client import RouterClient
-from services.session.core import decide
+from services.session.core import decide, expired
 from services.session.events import Events
 
 log = logging.getLogger("starling.session")
@@ -45,7 +45,19 @@ class Sessions:
         self._events = events
         self._tasks = TaskSet()  # discards of ended sessions, off the CONNECT path
 
-    async def open(self, tenant: str, client_id: str, clean_start: bool, expiry_s: int) -> Opened:
+    async def owner(self, tenant: str, client_id: str) -> str | None:
+        """Who the client id's session belongs to (None: no live session, or its owner is
+        unknown)."""
+        rec = await self._store.get_session(tenant, client_id)
+        if rec is None or expired(rec, int(time.time() * 1000)):
+            return None
+        return rec.owner
+
+    async def open(
+        self, tenant: str, client_id: str, clean_start: bool, expiry_s: int, owner: str = ""
+    ) -> Opened:
+        """Resume or start the client id's session; a new or resumed one belongs to `owner`
+        from now on."""
         expiry_s = min(expiry_s, self._max_expiry)
         rec = await self._store.get_session(tenant, client_id)
         d = decide(rec, clean_start, expiry_s, time.time_ns() // 1000)
@@ -53,7 +65,7 @@ class Sessions:
             self._tasks.spawn(self._discard(d.discard), name="session_discard")
         if d.persist or d.present:
             await self._store.put_session(
-                SessionRecord(tenant, client_id, d.incarnation, expiry_s, True)
+                SessionRecord(tenant, client_id, d.incarnation, expiry_s, True, owner=owner)
             )
         subs: tuple[SubscriptionRecord, ...] = ()
         if d.present:
@@ -71,7 +83,9 @@ class Sessions:
             await self._discard(rec)
             return
         await self._store.put_session(
-            SessionRecord(tenant, client_id, incarnation, expiry, False, int(time.time() * 1000))
+            SessionRecord(
+                tenant, client_id, incarnation, expiry, False, int(time.time() * 1000), rec.owner
+            )
         )
 
     async def ended(self, tenant: str, client_id: str, expiry_s: int | None) -> None:
@@ -90,7 +104,9 @@ class Sessions:
             await self._discard(rec)
             return
         await self._store.put_session(
-            SessionRecord(tenant, client_id, rec.incarnation, rec.expiry_interval_s, False, at_ms)
+            SessionRecord(
+                tenant, client_id, rec.incarnation, rec.expiry_interval_s, False, at_ms, rec.owner
+            )
         )
 
     async def _discard(self, rec: SessionRecord) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -72,6 +73,40 @@ async def test_session_records_and_expiry(sessions: SessionStore) -> None:
     assert await sessions.delete_session(t, "c", 2) is False  # other incarnation
     assert await sessions.delete_session(t, "c", 1) is True
     assert await sessions.get_session(t, "c") is None
+
+
+async def test_session_owner_round_trips(sessions: SessionStore) -> None:
+    t = f"t{uuid.uuid4().hex[:6]}"
+    for owner in ("alice", "", None):  # a user, anonymous, unknown
+        await sessions.put_session(SessionRecord(t, "c", 1, 60, False, 1_000, owner))
+        rec = await sessions.get_session(t, "c")
+        assert rec is not None and rec.owner == owner
+    await sessions.put_session(SessionRecord(t, "c", 1, 60, False, 1_000, "bob"))
+    (expired,) = [r for r in await sessions.expired_sessions(61_000) if r.tenant == t]
+    assert expired.owner == "bob"
+
+
+async def test_sqlite_session_file_without_owners_gets_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE sessions (tenant TEXT NOT NULL, client_id TEXT NOT NULL, "
+        "incarnation INTEGER NOT NULL, expiry_interval_s INTEGER NOT NULL, "
+        "connected INTEGER NOT NULL, disconnected_at_ms INTEGER NOT NULL, "
+        "expires_at_ms INTEGER, PRIMARY KEY (tenant, client_id));"
+        "INSERT INTO sessions VALUES ('t', 'c', 1, 60, 1, 0, NULL);"
+    )
+    db.commit()
+    db.close()
+
+    store = SqliteSessionStore(path)
+    try:
+        assert await store.get_session("t", "c") == SessionRecord("t", "c", 1, 60, True, 0)
+        await store.put_session(SessionRecord("t", "c", 1, 60, True, 0, "alice"))
+        rec = await store.get_session("t", "c")
+        assert rec is not None and rec.owner == "alice"
+    finally:
+        await store.close()
 
 
 async def test_subscriptions(sessions: SessionStore) -> None:

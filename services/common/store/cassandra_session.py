@@ -1,7 +1,9 @@
 """Cassandra `SessionStore`: session records, an expiry index and persistent subscriptions.
 
-sessions ((tenant, client_id)); session_expiry ((shard), expires_at_ms, tenant, client_id)
-so expired sessions are found per shard in time order without a full scan;
+sessions ((tenant, client_id)) with the session's owner (null: unknown, for rows written
+before owners were stored; the column is added to older keyspaces at start);
+session_expiry ((shard), expires_at_ms, tenant, client_id) so expired sessions are found per
+shard in time order without a full scan;
 subscriptions ((tenant, client_id, incarnation), topic_filter).
 """
 
@@ -24,7 +26,7 @@ class CassandraSessionStore(CassandraBase):
     schema = [
         """CREATE TABLE IF NOT EXISTS sessions (
              tenant text, client_id text, incarnation bigint, expiry_interval_s bigint,
-             connected boolean, disconnected_at_ms bigint, expires_at_ms bigint,
+             connected boolean, disconnected_at_ms bigint, expires_at_ms bigint, owner text,
              PRIMARY KEY ((tenant, client_id)))""",
         """CREATE TABLE IF NOT EXISTS session_expiry (
              shard int, expires_at_ms bigint, tenant text, client_id text,
@@ -36,15 +38,23 @@ class CassandraSessionStore(CassandraBase):
              PRIMARY KEY ((tenant, client_id, incarnation), topic_filter))""",
     ]
 
+    def _add_owner_column(self) -> None:
+        """Keyspaces created before sessions had owners lack the column."""
+        keyspace = self._session.keyspace
+        table = self._cluster.metadata.keyspaces[keyspace].tables["sessions"]
+        if "owner" not in table.columns:
+            self._session.execute("ALTER TABLE sessions ADD owner text")
+
     def prepare(self) -> None:
+        self._add_owner_column()
         p = self._session.prepare
         self._get = p(
             "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, "
-            "expires_at_ms FROM sessions WHERE tenant=? AND client_id=?"
+            "expires_at_ms, owner FROM sessions WHERE tenant=? AND client_id=?"
         )
         self._put = p(
             "INSERT INTO sessions (tenant, client_id, incarnation, expiry_interval_s, "
-            "connected, disconnected_at_ms, expires_at_ms) VALUES (?,?,?,?,?,?,?)"
+            "connected, disconnected_at_ms, expires_at_ms, owner) VALUES (?,?,?,?,?,?,?,?)"
         )
         self._del = p("DELETE FROM sessions WHERE tenant=? AND client_id=? IF incarnation=?")
         self._idx_put = p(
@@ -81,7 +91,13 @@ class CassandraSessionStore(CassandraBase):
             return None
         r = rows[0]
         return SessionRecord(
-            tenant, client_id, r.incarnation, r.expiry_interval_s, r.connected, r.disconnected_at_ms
+            tenant,
+            client_id,
+            r.incarnation,
+            r.expiry_interval_s,
+            r.connected,
+            r.disconnected_at_ms,
+            r.owner,
         )
 
     async def put_session(self, r: SessionRecord) -> None:
@@ -100,6 +116,7 @@ class CassandraSessionStore(CassandraBase):
                 r.connected,
                 r.disconnected_at_ms,
                 expires,
+                r.owner,
             ),
         )
         if expires is not None:

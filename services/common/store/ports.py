@@ -44,6 +44,9 @@ class SessionRecord:
     expiry_interval_s: int
     connected: bool
     disconnected_at_ms: int = 0
+    # The user the session belongs to: the authenticated user name that created it, ""
+    # for an anonymous client, None when unknown (written before owners were stored).
+    owner: str | None = None
 
     def expires_at_ms(self) -> int | None:
         if self.connected or self.expiry_interval_s == NEVER_EXPIRES:

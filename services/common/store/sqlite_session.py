@@ -12,7 +12,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
   tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
   expiry_interval_s INTEGER NOT NULL, connected INTEGER NOT NULL,
-  disconnected_at_ms INTEGER NOT NULL, expires_at_ms INTEGER,
+  disconnected_at_ms INTEGER NOT NULL, expires_at_ms INTEGER, owner TEXT,
   PRIMARY KEY (tenant, client_id));
 CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at_ms)
   WHERE expires_at_ms IS NOT NULL;
@@ -37,27 +37,37 @@ def _sub(row: tuple[Any, ...]) -> SubscriptionRecord:
     )
 
 
+_SESSION_COLS = (
+    "tenant, client_id, incarnation, expiry_interval_s, connected, disconnected_at_ms, "
+    "expires_at_ms, owner"
+)
+
+
 class SqliteSessionStore(SqliteDb):
     def __init__(self, path: Path) -> None:
         super().__init__(path, _SCHEMA)
+        # Files created before sessions had owners: add the column (NULL: owner unknown).
+        cols = {row[1] for row in self.db.execute("PRAGMA table_info(sessions)")}
+        if "owner" not in cols:
+            self.db.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
 
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
         row = await self.run(
             lambda: self.db.execute(
-                "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms "
+                "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, owner "
                 "FROM sessions WHERE tenant=? AND client_id=?",
                 (tenant, client_id),
             ).fetchone()
         )
         if row is None:
             return None
-        return SessionRecord(tenant, client_id, row[0], row[1], bool(row[2]), row[3])
+        return SessionRecord(tenant, client_id, row[0], row[1], bool(row[2]), row[3], row[4])
 
     async def put_session(self, r: SessionRecord) -> None:
         expires = r.expires_at_ms()
         await self.run(
             lambda: self.db.execute(
-                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO sessions ({_SESSION_COLS}) VALUES (?,?,?,?,?,?,?,?)",
                 (
                     r.tenant,
                     r.client_id,
@@ -66,6 +76,7 @@ class SqliteSessionStore(SqliteDb):
                     int(r.connected),
                     r.disconnected_at_ms,
                     expires,
+                    r.owner,
                 ),
             )
         )
@@ -82,12 +93,13 @@ class SqliteSessionStore(SqliteDb):
     async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]:
         rows = await self.run(
             lambda: self.db.execute(
-                "SELECT tenant, client_id, incarnation, expiry_interval_s, disconnected_at_ms "
-                "FROM sessions WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ? LIMIT ?",
+                "SELECT tenant, client_id, incarnation, expiry_interval_s, disconnected_at_ms, "
+                "owner FROM sessions WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ? "
+                "LIMIT ?",
                 (now_ms, limit),
             ).fetchall()
         )
-        return [SessionRecord(t, c, i, e, False, d) for t, c, i, e, d in rows]
+        return [SessionRecord(t, c, i, e, False, d, o) for t, c, i, e, d, o in rows]
 
     async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> None:
         await self.run(

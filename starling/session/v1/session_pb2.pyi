@@ -70,6 +70,8 @@ class _ConnectResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Connect
     CONNECT_RESULT_CLIENT_ID_INVALID: _ConnectResult.ValueType  # 4
     CONNECT_RESULT_SERVER_BUSY: _ConnectResult.ValueType  # 5
     CONNECT_RESULT_TAKEN_OVER: _ConnectResult.ValueType  # 6
+    CONNECT_RESULT_QUOTA_EXCEEDED: _ConnectResult.ValueType  # 7
+    """A resource limit refused it (connections per tenant): CONNACK 0x97."""
 
 class ConnectResult(_ConnectResult, metaclass=_ConnectResultEnumTypeWrapper): ...
 
@@ -80,6 +82,8 @@ CONNECT_RESULT_NOT_AUTHORIZED: ConnectResult.ValueType  # 3
 CONNECT_RESULT_CLIENT_ID_INVALID: ConnectResult.ValueType  # 4
 CONNECT_RESULT_SERVER_BUSY: ConnectResult.ValueType  # 5
 CONNECT_RESULT_TAKEN_OVER: ConnectResult.ValueType  # 6
+CONNECT_RESULT_QUOTA_EXCEEDED: ConnectResult.ValueType  # 7
+"""A resource limit refused it (connections per tenant): CONNACK 0x97."""
 Global___ConnectResult: _TypeAlias = ConnectResult  # noqa: Y015
 
 @_typing.final

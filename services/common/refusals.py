@@ -1,0 +1,45 @@
+"""Counts of requests refused by a resource limit, per (limit, tenant), and their export as
+the Prometheus counter `starling_limit_refusals_total{limit, tenant}`.
+
+Each service counts the refusals it decides (the session service: connections per tenant and
+client id ownership; the router: retained and delayed messages; a connection node:
+connections per address), so an operator sees which limit bites and for whom. Refusals made
+before a client authenticated carry the tenant "-".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opentelemetry import metrics
+
+UNKNOWN_TENANT = "-"
+
+
+class Refusals:
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def count(self, limit: str, tenant: str = UNKNOWN_TENANT) -> None:
+        key = (limit, tenant or UNKNOWN_TENANT)
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def get(self, limit: str, tenant: str = UNKNOWN_TENANT) -> int:
+        return self._counts.get((limit, tenant or UNKNOWN_TENANT), 0)
+
+    def items(self) -> list[tuple[tuple[str, str], int]]:
+        return sorted(self._counts.items())
+
+
+def register_refusal_metrics(refusals: Refusals, meter_name: str) -> None:
+    """Export `refusals` through the process's meter provider (scraped at /metrics)."""
+
+    def observe(_o: object) -> Iterable[metrics.Observation]:
+        for (limit, tenant), n in refusals.items():
+            yield metrics.Observation(n, {"limit": limit, "tenant": tenant})
+
+    metrics.get_meter(meter_name).create_observable_counter(
+        "starling_limit_refusals",
+        [observe],
+        description="Requests refused by a resource limit (connections, retained, delayed)",
+    )
