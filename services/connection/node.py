@@ -34,6 +34,7 @@ from services.connection.channel import (
     ChannelConfig,
     Close,
     DeliveryProgress,
+    Reauthenticate,
     Route,
     SubscribeRequest,
     Unsubscribed,
@@ -44,6 +45,7 @@ from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
 from services.connection.mesh import MeshPublisher, MessageIds
 from services.connection.ordered import OrderedOps
+from services.connection.peer_cert import PeerCert
 from services.connection.registry import Registry
 from services.connection.retained import RetainedReplay
 from services.connection.routing import RoutingPipeline
@@ -174,9 +176,9 @@ class Node:
         except Exception:
             log.warning("nats_flush_failed_on_shutdown")
 
-    def open(self, sink: Sink, peer: str) -> Conn:
+    def open(self, sink: Sink, peer: str, cert: PeerCert | None = None) -> Conn:
         now = time.time()
-        conn = Conn(self, Channel(self.config, peer, now, self._new_client_id), sink)
+        conn = Conn(self, Channel(self.config, peer, now, self._new_client_id), sink, cert)
         self.registry.opened(conn)
         return conn
 
@@ -195,6 +197,8 @@ class Node:
                 self.subscriber.unsubscribe(conn, action.filters, persist=conn.channel.persistent)
             elif isinstance(action, Authenticate):
                 self.sessions.authenticate(conn, action)
+            elif isinstance(action, Reauthenticate):
+                self.sessions.reauthenticate(conn, action)
             elif isinstance(action, Close):
                 conn.flush()
                 conn.sink.close()

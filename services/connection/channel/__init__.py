@@ -9,6 +9,7 @@ return; write `Channel.out`. Modules (private; import from here):
 - outbound.py       deliveries to the client (window, queue, aliases) and their acks
 - subscriptions.py  the client's subscriptions, SUBSCRIBE/UNSUBSCRIBE
 - control.py        PINGREQ, the client's DISCONNECT, keep alive, CONNECT timeout
+- enhanced_auth.py  the AUTH packets of enhanced authentication and re-authentication
 - actions.py        what the channel asks its shell to do
 - config.py         `ChannelConfig`
 """
@@ -18,6 +19,7 @@ from services.connection.channel.actions import (
     Authenticate,
     Close,
     DeliveryProgress,
+    Reauthenticate,
     Route,
     SubscribeRequest,
     Unsubscribed,
@@ -42,6 +44,7 @@ __all__ = [
     "Close",
     "DeliveryProgress",
     "Outbound",
+    "Reauthenticate",
     "Route",
     "State",
     "SubscribeRequest",
