@@ -58,7 +58,7 @@ class Authenticator:
         self._ttl = cache_ttl_s
         self._anonymous = set(anonymous)
         self._verified: dict[bytes, None] = {}
-        self._gate = gate or HashGate(4, 64)
+        self._gate = gate or HashGate(4, 16)
         # Verified in place of a missing user's hash: same cost, never matches.
         self._decoy_hash = hash_password(secrets.token_urlsafe(24))
 

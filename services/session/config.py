@@ -42,7 +42,12 @@ class SessionSettings(ServiceSettings):
         default=4, ge=1, le=256, description="Password hash checks running at once."
     )
     auth_max_queued_hashes: int = Field(
-        default=64, ge=0, description="Hash checks waiting beyond that; more: CONNACK 0x89."
+        default=16,
+        ge=0,
+        description=(
+            "Hash checks waiting beyond that; more: CONNACK 0x89. Keep the wait (queue x hash "
+            "time / concurrency) well under the node's 5 s call deadline."
+        ),
     )
     auth_failures_before_backoff_user: int = Field(
         default=5, ge=1, description="Failed logins of one user name before it is backed off."
