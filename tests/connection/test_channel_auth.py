@@ -62,10 +62,10 @@ def test_refusal_after_the_proof_is_a_connack_with_its_code() -> None:
 
 
 def test_auth_out_of_turn_or_with_another_method_is_a_protocol_error() -> None:
-    ch, dec, _ = started()
+    ch, _, _ = started()
     (close,) = ch.receive(auth(RC.CONTINUE_AUTHENTICATION, b"x", method="PLAIN"), 1.0)
     assert isinstance(close, Close) and close.reason_code == RC.PROTOCOL_ERROR
-    ch, dec, _ = started()
+    ch, _, _ = started()
     ch.receive(auth(RC.CONTINUE_AUTHENTICATION, b"x"), 1.0)
     # A second AUTH while the service still decides: nothing was asked of the client.
     (close,) = ch.receive(auth(RC.CONTINUE_AUTHENTICATION, b"y"), 1.0)
