@@ -88,7 +88,8 @@ class Login:
             self._throttle.succeeded(user_key)
             return Admission(0, verdict.tenant or tenant, verdict.name or name, verdict.acl)
         if verdict.decision is Decision.DENY:
-            if verdict.reason_code in _GUESSES:
+            # Not a transient refusal (an auth service down, with on_timeout "deny").
+            if verdict.reason_code in _GUESSES and verdict.cacheable:
                 self._throttle.failed(user_key, r.peer_address)
             return _refused(verdict.reason_code, verdict.reason)
         if self._users.anonymous_allowed(tenant):
