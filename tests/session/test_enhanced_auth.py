@@ -9,9 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.common.config import ConfigError, load_settings
 from services.common.connect import ConnectAttempt, ConnectOutcome, ReauthAttempt
 from services.common.mqtt.reason import ReasonCode as RC
+from services.common.rpc.errors import InvalidArgumentError
 from services.session.client import SessionAdminClient, SessionClient
+from services.session.config import SessionSettings
 from tests.inproc import ADMIN_TOKEN, Core
 from tests.scram_client import ScramClient
 
@@ -125,3 +128,18 @@ async def test_reauthentication_proves_the_same_user(
     assert (await reauth(f"{t}/dev", "", "nope")).reason_code == RC.NOT_AUTHORIZED
     # Eve's own password, claiming to be Eve in SCRAM, on dev's connection: refused.
     assert (await reauth(f"{t}/dev", f"{t}/eve", "evil")).reason_code == RC.NOT_AUTHORIZED
+
+
+async def test_bad_credential_kinds_are_an_invalid_argument(
+    clients: tuple[SessionClient, SessionAdminClient],
+) -> None:
+    _, admin = clients
+    with pytest.raises(InvalidArgumentError, match="credentials"):
+        await admin.create_user(tenant(), "dev", "pw", credentials=["md5"])
+
+
+def test_a_chain_naming_an_unconfigured_authenticator_stops_start_up() -> None:
+    with pytest.raises(ConfigError, match="jwt_secret"):
+        load_settings(SessionSettings, auth_chain={"*": ["jwt"]})
+    with pytest.raises(ConfigError, match="http_auth_url"):
+        load_settings(SessionSettings, auth_chain={"acme": ["http", "password"]})
