@@ -84,13 +84,14 @@ async def test_unknown_user_and_wrong_password_take_the_same_time(
     assert 0.6 < ratio < 1.6, (statistics.median(unknown), statistics.median(wrong))
 
 
-async def test_a_flood_of_password_checks_is_bounded_and_refused_with_0x89(
-    clients: tuple[SessionClient, SessionAdminClient],
-) -> None:
-    session, _ = clients
+async def test_a_flood_of_password_checks_is_bounded_and_refused_with_0x89(core: Core) -> None:
+    # A long deadline: what is checked here is the bound, not the node's 5 s call deadline
+    # (on a loaded machine 20 argon2 checks on 4 threads can take longer).
+    session = SessionClient(core.session, timeout_s=60)
     t = tenant()
     # 200 at once, each a hash (unknown users cost one too); the gate runs 4 and queues 16.
     outs = await asyncio.gather(*(session.connect(attempt(f"{t}/g{i}", b"pw")) for i in range(200)))
+    await session.close()
     codes = [o.reason_code for o in outs]
     assert set(codes) == {RC.BAD_USER_NAME_OR_PASSWORD, RC.SERVER_BUSY}
     assert codes.count(RC.BAD_USER_NAME_OR_PASSWORD) >= 20  # everything admitted was checked
