@@ -60,7 +60,8 @@ async def _router(c: RouterAdminClient, args: argparse.Namespace) -> object:
 async def _session(c: SessionAdminClient, args: argparse.Namespace) -> object:
     cmd, tenant = args.command, args.tenant
     if cmd == "user-add":
-        await c.create_user(tenant, args.username, args.password, args.scheme)
+        kinds = [k for k in args.credentials.split(",") if k] if args.credentials else []
+        await c.create_user(tenant, args.username, args.password, args.scheme, kinds)
         return {}
     if cmd == "user-delete":
         return {"deleted": await c.delete_user(tenant, args.username)}
@@ -129,6 +130,11 @@ def _add_session_commands(sub: Any) -> None:
     p.add_argument("--username", required=True)
     p.add_argument("--password", required=True)
     p.add_argument("--scheme", default="argon2", choices=["argon2", "bcrypt"])
+    p.add_argument(
+        "--credentials",
+        default="",
+        help="comma-separated: hash, scram-sha-256, scram-sha-512 (default: all three)",
+    )
     p = _add_session_command(sub, "user-delete", "delete a user")
     p.add_argument("--username", required=True)
     p = _add_session_command(sub, "acl-set", "replace a tenant's ACL with rules from a JSON file")

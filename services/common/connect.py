@@ -25,7 +25,13 @@ class ConnectAttempt:
     protocol_level: int
     clean_start: bool
     session_expiry_s: int  # as asked (see `requested_session_expiry`)
-    cert_common_name: str = ""
+    cert_common_name: str = ""  # of a client certificate the TLS handshake verified
+    cert_subject_alt_names: tuple[str, ...] = ()  # "DNS:x", "email:y", "URI:z", "IP:a"
+    # MQTT 5 enhanced authentication: the method, this step's client data, and the state
+    # the previous step's outcome carried (empty on the first step).
+    auth_method: str = ""
+    auth_data: bytes = b""
+    auth_state: bytes = b""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,10 +48,29 @@ class ConnectOutcome:
     incarnation: int = 0
     session_expiry_s: int = 0  # what the server uses; > 0: the session outlives the connection
     subscriptions: tuple[IdentifiedSubscription, ...] = ()  # of a resumed session
+    # Enhanced authentication: `auth_continue` -> send AUTH 0x18 with `auth_data` and hand
+    # `auth_state` back with the client's answer; accepted -> `auth_data` goes in the CONNACK.
+    auth_continue: bool = False
+    auth_data: bytes | None = None
+    auth_state: bytes = b""
+    identity: str = ""  # `tenant/name` the connection authenticated as
 
     @property
     def ok(self) -> bool:
-        return self.reason_code == 0
+        return self.reason_code == 0 and not self.auth_continue
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReauthAttempt:
+    """One step of re-authentication (AUTH 0x19, then 0x18s) on a live connection."""
+
+    tenant: str
+    identity: str  # ConnectOutcome.identity: the same user must be proven again
+    client_id: str
+    peer_address: str
+    auth_method: str
+    auth_data: bytes
+    auth_state: bytes = b""
 
 
 def requested_session_expiry(protocol_level: int, clean_start: bool, property_s: int | None) -> int:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from services.connection.channel import Action, Channel
 
 if TYPE_CHECKING:
+    from services.connection.peer_cert import PeerCert
     from services.connection.persistence import PersistentDelivery
 
 
@@ -35,15 +36,18 @@ class Shell(Protocol):
 
 
 class Conn:
-    __slots__ = ("channel", "closed", "persistent", "registered", "shell", "sink")
+    __slots__ = ("cert", "channel", "closed", "persistent", "registered", "shell", "sink")
 
-    def __init__(self, shell: Shell, channel: Channel, sink: Sink) -> None:
+    def __init__(
+        self, shell: Shell, channel: Channel, sink: Sink, cert: PeerCert | None = None
+    ) -> None:
         self.shell = shell
         self.channel = channel
         self.sink = sink
         self.closed = False
         self.registered = False  # in the registry: CONNECT was accepted
         self.persistent: PersistentDelivery | None = None  # the session outlives the connection
+        self.cert = cert  # a verified client certificate (mTLS), if any
 
     def receive(self, data: bytes) -> None:
         ch = self.channel

@@ -13,6 +13,7 @@ from aiohttp import WSMsgType, web
 
 from services.connection.conn import Conn
 from services.connection.node import Node
+from services.connection.peer_cert import peer_cert
 
 log = logging.getLogger("starling.connection.listener")
 WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
@@ -33,7 +34,8 @@ class MqttProtocol(asyncio.Protocol):
         self.transport = tcp
         tcp.set_write_buffer_limits(high=1 << 20)
         peer = tcp.get_extra_info("peername")
-        self.conn = self.node.open(tcp, f"{peer[0]}:{peer[1]}" if peer else "?")
+        cert = peer_cert(tcp.get_extra_info("peercert"))  # TLS: verified by the handshake
+        self.conn = self.node.open(tcp, f"{peer[0]}:{peer[1]}" if peer else "?", cert)
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None
@@ -125,7 +127,9 @@ def ws_app(node: Node, path: str) -> web.Application:
         await ws.prepare(request)
         sink = _WsSink(ws)
         peer = request.remote or "?"
-        conn = sink.conn = node.open(sink, f"ws:{peer}")
+        transport = request.transport
+        cert = peer_cert(transport.get_extra_info("peercert")) if transport else None
+        conn = sink.conn = node.open(sink, f"ws:{peer}", cert)
         writer = asyncio.create_task(sink.run())
         try:
             async for msg in ws:

@@ -38,6 +38,7 @@ from services.connection.channel import (
     ChannelConfig,
     Close,
     DeliveryProgress,
+    Reauthenticate,
     Route,
     SubscribeRequest,
     Unsubscribed,
@@ -48,6 +49,7 @@ from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
 from services.connection.mesh import MeshPublisher, MessageIds
 from services.connection.ordered import OrderedOps
+from services.connection.peer_cert import PeerCert
 from services.connection.registry import Registry
 from services.connection.retained import RetainedReplay
 from services.connection.routing import RoutingPipeline
@@ -185,9 +187,9 @@ class Node:
         except Exception:
             log.warning("nats_flush_failed_on_shutdown")
 
-    def open(self, sink: Sink, peer: str) -> Conn:
+    def open(self, sink: Sink, peer: str, cert: PeerCert | None = None) -> Conn:
         now = time.time()
-        conn = Conn(self, Channel(self.config, peer, now, self._new_client_id), sink)
+        conn = Conn(self, Channel(self.config, peer, now, self._new_client_id), sink, cert)
         self.registry.opened(conn)
         self.per_address.opened(peer)
         return conn
@@ -207,6 +209,8 @@ class Node:
                 self.subscriber.unsubscribe(conn, action.filters, persist=conn.channel.persistent)
             elif isinstance(action, Authenticate):
                 self._admit(conn, action)
+            elif isinstance(action, Reauthenticate):
+                self.sessions.reauthenticate(conn, action)
             elif isinstance(action, Close):
                 conn.flush()
                 conn.sink.close()

@@ -22,12 +22,24 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
-from services.common.connect import ConnectAttempt, ConnectOutcome, requested_session_expiry
+from services.common.connect import (
+    ConnectAttempt,
+    ConnectOutcome,
+    ReauthAttempt,
+    requested_session_expiry,
+)
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.tasks import TaskSet
-from services.connection.channel import Action, Authenticate, State, SubscribeRequest
+from services.connection.channel import (
+    Action,
+    Authenticate,
+    Reauthenticate,
+    State,
+    SubscribeRequest,
+)
 from services.connection.conn import Conn
 from services.connection.ordered import OrderedOps
+from services.connection.peer_cert import PeerCert
 from services.connection.persistence import PersistentDelivery
 from services.connection.registry import Registry
 from services.connection.subscribing import Subscriber
@@ -41,7 +53,9 @@ log = logging.getLogger("starling.connection.session")
 tracer = trace.get_tracer("starling.connection")
 
 
-def connect_attempt(node_id: str, peer: str, action: Authenticate) -> ConnectAttempt:
+def connect_attempt(
+    node_id: str, peer: str, action: Authenticate, cert: PeerCert | None = None
+) -> ConnectAttempt:
     p = action.connect
     return ConnectAttempt(
         client_id=action.client_id,
@@ -54,6 +68,11 @@ def connect_attempt(node_id: str, peer: str, action: Authenticate) -> ConnectAtt
         session_expiry_s=requested_session_expiry(
             p.protocol_level, p.clean_start, p.properties.session_expiry_interval
         ),
+        cert_common_name=cert.common_name if cert else "",
+        cert_subject_alt_names=cert.alt_names if cert else (),
+        auth_method=p.properties.authentication_method or "",
+        auth_data=action.auth_data or b"",
+        auth_state=action.auth_state,
     )
 
 
@@ -88,7 +107,8 @@ class SessionLink:
         self._tasks.spawn(self._authenticate(conn, action), name="authenticate")
 
     async def _authenticate(self, conn: Conn, action: Authenticate) -> None:
-        outcome = await self._ask(connect_attempt(self._node_id, conn.channel.peer, action))
+        attempt = connect_attempt(self._node_id, conn.channel.peer, action, conn.cert)
+        outcome = await self._ask(attempt)
         if conn.closed:
             if outcome.ok:  # the client left while we asked: release the registry entry
                 await self.release(
@@ -111,6 +131,33 @@ class SessionLink:
                 )
                 if ch.persistent:
                     self._resume(conn, outcome)
+        if actions:
+            self._carry_out(conn, actions)
+        if ch.out and not conn.closed:
+            self._writes.mark(conn)
+
+    def reauthenticate(self, conn: Conn, action: Reauthenticate) -> None:
+        self._tasks.spawn(self._reauthenticate(conn, action), name="reauthenticate")
+
+    async def _reauthenticate(self, conn: Conn, action: Reauthenticate) -> None:
+        ch = conn.channel
+        attempt = ReauthAttempt(
+            tenant=ch.tenant,
+            identity=action.identity,
+            client_id=ch.client_id,
+            peer_address=ch.peer,
+            auth_method=action.method,
+            auth_data=action.data,
+            auth_state=action.state,
+        )
+        try:
+            outcome = await self._session.reauthenticate(attempt)
+        except Exception as exc:
+            log.warning("session_unavailable", extra={"error": str(exc)})
+            outcome = ConnectOutcome(reason_code=RC.SERVER_UNAVAILABLE)
+        if conn.closed:
+            return
+        actions = ch.reauthenticated(outcome, time.time())
         if actions:
             self._carry_out(conn, actions)
         if ch.out and not conn.closed:

@@ -12,15 +12,19 @@ from services.common.acl import AclRule, substitute
 from services.common.bus import subjects
 from services.common.bus.client import request_proto
 from services.common.mqtt.errors import MqttError
+from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
 from services.common.subscription import record_to_pb
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
-from services.session.auth import Authenticator, check_tenant, split_username
+from services.session.auth import Authenticator, check_tenant
 from services.session.core import may_use
+from services.session.credentials import check_kinds
+from services.session.enhanced import CONTINUE
 from services.session.events import Events
 from services.session.locks import KeyedLocks
+from services.session.login import Login
 from services.session.registry import Holder, Registry
 from services.session.sessions import Opened, Sessions
 from starling.common.v1 import message_pb2
@@ -77,6 +81,23 @@ async def kick_and_ask(nc: Client, holder: Holder, reason: int) -> connection_pb
         return None
 
 
+# CONNACK reason code of a refusal -> the ConnectResult that carries it to the node.
+_RESULTS = {
+    0: pb.CONNECT_RESULT_OK,
+    CONTINUE: pb.CONNECT_RESULT_CONTINUE,
+    RC.BAD_USER_NAME_OR_PASSWORD: pb.CONNECT_RESULT_BAD_CREDENTIALS,
+    RC.NOT_AUTHORIZED: pb.CONNECT_RESULT_NOT_AUTHORIZED,
+    RC.CLIENT_IDENTIFIER_NOT_VALID: pb.CONNECT_RESULT_CLIENT_ID_INVALID,
+    RC.SERVER_BUSY: pb.CONNECT_RESULT_SERVER_BUSY,
+    RC.SERVER_UNAVAILABLE: pb.CONNECT_RESULT_SERVER_UNAVAILABLE,
+    RC.BAD_AUTHENTICATION_METHOD: pb.CONNECT_RESULT_BAD_AUTH_METHOD,
+}
+
+
+def connect_result(code: int) -> pb.ConnectResult.ValueType:
+    return _RESULTS.get(code, pb.CONNECT_RESULT_NOT_AUTHORIZED)
+
+
 class SessionApi(pb_grpc.SessionServiceServicer):
     def __init__(
         self,
@@ -86,11 +107,13 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         events: Events,
         acl_default_allow: bool,
         sessions: Sessions,
+        login: Login,
         max_connections_per_tenant: int = 0,
         shared_client_id_tenants: list[str] | None = None,
         refusals: Refusals | None = None,
     ) -> None:
         self._auth = auth
+        self._login = login
         self._registry = registry
         self._nc = nc
         self._events = events
@@ -104,32 +127,28 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     async def Connect(
         self, request: pb.ConnectRequest, context: grpc.aio.ServicerContext
     ) -> pb.ConnectResponse:
-        try:
-            tenant, name = split_username(request.username)
-        except ValueError as exc:
-            return pb.ConnectResponse(result=pb.CONNECT_RESULT_BAD_CREDENTIALS, reason=str(exc))
-        password = request.password if request.HasField("password") else None
-        verdict = await self._auth.check(tenant, name, password)
-        if verdict is False:
+        admission = await self._login.connect(request)
+        if admission.code:
             return pb.ConnectResponse(
-                result=pb.CONNECT_RESULT_BAD_CREDENTIALS, reason="bad user name or password"
+                result=connect_result(admission.code),
+                reason=admission.reason,
+                auth_data=admission.auth_data,
+                auth_state=admission.auth_state,
             )
-        if verdict is None and not self._auth.anonymous_allowed(tenant):
-            result = pb.CONNECT_RESULT_BAD_CREDENTIALS if name else pb.CONNECT_RESULT_NOT_AUTHORIZED
-            return pb.ConnectResponse(result=result, reason="anonymous access is off for tenant")
+        tenant, name = admission.tenant, admission.name
         if not request.client_id:
             return pb.ConnectResponse(
                 result=pb.CONNECT_RESULT_CLIENT_ID_INVALID, reason="client id required"
             )
         # Whom the session belongs to: the authenticated user, or "" for an anonymous client
         # (whatever user name it gave).
-        owner = name if verdict is True else ""
+        owner = name if admission.authenticated else ""
         async with self._locks.hold((tenant, request.client_id)):
             claimed = await self._claim_and_open(tenant, name, owner, request)
         if isinstance(claimed, pb.ConnectResponse):
             return claimed
         epoch, opened = claimed
-        rules = substitute(await self._auth.acl(tenant), name, request.client_id)
+        rules = substitute([*admission.acl, *await self._auth.acl(tenant)], name, request.client_id)
         await self._events.emit(
             tenant,
             request.client_id,
@@ -150,6 +169,24 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             incarnation=opened.incarnation,
             subscriptions=[record_to_pb(r) for r in opened.subscriptions],
             session_expiry_interval_s=opened.expiry_s,
+            auth_data=admission.auth_data,
+            username=f"{tenant}/{name}",
+        )
+
+    async def Reauthenticate(
+        self, request: pb.ReauthenticateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReauthenticateResponse:
+        admission = await self._login.reauthenticate(request)
+        if admission.code and admission.code != CONTINUE:
+            log.info(
+                "reauthentication_refused",
+                extra={"tenant": request.tenant, "client_id": request.client_id},
+            )
+        return pb.ReauthenticateResponse(
+            result=connect_result(admission.code),
+            auth_data=admission.auth_data,
+            auth_state=admission.auth_state,
+            reason=admission.reason,
         )
 
     async def _claim_and_open(
@@ -281,8 +318,12 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
         _require(request.password, "password")
         if request.hash_scheme not in ("", "argon2", "bcrypt"):
             raise InvalidArgumentError("hash_scheme must be 'argon2' or 'bcrypt'")
+        try:
+            kinds = check_kinds(list(request.credentials))
+        except ValueError as exc:
+            raise InvalidArgumentError(f"credentials: {exc}") from None
         await self._auth.create_user(
-            tenant, request.username, request.password, request.hash_scheme
+            tenant, request.username, request.password, request.hash_scheme, kinds
         )
         log.info("user_created", extra={"tenant": tenant, "username": request.username})
         return pb.CreateUserResponse()

@@ -1,8 +1,10 @@
-"""Authentication and ACL lookup with a Redis cache in front of the store.
+"""Users' credentials and tenants' ACLs with a Redis cache in front of the store, and the
+password check.
 
-Hash verification (argon2 is slow by design) runs in a worker thread, and successful checks are
-remembered in-process by a digest of (tenant, user, password, hash), so a reconnect storm costs
-one hash per distinct credential, not one per CONNECT.
+Hash verification (argon2 is slow by design) runs on the bounded `HashGate`, and successful
+checks are remembered in-process by a digest of (tenant, user, password, hash), so a reconnect
+storm costs one hash per distinct credential, not one per CONNECT. An unknown user costs the
+same hash work as a known one (a decoy hash is verified), so timing does not tell them apart.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ import asyncio
 import hashlib
 import json
 import re
+import secrets
 from dataclasses import asdict
 
 from redis.asyncio import Redis
 
 from services.common.acl import Access, AclRule
 from services.common.store.ports import AuthStore, UserRecord
+from services.session import credentials
+from services.session.credentials import Credentials
 from services.session.passwords import hash_password, verify_password
+from services.session.throttle import HashGate
 
 DEFAULT_TENANT = "default"
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
@@ -40,13 +46,21 @@ def check_tenant(tenant: str) -> None:
 
 class Authenticator:
     def __init__(
-        self, store: AuthStore, redis: Redis, cache_ttl_s: int, anonymous: list[str]
+        self,
+        store: AuthStore,
+        redis: Redis,
+        cache_ttl_s: int,
+        anonymous: list[str],
+        gate: HashGate | None = None,
     ) -> None:
         self._store = store
         self._redis = redis
         self._ttl = cache_ttl_s
         self._anonymous = set(anonymous)
         self._verified: dict[bytes, None] = {}
+        self._gate = gate or HashGate(4, 16)
+        # Verified in place of a missing user's hash: same cost, never matches.
+        self._decoy_hash = hash_password(secrets.token_urlsafe(24))
 
     def anonymous_allowed(self, tenant: str) -> bool:
         return "*" in self._anonymous or tenant in self._anonymous
@@ -63,21 +77,31 @@ class Authenticator:
             await self._redis.set(key, user.password_hash if user else _MISSING, ex=self._ttl)
         return user.password_hash if user else None
 
+    async def credentials(self, tenant: str, name: str) -> Credentials | None:
+        """The user's stored credentials; None: no such user."""
+        stored = await self._user_hash(tenant, name) if name else None
+        return None if stored is None else credentials.parse(stored)
+
     async def check(self, tenant: str, name: str, password: bytes | None) -> bool | None:
-        """True: credentials valid. False: wrong credentials. None: unknown user."""
+        """True: credentials valid. False: wrong credentials. None: unknown user.
+        Raises `GateFullError` when too many checks wait already."""
         if not name:
             return None
-        stored = await self._user_hash(tenant, name)
-        if stored is None:
-            return None
+        creds = await self.credentials(tenant, name)
         if password is None:
-            return False
+            return None if creds is None else False
+        stored = creds.password_hash if creds is not None else ""
         digest = hashlib.sha256(
             b"\0".join([tenant.encode(), name.encode(), password, stored.encode()])
         ).digest()
-        if digest in self._verified:
+        if stored and digest in self._verified:
             return True
-        ok = await asyncio.to_thread(verify_password, stored, password)
+        # The same work whether the user exists or not, and whether it has a hash or not.
+        ok = await self._gate.run(verify_password, stored or self._decoy_hash, password)
+        if creds is None:
+            return None
+        if not stored:
+            return False  # a SCRAM-only user: no password login
         if ok:
             if len(self._verified) > 100_000:
                 self._verified.clear()
@@ -104,10 +128,14 @@ class Authenticator:
             await self._redis.set(key, json.dumps([asdict(r) for r in rules]), ex=self._ttl)
         return rules
 
-    async def create_user(self, tenant: str, name: str, password: str, scheme: str) -> None:
-        hashed = await asyncio.to_thread(hash_password, password, scheme)
-        await self._store.put_user(UserRecord(tenant, name, hashed))
+    async def create_user(
+        self, tenant: str, name: str, password: str, scheme: str, kinds: list[str] | None = None
+    ) -> None:
+        """Store the password hash and/or SCRAM verifiers (`kinds`; empty: all)."""
+        creds = await asyncio.to_thread(credentials.create, password, scheme, kinds or [])
+        await self._store.put_user(UserRecord(tenant, name, creds.encode()))
         await self._redis.delete(f"st:user:{tenant}:{name}")
+        self._verified.clear()
 
     async def delete_user(self, tenant: str, name: str) -> bool:
         deleted = await self._store.delete_user(tenant, name)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.acl import AclRule
-from services.common.connect import ConnectAttempt, ConnectOutcome
+from services.common.connect import ConnectAttempt, ConnectOutcome, ReauthAttempt
 from services.common.mqtt.reason import ReasonCode
 from services.common.rpc.client import LazyStub
 from services.common.subscription import identified_from_pb
@@ -27,6 +27,8 @@ _REFUSALS: dict[int, ReasonCode] = {
     pb.CONNECT_RESULT_CLIENT_ID_INVALID: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
     pb.CONNECT_RESULT_SERVER_BUSY: ReasonCode.SERVER_BUSY,
     pb.CONNECT_RESULT_QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
+    pb.CONNECT_RESULT_SERVER_UNAVAILABLE: ReasonCode.SERVER_UNAVAILABLE,
+    pb.CONNECT_RESULT_BAD_AUTH_METHOD: ReasonCode.BAD_AUTHENTICATION_METHOD,
 }
 
 
@@ -39,7 +41,11 @@ def _connect_request(a: ConnectAttempt) -> pb.ConnectRequest:
         protocol_level=a.protocol_level,
         clean_start=a.clean_start,
         cert_common_name=a.cert_common_name,
+        cert_subject_alt_names=a.cert_subject_alt_names,
         session_expiry_interval_s=a.session_expiry_s,
+        auth_method=a.auth_method,
+        auth_data=a.auth_data,
+        auth_state=a.auth_state,
     )
     if a.password is not None:
         req.password = a.password
@@ -48,6 +54,10 @@ def _connect_request(a: ConnectAttempt) -> pb.ConnectRequest:
 
 def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
     """The session service's answer as the channel takes it."""
+    if resp.result == pb.CONNECT_RESULT_CONTINUE:
+        return ConnectOutcome(
+            auth_continue=True, auth_data=resp.auth_data, auth_state=resp.auth_state
+        )
     if resp.result == pb.CONNECT_RESULT_TAKEN_OVER:
         # A newer connection already won the race: accept, then close with 0x8E.
         return ConnectOutcome(tenant=resp.tenant, epoch=resp.epoch, taken_over=True)
@@ -62,7 +72,21 @@ def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
         incarnation=resp.incarnation,
         session_expiry_s=resp.session_expiry_interval_s,
         subscriptions=tuple(identified_from_pb(s) for s in resp.subscriptions),
+        auth_data=resp.auth_data or None,
+        identity=resp.username,
     )
+
+
+def reauth_outcome(resp: pb.ReauthenticateResponse) -> ConnectOutcome:
+    """Re-authentication's answer: go on (`auth_continue`), done (ok), or the DISCONNECT
+    reason code."""
+    if resp.result == pb.CONNECT_RESULT_CONTINUE:
+        return ConnectOutcome(
+            auth_continue=True, auth_data=resp.auth_data, auth_state=resp.auth_state
+        )
+    if resp.result != pb.CONNECT_RESULT_OK:
+        return ConnectOutcome(reason_code=_REFUSALS.get(resp.result, ReasonCode.NOT_AUTHORIZED))
+    return ConnectOutcome(auth_data=resp.auth_data or None)
 
 
 class SessionClient:
@@ -73,6 +97,19 @@ class SessionClient:
         """Authenticate, claim the client id in the registry, open or resume the session."""
         resp = await self._rpc.call(self._rpc.stub.Connect, _connect_request(attempt))
         return connect_outcome(resp)
+
+    async def reauthenticate(self, attempt: ReauthAttempt) -> ConnectOutcome:
+        """One step of re-authentication of a live connection."""
+        req = pb.ReauthenticateRequest(
+            tenant=attempt.tenant,
+            username=attempt.identity,
+            client_id=attempt.client_id,
+            peer_address=attempt.peer_address,
+            auth_method=attempt.auth_method,
+            auth_data=attempt.auth_data,
+            auth_state=attempt.auth_state,
+        )
+        return reauth_outcome(await self._rpc.call(self._rpc.stub.Reauthenticate, req))
 
     async def disconnect(
         self,
@@ -126,11 +163,21 @@ class SessionAdminClient:
         )
 
     async def create_user(
-        self, tenant: str, username: str, password: str, hash_scheme: str = "argon2"
+        self,
+        tenant: str,
+        username: str,
+        password: str,
+        hash_scheme: str = "argon2",
+        credentials: Sequence[str] = (),
     ) -> None:
-        """Create or replace a user; `hash_scheme` is "argon2" or "bcrypt"."""
+        """Create or replace a user; `hash_scheme` is "argon2" or "bcrypt"; `credentials`
+        which to store: "hash", "scram-sha-256", "scram-sha-512" (empty: all three)."""
         req = pb.CreateUserRequest(
-            tenant=tenant, username=username, password=password, hash_scheme=hash_scheme
+            tenant=tenant,
+            username=username,
+            password=password,
+            hash_scheme=hash_scheme,
+            credentials=list(credentials),
         )
         await self._rpc.call(self._rpc.stub.CreateUser, req)
 

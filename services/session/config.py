@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 
 from services.common.config import ServiceSettings
 
@@ -39,3 +40,85 @@ class SessionSettings(ServiceSettings):
     max_session_expiry_s: int = Field(
         default=0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="Cap on Session Expiry Interval."
     )
+
+    # ---- authentication (docs/_security_auth.md) -------------------------------------------
+    auth_chain: dict[str, list[Literal["password", "scram", "jwt", "http", "cert"]]] = Field(
+        default_factory=lambda: {"*": ["password", "scram"]},
+        description=(
+            "Authenticators per tenant, tried in order ('*': tenants not listed). 'scram' "
+            "enables SCRAM-SHA-256/512 over MQTT 5 AUTH (its position does not matter)."
+        ),
+    )
+    auth_max_concurrent_hashes: int = Field(
+        default=4, ge=1, le=256, description="Password hash checks running at once."
+    )
+    auth_max_queued_hashes: int = Field(
+        default=16,
+        ge=0,
+        description=(
+            "Hash checks waiting beyond that; more: CONNACK 0x89. Keep the wait (queue x hash "
+            "time / concurrency) well under the node's 5 s call deadline."
+        ),
+    )
+    auth_failures_before_backoff_user: int = Field(
+        default=5, ge=1, description="Failed logins of one user name before it is backed off."
+    )
+    auth_failures_before_backoff_ip: int = Field(
+        default=20, ge=1, description="Failed logins from one IP address before it is backed off."
+    )
+    auth_backoff_base_s: float = Field(
+        default=1.0, gt=0, description="First back-off; doubles with every further failure."
+    )
+    auth_backoff_max_s: float = Field(default=60.0, gt=0, description="Longest back-off.")
+    auth_failure_window_s: float = Field(
+        default=300.0, gt=0, description="Failures older than this (since the last) are forgotten."
+    )
+    auth_backoff_max_tracked: int = Field(
+        default=100_000, ge=1, description="User names and addresses tracked; oldest dropped."
+    )
+
+    jwt_algorithms: list[Literal["HS256", "HS384", "HS512", "RS256", "ES256"]] = Field(
+        default_factory=lambda: ["HS256", "RS256", "ES256"], description="Accepted JWT algorithms."
+    )
+    jwt_secret: SecretStr = Field(default=SecretStr(""), description="HMAC key (HS*).")
+    jwt_public_key_file: Path | None = Field(
+        default=None, description="PEM public key (RS256/ES256), or a JWKS JSON file."
+    )
+    jwt_jwks_url: str = Field(default="", description="JWKS URL (RS256/ES256 keys by kid).")
+    jwt_jwks_cache_s: float = Field(default=300.0, ge=0, description="How long JWKS is kept.")
+    jwt_audience: str = Field(default="", description="Required 'aud'; empty: not checked.")
+    jwt_issuer: str = Field(default="", description="Required 'iss'; empty: not checked.")
+    jwt_tenant_claim: str = Field(default="tenant", description="Claim naming the tenant.")
+    jwt_username_claim: str = Field(default="sub", description="Claim naming the user.")
+    jwt_acl_claim: str = Field(default="acl", description="Claim with ACL rules.")
+
+    http_auth_url: str = Field(default="", description="HTTP auth service (POST JSON).")
+    http_auth_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    http_auth_on_timeout: Literal["unavailable", "deny", "ignore"] = Field(
+        default="unavailable",
+        description="Service down or slow: 0x88, 0x87, or try the next authenticator.",
+    )
+    http_auth_cache_ttl_s: float = Field(default=60.0, ge=0, description="Answer cache; 0: off.")
+    http_auth_cache_size: int = Field(default=10_000, ge=0)
+    http_auth_max_concurrent: int = Field(
+        default=32, ge=1, description="Requests to the HTTP auth service at once."
+    )
+
+    cert_identity: Literal["cn", "san_dns", "san_email", "san_uri"] = Field(
+        default="cn", description="Where a client certificate's identity comes from."
+    )
+
+    @model_validator(mode="after")
+    def _authenticators_configured(self) -> SessionSettings:
+        used = {name for chain in self.auth_chain.values() for name in chain}
+        if "jwt" in used and not (
+            self.jwt_secret.get_secret_value() or self.jwt_public_key_file or self.jwt_jwks_url
+        ):
+            raise ValueError(
+                "auth_chain uses 'jwt': set jwt_secret, jwt_public_key_file or jwt_jwks_url"
+            )
+        if "http" in used and not self.http_auth_url:
+            raise ValueError("auth_chain uses 'http': set http_auth_url")
+        if self.auth_backoff_max_s < self.auth_backoff_base_s:
+            raise ValueError("auth_backoff_max_s must be at least auth_backoff_base_s")
+        return self

@@ -18,11 +18,20 @@ from services.queue.client import QueueClient
 from services.router.client import RouterClient
 from services.session.api import SessionAdminApi, SessionApi
 from services.session.auth import Authenticator
+from services.session.authenticators.cert import CertAuthenticator
+from services.session.authenticators.chain import Chains
+from services.session.authenticators.http_auth import HttpAuthConfig, HttpAuthenticator
+from services.session.authenticators.jwt_auth import JwtAuthenticator, JwtConfig
+from services.session.authenticators.password import PasswordAuthenticator
 from services.session.config import SessionSettings
+from services.session.enhanced import EnhancedAuth
 from services.session.events import Events
 from services.session.liveness import NodeLiveness
+from services.session.login import Login
 from services.session.registry import Registry
 from services.session.sessions import Sessions
+from services.session.throttle import AuthThrottle, Backoff, HashGate
+from services.session.verdict import Authenticator as Authenticator_
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
 
@@ -35,9 +44,16 @@ class SessionService:
         self._session_store = open_session_store(settings)
         self._nats = LateClient()
         nc: Client = self._nats  # type: ignore[assignment]
+        self._gate = HashGate(settings.auth_max_concurrent_hashes, settings.auth_max_queued_hashes)
         self._auth = Authenticator(
-            self._store, self._redis, settings.auth_cache_ttl_s, settings.anonymous_tenants
+            self._store,
+            self._redis,
+            settings.auth_cache_ttl_s,
+            settings.anonymous_tenants,
+            self._gate,
         )
+        self._http_auth: HttpAuthenticator | None = None
+        self._login = self._build_login(settings)
         self._registry = Registry(self._redis)
         self._router = RouterClient(settings.router_addr)
         self._queues = QueueClient(settings.queue_addr)
@@ -55,6 +71,61 @@ class SessionService:
         self._refusals = Refusals()
         register_refusal_metrics(self._refusals, "starling.session")
 
+    def _build_login(self, s: SessionSettings) -> Login:
+        """The authenticators the tenants' chains name, and the back-off in front of them."""
+        used = {name for chain in s.auth_chain.values() for name in chain}
+        authenticators: dict[str, Authenticator_] = {
+            "password": PasswordAuthenticator(self._auth),
+            "cert": CertAuthenticator(s.cert_identity),
+        }
+        if "jwt" in used:
+            authenticators["jwt"] = JwtAuthenticator(
+                JwtConfig(
+                    algorithms=tuple(s.jwt_algorithms),
+                    secret=s.jwt_secret.get_secret_value(),
+                    public_key_file=s.jwt_public_key_file,
+                    jwks_url=s.jwt_jwks_url,
+                    jwks_cache_s=s.jwt_jwks_cache_s,
+                    audience=s.jwt_audience,
+                    issuer=s.jwt_issuer,
+                    tenant_claim=s.jwt_tenant_claim,
+                    username_claim=s.jwt_username_claim,
+                    acl_claim=s.jwt_acl_claim,
+                )
+            )
+        if "http" in used:
+            self._http_auth = HttpAuthenticator(
+                HttpAuthConfig(
+                    url=s.http_auth_url,
+                    timeout_s=s.http_auth_timeout_s,
+                    on_timeout=s.http_auth_on_timeout,
+                    cache_ttl_s=s.http_auth_cache_ttl_s,
+                    cache_size=s.http_auth_cache_size,
+                    max_concurrent=s.http_auth_max_concurrent,
+                )
+            )
+            authenticators["http"] = self._http_auth
+
+        def backoff(threshold: int) -> Backoff:
+            return Backoff(
+                threshold,
+                s.auth_backoff_base_s,
+                s.auth_backoff_max_s,
+                s.auth_failure_window_s,
+                s.auth_backoff_max_tracked,
+            )
+
+        throttle = AuthThrottle(
+            backoff(s.auth_failures_before_backoff_user), backoff(s.auth_failures_before_backoff_ip)
+        )
+        return Login(
+            self._auth,
+            Chains(s.auth_chain, authenticators),
+            EnhancedAuth(self._auth),
+            throttle,
+            s.cert_identity,
+        )
+
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         nc: Client = self._nats  # type: ignore[assignment]
         pb_grpc.add_SessionServiceServicer_to_server(
@@ -65,6 +136,7 @@ class SessionService:
                 self._events,
                 self._settings.acl_default == "allow",
                 self._sessions,
+                self._login,
                 self._settings.max_connections_per_tenant,
                 self._settings.shared_client_id_tenants,
                 self._refusals,
@@ -103,6 +175,9 @@ class SessionService:
         await self._queues.close()
         if self._nats.nc is not None:
             await self._nats.nc.drain()
+        if self._http_auth is not None:
+            await self._http_auth.close()
+        self._gate.close()
         await self._redis.aclose()
         await self._store.close()
         await self._session_store.close()

@@ -90,11 +90,6 @@ _NOT_UTF8_WILL = Will("a", b"\xff", properties=Properties(payload_format_indicat
         pytest.param(Connect("", 3, "MQIsdp"), "20 02 00 02", id="v31-empty-client-id"),
         pytest.param(Connect("x" * 300, 4), "20 02 00 02", id="v4-client-id-too-long"),
         pytest.param(Connect("x" * 300, 5), "20 03 00 85 00", id="v5-client-id-too-long"),
-        pytest.param(
-            Connect("c", 5, properties=Properties(authentication_method="SCRAM")),
-            "20 03 00 8c 00",
-            id="no-enhanced-auth",
-        ),
         pytest.param(Connect("c", 5, will=Will("a/+", b"x")), "20 03 00 90 00", id="will-topic"),
         pytest.param(Connect("c", 5, will=_NOT_UTF8_WILL), "20 03 00 99 00", id="will-payload"),
     ],

@@ -10,6 +10,7 @@ return; write `Channel.out`. Modules (private; import from here):
 - subscriptions.py  the client's subscriptions, SUBSCRIBE/UNSUBSCRIBE
 - control.py        PINGREQ, the client's DISCONNECT, keep alive, CONNECT timeout
 - problems.py       Reason Strings: whether a reply may carry one, and its text
+- enhanced_auth.py  the AUTH packets of enhanced authentication and re-authentication
 - actions.py        what the channel asks its shell to do
 - config.py         `ChannelConfig`
 """
@@ -19,6 +20,7 @@ from services.connection.channel.actions import (
     Authenticate,
     Close,
     DeliveryProgress,
+    Reauthenticate,
     Route,
     SubscribeRequest,
     Unsubscribed,
@@ -43,6 +45,7 @@ __all__ = [
     "Close",
     "DeliveryProgress",
     "Outbound",
+    "Reauthenticate",
     "Route",
     "State",
     "SubscribeRequest",

@@ -31,6 +31,21 @@ class Authenticate:
 
     connect: Connect
     client_id: str  # the client's, or the one the channel assigned [MQTT-3.1.3-6]
+    # Enhanced authentication (the CONNECT named a method): this step's data from the
+    # client, and the state the previous step's outcome carried (empty on the first).
+    auth_data: bytes | None = None
+    auth_state: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Reauthenticate:
+    """A step of re-authentication on a live connection: ask the session service, answer
+    with `Channel.reauthenticated`."""
+
+    method: str
+    data: bytes
+    state: bytes  # empty on the first step (AUTH 0x19)
+    identity: str  # `tenant/name` the connection authenticated as
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,4 +80,12 @@ class DeliveryProgress:
     `outbound.track_completions` is on). At most one per call."""
 
 
-Action = Route | Authenticate | SubscribeRequest | Unsubscribed | Close | DeliveryProgress
+Action = (
+    Route
+    | Authenticate
+    | Reauthenticate
+    | SubscribeRequest
+    | Unsubscribed
+    | Close
+    | DeliveryProgress
+)

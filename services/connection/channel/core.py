@@ -14,7 +14,10 @@ Theory of operation:
 - Every call that returns actions returns a fresh `list[Action]` the caller owns and may
   extend; an empty list costs one small allocation per call, next to the decoding it follows.
 - CONNECT yields `Authenticate`; packets that arrive before `authenticated` are held and
-  replayed by it, in order, so it returns actions too.
+  replayed by it, in order, so it returns actions too. With enhanced authentication (MQTT 5
+  AUTH, enhanced_auth.py) `authenticated` may instead write AUTH 0x18; the client's AUTH
+  answer yields the next `Authenticate`. A connected client's AUTH 0x19 yields
+  `Reauthenticate`, answered by `reauthenticated`.
 - SUBSCRIBE yields `SubscribeRequest`; the SUBACK waits for `subscribed`.
 - A client that breaks a rule makes a family raise `MqttError` (its reason code says why);
   only this connection closes: DISCONNECT with the code on MQTT 5 (CONNACK with it while the
@@ -61,11 +64,13 @@ from services.connection.channel.actions import (
     Authenticate,
     Close,
     DeliveryProgress,
+    Reauthenticate,
     Route,
     SubscribeRequest,
 )
 from services.connection.channel.config import ChannelConfig
 from services.connection.channel.control import PINGRESP, KeepAlive, read_disconnect
+from services.connection.channel.enhanced_auth import AuthExchange
 from services.connection.channel.handshake import Handshake
 from services.connection.channel.inbound import InboundPublishes
 from services.connection.channel.outbound import Outbound
@@ -89,6 +94,7 @@ class Channel:
     `subscribed`, `publish_routed`, `deliver` and `tick`; write `out`; carry out the actions."""
 
     __slots__ = (
+        "_auth",
         "_decoder",
         "_handshake",
         "_inbound",
@@ -150,6 +156,7 @@ class Channel:
         self._inbound = InboundPublishes(config, self.out, self.acl, problems)
         self._subscriptions = ClientSubscriptions(config.topic_limits, self.out, self.acl, problems)
         self._keepalive = KeepAlive(now)
+        self._auth = AuthExchange()
 
     @property
     def subscriptions(self) -> dict[str, int | None]:
@@ -179,6 +186,9 @@ class Channel:
         actions: list[Action] = []
         if self.state is not State.AUTHENTICATING:
             return actions
+        if outcome.auth_continue and self._auth.method is not None:
+            self.out += self._auth.challenge(outcome.auth_data, outcome.auth_state, now)
+            return actions
         if not outcome.ok:
             self.will = None  # a refused connection leaves no will
             actions.append(self._refuse(outcome.reason_code))
@@ -186,6 +196,19 @@ class Channel:
         self._accept(outcome, now)
         self._handle_all(self._handshake.release_held(), now, actions)
         return actions
+
+    def reauthenticated(self, outcome: ConnectOutcome, now: float) -> list[Action]:
+        """The session service's answer to `Reauthenticate`: AUTH 0x18 to go on, AUTH 0x00
+        when done, or DISCONNECT with the refusal's reason code."""
+        if self.state is not State.CONNECTED:
+            return []
+        if outcome.auth_continue:
+            self.out += self._auth.challenge(outcome.auth_data, outcome.auth_state, now)
+            return []
+        if not outcome.ok:
+            return [self._shut(outcome.reason_code, "re-authentication failed")]
+        self.out += self._auth.succeeded(outcome.auth_data)
+        return []
 
     def subscribed(self, request: SubscribeRequest) -> None:
         """The node carried out `request`: record the subscriptions and write the SUBACK."""
@@ -225,6 +248,8 @@ class Channel:
         timeout_s = self.config.connect_timeout_s
         if state is State.AWAIT_CONNECT and self._keepalive.connect_overdue(now, timeout_s):
             return [self._close(RC.MAXIMUM_CONNECT_TIME, "no CONNECT in time")]
+        if state is State.AUTHENTICATING and self._auth.overdue(now, timeout_s):
+            return [self._close(RC.MAXIMUM_CONNECT_TIME, "no AUTH in time")]
         return []
 
     def connection_lost(self) -> None:
@@ -287,6 +312,8 @@ class Channel:
             if type(p) is not Connect:  # [MQTT-3.1.0-1]
                 return self._close(RC.PROTOCOL_ERROR, "first packet must be CONNECT")
             return self._on_connect(p)
+        if state is State.AUTHENTICATING and type(p) is Auth and self.level == 5:
+            return self._on_connect_auth(p)
         if state is State.AUTHENTICATING and not self._handshake.hold(p):
             raise ProtocolViolationError("too many packets before CONNACK")
         return None
@@ -307,7 +334,17 @@ class Channel:
         if level == 5:
             self.outbound.limit(p.properties)
         self.state = State.AUTHENTICATING
+        method = self._auth.method = p.properties.authentication_method
+        if method is not None:
+            return Authenticate(p, client_id, p.properties.authentication_data or b"")
         return Authenticate(p, client_id)
+
+    def _on_connect_auth(self, p: Auth) -> Action:
+        """The client's AUTH answering our challenge during CONNECT: the next step."""
+        data = self._auth.answer(p)
+        connect = self._handshake.connect
+        assert connect is not None, "AUTH answered before CONNECT"
+        return Authenticate(connect, self.client_id, data, self._auth.state)
 
     def _accept(self, outcome: ConnectOutcome, now: float) -> None:
         """Take on the session the service granted and write the CONNACK."""
@@ -317,6 +354,7 @@ class Channel:
         self.session_expiry_s = outcome.session_expiry_s
         self.persistent = outcome.session_expiry_s > 0 or outcome.session_present
         self.acl = acl = AclChecker(list(outcome.acl), outcome.acl_default_allow)
+        self._auth.identity = outcome.identity
         self.state = State.CONNECTED
         self._keepalive.last_rx = now
         connack, keepalive_s = self._handshake.connack(outcome, self.client_id)
@@ -395,8 +433,16 @@ class Channel:
             raise ProtocolViolationError(farewell.violation)
         return self._close(p.reason_code, "client disconnected")
 
-    def _on_auth(self, p: Auth, now: float) -> None:
-        raise ProtocolViolationError("AUTH without an authentication method")
+    def _on_auth(self, p: Auth, now: float) -> Action:
+        auth = self._auth
+        if p.reason_code == RC.RE_AUTHENTICATE:
+            data = auth.begin_reauthentication(p)
+            state = b""
+        else:
+            state = auth.state
+            data = auth.answer(p)
+        assert auth.method is not None  # both calls above check it
+        return Reauthenticate(auth.method, data, state, auth.identity)
 
 
 # What a CONNECTED channel does with each packet type (PUBLISH takes a shortcut before this).

@@ -93,6 +93,8 @@ class Handshake:
             topic_alias_maximum=cfg.topic_alias_maximum,
             maximum_packet_size=cfg.max_packet_size_bytes,
             server_keep_alive=keepalive,
+            authentication_method=p.properties.authentication_method,
+            authentication_data=outcome.auth_data,
             # Only when the server uses another value than the client asked for.
             session_expiry_interval=(
                 outcome.session_expiry_s if outcome.session_expiry_s != asked_expiry_s else None
@@ -110,8 +112,7 @@ def refusal(p: Connect, config: ChannelConfig) -> int:
     """0, or the CONNACK reason code that refuses `p` before asking anyone (the first of
     these that applies)."""
     level = p.protocol_level
-    if p.properties.authentication_method is not None:
-        return RC.BAD_AUTHENTICATION_METHOD  # no enhanced authentication methods configured
+    # An authentication method is the session service's to accept or refuse (0x8C).
     if len(p.client_id) > config.max_client_id_length:
         return RC.CLIENT_IDENTIFIER_NOT_VALID
     if not p.client_id and (level == 3 or (level == 4 and not p.clean_start)):

@@ -72,6 +72,10 @@ class _ConnectResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Connect
     CONNECT_RESULT_TAKEN_OVER: _ConnectResult.ValueType  # 6
     CONNECT_RESULT_QUOTA_EXCEEDED: _ConnectResult.ValueType  # 7
     """A resource limit refused it (connections per tenant): CONNACK 0x97."""
+    CONNECT_RESULT_CONTINUE: _ConnectResult.ValueType  # 8
+    """Enhanced authentication goes on: send AUTH 0x18 with auth_data, keep auth_state."""
+    CONNECT_RESULT_BAD_AUTH_METHOD: _ConnectResult.ValueType  # 9
+    CONNECT_RESULT_SERVER_UNAVAILABLE: _ConnectResult.ValueType  # 10
 
 class ConnectResult(_ConnectResult, metaclass=_ConnectResultEnumTypeWrapper): ...
 
@@ -84,6 +88,10 @@ CONNECT_RESULT_SERVER_BUSY: ConnectResult.ValueType  # 5
 CONNECT_RESULT_TAKEN_OVER: ConnectResult.ValueType  # 6
 CONNECT_RESULT_QUOTA_EXCEEDED: ConnectResult.ValueType  # 7
 """A resource limit refused it (connections per tenant): CONNACK 0x97."""
+CONNECT_RESULT_CONTINUE: ConnectResult.ValueType  # 8
+"""Enhanced authentication goes on: send AUTH 0x18 with auth_data, keep auth_state."""
+CONNECT_RESULT_BAD_AUTH_METHOD: ConnectResult.ValueType  # 9
+CONNECT_RESULT_SERVER_UNAVAILABLE: ConnectResult.ValueType  # 10
 Global___ConnectResult: _TypeAlias = ConnectResult  # noqa: Y015
 
 @_typing.final
@@ -135,6 +143,10 @@ class ConnectRequest(_message.Message):
     CLEAN_START_FIELD_NUMBER: _builtins.int
     CERT_COMMON_NAME_FIELD_NUMBER: _builtins.int
     SESSION_EXPIRY_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    AUTH_METHOD_FIELD_NUMBER: _builtins.int
+    AUTH_DATA_FIELD_NUMBER: _builtins.int
+    AUTH_STATE_FIELD_NUMBER: _builtins.int
+    CERT_SUBJECT_ALT_NAMES_FIELD_NUMBER: _builtins.int
     username: _builtins.str
     password: _builtins.bytes
     client_id: _builtins.str
@@ -146,6 +158,18 @@ class ConnectRequest(_message.Message):
     """Common name of a verified client certificate, if any."""
     session_expiry_interval_s: _builtins.int
     """Session Expiry Interval asked for (MQTT 5), or 0xFFFFFFFF for a 3.1.1 clean session 0."""
+    auth_method: _builtins.str
+    """MQTT 5 enhanced authentication: method, the client's data of this step, and the
+    opaque state the previous step returned (empty on the first step).
+    """
+    auth_data: _builtins.bytes
+    auth_state: _builtins.bytes
+    @_builtins.property
+    def cert_subject_alt_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Subject alternative names of a verified client certificate ("DNS:x", "email:y",
+        "URI:z", "IP:a").
+        """
+
     def __init__(
         self,
         *,
@@ -158,10 +182,14 @@ class ConnectRequest(_message.Message):
         clean_start: _builtins.bool = ...,
         cert_common_name: _builtins.str = ...,
         session_expiry_interval_s: _builtins.int = ...,
+        auth_method: _builtins.str = ...,
+        auth_data: _builtins.bytes = ...,
+        auth_state: _builtins.bytes = ...,
+        cert_subject_alt_names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "password", b"password"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "cert_common_name", b"cert_common_name", "clean_start", b"clean_start", "client_id", b"client_id", "node_id", b"node_id", "password", b"password", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "session_expiry_interval_s", b"session_expiry_interval_s", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "auth_data", b"auth_data", "auth_method", b"auth_method", "auth_state", b"auth_state", "cert_common_name", b"cert_common_name", "cert_subject_alt_names", b"cert_subject_alt_names", "clean_start", b"clean_start", "client_id", b"client_id", "node_id", b"node_id", "password", b"password", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "session_expiry_interval_s", b"session_expiry_interval_s", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__password: _TypeAlias = _typing.Literal["password"]  # noqa: Y015
     _WhichOneofArgType__password: _TypeAlias = _typing.Literal["_password", b"_password"]  # noqa: Y015
@@ -183,6 +211,9 @@ class ConnectResponse(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     SESSION_EXPIRY_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    AUTH_DATA_FIELD_NUMBER: _builtins.int
+    AUTH_STATE_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
     result: Global___ConnectResult.ValueType
     tenant: _builtins.str
     epoch: _builtins.int
@@ -195,6 +226,15 @@ class ConnectResponse(_message.Message):
     """Incarnation of the session: a new session never reads an older incarnation's queue."""
     session_expiry_interval_s: _builtins.int
     """Session expiry the server uses (may be capped by configuration)."""
+    auth_data: _builtins.bytes
+    """Enhanced authentication: data for the client (AUTH 0x18 on CONTINUE, CONNACK on OK)
+    and the state to send back with the next step.
+    """
+    auth_state: _builtins.bytes
+    username: _builtins.str
+    """Who the connection authenticated as (`tenant/name`; the name may come from a JWT, a
+    certificate or SCRAM rather than the CONNECT user name).
+    """
     @_builtins.property
     def acl(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclRule]:
         """Rules with %c and %u already substituted, in evaluation order."""
@@ -216,14 +256,88 @@ class ConnectResponse(_message.Message):
         incarnation: _builtins.int = ...,
         subscriptions: _abc.Iterable[_subscription_pb2.Subscription] | None = ...,
         session_expiry_interval_s: _builtins.int = ...,
+        auth_data: _builtins.bytes = ...,
+        auth_state: _builtins.bytes = ...,
+        username: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "epoch", b"epoch", "incarnation", b"incarnation", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "epoch", b"epoch", "incarnation", b"incarnation", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConnectResponse: _TypeAlias = ConnectResponse  # noqa: Y015
+
+@_typing.final
+class ReauthenticateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    PEER_ADDRESS_FIELD_NUMBER: _builtins.int
+    AUTH_METHOD_FIELD_NUMBER: _builtins.int
+    AUTH_DATA_FIELD_NUMBER: _builtins.int
+    AUTH_STATE_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    username: _builtins.str
+    """Who the connection authenticated as (ConnectResponse.username): re-authentication must
+    prove the same user.
+    """
+    client_id: _builtins.str
+    peer_address: _builtins.str
+    auth_method: _builtins.str
+    auth_data: _builtins.bytes
+    auth_state: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        username: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        peer_address: _builtins.str = ...,
+        auth_method: _builtins.str = ...,
+        auth_data: _builtins.bytes = ...,
+        auth_state: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_data", b"auth_data", "auth_method", b"auth_method", "auth_state", b"auth_state", "client_id", b"client_id", "peer_address", b"peer_address", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReauthenticateRequest: _TypeAlias = ReauthenticateRequest  # noqa: Y015
+
+@_typing.final
+class ReauthenticateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_FIELD_NUMBER: _builtins.int
+    AUTH_DATA_FIELD_NUMBER: _builtins.int
+    AUTH_STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    result: Global___ConnectResult.ValueType
+    """OK: re-authenticated (send AUTH 0x00 with auth_data); CONTINUE: send AUTH 0x18;
+    anything else: disconnect with its reason code.
+    """
+    auth_data: _builtins.bytes
+    auth_state: _builtins.bytes
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        result: Global___ConnectResult.ValueType = ...,
+        auth_data: _builtins.bytes = ...,
+        auth_state: _builtins.bytes = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_data", b"auth_data", "auth_state", b"auth_state", "reason", b"reason", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReauthenticateResponse: _TypeAlias = ReauthenticateResponse  # noqa: Y015
 
 @_typing.final
 class DisconnectRequest(_message.Message):
@@ -289,11 +403,16 @@ class CreateUserRequest(_message.Message):
     USERNAME_FIELD_NUMBER: _builtins.int
     PASSWORD_FIELD_NUMBER: _builtins.int
     HASH_SCHEME_FIELD_NUMBER: _builtins.int
+    CREDENTIALS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     username: _builtins.str
     password: _builtins.str
     hash_scheme: _builtins.str
     """"argon2" (default) or "bcrypt"."""
+    @_builtins.property
+    def credentials(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Which credentials to store: "hash", "scram-sha-256", "scram-sha-512"; empty: all three."""
+
     def __init__(
         self,
         *,
@@ -301,10 +420,11 @@ class CreateUserRequest(_message.Message):
         username: _builtins.str = ...,
         password: _builtins.str = ...,
         hash_scheme: _builtins.str = ...,
+        credentials: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hash_scheme", b"hash_scheme", "password", b"password", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credentials", b"credentials", "hash_scheme", b"hash_scheme", "password", b"password", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

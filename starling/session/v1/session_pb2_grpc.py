@@ -45,6 +45,11 @@ class SessionServiceStub:
                 request_serializer=starling_dot_session_dot_v1_dot_session__pb2.DisconnectRequest.SerializeToString,
                 response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.DisconnectResponse.FromString,
                 _registered_method=True)
+        self.Reauthenticate = channel.unary_unary(
+                '/starling.session.v1.SessionService/Reauthenticate',
+                request_serializer=starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateRequest.SerializeToString,
+                response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -63,6 +68,13 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reauthenticate(self, request, context):
+        """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +87,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.Disconnect,
                     request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.DisconnectRequest.FromString,
                     response_serializer=starling_dot_session_dot_v1_dot_session__pb2.DisconnectResponse.SerializeToString,
+            ),
+            'Reauthenticate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reauthenticate,
+                    request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateRequest.FromString,
+                    response_serializer=starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +149,33 @@ class SessionService:
             '/starling.session.v1.SessionService/Disconnect',
             starling_dot_session_dot_v1_dot_session__pb2.DisconnectRequest.SerializeToString,
             starling_dot_session_dot_v1_dot_session__pb2.DisconnectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reauthenticate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.session.v1.SessionService/Reauthenticate',
+            starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateRequest.SerializeToString,
+            starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,8 @@ class SessionServiceStub:
     def __new__(cls, channel: _aio.Channel) -> SessionServiceAsyncStub: ...
     Connect: _grpc.UnaryUnaryMultiCallable[_session_pb2.ConnectRequest, _session_pb2.ConnectResponse]
     Disconnect: _grpc.UnaryUnaryMultiCallable[_session_pb2.DisconnectRequest, _session_pb2.DisconnectResponse]
+    Reauthenticate: _grpc.UnaryUnaryMultiCallable[_session_pb2.ReauthenticateRequest, _session_pb2.ReauthenticateResponse]
+    """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -43,6 +45,8 @@ class SessionServiceAsyncStub(SessionServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Connect: _aio.UnaryUnaryMultiCallable[_session_pb2.ConnectRequest, _session_pb2.ConnectResponse]  # type: ignore[assignment]
     Disconnect: _aio.UnaryUnaryMultiCallable[_session_pb2.DisconnectRequest, _session_pb2.DisconnectResponse]  # type: ignore[assignment]
+    Reauthenticate: _aio.UnaryUnaryMultiCallable[_session_pb2.ReauthenticateRequest, _session_pb2.ReauthenticateResponse]  # type: ignore[assignment]
+    """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal: connection nodes call this on CONNECT and on disconnect."""
@@ -60,6 +64,14 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_pb2.DisconnectRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.DisconnectResponse, _abc.Awaitable[_session_pb2.DisconnectResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Reauthenticate(
+        self,
+        request: _session_pb2.ReauthenticateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ReauthenticateResponse, _abc.Awaitable[_session_pb2.ReauthenticateResponse]]:
+        """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
