@@ -58,8 +58,8 @@ class ConnectionService:
 
     async def start(self) -> None:
         s = self._s
-        nc = await connect(s.nats_url, s.node_id, no_echo=True)
-        nc_shared = await connect(s.nats_url, f"{s.node_id}-shared")
+        nc = await connect(s.nats_url, s.node_id, no_echo=True, **s.nats_credentials())
+        nc_shared = await connect(s.nats_url, f"{s.node_id}-shared", **s.nats_credentials())
         self.node = node = Node(
             channel_config(s),
             nc,

@@ -26,11 +26,21 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 
-async def connect(url: str, name: str, attempts: int = 10, no_echo: bool = False) -> Client:
+async def connect(
+    url: str,
+    name: str,
+    attempts: int = 10,
+    no_echo: bool = False,
+    user: str = "",
+    password: str = "",
+) -> Client:
     """Connect to NATS, retrying start-up races with backoff; reconnects are nats-py's job.
 
     `no_echo`: the server does not deliver this connection's own publishes back to it.
+    `user`/`password`: this service's NATS credentials (settings nats_user/nats_password);
+    credentials inside `url` work too.
     """
+    auth = {"user": user, "password": password} if user else {}
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=0.1, max=2.0),
@@ -46,6 +56,7 @@ async def connect(url: str, name: str, attempts: int = 10, no_echo: bool = False
                 reconnect_time_wait=0.5,
                 allow_reconnect=True,
                 no_echo=no_echo,
+                **auth,
             )
     raise RuntimeError("unreachable")  # pragma: no cover
 
