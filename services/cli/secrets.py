@@ -10,6 +10,9 @@ scripts keep working and the stores stay readable.
 
 NATS users get the subjects their service uses (`NATS_PERMISSIONS`); quota and metrics do not
 use NATS and have no user.
+
+`starling secrets --out DIR` writes a fresh set as one file per secret (for Docker Compose
+secrets and `kubectl create secret --from-file`), with a complete nats.conf.
 """
 
 from __future__ import annotations
@@ -117,3 +120,28 @@ def nats_authorization(s: MeshSecrets) -> str:
             entry["permissions"] = perms
         users.append(json.dumps(entry))  # JSON is valid NATS config syntax
     return "authorization {\n  users = [\n    " + ",\n    ".join(users) + "\n  ]\n}\n"
+
+
+def write_secret_files(out: Path, s: MeshSecrets, nats_listen: str = "0.0.0.0:4222") -> list[Path]:
+    """One file per secret under `out`, named as deploy/ expects them, plus a nats.conf
+    (JetStream, limits, users and permissions). Returns the files written.
+
+    The folder is 0700, which keeps other local users out; the files are 0644 because Docker
+    Compose bind-mounts each one into a container whose user (uid 10001) is not the owner."""
+    out.mkdir(parents=True, exist_ok=True)
+    out.chmod(0o700)
+    files = {
+        "starling_admin_token": s.admin_token,
+        "starling_mesh_secret": s.mesh_secret,
+        "starling_redis_password": s.redis_password,
+        **{f"starling_nats_{user}_password": pw for user, pw in s.nats.items()},
+        "nats.conf": f'listen: "{nats_listen}"\njetstream {{ store_dir: "/data" }}\n'
+        "max_payload: 8MB\nmax_control_line: 64KB\n" + nats_authorization(s),
+    }
+    written = []
+    for name, text in files.items():
+        path = out / name
+        write_private(path, text if name.endswith(".conf") else text + "\n")
+        path.chmod(0o644)
+        written.append(path)
+    return written

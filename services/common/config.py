@@ -1,7 +1,9 @@
 """Settings shared by every service: pydantic-settings over `STARLING_*` env vars and TOML.
 
-Sources, highest priority first: explicit arguments, environment (`STARLING_<FIELD>`), the TOML
-file named by `STARLING_CONFIG` (tables `[common]` then `[<service>]`), defaults. Each tunable is
+Sources, highest priority first: explicit arguments, environment (`STARLING_<FIELD>`), secret
+files in the folder named by `STARLING_SECRETS_DIR` (one file per setting, named
+`starling_<field>`, as Docker and Kubernetes mount secrets), the TOML file named by
+`STARLING_CONFIG` (tables `[common]` then `[<service>]`), defaults. Each tunable is
 typed, defaulted and validated with its unit in its name. `load_settings` turns a validation
 error into `ConfigError` whose message names the setting and its env variable.
 """
@@ -14,7 +16,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 
 from services.common.redact import redact_url, url_passwords
 
@@ -128,7 +135,13 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml = _TomlSource(settings_cls, getattr(settings_cls, "service_name", "service"))
-        return (init_settings, env_settings, toml)
+        folder = os.environ.get(ENV_PREFIX + "SECRETS_DIR")
+        if not folder:
+            return (init_settings, env_settings, toml)
+        if not Path(folder).is_dir():
+            raise ConfigError(f"STARLING_SECRETS_DIR={folder}: not a folder")
+        files = SecretsSettingsSource(settings_cls, secrets_dir=folder)
+        return (init_settings, env_settings, files, toml)
 
     def redacted(self) -> dict[str, Any]:
         """Effective config for the start-up log; secrets shown as '***'."""

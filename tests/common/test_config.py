@@ -65,6 +65,18 @@ def test_url_passwords_are_redacted_in_the_effective_config(
     assert {"n4ts-pass", "r3dis-pass", "separate-nats-pw"} <= set(s.secret_values())
 
 
+def test_secrets_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker/Kubernetes secrets: one file per setting in STARLING_SECRETS_DIR; env wins."""
+    monkeypatch.delenv("STARLING_ADMIN_TOKEN")
+    (tmp_path / "starling_admin_token").write_text("from-a-file\n")
+    (tmp_path / "starling_nats_password").write_text("nats-from-a-file")
+    monkeypatch.setenv("STARLING_SECRETS_DIR", str(tmp_path))
+    s = load_settings(SessionSettings)
+    assert s.admin_token.get_secret_value() == "from-a-file"
+    assert s.nats_password.get_secret_value() == "nats-from-a-file"
+    assert s.mesh_secret.get_secret_value() == "mesh-secret-value"  # the environment's
+
+
 @pytest.mark.parametrize(
     ("unset", "setting", "off"),
     [
