@@ -1,6 +1,9 @@
 """Fixtures that start real servers on free ports: nats-server, redis-server, the core
 services in this process (client tests), and a whole Starling mesh (two connection nodes)
 shared by the end-to-end tests of a session.
+
+NATS and Redis require credentials here as in production; their URLs carry them
+(`nats://user:password@...`, `redis://:password@...`), which every client accepts.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ if TYPE_CHECKING:
     from tests.inproc import Core
 
 ADMIN_TOKEN = "test-admin-token"
+NATS_USER, NATS_PASSWORD = "tests", "tests-nats-password"
+REDIS_PASSWORD = "tests-redis-password"
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -40,13 +45,18 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     store = tmp_path_factory.mktemp("nats")
+    conf = store / "nats.conf"
+    conf.write_text(
+        f'listen: "127.0.0.1:{port}"\njetstream {{ store_dir: "{store}" }}\n'
+        f'authorization {{ user: "{NATS_USER}", password: "{NATS_PASSWORD}" }}\n'
+    )
     proc = subprocess.Popen(
-        [nats_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
+        [nats_binary(), "-c", str(conf)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     _wait_port(port, proc, "nats-server")
-    yield f"nats://127.0.0.1:{port}"
+    yield f"nats://{NATS_USER}:{NATS_PASSWORD}@127.0.0.1:{port}"
     proc.terminate()
     proc.wait(10)
 
@@ -70,12 +80,14 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "no",
             "--dir",
             str(tmp_path_factory.mktemp("redis")),
+            "--requirepass",
+            REDIS_PASSWORD,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     _wait_port(port, proc, "redis-server")
-    yield f"redis://127.0.0.1:{port}/0"
+    yield f"redis://:{REDIS_PASSWORD}@127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(10)
 
@@ -143,6 +155,15 @@ class MeshInfo:
 
     def addr(self, name: str) -> str:
         return f"127.0.0.1:{self.mesh.by_name(name).grpc_port}"
+
+    @property
+    def nats_url(self) -> str:
+        """The mesh's NATS as its full-access `operator` user (tools and tests)."""
+        password = self.launcher.secrets.nats["operator"]
+        return f"nats://operator:{password}@127.0.0.1:{self.mesh.by_name('nats').port}"
+
+    def logs(self) -> list[Path]:
+        return sorted((Path(self.mesh.data_dir) / "logs").glob("*.log"))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
 """Services started in the test's own process and event loop, on free ports, the way
-`run_service` starts them (register, start, SERVING; stop, then the server)."""
+`run_service` starts them (register, start, SERVING; stop, then the server), with their doors
+locked as in production: internal calls need MESH_SECRET (this process sends it), admin calls
+ADMIN_TOKEN."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.rpc.server import create_server, set_serving, stop_server
+from services.common.rpc.admin_auth import TokenResolver
+from services.common.rpc.credentials import set_mesh_secret
+from services.common.rpc.server import ServerAuth, create_server, set_serving, stop_server
 from services.common.runtime import Service
 from services.metrics.config import MetricsSettings
 from services.metrics.main import MetricsService
@@ -20,13 +24,22 @@ from services.session.config import SessionSettings
 from services.session.main import SessionService
 
 ADMIN_TOKEN = "inproc-admin-token"
+MESH_SECRET = "inproc-mesh-secret"
 OPEN_TENANT = "open"  # the core session service lets anonymous clients into this tenant
 
 
+def inproc_auth(tokens: TokenResolver | None = None) -> ServerAuth:
+    """The doors of an in-process server; this process's clients get the mesh secret."""
+    set_mesh_secret(MESH_SECRET)
+    return ServerAuth(mesh_secret=MESH_SECRET, admin_token=ADMIN_TOKEN, tokens=tokens)
+
+
 @asynccontextmanager
-async def serving(service: Service, admin_token: str = ADMIN_TOKEN) -> AsyncIterator[str]:
-    """Yields the service's gRPC address ("127.0.0.1:<port>")."""
-    server, port, health = create_server("127.0.0.1:0", service.register, admin_token=admin_token)
+async def serving(service: Service) -> AsyncIterator[str]:
+    """Yields the service's gRPC address ("127.0.0.1:<port>"). The session service resolves
+    tenant admin tokens itself; the others here know only the operator token."""
+    auth = inproc_auth(getattr(service, "admin_tokens", None))
+    server, port, health = create_server("127.0.0.1:0", service.register, auth=auth)
     await server.start()
     await service.start()
     await set_serving(health, [])

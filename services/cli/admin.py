@@ -1,11 +1,16 @@
 """Admin subcommands (users, ACLs, clients, kick, routes, retained and delayed messages,
-stats) over the services' typed admin clients; replies print as JSON (services/cli/render.py),
-failures as `starling <command>: <STATUS>: <message>`."""
+stats, tenant admin tokens) over the services' typed admin clients; replies print as JSON
+(services/cli/render.py), failures as `starling <command>: <STATUS>: <message>`.
+
+The admin token comes from STARLING_ADMIN_TOKEN or a file (`--token-file`, by default the one
+`starling up` writes under the data dir), never from the command line, where `ps` and shell
+history would show it."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -14,10 +19,12 @@ from typing import Any
 from services.cli.acl_file import rule_to_json, rules_from_json
 from services.cli.launcher import Mesh
 from services.cli.render import to_json
+from services.cli.secrets import admin_token_file
 from services.common.rpc.errors import ServiceError
 from services.metrics.client import MetricsAdminClient
 from services.router.client import RouterAdminClient
 from services.session.client import SessionAdminClient
+from services.session.token_client import TokenAdminClient
 
 ROUTER_COMMANDS = ("routes", "retained", "delete-retained", "delayed", "cancel-delayed")
 # Without a local mesh or an address: the services' default gRPC ports.
@@ -39,8 +46,47 @@ def _address(args: argparse.Namespace, service: str) -> str:
         return os.environ.get(f"STARLING_{service.upper()}_ADDR", _DEFAULT_ADDRESSES[service])
 
 
+class TokenError(Exception):
+    """The admin token cannot be read."""
+
+
 def _token(args: argparse.Namespace) -> str:
-    return str(args.token or os.environ.get("STARLING_ADMIN_TOKEN", ""))
+    """STARLING_ADMIN_TOKEN, else the token file (explicit: must be readable; the default
+    one of a local mesh: optional, the server then says the token is missing)."""
+    env = os.environ.get("STARLING_ADMIN_TOKEN", "")
+    if env:
+        return env
+    explicit = getattr(args, "token_file", None)
+    path = Path(explicit) if explicit else admin_token_file(Path(args.data_dir))
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        if explicit:
+            raise TokenError(f"cannot read --token-file {explicit}: {exc.strerror}") from None
+        return ""
+
+
+_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_ttl(text: str) -> int:
+    """Seconds in "3600", "90m", "12h", "30d" or "2w"."""
+    unit = text[-1:].lower()
+    number = text[:-1] if unit in _TTL_UNITS else text
+    if not number.isdigit() or int(number) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"bad TTL {text!r}: a positive number with s, m, h, d or w"
+        )
+    return int(number) * _TTL_UNITS.get(unit, 1)
+
+
+async def _tokens(c: TokenAdminClient, args: argparse.Namespace) -> object:
+    if args.token_command == "create":
+        info, token = await c.create(args.tenant, args.ttl, args.description)
+        return {**dataclasses.asdict(info), "token": token}
+    if args.token_command == "list":
+        return {"tokens": await c.list(args.tenant or "")}
+    return {"revoked": await c.revoke(args.token_id)}
 
 
 async def _router(c: RouterAdminClient, args: argparse.Namespace) -> object:
@@ -81,6 +127,12 @@ async def _session(c: SessionAdminClient, args: argparse.Namespace) -> object:
 
 async def _call(args: argparse.Namespace) -> object:
     token = _token(args)
+    if args.command == "admin":
+        tokens = TokenAdminClient(_address(args, "session"), token)
+        try:
+            return await _tokens(tokens, args)
+        finally:
+            await tokens.close()
     if args.command in ROUTER_COMMANDS:
         router = RouterAdminClient(_address(args, "router"), token)
         try:
@@ -108,13 +160,46 @@ def add_admin_commands(sub: Any) -> None:
     p = sub.add_parser("stats", help="cluster statistics from the metrics service")
     _add_common_options(p)
     p.add_argument("--metrics-addr", help="metrics service gRPC address")
+    _add_token_commands(sub)
+
+
+def _add_token_commands(sub: Any) -> None:
+    """`starling admin token create|list|revoke`: tenant-scoped admin tokens (operator)."""
+    admin = sub.add_parser("admin", help="tenant-scoped admin tokens (operator token only)")
+    groups = admin.add_subparsers(dest="admin_command", required=True)
+    token = groups.add_parser("token", help="create, list or revoke tenant admin tokens")
+    commands = token.add_subparsers(dest="token_command", required=True)
+    p = commands.add_parser("create", help="a token that administers one tenant; printed once")
+    _add_common_options(p)
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--ttl", type=parse_ttl, default="30d", help="lifetime: 3600, 90m, 12h, 30d")
+    p.add_argument("--description", default="", help="what the token is for")
+    p = commands.add_parser("list", help="tokens (never their secrets) with expiry")
+    _add_common_options(p)
+    p.add_argument("--tenant", help="only this tenant's")
+    p = commands.add_parser("revoke", help="revoke a token by id")
+    _add_common_options(p)
+    p.add_argument("token_id")
+
+
+class _RefuseArgvToken(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser.error(
+            "--token is no longer accepted (the command line shows in ps and shell history); "
+            "set STARLING_ADMIN_TOKEN or use --token-file"
+        )
 
 
 def _add_common_options(p: argparse.ArgumentParser) -> None:
     """Options of every admin command: where the services are, and the admin token."""
     p.add_argument("--data-dir", default=".starling", help="local mesh to talk to")
     p.add_argument("--session-addr", help="session service gRPC address")
-    p.add_argument("--token", help="admin token (or STARLING_ADMIN_TOKEN)")
+    p.add_argument(
+        "--token-file",
+        help="file holding the admin token (default: <data-dir>/secrets/admin-token, written "
+        "by `starling up`); STARLING_ADMIN_TOKEN wins over it",
+    )
+    p.add_argument("--token", nargs="?", action=_RefuseArgvToken, help=argparse.SUPPRESS)
 
 
 def _add_session_command(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
@@ -172,6 +257,8 @@ async def admin_command(args: argparse.Namespace) -> tuple[int, str]:
     """Run one admin command: (exit status, what to print)."""
     try:
         reply = await _call(args)
+    except TokenError as exc:
+        return 2, f"starling {args.command}: {exc}"
     except ServiceError as exc:
         return 1, f"starling {args.command}: {exc.code.name}: {exc.details}"
     except (OSError, ValueError) as exc:  # the ACL file: unreadable or not JSON

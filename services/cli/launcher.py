@@ -5,6 +5,11 @@ then stops them in order: connection nodes, back-office services, Redis, NATS) a
 the launcher if it is killed (PR_SET_PDEATHSIG, armed by services.cli.deathsig, not by a
 `preexec_fn`: see that module). Endpoints and pids are written to
 `<data-dir>/mesh.json` for `starling status`.
+
+Every door is locked (services/cli/secrets.py generates the secrets): NATS has one user per
+service, Redis a password (both in 0600 config files, never on a command line), internal gRPC
+calls carry the mesh secret, and admin calls need the operator token, which `starling`'s
+admin commands read from `<data-dir>/secrets/admin-token`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from services.cli.ports import free_port, port_open
+from services.cli.secrets import (
+    NATS_USER_OF,
+    MeshSecrets,
+    admin_token_file,
+    load_or_create,
+    nats_authorization,
+    write_private,
+)
 
 BACK_OFFICE = ("session", "router", "queue", "rules", "quota", "metrics")
 
@@ -102,6 +115,7 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._specs: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         self.mesh = Mesh(str(self.data_dir))
+        self.secrets = MeshSecrets()  # replaced by the data dir's own in start()
 
     # ---- start ----------------------------------------------------------------------------
 
@@ -131,10 +145,11 @@ class Launcher:
         store = self.data_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats.conf"
-        conf.write_text(
+        write_private(
+            conf,
             f'listen: "127.0.0.1:{comp.port}"\n'
             f'jetstream {{ store_dir: "{store}" }}\n'
-            "max_payload: 8MB\nmax_control_line: 64KB\n"
+            "max_payload: 8MB\nmax_control_line: 64KB\n" + nats_authorization(self.secrets),
         )
         self._spawn(comp, [nats_binary(), "-c", str(conf)])
         return comp
@@ -143,27 +158,20 @@ class Launcher:
         comp = Component("redis", "redis", port=free_port())
         rdir = self.data_dir / "redis"
         rdir.mkdir(parents=True, exist_ok=True)
-        self._spawn(
-            comp,
-            [
-                redis_binary(),
-                "--port",
-                str(comp.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(rdir),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-            ],
+        # The password goes in a 0600 file: a command line is visible to every local user.
+        conf = self.data_dir / "redis.conf"
+        write_private(
+            conf,
+            f'port {comp.port}\nbind 127.0.0.1\ndir {rdir}\nsave ""\nappendonly no\n'
+            f"daemonize no\nrequirepass {self.secrets.redis_password}\n",
         )
+        self._spawn(comp, [redis_binary(), str(conf)])
         return comp
 
-    def _service_env(self, comp: Component, nats: Component, redis: Component) -> dict[str, str]:
+    def _service_env(
+        self, comp: Component, service: str, nats: Component, redis: Component
+    ) -> dict[str, str]:
+        nats_user = NATS_USER_OF.get(service, "")
         env = {
             **os.environ,
             "STARLING_NODE_ID": comp.name,
@@ -178,6 +186,12 @@ class Launcher:
             "STARLING_QUOTA_ADDR": self._addr("quota"),
             "STARLING_METRICS_ADDR": self._addr("metrics"),
             "PYTHONUNBUFFERED": "1",
+            # Generated secrets win over the caller's environment; extra_env wins over them.
+            "STARLING_NATS_USER": nats_user,
+            "STARLING_NATS_PASSWORD": self.secrets.nats[nats_user] if nats_user else "",
+            "STARLING_REDIS_PASSWORD": self.secrets.redis_password,
+            "STARLING_MESH_SECRET": self.secrets.mesh_secret,
+            "STARLING_ADMIN_TOKEN": self.secrets.admin_token,
         }
         if self.anonymous:
             env.setdefault("STARLING_ANONYMOUS_TENANTS", '["*"]')
@@ -199,7 +213,7 @@ class Launcher:
             grpc_port=self._planned.get(name) or free_port(),
             metrics_port=free_port(),
         )
-        env = self._service_env(comp, nats, redis)
+        env = self._service_env(comp, service, nats, redis)
         if service == "connection":
             comp.port = mqtt_port
             env["STARLING_MQTT_PORT"] = str(mqtt_port)
@@ -216,8 +230,15 @@ class Launcher:
         self._spawn(comp, [sys.executable, "-m", f"services.{service}"], env)
         return comp
 
+    @property
+    def admin_token(self) -> str:
+        """The operator token the services run with."""
+        return self.extra_env.get("STARLING_ADMIN_TOKEN", self.secrets.admin_token)
+
     def start(self, timeout_s: float = 60.0) -> Mesh:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.secrets = load_or_create(self.data_dir)
+        write_private(admin_token_file(self.data_dir), self.admin_token + "\n")
         self.plan()
         nats = self.start_nats()
         redis = self.start_redis()
@@ -336,6 +357,10 @@ def print_endpoints(mesh: Mesh) -> None:
             print(f"{'':<16} {'':>7} mqtt://127.0.0.1:{c.port}")
             if c.ws_port:
                 print(f"{'':<16} {'':>7} ws://127.0.0.1:{c.ws_port}/mqtt")
+    print(
+        "Admin commands read the operator token from "
+        f"{admin_token_file(Path(mesh.data_dir))} (or STARLING_ADMIN_TOKEN).",
+    )
     print("Ctrl-C stops everything.", flush=True)
 
 

@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mqtt-port", type=int, default=1883, help="node i listens on P+i")
     p = sub.add_parser("status", help="health of every component of the local mesh")
     p.add_argument("--data-dir", default=".starling")
+    p = sub.add_parser(
+        "secrets", help="write a new set of mesh secrets as files (Compose, Kubernetes)"
+    )
+    p.add_argument("--out", required=True, help="folder for the files (created 0700)")
     add_admin_commands(sub)
     return parser
 
@@ -39,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.nodes < 1:
             parser.error("--nodes must be at least 1")
         return run_up(Path(args.data_dir), args.nodes, args.mqtt_port)
+    if args.command == "secrets":
+        from services.cli.secrets import MeshSecrets, write_secret_files
+
+        for path in write_secret_files(Path(args.out), MeshSecrets()):
+            print(path)
+        return 0
     if args.command == "status":
         from services.cli.status import run_status
 

@@ -26,10 +26,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _redis_ping(port: int) -> bool:
+    """Redis answers (a password-protected one answers PING with NOAUTH: alive all the same)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 

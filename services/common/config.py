@@ -1,7 +1,9 @@
 """Settings shared by every service: pydantic-settings over `STARLING_*` env vars and TOML.
 
-Sources, highest priority first: explicit arguments, environment (`STARLING_<FIELD>`), the TOML
-file named by `STARLING_CONFIG` (tables `[common]` then `[<service>]`), defaults. Each tunable is
+Sources, highest priority first: explicit arguments, environment (`STARLING_<FIELD>`), secret
+files in the folder named by `STARLING_SECRETS_DIR` (one file per setting, named
+`starling_<field>`, as Docker and Kubernetes mount secrets), the TOML file named by
+`STARLING_CONFIG` (tables `[common]` then `[<service>]`), defaults. Each tunable is
 typed, defaulted and validated with its unit in its name. `load_settings` turns a validation
 error into `ConfigError` whose message names the setting and its env variable.
 """
@@ -11,10 +13,17 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
+
+from services.common.redact import redact_url, url_passwords
 
 ENV_PREFIX = "STARLING_"
 
@@ -55,15 +64,50 @@ class ServiceSettings(BaseSettings):
     metrics_port: int = Field(
         default=0, ge=-1, le=65535, description="Prometheus port; 0 picks one, -1 disables."
     )
-    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL.")
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        description="NATS server URL (credentials in it are accepted, and redacted in logs).",
+    )
+    nats_user: str = Field(default="", description="NATS user of this service; empty: none.")
+    nats_password: SecretStr = Field(default=SecretStr(""), description="NATS password.")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis URL (a password in it is accepted, and redacted in logs).",
+    )
+    redis_password: SecretStr = Field(
+        default=SecretStr(""), description="Redis password (`requirepass`); empty: the URL's."
+    )
     data_dir: Path = Field(default=Path(".starling/data"), description="Embedded store folder.")
     log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_file: Path | None = Field(default=None, description="Also log JSON lines here.")
     otlp_endpoint: str = Field(default="", description="OTLP gRPC endpoint; empty: no export.")
     trace_sample_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    admin_auth: Literal["token", "disabled"] = Field(
+        default="token",
+        description="`token`: admin RPCs need the operator token or a tenant token; "
+        "`disabled`: anyone who reaches an admin API may use it (a local mesh only).",
+    )
     admin_token: SecretStr = Field(
-        default=SecretStr(""), description="Bearer token for admin RPCs; empty: no check."
+        default=SecretStr(""),
+        description="Operator bearer token for admin RPCs (every tenant); required when "
+        "admin_auth is `token`.",
+    )
+    admin_token_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="How long a service trusts the session service's answer about a tenant "
+        "token; a revoked token may work this long on services other than session.",
+    )
+    mesh_auth: Literal["secret", "disabled"] = Field(
+        default="secret",
+        description="`secret`: internal gRPC calls must carry mesh_secret; `disabled`: no "
+        "check (a local mesh only).",
+    )
+    mesh_secret: SecretStr = Field(
+        default=SecretStr(""),
+        description="Shared secret of the mesh, sent as call metadata on internal gRPC calls; "
+        "required when mesh_auth is `secret`.",
     )
     shutdown_grace_s: float = Field(default=5.0, gt=0, le=300)
     cassandra_contact_points: list[str] = Field(
@@ -91,7 +135,13 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml = _TomlSource(settings_cls, getattr(settings_cls, "service_name", "service"))
-        return (init_settings, env_settings, toml)
+        folder = os.environ.get(ENV_PREFIX + "SECRETS_DIR")
+        if not folder:
+            return (init_settings, env_settings, toml)
+        if not Path(folder).is_dir():
+            raise ConfigError(f"STARLING_SECRETS_DIR={folder}: not a folder")
+        files = SecretsSettingsSource(settings_cls, secrets_dir=folder)
+        return (init_settings, env_settings, files, toml)
 
     def redacted(self) -> dict[str, Any]:
         """Effective config for the start-up log; secrets shown as '***'."""
@@ -101,11 +151,45 @@ class ServiceSettings(BaseSettings):
                 out[name] = "***" if value.get_secret_value() else ""
             elif isinstance(value, Path):
                 out[name] = str(value)
+            elif isinstance(value, str) and name in _NOT_SECRET:
+                out[name] = value
             elif "password" in name or "token" in name or "secret" in name:
                 out[name] = "***"
+            elif isinstance(value, str):
+                out[name] = redact_url(value)
             else:
                 out[name] = value
         return out
+
+    def nats_credentials(self) -> dict[str, str]:
+        """`user`/`password` keyword arguments of services.common.bus.client.connect."""
+        return {"user": self.nats_user, "password": self.nats_password.get_secret_value()}
+
+    def secret_values(self) -> list[str]:
+        """Every secret this process holds (for the log scrubber): SecretStr fields and
+        passwords inside URLs."""
+        found = [v.get_secret_value() for _, v in self if isinstance(v, SecretStr)]
+        found += [p for _, v in self if isinstance(v, str) for p in url_passwords(v)]
+        return [v for v in found if v]
+
+    def check_credentials(self) -> None:
+        """Start-up check: auth that is on must have its secret (a bad config names the
+        setting instead of running with an open door)."""
+        if self.admin_auth == "token" and not self.admin_token.get_secret_value():
+            raise ConfigError(
+                "invalid setting admin_token (STARLING_ADMIN_TOKEN): required while admin_auth "
+                "is 'token' (set a long random token, or admin_auth=disabled for a local mesh)"
+            )
+        if self.mesh_auth == "secret" and not self.mesh_secret.get_secret_value():
+            raise ConfigError(
+                "invalid setting mesh_secret (STARLING_MESH_SECRET): required while mesh_auth "
+                "is 'secret' (the same random value on every service of the mesh, or "
+                "mesh_auth=disabled for a local mesh)"
+            )
+
+
+# Settings whose names contain "token"/"secret" but hold no secret.
+_NOT_SECRET = {"admin_auth", "mesh_auth"}
 
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -122,6 +206,7 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
             env = ENV_PREFIX + name.upper()
             lines.append(f"invalid setting {name} ({env}): {err['msg']} (got {err.get('input')!r})")
         raise ConfigError("; ".join(lines)) from None
+    settings.check_credentials()
     if not settings.node_id:
         settings.node_id = f"{cls.service_name}-{os.getpid()}"
     return settings

@@ -1,7 +1,8 @@
 """Structured JSON logging: one line per event, stable snake_case event names, trace ids.
 
 Call `log.info("client_connected", extra={"client_id": ...})`; every extra field becomes a JSON
-key, and the current OpenTelemetry span adds `trace_id` and `span_id`.
+key, and the current OpenTelemetry span adds `trace_id` and `span_id`. Every finished line is
+scrubbed of secrets (services/common/redact.py) whatever path brought them in.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
+
+from services.common.redact import scrub
 
 _STD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
@@ -43,7 +46,7 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return scrub(json.dumps(out, default=str))
 
 
 def setup_logging(service: str, node_id: str, level: str, log_file: Path | None) -> None:

@@ -1,8 +1,11 @@
 """Process runtime shared by every service: config, logging, telemetry, gRPC, signals.
 
 A service provides a `Service` (register servicers, start, stop); `run_service` does the rest:
-validates settings (exit 2 with a message naming the bad setting), logs the effective config
-with secrets redacted, serves gRPC health and reflection, reports SERVING once `start` returns,
+validates settings (exit 2 with a message naming the bad setting, or a missing secret), logs
+the effective config with secrets redacted (and scrubs them from every later line), locks the
+gRPC doors (mesh secret on internal APIs, admin tokens on admin APIs, see
+services/common/rpc/interceptors.py), serves gRPC health and reflection, reports SERVING once
+`start` returns,
 and on SIGTERM/SIGINT reports NOT_SERVING, stops the service and the server within the grace
 period.
 """
@@ -23,7 +26,16 @@ import grpc
 
 from services.common.config import ConfigError, ServiceSettings, load_settings
 from services.common.logs import setup_logging
-from services.common.rpc.server import create_server, set_not_serving, set_serving, stop_server
+from services.common.redact import register_secrets
+from services.common.rpc.admin_auth import CachedTokenResolver, TokenResolver
+from services.common.rpc.credentials import set_mesh_secret
+from services.common.rpc.server import (
+    ServerAuth,
+    create_server,
+    set_not_serving,
+    set_serving,
+    stop_server,
+)
 from services.common.telemetry import setup_telemetry
 
 log = logging.getLogger("starling.runtime")
@@ -62,7 +74,7 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
     server, port, health = create_server(
         f"{settings.grpc_host}:{settings.grpc_port}",
         register,
-        admin_token=settings.admin_token.get_secret_value(),
+        auth=server_auth(settings, getattr(service, "admin_tokens", None)),
     )
     await server.start()
     try:
@@ -109,6 +121,26 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         log.info("service_stopped", extra={"service": name})
 
 
+def server_auth(settings: ServiceSettings, local_tokens: TokenResolver | None) -> ServerAuth:
+    """The doors of a service's gRPC server. Tenant admin tokens are resolved by the service
+    that keeps them (`local_tokens`: the session service) or through it, cached."""
+    tokens = local_tokens
+    if tokens is None and settings.admin_auth == "token":
+        from services.session.token_client import TokenClient
+
+        tokens = CachedTokenResolver(
+            TokenClient(settings.session_addr).resolve, settings.admin_token_cache_s
+        )
+    return ServerAuth(
+        mesh_secret=settings.mesh_secret.get_secret_value()
+        if settings.mesh_auth == "secret"
+        else None,
+        admin_token=settings.admin_token.get_secret_value(),
+        admin_disabled=settings.admin_auth == "disabled",
+        tokens=tokens,
+    )
+
+
 def _force_exit(name: str) -> None:
     log.error("service_stop_forced", extra={"service": name})
     logging.shutdown()
@@ -124,6 +156,8 @@ def run_service(
     except ConfigError as exc:
         print(f"starling {name}: {exc}", file=sys.stderr)
         return 2
+    register_secrets(settings.secret_values())
+    set_mesh_secret(settings.mesh_secret.get_secret_value())
     setup_logging(name, settings.node_id, settings.log_level, settings.log_file)
     telemetry = setup_telemetry(
         name,

@@ -70,8 +70,11 @@ class ConnectionService:
     async def start(self) -> None:
         s = self._s
         self.unhealthy = asyncio.get_running_loop().create_future()
-        nc = await connect(s.nats_url, s.node_id, no_echo=True, on_closed=self._bus_closed)
-        nc_shared = await connect(s.nats_url, f"{s.node_id}-shared", on_closed=self._bus_closed)
+        creds = s.nats_credentials()
+        nc = await connect(s.nats_url, s.node_id, no_echo=True, on_closed=self._bus_closed, **creds)
+        nc_shared = await connect(
+            s.nats_url, f"{s.node_id}-shared", on_closed=self._bus_closed, **creds
+        )
         self.node = node = Node(
             channel_config(s),
             nc,

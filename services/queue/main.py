@@ -30,7 +30,9 @@ class QueueService:
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
-        self._nats.nc = await connect(self._s.nats_url, self._s.node_id)
+        self._nats.nc = await connect(
+            self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
+        )
         await self._parts.claim_all(self._store)
 
     async def stop(self) -> None:

@@ -17,7 +17,9 @@ from starling.quota.v1 import quota_pb2_grpc as pb_grpc
 class QuotaService:
     def __init__(self, settings: QuotaSettings) -> None:
         self._settings = settings
-        self._redis = Redis.from_url(settings.redis_url)
+        self._redis = Redis.from_url(
+            settings.redis_url, password=settings.redis_password.get_secret_value() or None
+        )
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QuotaServiceServicer_to_server(

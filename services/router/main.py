@@ -62,7 +62,9 @@ class RouterService:
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
-        self._nats.nc = await connect(self._s.nats_url, self._s.node_id)
+        self._nats.nc = await connect(
+            self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
+        )
         for rec in await self._store.all_subscriptions():
             self._table.add(rec)
         await self._publisher.load()

@@ -21,7 +21,9 @@ class RulesService:
         return []
 
     async def start(self) -> None:
-        self._nc = await connect(self._settings.nats_url, self._settings.node_id)
+        self._nc = await connect(
+            self._settings.nats_url, self._settings.node_id, **self._settings.nats_credentials()
+        )
 
     async def stop(self) -> None:
         if self._nc is not None:

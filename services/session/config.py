@@ -40,6 +40,14 @@ class SessionSettings(ServiceSettings):
     max_session_expiry_s: int = Field(
         default=0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="Cap on Session Expiry Interval."
     )
+    admin_token_max_ttl_s: int = Field(
+        default=365 * 24 * 3600,
+        ge=60,
+        description="Longest lifetime of a tenant-scoped admin token.",
+    )
+    admin_tokens_per_tenant_max: int = Field(
+        default=100, ge=1, le=100_000, description="Unexpired admin tokens one tenant may hold."
+    )
 
     # ---- authentication (docs/_security_auth.md) -------------------------------------------
     auth_chain: dict[str, list[Literal["password", "scram", "jwt", "http", "cert"]]] = Field(

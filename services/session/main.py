@@ -13,7 +13,7 @@ from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
-from services.common.store.open import open_auth_store, open_session_store
+from services.common.store.open import open_auth_store, open_session_store, open_token_store
 from services.queue.client import QueueClient
 from services.router.client import RouterClient
 from services.session.api import SessionAdminApi, SessionApi
@@ -31,7 +31,11 @@ from services.session.login import Login
 from services.session.registry import Registry
 from services.session.sessions import Sessions
 from services.session.throttle import AuthThrottle, Backoff, HashGate
+from services.session.token_api import TokenAdminApi, TokenApi
+from services.session.tokens import AdminTokens
 from services.session.verdict import Authenticator as Authenticator_
+from starling.session.v1 import admin_tokens_pb2 as tokens_pb
+from starling.session.v1 import admin_tokens_pb2_grpc as tokens_grpc
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
 
@@ -39,9 +43,16 @@ from starling.session.v1 import session_pb2_grpc as pb_grpc
 class SessionService:
     def __init__(self, settings: SessionSettings) -> None:
         self._settings = settings
-        self._redis = Redis.from_url(settings.redis_url)
+        self._redis = Redis.from_url(
+            settings.redis_url, password=settings.redis_password.get_secret_value() or None
+        )
         self._store = open_auth_store(settings)
         self._session_store = open_session_store(settings)
+        self._token_store = open_token_store(settings)
+        # The runtime resolves tenant admin tokens through this (no remote call, no cache).
+        self.admin_tokens = AdminTokens(
+            self._token_store, settings.admin_token_max_ttl_s, settings.admin_tokens_per_tenant_max
+        )
         self._nats = LateClient()
         nc: Client = self._nats  # type: ignore[assignment]
         self._gate = HashGate(settings.auth_max_concurrent_hashes, settings.auth_max_queued_hashes)
@@ -146,11 +157,21 @@ class SessionService:
         pb_grpc.add_SessionAdminServiceServicer_to_server(
             SessionAdminApi(self._auth, self._registry, nc), server
         )
-        return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
+        tokens_grpc.add_TokenAdminServiceServicer_to_server(
+            TokenAdminApi(self.admin_tokens), server
+        )
+        tokens_grpc.add_TokenServiceServicer_to_server(TokenApi(self.admin_tokens), server)
+        return [
+            s.full_name
+            for d in (pb.DESCRIPTOR, tokens_pb.DESCRIPTOR)
+            for s in d.services_by_name.values()
+        ]
 
     async def start(self) -> None:
         await self._redis.ping()  # type: ignore[misc]
-        self._nats.nc = await connect(self._settings.nats_url, self._settings.node_id)
+        self._nats.nc = await connect(
+            self._settings.nats_url, self._settings.node_id, **self._settings.nats_credentials()
+        )
         js = self._nats.nc.jetstream()
         try:
             await js.stream_info(subjects.EVENTS_STREAM)
@@ -181,6 +202,7 @@ class SessionService:
         await self._redis.aclose()
         await self._store.close()
         await self._session_store.close()
+        await self._token_store.close()
 
 
 def main() -> int:

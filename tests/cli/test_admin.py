@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -24,8 +25,10 @@ from tests.inproc import ADMIN_TOKEN, Core
 
 
 async def starling(core: Core, *argv: str, token: str = ADMIN_TOKEN) -> tuple[int, Any]:
-    """Exit status and the printed JSON (or the error line)."""
-    extra = ["--session-addr", core.session, "--token", token]
+    """Exit status and the printed JSON (or the error line); the token comes from a file."""
+    folder = Path(tempfile.mkdtemp())
+    (folder / "token").write_text(token + "\n")
+    extra = ["--session-addr", core.session, "--token-file", str(folder / "token")]
     if argv[0] in ROUTER_COMMANDS:
         extra += ["--router-addr", core.router]
     if argv[0] == "stats":
@@ -186,4 +189,68 @@ async def test_a_wrong_token_reads_unauthenticated(core: Core, command: str) -> 
     assert await starling(core, command, token="wrong") == (
         1,
         f"starling {command}: UNAUTHENTICATED: admin token missing or wrong",
+    )
+
+
+def test_the_token_is_never_taken_from_argv(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["clients", "--token", "s3cret"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--token is no longer accepted" in err and "STARLING_ADMIN_TOKEN" in err
+
+
+async def test_token_sources(core: Core, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STARLING_ADMIN_TOKEN wins over the file; the default file is the data dir's; an
+    explicit file that cannot be read is an error that names it."""
+    base = ["clients", "--session-addr", core.session]
+    monkeypatch.delenv("STARLING_ADMIN_TOKEN", raising=False)
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "admin-token").write_text(ADMIN_TOKEN + "\n")
+    args = build_parser().parse_args([*base, "--data-dir", str(tmp_path)])
+    assert (await admin_command(args))[0] == 0
+    monkeypatch.setenv("STARLING_ADMIN_TOKEN", "wrong")
+    status, line = await admin_command(args)
+    assert (status, line) == (1, "starling clients: UNAUTHENTICATED: admin token missing or wrong")
+    monkeypatch.delenv("STARLING_ADMIN_TOKEN")
+    missing = str(tmp_path / "nope")
+    status, line = await admin_command(build_parser().parse_args([*base, "--token-file", missing]))
+    assert status == 2 and line.startswith(f"starling clients: cannot read --token-file {missing}")
+
+
+async def test_tenant_tokens_from_the_cli(core: Core) -> None:
+    """Create, list and revoke; a tenant token administers its tenant only and cannot manage
+    tokens; after revocation it is refused."""
+    t, other = tenant(), tenant()
+    status, made = await starling(
+        core, "admin", "token", "create", "--tenant", t, "--ttl", "2h", "--description", "ci"
+    )
+    assert status == 0 and made["tenant"] == t and made["token"].startswith("stk_")
+    assert made["expires_at_ms"] - made["created_at_ms"] == 2 * 3600 * 1000
+    status, listed = await starling(core, "admin", "token", "list", "--tenant", t)
+    assert listed["tokens"] == [{k: v for k, v in made.items() if k != "token"}]
+    assert made["token"] not in json.dumps(listed)
+
+    scoped = made["token"]
+    assert (await starling(core, "clients", "--tenant", t, token=scoped)) == (0, {"clients": []})
+    status, line = await starling(core, "clients", "--tenant", other, token=scoped)
+    assert (status, line) == (
+        1,
+        f"starling clients: PERMISSION_DENIED: token {made['token_id']} administers tenant "
+        f"{t!r}, not {other!r}",
+    )
+    status, line = await starling(core, "admin", "token", "list", token=scoped)
+    assert status == 1 and "PERMISSION_DENIED" in line and "operator token" in line
+
+    status, line = await starling(core, "admin", "token", "create", "--tenant", t, "--ttl", "400d")
+    assert status == 1 and "INVALID_ARGUMENT: ttl_s must be" in line
+    assert "admin_token_max_ttl_s" in line
+    assert await starling(core, "admin", "token", "revoke", made["token_id"]) == (
+        0,
+        {"revoked": True},
+    )
+    status, line = await starling(core, "clients", "--tenant", t, token=scoped)
+    assert (status, line) == (
+        1,
+        "starling clients: UNAUTHENTICATED: admin token missing, wrong, expired or revoked",
     )

@@ -14,6 +14,13 @@ from services.connection.config import ConnectionSettings
 from services.session.config import SessionSettings
 
 
+@pytest.fixture(autouse=True)
+def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up refuses to run without its secrets; these tests are about other settings."""
+    monkeypatch.setenv("STARLING_ADMIN_TOKEN", "operator-token")
+    monkeypatch.setenv("STARLING_MESH_SECRET", "mesh-secret-value")
+
+
 def test_env_and_toml_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "starling.toml"
     cfg.write_text(
@@ -42,6 +49,63 @@ def test_secrets_are_redacted_in_the_effective_config(monkeypatch: pytest.Monkey
     s = load_settings(SessionSettings)
     assert s.admin_token.get_secret_value() == "hunter2"
     assert "hunter2" not in repr(s.redacted())
+
+
+def test_url_passwords_are_redacted_in_the_effective_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STARLING_NATS_URL", "nats://svc:n4ts-pass@nats:4222")
+    monkeypatch.setenv("STARLING_REDIS_URL", "redis://:r3dis-pass@redis:6379/0")
+    monkeypatch.setenv("STARLING_NATS_PASSWORD", "separate-nats-pw")
+    s = load_settings(SessionSettings)
+    shown = repr(s.redacted())
+    for secret in ("n4ts-pass", "r3dis-pass", "separate-nats-pw", "operator-token"):
+        assert secret not in shown
+    assert s.redacted()["nats_url"] == "nats://svc:***@nats:4222"
+    assert {"n4ts-pass", "r3dis-pass", "separate-nats-pw"} <= set(s.secret_values())
+
+
+def test_secrets_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker/Kubernetes secrets: one file per setting in STARLING_SECRETS_DIR; env wins."""
+    monkeypatch.delenv("STARLING_ADMIN_TOKEN")
+    (tmp_path / "starling_admin_token").write_text("from-a-file\n")
+    (tmp_path / "starling_nats_password").write_text("nats-from-a-file")
+    monkeypatch.setenv("STARLING_SECRETS_DIR", str(tmp_path))
+    s = load_settings(SessionSettings)
+    assert s.admin_token.get_secret_value() == "from-a-file"
+    assert s.nats_password.get_secret_value() == "nats-from-a-file"
+    assert s.mesh_secret.get_secret_value() == "mesh-secret-value"  # the environment's
+
+
+@pytest.mark.parametrize(
+    ("unset", "setting", "off"),
+    [
+        ("STARLING_ADMIN_TOKEN", "admin_token", ("STARLING_ADMIN_AUTH", "disabled")),
+        ("STARLING_MESH_SECRET", "mesh_secret", ("STARLING_MESH_AUTH", "disabled")),
+    ],
+)
+def test_a_missing_secret_stops_start_up_naming_it(
+    monkeypatch: pytest.MonkeyPatch, unset: str, setting: str, off: tuple[str, str]
+) -> None:
+    monkeypatch.delenv(unset)
+    with pytest.raises(ConfigError, match=rf"invalid setting {setting} \({unset}\): required"):
+        load_settings(SessionSettings)
+    monkeypatch.setenv(*off)  # explicitly off: a local mesh may run without it
+    load_settings(SessionSettings)
+
+
+def test_service_process_without_admin_token_exits_2() -> None:
+    env = {**os.environ, "STARLING_MESH_SECRET": "m"}
+    env.pop("STARLING_ADMIN_TOKEN", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.metrics"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "admin_token" in proc.stderr and "STARLING_ADMIN_TOKEN" in proc.stderr
 
 
 @pytest.mark.parametrize("service", ["session", "connection", "metrics"])

@@ -1,13 +1,15 @@
-"""The `starling` admin commands against the shared mesh, as an operator runs them."""
+"""The `starling` admin commands against the shared mesh, as an operator runs them: the token
+comes from the file `starling up` wrote under the data dir."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
 
-from tests.conftest import ADMIN_TOKEN, MeshInfo
+from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho
 
 
@@ -20,9 +22,8 @@ def starling(mesh: MeshInfo, *args: str) -> subprocess.CompletedProcess[str]:
             *args,
             "--data-dir",
             mesh.mesh.data_dir,
-            "--token",
-            ADMIN_TOKEN,
         ],
+        env={k: v for k, v in os.environ.items() if k != "STARLING_ADMIN_TOKEN"},
         capture_output=True,
         text=True,
         timeout=60,

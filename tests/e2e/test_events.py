@@ -13,7 +13,7 @@ from tests.e2e.clients import Paho
 
 
 async def test_connect_takeover_and_disconnect_events(mesh: MeshInfo) -> None:
-    nc = await nats.connect(f"nats://127.0.0.1:{mesh.mesh.by_name('nats').port}")
+    nc = await nats.connect(mesh.nats_url)
     js = nc.jetstream()
     cid = f"ev-{uuid.uuid4().hex[:8]}"
 

@@ -20,6 +20,7 @@ from services.connection.main import ConnectionService
 from services.session.config import SessionSettings
 from services.session.main import SessionService
 from tests.e2e.clients import Paho
+from tests.inproc import inproc_auth
 
 EXPORTER = InMemorySpanExporter()
 
@@ -40,7 +41,7 @@ async def traced_nodes(
             node_id="session-t",
         )
     )
-    server, port, health = create_server("127.0.0.1:0", session.register)
+    server, port, health = create_server("127.0.0.1:0", session.register, auth=inproc_auth())
     await server.start()
     await session.start()
     await set_serving(health, [])

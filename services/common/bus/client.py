@@ -33,6 +33,8 @@ async def connect(
     attempts: int = 10,
     no_echo: bool = False,
     on_closed: Callable[[], Awaitable[None]] | None = None,
+    user: str = "",
+    password: str = "",
 ) -> Client:
     """Connect to NATS, retrying start-up races with backoff; reconnects are nats-py's job.
 
@@ -40,7 +42,10 @@ async def connect(
     `on_closed`: called when the connection is closed for good while nobody asked for it:
     nats-py reconnects after a network error but gives up after a protocol error the server
     reports (`-ERR`), and a service must not go on as if it could still carry traffic.
+    `user`/`password`: this service's NATS credentials (settings nats_user/nats_password);
+    credentials inside `url` work too.
     """
+    auth = {"user": user, "password": password} if user else {}
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=0.1, max=2.0),
@@ -57,6 +62,7 @@ async def connect(
                 allow_reconnect=True,
                 no_echo=no_echo,
                 **({"closed_cb": on_closed} if on_closed is not None else {}),
+                **auth,
             )
     raise RuntimeError("unreachable")  # pragma: no cover
 

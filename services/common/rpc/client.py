@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
+from services.common.rpc.credentials import mesh_metadata
 from services.common.rpc.errors import error_from
 from services.common.rpc.interceptors import ClientTraceInterceptor
 
@@ -35,7 +36,8 @@ class LazyStub(Generic[S]):
     grpc.aio channels belong to the loop that was current when they were made; clients are
     often built in a service's constructor, before `uvloop.run` starts the real loop.
     With `token`, every call carries `authorization: Bearer <token>` (the *AdminService
-    APIs require it).
+    APIs require it); every call carries the process's mesh secret, if it has one
+    (services/common/rpc/credentials.py).
     """
 
     def __init__(
@@ -49,7 +51,7 @@ class LazyStub(Generic[S]):
         self._address = address
         self._stub_cls = stub_cls
         self._timeout_s = timeout_s
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._token = (("authorization", f"Bearer {token}"),) if token else ()
         self._channel: grpc.aio.Channel | None = None
         self._stub: S | None = None
 
@@ -64,7 +66,8 @@ class LazyStub(Generic[S]):
         """`await method(request)` with the deadline and token; a failed status raises the
         matching `ServiceError` subclass (`UnavailableError` when the service is down)."""
         try:
-            return await method(request, timeout=self._timeout_s, metadata=self._metadata)
+            metadata = self._token + mesh_metadata()
+            return await method(request, timeout=self._timeout_s, metadata=metadata or None)
         except grpc.aio.AioRpcError as exc:
             raise error_from(exc) from exc
 

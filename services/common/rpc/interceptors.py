@@ -1,15 +1,25 @@
-"""gRPC server interceptors: admin token, error mapping and tracing, in that order."""
+"""gRPC server interceptors: mesh secret, admin auth, error mapping and tracing, in that order.
+
+Doors: `grpc.health.v1.Health` is open (probes, `starling status`); every *AdminService method
+needs an admin token (operator or tenant-scoped, services/common/rpc/admin_auth.py); every
+other method (the internal APIs and reflection) needs the mesh secret
+(services/common/rpc/credentials.py).
+"""
 
 from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 from opentelemetry import context, trace
 
+from services.common.admin_tokens import PREFIX as TENANT_TOKEN_PREFIX
+from services.common.rpc.admin_auth import TokenResolver, tenant_of
+from services.common.rpc.credentials import MESH_METADATA_KEY
 from services.common.rpc.errors import status_for
 from services.common.telemetry import extract
 
@@ -18,11 +28,30 @@ _tracer = trace.get_tracer("starling.rpc")
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]]
 
+HEALTH_SERVICE = "grpc.health.v1.Health"
+# Admin services a tenant token may never call, whatever tenant the request names: minting
+# or revoking tokens would let a tenant token outlive its own expiry.
+OPERATOR_ONLY_SERVICES = frozenset({"starling.session.v1.TokenAdminService"})
+
+
+def _service_of(method: str) -> str:
+    # "/starling.session.v1.SessionAdminService/CreateUser"
+    return method.rsplit("/", 2)[-2] if method.count("/") >= 2 else ""
+
 
 def _is_admin(method: str) -> bool:
-    # "/starling.session.v1.SessionAdminService/CreateUser"
-    service = method.rsplit("/", 2)[-2] if method.count("/") >= 2 else ""
-    return service.endswith("AdminService")
+    return _service_of(method).endswith("AdminService")
+
+
+def _metadata(details: grpc.HandlerCallDetails, key: str) -> str:
+    for k, v in details.invocation_metadata or ():
+        if k == key:
+            return v.decode() if isinstance(v, bytes) else str(v)
+    return ""
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
 
 
 def _wrap_unary(
@@ -36,27 +65,127 @@ def _wrap_unary(
     )
 
 
-class AdminTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Requires `authorization: Bearer <token>` on every *AdminService method."""
+def _deny(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> Any:
+    """A handler of the same kind as `handler` that fails every call with (code, message)."""
 
-    def __init__(self, token: str) -> None:
-        self._token = token
+    async def unary(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
+        await ctx.abort(code, message)
+
+    async def streaming(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
+        await ctx.abort(code, message)
+        yield  # pragma: no cover - makes this an async generator
+
+    kinds = {
+        (False, False): (grpc.unary_unary_rpc_method_handler, unary),
+        (False, True): (grpc.unary_stream_rpc_method_handler, streaming),
+        (True, False): (grpc.stream_unary_rpc_method_handler, unary),
+        (True, True): (grpc.stream_stream_rpc_method_handler, streaming),
+    }
+    make, fn = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
+    return make(
+        fn,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class MeshSecretInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Internal methods need `x-starling-mesh-secret: <mesh secret>`; `secret=None` turns the
+    check off (mesh_auth=disabled). Health stays open; admin methods have their own door."""
+
+    def __init__(self, secret: str | None) -> None:
+        self._secret = secret
 
     async def intercept_service(
         self, continuation: Continuation, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if not self._token or handler is None or not _is_admin(details.method):
+        if handler is None or self._secret is None:
             return handler
-        md = dict(details.invocation_metadata or ())
-        given = str(md.get("authorization", ""))
-        if hmac.compare_digest(given, f"Bearer {self._token}"):
+        service = _service_of(details.method)
+        if service == HEALTH_SERVICE or service.endswith("AdminService"):
             return handler
+        # An empty configured secret matches nothing: a missing setting never opens the door.
+        if self._secret and _same(_metadata(details, MESH_METADATA_KEY), self._secret):
+            return handler
+        return _deny(
+            handler,
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"{details.method} is internal: the mesh secret is missing or wrong",
+        )
 
-        async def deny(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
-            await ctx.abort(grpc.StatusCode.UNAUTHENTICATED, "admin token missing or wrong")
 
-        return _wrap_unary(handler, deny)
+class AdminAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Every *AdminService method needs `authorization: Bearer <token>`: the operator token
+    (every tenant) or a tenant token from `tokens` (the tenant it names, checked against the
+    request). `disabled=True` (admin_auth=disabled) lets every caller through."""
+
+    def __init__(
+        self, operator_token: str, *, disabled: bool = False, tokens: TokenResolver | None = None
+    ) -> None:
+        self._operator = operator_token
+        self._disabled = disabled
+        self._tokens = tokens
+
+    async def intercept_service(
+        self, continuation: Continuation, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or self._disabled or not _is_admin(details.method):
+            return handler
+        given = _metadata(details, "authorization")
+        token = given[7:] if given[:7].lower() == "bearer " else ""
+        if token and self._operator and _same(token, self._operator):
+            return handler
+        if not token.startswith(TENANT_TOKEN_PREFIX) or self._tokens is None:
+            return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, "admin token missing or wrong")
+        try:
+            grant = await self._tokens.resolve(token)
+        except Exception as exc:  # the session service cannot answer: say so, do not guess
+            log.warning("admin_token_unresolved", extra={"error": str(exc)})
+            return _deny(
+                handler,
+                grpc.StatusCode.UNAVAILABLE,
+                "cannot check the admin token now (session service unavailable)",
+            )
+        if grant is None or grant.expired(int(time.time() * 1000)):
+            return _deny(
+                handler,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "admin token missing, wrong, expired or revoked",
+            )
+        method = details.method
+        if _service_of(method) in OPERATOR_ONLY_SERVICES:
+            return _deny(
+                handler,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method} needs the operator token; token {grant.token_id} "
+                f"administers tenant {grant.tenant!r} only",
+            )
+        if handler.unary_unary is None:
+            return _deny(handler, grpc.StatusCode.PERMISSION_DENIED, "operator token only")
+        inner = handler.unary_unary
+
+        async def scoped(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
+            tenant = tenant_of(request)
+            if tenant is None:
+                await ctx.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{method} spans every tenant: operator token only; token "
+                    f"{grant.token_id} administers tenant {grant.tenant!r} only",
+                )
+            if tenant != grant.tenant:
+                log.info(
+                    "admin_tenant_denied",
+                    extra={"method": method, "token_id": grant.token_id, "tenant": tenant},
+                )
+                await ctx.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"token {grant.token_id} administers tenant {grant.tenant!r}, not {tenant!r}",
+                )
+            return await inner(request, ctx)
+
+        return _wrap_unary(handler, scoped)
 
 
 class ErrorAndTraceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

@@ -1,28 +1,50 @@
 """gRPC server build and graceful stop, with health checking and reflection on every server.
 
-`create_server(address, register)` returns `(server, port)` so tests can bind port 0; call
-`health.set(name, SERVING)` once the service is ready and `stop_server` on SIGTERM.
+`create_server(address, register, auth=...)` returns `(server, port)` so tests can bind port 0;
+call `health.set(name, SERVING)` once the service is ready and `stop_server` on SIGTERM.
+`ServerAuth` says which doors the server locks (services/common/rpc/interceptors.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common.rpc.interceptors import AdminTokenInterceptor, ErrorAndTraceInterceptor
+from services.common.rpc.admin_auth import TokenResolver
+from services.common.rpc.interceptors import (
+    AdminAuthInterceptor,
+    ErrorAndTraceInterceptor,
+    MeshSecretInterceptor,
+)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class ServerAuth:
+    """The credentials a server checks.
+
+    `mesh_secret`: internal methods need it (None: mesh_auth=disabled, no check; "" refuses
+    every internal call). `admin_token`: the operator token ("" matches nothing);
+    `admin_disabled`: admin_auth=disabled; `tokens`: resolves tenant-scoped admin tokens.
+    """
+
+    mesh_secret: str | None
+    admin_token: str = ""
+    admin_disabled: bool = False
+    tokens: TokenResolver | None = None
 
 
 def create_server(
     address: str,
     register: Callable[[grpc.aio.Server], Iterable[str]],
     *,
-    admin_token: str = "",
+    auth: ServerAuth,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build a server at `address` ("host:port", port 0 allowed).
 
@@ -30,7 +52,13 @@ def create_server(
     announced through reflection and health. Returns (server, bound port, health servicer).
     """
     server = grpc.aio.server(
-        interceptors=[AdminTokenInterceptor(admin_token), ErrorAndTraceInterceptor()],
+        interceptors=[
+            MeshSecretInterceptor(auth.mesh_secret),
+            AdminAuthInterceptor(
+                auth.admin_token, disabled=auth.admin_disabled, tokens=auth.tokens
+            ),
+            ErrorAndTraceInterceptor(),
+        ],
         options=[("grpc.so_reuseport", 0)],
     )
     names = list(register(server))

@@ -4,7 +4,13 @@ otherwise the embedded SQLite files under `data_dir`."""
 from __future__ import annotations
 
 from services.common.config import ServiceSettings
-from services.common.store.ports import AuthStore, QueueStore, RouterStore, SessionStore
+from services.common.store.ports import (
+    AdminTokenStore,
+    AuthStore,
+    QueueStore,
+    RouterStore,
+    SessionStore,
+)
 
 
 def _cassandra_args(s: ServiceSettings) -> dict[str, object]:
@@ -54,3 +60,13 @@ def open_router_store(s: ServiceSettings) -> RouterStore:
     from services.common.store.sqlite_router import SqliteRouterStore
 
     return SqliteRouterStore(s.data_dir / "router.db")
+
+
+def open_token_store(s: ServiceSettings) -> AdminTokenStore:
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra_tokens import CassandraTokenStore
+
+        return CassandraTokenStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite_tokens import SqliteTokenStore
+
+    return SqliteTokenStore(s.data_dir / "admin_tokens.db")

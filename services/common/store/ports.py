@@ -33,6 +33,36 @@ class AuthStore(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class AdminTokenRecord:
+    """A tenant-scoped admin token as stored: its SHA-256, never the token itself."""
+
+    token_id: str
+    tenant: str
+    token_hash: str
+    created_at_ms: int
+    expires_at_ms: int = 0  # 0: never
+    description: str = ""
+
+    def expired(self, now_ms: int) -> bool:
+        return self.expires_at_ms != 0 and now_ms >= self.expires_at_ms
+
+
+class AdminTokenStore(Protocol):
+    """Tenant-scoped admin tokens (issue 12), kept by the session service."""
+
+    async def put_token(self, record: AdminTokenRecord) -> None: ...
+
+    async def get_token(self, token_id: str) -> AdminTokenRecord | None: ...
+
+    async def list_tokens(self, tenant: str | None = None) -> list[AdminTokenRecord]:
+        """Every token, or those of `tenant`, ordered by creation."""
+
+    async def delete_token(self, token_id: str) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry "never"; also 3.1.1 clean session 0
 
 

@@ -1,0 +1,147 @@
+"""Secrets of a local mesh (`starling up`): generated once per data dir, kept in
+`<data-dir>/secrets/` (folder 0700, files 0600) and reused by later runs, so tokens handed to
+scripts keep working and the stores stay readable.
+
+- `secrets.json`: the operator admin token, the mesh secret (internal gRPC), the Redis
+  password and one NATS password per service user (with `operator`, a full-access user for
+  tools and tests).
+- `admin-token`: the operator token alone, the file `starling <admin command>` reads by
+  default (`--token-file`).
+
+NATS users get the subjects their service uses (`NATS_PERMISSIONS`); quota and metrics do not
+use NATS and have no user.
+
+`starling secrets --out DIR` writes a fresh set as one file per secret (for Docker Compose
+secrets and `kubectl create secret --from-file`), with a complete nats.conf.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Per-service NATS permissions. Connection nodes carry MQTT traffic on subjects built from
+# topics and groups, so they get everything but the control, queue-notice and JetStream APIs;
+# the others get exactly what they publish and subscribe (request replies use _INBOX).
+NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
+    "connection": {
+        "publish": {"allow": [">"], "deny": ["ctl.>", "qn.>", "$JS.>", "$SYS.>"]},
+        "subscribe": {"allow": [">"], "deny": ["$JS.>", "$SYS.>"]},
+    },
+    "session": {
+        "publish": {"allow": ["ctl.node.>", "ev.>", "$JS.API.>", "_INBOX.>"]},
+        "subscribe": {"allow": ["hb.node.>", "hello.node.>", "_INBOX.>"]},
+    },
+    "router": {
+        "publish": {"allow": ["mq.>", "mqd.>", "ev.>", "rt.list", "_INBOX.>"]},
+        "subscribe": {"allow": ["_INBOX.>"]},
+    },
+    "queue": {
+        "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>"]},
+        "subscribe": {"allow": ["_INBOX.>"]},
+    },
+    "rules": {
+        "publish": {"allow": ["$JS.API.>", "_INBOX.>"]},
+        "subscribe": {"allow": ["ev.>", "_INBOX.>"]},
+    },
+    "operator": {},  # no restriction: tools and tests
+}
+# The NATS user each service process runs as (none: the service does not use NATS).
+NATS_USER_OF = {
+    "connection": "connection",
+    "session": "session",
+    "router": "router",
+    "queue": "queue",
+    "rules": "rules",
+}
+
+
+def _random() -> str:
+    return secrets.token_hex(32)
+
+
+@dataclass
+class MeshSecrets:
+    admin_token: str = field(default_factory=_random)
+    mesh_secret: str = field(default_factory=_random)
+    redis_password: str = field(default_factory=_random)
+    nats: dict[str, str] = field(default_factory=lambda: {u: _random() for u in NATS_PERMISSIONS})
+
+    def values(self) -> list[str]:
+        """Every secret, for log greps in tests."""
+        return [self.admin_token, self.mesh_secret, self.redis_password, *self.nats.values()]
+
+
+def secrets_dir(data_dir: Path) -> Path:
+    return data_dir / "secrets"
+
+
+def admin_token_file(data_dir: Path) -> Path:
+    return secrets_dir(data_dir) / "admin-token"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by this user only (0600), whatever was there."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def load_or_create(data_dir: Path) -> MeshSecrets:
+    """The mesh's secrets, generated on first use; users missing from an older file are
+    added."""
+    folder = secrets_dir(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    path = folder / "secrets.json"
+    try:
+        raw = json.loads(path.read_text())
+        found = MeshSecrets(**raw)
+    except FileNotFoundError:
+        found = MeshSecrets()
+    for user in NATS_PERMISSIONS:
+        found.nats.setdefault(user, _random())
+    write_private(path, json.dumps(asdict(found), indent=2))
+    return found
+
+
+def nats_authorization(s: MeshSecrets) -> str:
+    """The `authorization` block of nats.conf: one user per service with its permissions."""
+    users = []
+    for user, perms in NATS_PERMISSIONS.items():
+        entry: dict[str, object] = {"user": user, "password": s.nats[user]}
+        if perms:
+            entry["permissions"] = perms
+        users.append(json.dumps(entry))  # JSON is valid NATS config syntax
+    return "authorization {\n  users = [\n    " + ",\n    ".join(users) + "\n  ]\n}\n"
+
+
+def write_secret_files(out: Path, s: MeshSecrets, nats_listen: str = "0.0.0.0:4222") -> list[Path]:
+    """One file per secret under `out`, named as deploy/ expects them, plus a nats.conf
+    (JetStream, limits, users and permissions). Returns the files written.
+
+    The folder is 0700, which keeps other local users out; the files are 0644 because Docker
+    Compose bind-mounts each one into a container whose user (uid 10001) is not the owner."""
+    out.mkdir(parents=True, exist_ok=True)
+    out.chmod(0o700)
+    files = {
+        "starling_admin_token": s.admin_token,
+        "starling_mesh_secret": s.mesh_secret,
+        "starling_redis_password": s.redis_password,
+        **{f"starling_nats_{user}_password": pw for user, pw in s.nats.items()},
+        "nats.conf": f'listen: "{nats_listen}"\njetstream {{ store_dir: "/data" }}\n'
+        "max_payload: 8MB\nmax_control_line: 64KB\n" + nats_authorization(s),
+    }
+    written = []
+    for name, text in files.items():
+        path = out / name
+        write_private(path, text if name.endswith(".conf") else text + "\n")
+        path.chmod(0o644)
+        written.append(path)
+    return written

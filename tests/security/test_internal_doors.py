@@ -1,0 +1,381 @@
+"""Internal doors of a real mesh (issue 11) and tenant-scoped admin tokens (issue 12).
+
+Against the shared two-node mesh started by `Launcher` (tests/conftest.py), as an attacker on
+the same machine or network would try it: NATS, Redis and every gRPC port refuse a caller
+without credentials; a token of tenant A cannot read or change tenant B on any service; expired
+and revoked tokens are refused; no secret reaches a log file, a command line or a world-readable
+file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import nats
+import pytest
+from google.protobuf.descriptor import FileDescriptor
+from redis.asyncio import Redis
+from redis.exceptions import AuthenticationError, ResponseError
+
+from services.common.rpc.credentials import MESH_METADATA_KEY
+from starling.connection.v1 import connection_pb2, connection_pb2_grpc
+from starling.metrics.v1 import metrics_pb2, metrics_pb2_grpc
+from starling.queue.v1 import queue_pb2, queue_pb2_grpc
+from starling.quota.v1 import quota_pb2, quota_pb2_grpc
+from starling.router.v1 import router_pb2, router_pb2_grpc
+from starling.rules.v1 import rules_pb2
+from starling.session.v1 import admin_tokens_pb2 as tokens_pb
+from starling.session.v1 import admin_tokens_pb2_grpc as tokens_grpc
+from starling.session.v1 import session_pb2, session_pb2_grpc
+from tests.conftest import ADMIN_TOKEN, MeshInfo
+
+# The proto files each component serves.
+SERVED: dict[str, list[FileDescriptor]] = {
+    "session": [session_pb2.DESCRIPTOR, tokens_pb.DESCRIPTOR],
+    "router": [router_pb2.DESCRIPTOR],
+    "queue": [queue_pb2.DESCRIPTOR],
+    "quota": [quota_pb2.DESCRIPTOR],
+    "metrics": [metrics_pb2.DESCRIPTOR],
+    "rules": [rules_pb2.DESCRIPTOR],
+    "connection-0": [connection_pb2.DESCRIPTOR],
+    "connection-1": [connection_pb2.DESCRIPTOR],
+}
+REGISTERED = {"rules": False}  # the rules service registers no servicer yet
+
+
+def _bearer(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]
+
+
+def _raw_call(address: str, path: str, metadata: Any = None) -> grpc.StatusCode:
+    """Status of one unary call with an empty request (raw bytes: any method of any service)."""
+    with grpc.insecure_channel(address) as ch:
+        try:
+            ch.unary_unary(path)(b"", metadata=metadata, timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+        return grpc.StatusCode.OK
+
+
+# ---- gRPC ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("component", list(SERVED))
+def test_every_grpc_method_refuses_a_caller_without_credentials(
+    mesh: MeshInfo, component: str
+) -> None:
+    address = mesh.addr(component)
+    checked = 0
+    for file in SERVED[component]:
+        for service in file.services_by_name.values():
+            for method in service.methods:
+                path = f"/{service.full_name}/{method.name}"
+                code = _raw_call(address, path)
+                if not REGISTERED.get(component, True):
+                    assert code == grpc.StatusCode.UNIMPLEMENTED, path
+                    continue
+                assert code == grpc.StatusCode.UNAUTHENTICATED, path
+                wrong = [(MESH_METADATA_KEY, "guess"), ("authorization", "Bearer guess")]
+                assert _raw_call(address, path, wrong) == grpc.StatusCode.UNAUTHENTICATED, path
+                checked += 1
+    # Reflection (it lists the API) is internal too; health stays open for probes.
+    reflection = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    with grpc.insecure_channel(address) as ch:
+        call = ch.stream_stream(reflection)(iter([b""]), timeout=10)
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert _raw_call(address, "/grpc.health.v1.Health/Check") == grpc.StatusCode.OK
+    assert checked or not REGISTERED.get(component, True)
+
+
+def test_the_mesh_secret_opens_internal_methods(mesh: MeshInfo) -> None:
+    """The same call with the mesh's secret gets past the door (to a request check)."""
+    secret = mesh.launcher.secrets.mesh_secret
+    with grpc.insecure_channel(mesh.addr("metrics")) as ch:
+        stub = metrics_pb2_grpc.MetricsServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ReportNodeStats(
+                metrics_pb2.ReportNodeStatsRequest(), metadata=[(MESH_METADATA_KEY, secret)]
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ---- NATS and Redis --------------------------------------------------------------------------
+
+
+async def _nats_refused(url: str) -> str:
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    with pytest.raises(Exception):  # noqa: B017 - nats-py raises several types for a refusal
+        nc = await nats.connect(
+            url,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=3,
+            error_cb=on_error,
+        )
+        await nc.close()
+    return " ".join(errors)
+
+
+async def test_nats_refuses_clients_without_credentials(mesh: MeshInfo) -> None:
+    port = mesh.mesh.by_name("nats").port
+    assert "authorization" in (await _nats_refused(f"nats://127.0.0.1:{port}")).lower()
+    assert (
+        "authorization"
+        in (await _nats_refused(f"nats://connection:wrong@127.0.0.1:{port}")).lower()
+    )
+    nc = await nats.connect(mesh.nats_url)  # the operator user gets in
+    await nc.close()
+
+
+async def test_a_service_nats_user_holds_only_its_subjects(mesh: MeshInfo) -> None:
+    """The queue service's user may not kick clients (ctl.node.*) nor read MQTT traffic."""
+    port = mesh.mesh.by_name("nats").port
+    password = mesh.launcher.secrets.nats["queue"]
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(f"nats://queue:{password}@127.0.0.1:{port}", error_cb=on_error)
+    try:
+        await nc.publish("ctl.node.connection-0", b"x")
+        await nc.subscribe("mq.>")
+        await nc.flush()
+        deadline = time.monotonic() + 10
+        while len([e for e in errors if "permissions violation" in e.lower()]) < 2:
+            assert time.monotonic() < deadline, f"no permission violations: {errors}"
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+
+
+async def test_redis_refuses_clients_without_the_password(mesh: MeshInfo) -> None:
+    port = mesh.mesh.by_name("redis").port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET anything\r\nKEYS *\r\n")
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"-NOAUTH")
+    assert (await reader.readline()).startswith(b"-NOAUTH")
+    writer.close()
+    bare = Redis(host="127.0.0.1", port=port)
+    with pytest.raises((AuthenticationError, ResponseError)):
+        await bare.get("anything")
+    await bare.aclose()
+    wrong = Redis(host="127.0.0.1", port=port, password="guess")
+    with pytest.raises((AuthenticationError, ResponseError)):
+        await wrong.ping()
+    await wrong.aclose()
+    right = Redis(host="127.0.0.1", port=port, password=mesh.launcher.secrets.redis_password)
+    assert await right.ping()
+    await right.aclose()
+
+
+# ---- tenant-scoped admin tokens ------------------------------------------------------------
+
+
+def _tenant(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:6]}"
+
+
+def _create_token(
+    mesh: MeshInfo, tenant: str, ttl_s: int = 3600
+) -> tokens_pb.CreateAdminTokenResponse:
+    with grpc.insecure_channel(mesh.addr("session")) as ch:
+        return tokens_grpc.TokenAdminServiceStub(ch).CreateAdminToken(  # type: ignore[no-any-return]
+            tokens_pb.CreateAdminTokenRequest(tenant=tenant, ttl_s=ttl_s),
+            metadata=_bearer(ADMIN_TOKEN),
+        )
+
+
+def _revoke(mesh: MeshInfo, token_id: str) -> bool:
+    with grpc.insecure_channel(mesh.addr("session")) as ch:
+        return bool(
+            tokens_grpc.TokenAdminServiceStub(ch)
+            .RevokeAdminToken(
+                tokens_pb.RevokeAdminTokenRequest(token_id=token_id),
+                metadata=_bearer(ADMIN_TOKEN),
+            )
+            .revoked
+        )
+
+
+# One admin call per service that names a tenant: (component, call(channel, tenant, metadata)).
+TENANT_CALLS: dict[str, Callable[[grpc.Channel, str, Any], Any]] = {
+    "session": lambda ch, t, md: session_pb2_grpc.SessionAdminServiceStub(ch).ListClients(
+        session_pb2.ListClientsRequest(tenant=t), metadata=md, timeout=10
+    ),
+    "router": lambda ch, t, md: router_pb2_grpc.RouterAdminServiceStub(ch).ListRetained(
+        router_pb2.ListRetainedRequest(tenant=t, topic_filter="#"), metadata=md, timeout=10
+    ),
+    "queue": lambda ch, t, md: queue_pb2_grpc.QueueAdminServiceStub(ch).GetQueueStats(
+        queue_pb2.GetQueueStatsRequest(tenant=t), metadata=md, timeout=10
+    ),
+    "quota": lambda ch, t, md: quota_pb2_grpc.QuotaAdminServiceStub(ch).GetLimits(
+        quota_pb2.GetLimitsRequest(tenant=t), metadata=md, timeout=10
+    ),
+}
+
+
+def _code(mesh: MeshInfo, component: str, tenant: str, token: str) -> tuple[grpc.StatusCode, str]:
+    with grpc.insecure_channel(mesh.addr(component)) as ch:
+        try:
+            TENANT_CALLS[component](ch, tenant, _bearer(token))
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details() or ""
+        return grpc.StatusCode.OK, ""
+
+
+def _poll(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("component", list(TENANT_CALLS))
+def test_a_tenant_token_administers_its_tenant_only(mesh: MeshInfo, component: str) -> None:
+    acme, other = _tenant("acme"), _tenant("other")
+    made = _create_token(mesh, acme)
+    assert _code(mesh, component, acme, made.token) == (grpc.StatusCode.OK, "")
+    code, details = _code(mesh, component, other, made.token)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert details == f"token {made.info.token_id} administers tenant {acme!r}, not {other!r}"
+    # The operator token administers both.
+    assert _code(mesh, component, other, ADMIN_TOKEN)[0] == grpc.StatusCode.OK
+
+
+def test_a_tenant_token_cannot_change_another_tenant(mesh: MeshInfo) -> None:
+    acme, other = _tenant("acme"), _tenant("other")
+    token = _create_token(mesh, acme).token
+    with grpc.insecure_channel(mesh.addr("session")) as ch:
+        stub = session_pb2_grpc.SessionAdminServiceStub(ch)
+        create = session_pb2.CreateUserRequest(tenant=other, username="mallory", password="pw")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.CreateUser(create, metadata=_bearer(token))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as info:
+            stub.SetAcl(session_pb2.SetAclRequest(tenant=other), metadata=_bearer(token))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        stub.CreateUser(
+            session_pb2.CreateUserRequest(tenant=acme, username="ops", password="pw"),
+            metadata=_bearer(token),
+        )
+    with grpc.insecure_channel(mesh.addr("quota")) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            quota_pb2_grpc.QuotaAdminServiceStub(ch).SetLimits(
+                quota_pb2.SetLimitsRequest(tenant=other), metadata=_bearer(token)
+            )
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_cross_tenant_calls_are_the_operators(mesh: MeshInfo) -> None:
+    """Calls that span every tenant (cluster stats, node stats, token management) refuse a
+    tenant token with a message, and serve the operator."""
+    made = _create_token(mesh, _tenant("acme"))
+    calls: list[tuple[str, Callable[[grpc.Channel, Any], Any]]] = [
+        (
+            "metrics",
+            lambda ch, md: metrics_pb2_grpc.MetricsAdminServiceStub(ch).GetClusterStats(
+                metrics_pb2.GetClusterStatsRequest(), metadata=md
+            ),
+        ),
+        (
+            "connection-0",
+            lambda ch, md: connection_pb2_grpc.ConnectionAdminServiceStub(ch).GetNodeStats(
+                connection_pb2.GetNodeStatsRequest(), metadata=md
+            ),
+        ),
+        (
+            "session",
+            lambda ch, md: tokens_grpc.TokenAdminServiceStub(ch).ListAdminTokens(
+                tokens_pb.ListAdminTokensRequest(), metadata=md
+            ),
+        ),
+    ]
+    for component, call in calls:
+        with grpc.insecure_channel(mesh.addr(component)) as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                call(ch, _bearer(made.token))
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, component
+            assert "operator token" in (info.value.details() or ""), component
+            call(ch, _bearer(ADMIN_TOKEN))
+
+
+def test_expired_and_revoked_tokens_are_refused_everywhere(mesh: MeshInfo) -> None:
+    acme = _tenant("acme")
+    short = _create_token(mesh, acme, ttl_s=1)
+    revoked = _create_token(mesh, acme)
+    for component in TENANT_CALLS:  # both work, and the other services have cached them
+        assert _code(mesh, component, acme, revoked.token)[0] == grpc.StatusCode.OK
+        _poll(
+            lambda c=component: (
+                _code(mesh, c, acme, short.token)[0] == grpc.StatusCode.UNAUTHENTICATED
+            ),
+            10,
+            f"{component} still accepts an expired token",
+        )
+    assert _revoke(mesh, revoked.info.token_id)
+    assert _code(mesh, "session", acme, revoked.token)[0] == grpc.StatusCode.UNAUTHENTICATED
+    for component in TENANT_CALLS:  # within admin_token_cache_s (5 s by default)
+        _poll(
+            lambda c=component: (
+                _code(mesh, c, acme, revoked.token)[0] == grpc.StatusCode.UNAUTHENTICATED
+            ),
+            15,
+            f"{component} still accepts a revoked token",
+        )
+    _, details = _code(mesh, "router", acme, revoked.token)
+    assert details == "admin token missing, wrong, expired or revoked"
+    # A forged token of the right shape (an existing id, a wrong secret) is no better.
+    live = _create_token(mesh, acme)
+    forged = live.token[: -len("0" * 64)] + "0" * 64
+    assert _code(mesh, "router", acme, forged)[0] == grpc.StatusCode.UNAUTHENTICATED
+
+
+# ---- secrets at rest and in logs -------------------------------------------------------------
+
+
+def test_secret_files_are_private(mesh: MeshInfo) -> None:
+    root = Path(mesh.mesh.data_dir)
+    assert stat.S_IMODE((root / "secrets").stat().st_mode) == 0o700
+    for path in (
+        root / "secrets" / "secrets.json",
+        root / "secrets" / "admin-token",
+        root / "nats.conf",
+        root / "redis.conf",
+    ):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert (root / "secrets" / "admin-token").read_text().strip() == ADMIN_TOKEN
+
+
+def test_no_secret_in_logs_or_command_lines(mesh: MeshInfo) -> None:
+    """Every secret of the mesh, and tenant tokens used against it, absent from every log file
+    and every component's command line (visible to all local users through ps)."""
+    made = _create_token(mesh, _tenant("acme"))
+    _code(mesh, "router", "someone-else", made.token)  # a refused call: logged, token hidden
+    _code(mesh, "router", "x", "stk_0123456789ab_" + "f" * 64)  # a bad token of the right shape
+    secrets = [*mesh.launcher.secrets.values(), ADMIN_TOKEN, made.token, made.token[17:]]
+    logs = mesh.logs()
+    assert {p.name for p in logs} >= {"session.log", "router.log", "nats.log", "redis.log"}
+    assert any("service_config" in p.read_text() for p in logs)
+    for path in logs:
+        text = path.read_text(errors="replace")
+        for secret in secrets:
+            assert secret not in text, f"a secret is in {path}"
+    for comp in mesh.mesh.components:
+        cmdline = Path(f"/proc/{comp.pid}/cmdline").read_bytes().decode(errors="replace")
+        for secret in secrets:
+            assert secret not in cmdline, f"a secret is on {comp.name}'s command line"
