@@ -28,9 +28,8 @@ class FakeQueue:
     async def read(
         self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
     ) -> QueueRead:
-        found = tuple(
-            e for e in self.entries if e.seq >= from_seq and e.seq > self.acked_through
-        )[:limit]
+        unacked = [e for e in self.entries if e.seq >= from_seq and e.seq > self.acked_through]
+        found = tuple(unacked[:limit])
         last = found[-1].seq if found else from_seq - 1
         before = self.delivered_through
         if not mark_delivered:

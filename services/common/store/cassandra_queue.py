@@ -309,9 +309,7 @@ class CassandraQueueStore(CassandraBase):
         unless another reader raised it at least that far meanwhile. The lightweight
         transaction is committed at serial consistency before this returns."""
         while True:
-            res = await self._row(
-                self._state_delivered, (through, tenant, queue_id, seen, through)
-            )
+            res = await self._row(self._state_delivered, (through, tenant, queue_id, seen, through))
             if res is None or res[0]:
                 return
             if getattr(res, "last_seq", None) is None:
