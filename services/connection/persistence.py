@@ -7,8 +7,11 @@ Invariants:
   a PUBREL for an entry the client already PUBREC'd use the id the client knows.
 - The queue is acked through the highest seq below which every delivered entry is complete
   (PUBACK, PUBCOMP, or expired/too large); acks are batched.
-- On resume every entry read while draining the backlog is sent with DUP set, because the
-  previous connection may have sent it.
+- DUP is set on the entries an earlier read may have handed to a connection, and only on
+  those: every read marks its entries delivered in the queue (durably, before answering) and
+  returns the mark from before it, so seq <= that mark means "maybe sent before" (DUP=1) and
+  a higher seq is a first attempt (DUP=0) [MQTT-3.3.1-1]. A connection that dies between
+  the mark and the write errs towards DUP=1, never the reverse.
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ class PersistentDelivery:
         nc: Client,
         tenant: str,
         queue_id: str,
-        resumed: bool,
         now: Callable[[], float],
         wrote: Callable[[], None],
     ) -> None:
@@ -60,7 +62,6 @@ class PersistentDelivery:
         self.queue_id = queue_id
         self.now = now  # clock for expiry checks
         self.next_read = 0  # 0: start after the queue's acked_through
-        self.draining_backlog = resumed
         self.by_pid: dict[int, int] = {}  # packet id -> seq, delivered and not complete
         self.read_through = 0  # highest seq read
         self.acked = 0
@@ -108,7 +109,11 @@ class PersistentDelivery:
                 notices = self._notices
                 try:
                     resp = await self.queue.read(
-                        self.tenant, self.queue_id, from_seq, min(window, READ_BATCH)
+                        self.tenant,
+                        self.queue_id,
+                        from_seq,
+                        min(window, READ_BATCH),
+                        mark_delivered=True,
                     )
                 except Exception as exc:  # queue service down: the poll retries
                     log.warning("queue_read_failed", extra={"error": type(exc).__name__})
@@ -117,19 +122,20 @@ class PersistentDelivery:
                     self.acked = resp.acked_through
                     self.read_through = resp.acked_through
                 if resp.last_seq < from_seq:  # nothing left to scan, for now
-                    self.draining_backlog = False
                     if self._notices == notices:  # no new entries announced meanwhile
                         self.more = False
                         return
                     continue
                 self.next_read = resp.last_seq + 1
                 self.read_through = max(self.read_through, resp.last_seq)
-                self._deliver(resp.entries)
+                self._deliver(resp.entries, resp.delivered_through)
         finally:
             self._reading = False
             self._schedule_ack()
 
-    def _deliver(self, entries: Sequence[QueueEntry]) -> None:
+    def _deliver(self, entries: Sequence[QueueEntry], delivered_before: int) -> None:
+        """Send `entries`; those at or below `delivered_before` (the queue's delivered mark
+        before this read) may have reached an earlier connection: DUP=1."""
         ob = self.channel.outbound
         now = self.now()
         for e in entries:
@@ -145,9 +151,8 @@ class PersistentDelivery:
                 ob.deliver(msg, 0, msg.retain, e.subscription_ids, now)
                 ob.completed.append(pid)
                 continue
-            if not ob.deliver_stored(
-                msg, msg.qos, msg.retain, e.subscription_ids, pid, self.draining_backlog, now
-            ):
+            dup = e.seq <= delivered_before
+            if not ob.deliver_stored(msg, msg.qos, msg.retain, e.subscription_ids, pid, dup, now):
                 ob.completed.append(pid)  # expired or too large: done without sending
         if ob.completed:
             # Settled without an ack to wait for: no PUBACK will report them, so the queue

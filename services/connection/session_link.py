@@ -189,7 +189,6 @@ class SessionLink:
             self._nc,
             ch.tenant,
             queue_id(ch.client_id, ch.incarnation),
-            outcome.session_present,
             time.time,
             lambda: self._writes.mark(conn),
         )

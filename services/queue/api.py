@@ -156,7 +156,11 @@ class QueueApi(pb_grpc.QueueServiceServicer):
     ) -> pb.ReadResponse:
         limit = min(request.limit or 100, 10_000)
         entries, st = await self._store.read(
-            request.tenant, request.queue_id, max(1, request.from_seq), limit
+            request.tenant,
+            request.queue_id,
+            max(1, request.from_seq),
+            limit,
+            mark_delivered=request.mark_delivered,
         )
         now_ms = int(time.time() * 1000)
         out = []
@@ -171,7 +175,12 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         # last_seq: the last seq this read looked at, so the reader continues after entries
         # it was not given (expired ones).
         scanned = entries[-1].seq if entries else max(request.from_seq - 1, 0)
-        return pb.ReadResponse(entries=out, acked_through=st.acked_through, last_seq=scanned)
+        return pb.ReadResponse(
+            entries=out,
+            acked_through=st.acked_through,
+            last_seq=scanned,
+            delivered_through=st.delivered_through,  # as it was before this read
+        )
 
     async def Ack(
         self, request: pb.AckRequest, context: grpc.aio.ServicerContext

@@ -64,6 +64,9 @@ class QueueRead:
     entries: tuple[QueueEntry, ...]
     acked_through: int
     last_seq: int  # the last seq examined (expired entries are skipped): go on from + 1
+    # The highest seq handed to a connection before this read: entries at or below it may
+    # have been sent already (DUP=1), entries above it never were (DUP=0).
+    delivered_through: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +108,30 @@ class QueueClient:
         resp = await self._rpc.call(self._rpc.stub.Append, req)
         return [AppendResult(r) for r in resp.results]
 
-    async def read(self, tenant: str, queue_id: str, from_seq: int, limit: int) -> QueueRead:
-        """Up to `limit` unexpired entries from `from_seq` on."""
-        req = pb.ReadRequest(tenant=tenant, queue_id=queue_id, from_seq=from_seq, limit=limit)
+    async def read(
+        self,
+        tenant: str,
+        queue_id: str,
+        from_seq: int,
+        limit: int,
+        mark_delivered: bool = False,
+    ) -> QueueRead:
+        """Up to `limit` unexpired entries from `from_seq` on. With `mark_delivered` (the
+        caller sends them to a connection) the queue records them as delivered, durably,
+        before answering."""
+        req = pb.ReadRequest(
+            tenant=tenant,
+            queue_id=queue_id,
+            from_seq=from_seq,
+            limit=limit,
+            mark_delivered=mark_delivered,
+        )
         resp = await self._rpc.call(self._rpc.stub.Read, req)
         return QueueRead(
-            tuple(_entry_from_pb(e) for e in resp.entries), resp.acked_through, resp.last_seq
+            tuple(_entry_from_pb(e) for e in resp.entries),
+            resp.acked_through,
+            resp.last_seq,
+            resp.delivered_through,
         )
 
     async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:

@@ -15,6 +15,7 @@ from services.common.store.ports import (
     NEVER_EXPIRES,
     AppendOutcome,
     NewQueueItem,
+    QueueState,
     QueueStore,
     SessionRecord,
     SessionStore,
@@ -193,12 +194,72 @@ async def test_released_mark_and_drop(queues: QueueStore) -> None:
     assert entries == [] and st.last_seq == 0
 
 
+async def test_delivered_through_is_marked_by_delivery_reads_and_only_grows(
+    queues: QueueStore,
+) -> None:
+    t, q = f"t{uuid.uuid4().hex[:6]}", "c#3"
+    epoch = await queues.claim_partition(4)
+    await queues.append(t, q, _items(5), 4, epoch, 0, True)
+    entries, st = await queues.read(t, q, 1, 100)
+    assert len(entries) == 5 and st.delivered_through == 0
+    assert (await queues.state(t, q)).delivered_through == 0  # a plain read marks nothing
+    entries, st = await queues.read(t, q, 1, 2, mark_delivered=True)
+    assert [e.seq for e in entries] == [1, 2]
+    assert st.delivered_through == 0  # the value from before this read
+    assert (await queues.state(t, q)).delivered_through == 2
+    # A new connection reads from the start again: the mark says 1 and 2 may have been sent,
+    # and re-reading them never lowers it.
+    entries, st = await queues.read(t, q, 1, 1, mark_delivered=True)
+    assert [e.seq for e in entries] == [1] and st.delivered_through == 2
+    assert (await queues.state(t, q)).delivered_through == 2
+    entries, st = await queues.read(t, q, 2, 100, mark_delivered=True)
+    assert [e.seq for e in entries] == [2, 3, 4, 5] and st.delivered_through == 2
+    assert (await queues.state(t, q)).delivered_through == 5
+    # Appends, acks and a read with nothing left keep it.
+    await queues.append(t, q, _items(2, start=5), 4, epoch, 0, True)
+    await queues.ack(t, q, 4)
+    assert await queues.read(t, q, 8, 10, mark_delivered=True) == ([], await queues.state(t, q))
+    st = await queues.state(t, q)
+    assert (st.last_seq, st.acked_through, st.delivered_through) == (7, 4, 5)
+    entries, st = await queues.read(t, q, 1, 100, mark_delivered=True)
+    assert [e.seq for e in entries] == [5, 6, 7] and st.delivered_through == 5
+    assert (await queues.state(t, q)).delivered_through == 7
+    await queues.drop(t, q)
+    assert (await queues.state(t, q)).delivered_through == 0
+
+
 async def test_queue_survives_reopen(tmp_path: Path) -> None:
     q1 = SqliteQueueStore(tmp_path / "q.db")
     e = await q1.claim_partition(0)
     await q1.append("t", "c#1", _items(3), 0, e, 0, True)
     await q1.close()
     q2 = SqliteQueueStore(tmp_path / "q.db")
-    entries, _ = await q2.read("t", "c#1", 1, 10)
-    assert len(entries) == 3
+    entries, _ = await q2.read("t", "c#1", 1, 2, mark_delivered=True)
+    assert len(entries) == 2
     await q2.close()
+    q3 = SqliteQueueStore(tmp_path / "q.db")  # the delivered mark is on disk too
+    assert (await q3.state("t", "c#1")).delivered_through == 2
+    await q3.close()
+
+
+async def test_a_database_from_before_delivered_through_is_migrated(tmp_path: Path) -> None:
+    """An existing queues.db gets the column; what was queued then may have been sent (the
+    old code sent it), so it counts as delivered: resent with DUP=1, never DUP=0."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            """CREATE TABLE queue_state (
+              tenant TEXT NOT NULL, queue_id TEXT NOT NULL, last_seq INTEGER NOT NULL,
+              acked_through INTEGER NOT NULL, depth INTEGER NOT NULL, dropped INTEGER NOT NULL,
+              PRIMARY KEY (tenant, queue_id));
+            INSERT INTO queue_state VALUES ('t', 'old#1', 9, 4, 5, 0);"""
+        )
+    store = SqliteQueueStore(path)
+    assert await store.state("t", "old#1") == QueueState(9, 4, 5, 0, 9)
+    epoch = await store.claim_partition(0)
+    await store.append("t", "old#1", _items(1), 0, epoch, 0, True)  # the upsert still works
+    assert await store.state("t", "old#1") == QueueState(10, 4, 6, 0, 9)
+    await store.close()
+    again = SqliteQueueStore(path)  # opening a migrated database changes nothing
+    assert (await again.state("t", "old#1")).delivered_through == 9
+    await again.close()

@@ -1,5 +1,6 @@
-"""A persistent session's queue delivered to its channel: packet ids from seqs, DUP on a
-resumed backlog, acks only through what the client completed, PUBREL state resent."""
+"""A persistent session's queue delivered to its channel: packet ids from seqs, DUP only on
+entries an earlier read may have sent, acks only through what the client completed, PUBREL
+state resent."""
 
 from __future__ import annotations
 
@@ -14,15 +15,28 @@ from tests.connection.harness import connected, written
 
 
 class FakeQueue:
-    def __init__(self, entries: list[QueueEntry]) -> None:
+    """The queue service's read contract: acked entries are gone, and a read with
+    `mark_delivered` raises delivered_through and returns the value from before it."""
+
+    def __init__(self, entries: list[QueueEntry], delivered_through: int = 0) -> None:
         self.entries = entries
         self.acked_through = 0
+        self.delivered_through = delivered_through
         self.released: list[int] = []
+        self.unmarked_reads = 0
 
-    async def read(self, tenant: str, queue_id: str, from_seq: int, limit: int) -> QueueRead:
-        found = tuple(e for e in self.entries if e.seq >= from_seq)[:limit]
+    async def read(
+        self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
+    ) -> QueueRead:
+        unacked = [e for e in self.entries if e.seq >= from_seq and e.seq > self.acked_through]
+        found = tuple(unacked[:limit])
         last = found[-1].seq if found else from_seq - 1
-        return QueueRead(found, self.acked_through, last)
+        before = self.delivered_through
+        if not mark_delivered:
+            self.unmarked_reads += 1
+        elif found:
+            self.delivered_through = max(before, found[-1].seq)
+        return QueueRead(found, self.acked_through, last, before)
 
     async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
         self.acked_through = max(self.acked_through, through_seq)
@@ -45,27 +59,67 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-def _delivery(queue: FakeQueue, resumed: bool) -> tuple[PersistentDelivery, object, object]:
+def _delivery(queue: FakeQueue) -> tuple[PersistentDelivery, object, object]:
     ch, dec = connected(5)
-    pd = PersistentDelivery(ch, queue, FakeNats(), "t", "q", resumed, lambda: 0.0, lambda: None)  # type: ignore[arg-type]
+    pd = PersistentDelivery(ch, queue, FakeNats(), "t", "q", lambda: 0.0, lambda: None)  # type: ignore[arg-type]
     return pd, ch, dec
 
 
-async def test_backlog_is_delivered_under_seq_packet_ids_with_dup_on_resume() -> None:
+def _publishes(ch: object, dec: object) -> list[tuple[int | None, bool, bytes]]:
+    got = written(ch, dec)  # type: ignore[arg-type]
+    return [(p.packet_id, p.dup, p.payload) for p in got if isinstance(p, Publish)]
+
+
+async def test_backlog_never_sent_before_goes_out_with_dup_0_under_seq_packet_ids() -> None:
+    # Queued while the session was offline: no connection ever had these entries.
     queue = FakeQueue([_entry(1), _entry(2)])
-    pd, ch, dec = _delivery(queue, resumed=True)
+    pd, ch, dec = _delivery(queue)
     await pd.start()
     await _settle()
-    got = written(ch, dec)  # type: ignore[arg-type]
-    assert [(p.packet_id, p.dup, p.payload) for p in got if isinstance(p, Publish)] == [
+    assert _publishes(ch, dec) == [(pid_for(1), False, b"m1"), (pid_for(2), False, b"m2")]
+    assert queue.unmarked_reads == 0 and queue.delivered_through == 2
+    await pd.close()
+
+
+async def test_only_entries_at_or_below_the_delivered_mark_are_resent_with_dup() -> None:
+    # An earlier connection was handed 1..2 (maybe sent); 3 arrived after it went away.
+    queue = FakeQueue([_entry(1), _entry(2), _entry(3)], delivered_through=2)
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    assert _publishes(ch, dec) == [
         (pid_for(1), True, b"m1"),
         (pid_for(2), True, b"m2"),
+        (pid_for(3), False, b"m3"),
     ]
+    await pd.close()
+
+
+async def test_unacked_entries_of_a_dead_connection_are_dup_on_the_next_one() -> None:
+    queue = FakeQueue([_entry(1), _entry(2)])
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    assert [dup for _, dup, _ in _publishes(ch, dec)] == [False, False]
+    ch.receive(encode(PubAck(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
+    pd.progress()
+    await pd.close()  # connection lost with 2 unacknowledged
+    queue.entries.append(_entry(3))  # queued while offline
+    pd2, ch2, dec2 = _delivery(queue)
+    await pd2.start()
+    await _settle()
+    assert _publishes(ch2, dec2) == [(pid_for(2), True, b"m2"), (pid_for(3), False, b"m3")]
+    # Within one connection, later reads are first attempts again.
+    queue.entries.append(_entry(4))
+    pd2.poll()
+    await _settle()
+    assert _publishes(ch2, dec2) == [(pid_for(4), False, b"m4")]
+    await pd2.close()
 
 
 async def test_the_queue_is_acked_only_through_what_the_client_completed() -> None:
     queue = FakeQueue([_entry(1), _entry(2), _entry(3)])
-    pd, ch, dec = _delivery(queue, resumed=False)
+    pd, ch, dec = _delivery(queue)
     await pd.start()
     await _settle()
     assert [p.dup for p in written(ch, dec) if isinstance(p, Publish)] == [False] * 3  # type: ignore[arg-type]
@@ -85,7 +139,7 @@ async def test_the_queue_is_acked_only_through_what_the_client_completed() -> No
 
 async def test_qos2_pubrec_is_recorded_and_a_released_entry_gets_pubrel_not_publish() -> None:
     queue = FakeQueue([_entry(1, qos=2)])
-    pd, ch, dec = _delivery(queue, resumed=False)
+    pd, ch, dec = _delivery(queue)
     await pd.start()
     await _settle()
     written(ch, dec)  # type: ignore[arg-type]
@@ -97,7 +151,7 @@ async def test_qos2_pubrec_is_recorded_and_a_released_entry_gets_pubrel_not_publ
     await pd.close()
     # The next connection finds the entry released: it resends PUBREL, then completes.
     queue.entries = [_entry(1, qos=2, released=True)]
-    pd2, ch2, dec2 = _delivery(queue, resumed=True)
+    pd2, ch2, dec2 = _delivery(queue)
     await pd2.start()
     await _settle()
     assert [type(p) for p in written(ch2, dec2)] == [PubRel]  # type: ignore[arg-type]

@@ -104,6 +104,23 @@ async def test_append_read_release_ack_drop(address: str) -> None:
     await admin.close()
 
 
+async def test_a_read_for_delivery_returns_the_delivered_mark_from_before_it(
+    address: str,
+) -> None:
+    client = QueueClient(address)
+    qid = queue_id(f"c-{uuid.uuid4().hex[:6]}", 1)
+    now_ms = int(time.time() * 1000)
+    await client.append("t", [NewEntry(qid, envelope(x, now_ms), 1, False) for x in "ab"])
+    assert (await client.read("t", qid, 1, 10)).delivered_through == 0
+    first = await client.read("t", qid, 1, 1, mark_delivered=True)  # a node sends seq 1
+    assert [e.seq for e in first.entries] == [1] and first.delivered_through == 0
+    again = await client.read("t", qid, 1, 10, mark_delivered=True)  # the next connection
+    assert [e.seq for e in again.entries] == [1, 2] and again.delivered_through == 1
+    assert (await client.read("t", qid, 1, 10)).delivered_through == 2
+    await client.drop("t", qid)
+    await client.close()
+
+
 async def test_bad_requests_and_tokens_raise(address: str) -> None:
     client = QueueClient(address)
     with pytest.raises(InvalidArgumentError, match="tenant"):

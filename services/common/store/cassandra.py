@@ -83,7 +83,20 @@ class CassandraBase:
         self._session.set_keyspace(keyspace)
         for stmt in self.schema:
             self._session.execute(stmt)
+        self.migrate()
         self.prepare()
+
+    def migrate(self) -> None:
+        """Bring tables created by an older version up to `schema` (subclasses)."""
+
+    def columns(self, table: str) -> set[str]:
+        """The columns `table` has in this keyspace now."""
+        rows = self._session.execute(
+            "SELECT column_name FROM system_schema.columns "
+            "WHERE keyspace_name=%s AND table_name=%s",
+            (self._session.keyspace, table),
+        )
+        return {r.column_name for r in rows}
 
     def prepare(self) -> None:
         """Prepare the store's statements (subclasses)."""

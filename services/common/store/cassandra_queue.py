@@ -6,6 +6,9 @@ through, depth and the owner epoch; queue_msgids ((tenant, queue_id), message_id
 appends idempotent. Each queue has a single writer (the owner of its partition); its state
 update is a lightweight transaction conditioned on the owner epoch, so a fenced instance
 cannot advance a queue. Acked ranges go with range deletes; entries carry a TTL backstop.
+queue_state.delivered_through (the highest seq handed to a connection) only grows: readers
+raise it with a compare-and-set, so two readers of one queue during a takeover never lower it.
+A row from before that column has it null, read as "everything queued may have been sent".
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ from services.common.store.ports import (
 
 BUCKET_BITS = 16
 BACKSTOP_TTL_S = 30 * 24 * 3600
+
+
+def _state_of(row: Any) -> QueueState:
+    """A queue_state row as a `QueueState` (no row: an empty queue). A null delivered_through
+    (a row from before the column) counts as last_seq: whatever was queued may have been
+    sent, so it is resent with DUP=1."""
+    if row is None:
+        return QueueState(0, 0, 0, 0)
+    delivered = row.last_seq if row.delivered_through is None else row.delivered_through
+    return QueueState(row.last_seq, row.acked_through, row.depth, row.dropped, delivered)
 
 
 @dataclass
@@ -49,13 +62,27 @@ class CassandraQueueStore(CassandraBase):
            WITH CLUSTERING ORDER BY (seq ASC)""",
         """CREATE TABLE IF NOT EXISTS queue_state (
              tenant text, queue_id text, last_seq bigint, acked_through bigint, depth bigint,
-             dropped bigint, owner_epoch bigint, PRIMARY KEY ((tenant, queue_id)))""",
+             dropped bigint, owner_epoch bigint, delivered_through bigint,
+             PRIMARY KEY ((tenant, queue_id)))""",
         """CREATE TABLE IF NOT EXISTS queue_msgids (
              tenant text, queue_id text, message_id text, seq bigint,
              PRIMARY KEY ((tenant, queue_id), message_id))
            WITH default_time_to_live = 2592000""",
         """CREATE TABLE IF NOT EXISTS partition_owner (partition int PRIMARY KEY, epoch bigint)""",
     ]
+
+    def migrate(self) -> None:
+        """Add queue_state.delivered_through to a keyspace created before it existed."""
+        from cassandra import InvalidRequest
+
+        if "delivered_through" in self.columns("queue_state"):
+            return
+        try:
+            self._session.execute("ALTER TABLE queue_state ADD delivered_through bigint")
+        except InvalidRequest:
+            # Another instance starting at the same time added it first.
+            if "delivered_through" not in self.columns("queue_state"):
+                raise
 
     def prepare(self) -> None:
         p = self._session.prepare
@@ -72,12 +99,13 @@ class CassandraQueueStore(CassandraBase):
             "INSERT INTO partition_owner (partition, epoch) VALUES (?, 1) IF NOT EXISTS"
         )
         self._state_get = p(
-            "SELECT last_seq, acked_through, depth, dropped, owner_epoch "
+            "SELECT last_seq, acked_through, depth, dropped, owner_epoch, delivered_through "
             "FROM queue_state WHERE tenant=? AND queue_id=?"
         )
         self._state_new = p(
             "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, "
-            "depth, dropped, owner_epoch) VALUES (?,?,?,?,?,?,?) IF NOT EXISTS"
+            "depth, dropped, owner_epoch, delivered_through) VALUES (?,?,?,?,?,?,?,0) "
+            "IF NOT EXISTS"
         )
         self._state_set = p(
             "UPDATE queue_state SET last_seq=?, depth=?, dropped=?, "
@@ -85,6 +113,12 @@ class CassandraQueueStore(CassandraBase):
         )
         self._state_ack = p(
             "UPDATE queue_state SET acked_through=?, depth=? WHERE tenant=? AND queue_id=?"
+        )
+        # Compare-and-set on the value read; `last_seq>=?` fails on a row that is gone
+        # (a dropped queue), so a late mark never creates one.
+        self._state_delivered = p(
+            "UPDATE queue_state SET delivered_through=? WHERE tenant=? AND queue_id=? "
+            "IF delivered_through=? AND last_seq>=?"
         )
 
     def _prepare_msgids(self, p: Callable[[str], Any]) -> None:
@@ -141,10 +175,7 @@ class CassandraQueueStore(CassandraBase):
                 return int(row.epoch + 1)
 
     async def state(self, tenant: str, queue_id: str) -> QueueState:
-        row = await self._row(self._state_get, (tenant, queue_id))
-        if row is None:
-            return QueueState(0, 0, 0, 0)
-        return QueueState(row.last_seq, row.acked_through, row.depth, row.dropped)
+        return _state_of(await self._row(self._state_get, (tenant, queue_id)))
 
     async def append(
         self,
@@ -258,11 +289,37 @@ class CassandraQueueStore(CassandraBase):
         return out
 
     async def read(
-        self, tenant: str, queue_id: str, from_seq: int, limit: int
+        self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
     ) -> tuple[list[StoredEntry], QueueState]:
-        st = await self.state(tenant, queue_id)
+        row = await self._row(self._state_get, (tenant, queue_id))
+        st = _state_of(row)
         start = max(from_seq, st.acked_through + 1)
-        return await self._scan(tenant, queue_id, start, st.last_seq, limit), st
+        entries = await self._scan(tenant, queue_id, start, st.last_seq, limit)
+        if mark_delivered and entries:
+            # A null (pre-column) value is replaced by a real one on the first mark.
+            through = max(entries[-1].seq, st.delivered_through)
+            if row.delivered_through is None or through > row.delivered_through:
+                await self._mark_delivered(tenant, queue_id, row.delivered_through, through)
+        return entries, st
+
+    async def _mark_delivered(
+        self, tenant: str, queue_id: str, seen: int | None, through: int
+    ) -> None:
+        """Raise delivered_through from `seen` (as read; None: never set) to `through`,
+        unless another reader raised it at least that far meanwhile. The lightweight
+        transaction is committed at serial consistency before this returns."""
+        while True:
+            res = await self._row(self._state_delivered, (through, tenant, queue_id, seen, through))
+            if res is None or res[0]:
+                return
+            if getattr(res, "last_seq", None) is None:
+                return  # the queue was dropped meanwhile: nothing to mark
+            current = res.delivered_through
+            if current == seen:
+                return  # only last_seq>= failed: the queue was dropped and began again
+            if current is not None and current >= through:
+                return
+            seen = current
 
     async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
         st = await self.state(tenant, queue_id)

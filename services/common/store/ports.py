@@ -169,6 +169,9 @@ class QueueState:
     acked_through: int
     depth: int
     dropped: int
+    # The highest seq ever handed to a connection for delivery: entries above it have never
+    # been sent, so their first PUBLISH carries DUP=0 [MQTT-3.3.1-1].
+    delivered_through: int = 0
 
 
 class QueueStore(Protocol):
@@ -190,8 +193,12 @@ class QueueStore(Protocol):
         """Append in order, in one transaction."""
 
     async def read(
-        self, tenant: str, queue_id: str, from_seq: int, limit: int
-    ) -> tuple[list[StoredEntry], QueueState]: ...
+        self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
+    ) -> tuple[list[StoredEntry], QueueState]:
+        """Up to `limit` entries from `from_seq` on (expired ones included), and the queue's
+        state from BEFORE this read. With `mark_delivered`, delivered_through is raised to the
+        last entry returned, durably, before this returns: the caller writes the entries only
+        afterwards, so a later reader never takes an entry that was sent for a first attempt."""
 
     async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None: ...
 

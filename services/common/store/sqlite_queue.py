@@ -5,6 +5,8 @@ Invariants:
   marked released (outbound QoS 2) or deleted (ack, drop-oldest, drop).
 - An append commits in one transaction that first checks the partition's owner epoch, so an
   instance that lost its partition can no longer write (fencing).
+- `delivered_through` (queue_state) only grows: a read for delivery raises it in the same
+  transaction that reads the entries, committed before the entries go to a connection.
 - A message id appended to a queue is remembered in `queue_msgids` for MSGID_RETENTION_MS,
   even after its entry is acked and deleted: a retried append of the same message (the
   router died before answering, the node retries) is a no-op, not a second delivery.
@@ -42,15 +44,26 @@ CREATE INDEX IF NOT EXISTS queue_msgids_age ON queue_msgids (created_at_ms);
 CREATE TABLE IF NOT EXISTS queue_state (
   tenant TEXT NOT NULL, queue_id TEXT NOT NULL, last_seq INTEGER NOT NULL,
   acked_through INTEGER NOT NULL, depth INTEGER NOT NULL, dropped INTEGER NOT NULL,
-  PRIMARY KEY (tenant, queue_id));
+  delivered_through INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (tenant, queue_id));
 CREATE TABLE IF NOT EXISTS partition_owner (
   partition INTEGER PRIMARY KEY, epoch INTEGER NOT NULL);
 """
 
 
+def _add_delivered_through(db: sqlite3.Connection) -> None:
+    """Migrate a database made before queue_state had delivered_through. Nothing recorded
+    what was sent, so every entry already queued counts as possibly sent (DUP=1, as before)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(queue_state)")}
+    if "delivered_through" not in columns:
+        db.execute(
+            "ALTER TABLE queue_state ADD COLUMN delivered_through INTEGER NOT NULL DEFAULT 0"
+        )
+        db.execute("UPDATE queue_state SET delivered_through=last_seq")
+
+
 def _state(db: sqlite3.Connection, tenant: str, queue_id: str) -> QueueState:
     row = db.execute(
-        "SELECT last_seq, acked_through, depth, dropped FROM queue_state "
+        "SELECT last_seq, acked_through, depth, dropped, delivered_through FROM queue_state "
         "WHERE tenant=? AND queue_id=?",
         (tenant, queue_id),
     ).fetchone()
@@ -114,6 +127,8 @@ def _insert_entry(
 class SqliteQueueStore(SqliteDb):
     def __init__(self, path: Path) -> None:
         super().__init__(path, _SCHEMA)
+        # In a transaction: another process opening the same file migrates it only once.
+        self.tx(_add_delivered_through)
         self._appends = 0
 
     async def claim_partition(self, partition: int) -> int:
@@ -180,8 +195,11 @@ class SqliteQueueStore(SqliteDb):
             _insert_entry(db, tenant, queue_id, last, item, now_ms)
             depth += 1
             out.append(AppendOutcome.OK)
+        # An upsert, not a replace: the row's delivered_through stays as it is.
         db.execute(
-            "INSERT OR REPLACE INTO queue_state VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, queue_id) DO UPDATE SET "
+            "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped",
             (tenant, queue_id, last, st.acked_through, depth, dropped),
         )
         return AppendReport(out, last, dropped - st.dropped)
@@ -197,18 +215,26 @@ class SqliteQueueStore(SqliteDb):
             )
 
     async def read(
-        self, tenant: str, queue_id: str, from_seq: int, limit: int
+        self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
     ) -> tuple[list[StoredEntry], QueueState]:
-        def read() -> tuple[list[StoredEntry], QueueState]:
-            rows = self.db.execute(
+        def read(db: sqlite3.Connection) -> tuple[list[StoredEntry], QueueState]:
+            rows = db.execute(
                 "SELECT seq, qos, data, expires_at_ms, released FROM queue_entries WHERE "
                 "tenant=? AND queue_id=? AND seq>=? ORDER BY seq LIMIT ?",
                 (tenant, queue_id, from_seq, limit),
             ).fetchall()
             entries = [StoredEntry(s, q, d, e, bool(r)) for s, q, d, e, r in rows]
-            return entries, _state(self.db, tenant, queue_id)
+            st = _state(db, tenant, queue_id)
+            if mark_delivered and entries and entries[-1].seq > st.delivered_through:
+                db.execute(
+                    "UPDATE queue_state SET delivered_through=? WHERE tenant=? AND queue_id=?",
+                    (entries[-1].seq, tenant, queue_id),
+                )
+            return entries, st
 
-        return await self.run(read)
+        if mark_delivered:  # committed (synchronous=FULL) before the caller sends anything
+            return await self.run(lambda: self.tx(read))
+        return await self.run(lambda: read(self.db))
 
     async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
         def ack(db: sqlite3.Connection) -> None:

@@ -167,10 +167,16 @@ class ReadRequest(_message.Message):
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    MARK_DELIVERED_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     queue_id: _builtins.str
     from_seq: _builtins.int
     limit: _builtins.int
+    mark_delivered: _builtins.bool
+    """The reader hands the entries to a connection: raise the queue's delivered_through to the
+    last seq this read examines, durably, before the response is sent (set by connection
+    nodes; a read without it changes nothing).
+    """
     def __init__(
         self,
         *,
@@ -178,10 +184,11 @@ class ReadRequest(_message.Message):
         queue_id: _builtins.str = ...,
         from_seq: _builtins.int = ...,
         limit: _builtins.int = ...,
+        mark_delivered: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_seq", b"from_seq", "limit", b"limit", "queue_id", b"queue_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_seq", b"from_seq", "limit", b"limit", "mark_delivered", b"mark_delivered", "queue_id", b"queue_id", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -194,10 +201,16 @@ class ReadResponse(_message.Message):
     ENTRIES_FIELD_NUMBER: _builtins.int
     ACKED_THROUGH_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
+    DELIVERED_THROUGH_FIELD_NUMBER: _builtins.int
     acked_through: _builtins.int
     last_seq: _builtins.int
     """The last seq this read examined (expired entries are examined but not returned);
     continue from last_seq + 1.
+    """
+    delivered_through: _builtins.int
+    """The highest seq handed to a connection for delivery BEFORE this read: an entry at or
+    below it may have been sent already (resend with DUP=1), one above it is a first
+    attempt (DUP=0).
     """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueEntry]: ...
@@ -207,10 +220,11 @@ class ReadResponse(_message.Message):
         entries: _abc.Iterable[Global___QueueEntry] | None = ...,
         acked_through: _builtins.int = ...,
         last_seq: _builtins.int = ...,
+        delivered_through: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_through", b"acked_through", "entries", b"entries", "last_seq", b"last_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_through", b"acked_through", "delivered_through", b"delivered_through", "entries", b"entries", "last_seq", b"last_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
