@@ -325,11 +325,6 @@ def test_S4_7_sys_topics_are_refused_with_0x87(mesh: MeshInfo) -> None:
     assert isinstance(watcher.recv(), PingResp) and not watcher.pending
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a resumed session's backlog is all sent with DUP 1: the queue does not record "
-    "which entries an earlier connection sent (services/connection/persistence.py)",
-)
 def test_MQTT_3_3_1_1_first_delivery_from_a_queue_has_dup_0(mesh: MeshInfo) -> None:
     cid, topic = uid("dup"), uid("dup/t")
     props = Properties(session_expiry_interval=300)
