@@ -176,7 +176,8 @@ class Node:
 
     def open(self, sink: Sink, peer: str) -> Conn:
         now = time.time()
-        conn = Conn(self, Channel(self.config, peer, now, self._new_client_id), sink)
+        channel = Channel(self.config, peer, now, self._new_client_id, self.stats.limit_hit)
+        conn = Conn(self, channel, sink)
         self.registry.opened(conn)
         return conn
 
