@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from services.connection.conn import Conn
 from services.connection.node import Node
@@ -168,8 +168,9 @@ def ws_app(node: Node, path: str, keepalive: TcpKeepalive = TcpKeepalive()) -> w
                     node.carry_out(conn, conn.channel.disconnect(0x81, "text frame"))
                     break
                 elif msg.type is WSMsgType.ERROR:
-                    if ws.close_code == WSCloseCode.MESSAGE_TOO_BIG:  # aiohttp sent 1009
-                        node.stats.limit_hit("max_packet_size_bytes")
+                    err = msg.data
+                    if isinstance(err, WebSocketError) and err.code == WSCloseCode.MESSAGE_TOO_BIG:
+                        node.stats.limit_hit("max_packet_size_bytes")  # aiohttp sent 1009
                     break
         finally:
             conn.lost()
