@@ -160,13 +160,13 @@ def test_count_limits_raise_quota_exceeded(packet: Packet) -> None:
     assert isinstance(info.value.cause, QuotaExceededError)
     assert info.value.reason_code == 0x97
     # One fewer is fine.
-    smaller = {
-        Connect: lambda: Connect("c", 5, properties=_user_props(8)),
-        Publish: lambda: Publish("t", b"", properties=_user_props(8)),
-        Subscribe: lambda: Subscribe(1, tuple(Subscription(f"f{i}", 0) for i in range(8))),
-        Unsubscribe: lambda: Unsubscribe(1, tuple(f"f{i}" for i in range(8))),
-    }[type(packet)]()
-    assert len(Decoder(5, 1 << 20, SERVER_LIMITS).feed(encode(smaller, 5))) == 1
+    smaller: dict[type, Packet] = {
+        Connect: Connect("c", 5, properties=_user_props(8)),
+        Publish: Publish("t", b"", properties=_user_props(8)),
+        Subscribe: Subscribe(1, tuple(Subscription(f"f{i}", 0) for i in range(8))),
+        Unsubscribe: Unsubscribe(1, tuple(f"f{i}" for i in range(8))),
+    }
+    assert len(Decoder(5, 1 << 20, SERVER_LIMITS).feed(encode(smaller[type(packet)], 5))) == 1
 
 
 def test_a_subscribe_may_carry_one_subscription_identifier_only() -> None:
@@ -255,7 +255,7 @@ def test_refusing_a_flood_costs_less_than_decoding_a_small_one(flood: str) -> No
     """Over a count limit decoding stops there: refusing 8N costs less than reading N
     (what is left is copying bytes, not building objects)."""
     n = 20000
-    packet = {
+    packet: Packet = {  # type: ignore[assignment]  # the dict's value type is their join
         "connect user properties": Connect("c", 5, properties=_user_props(GROWTH * n)),
         "subscribe filters": Subscribe(1, (Subscription("a/b", 1),) * (GROWTH * n)),
     }[flood]
