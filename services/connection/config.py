@@ -33,11 +33,78 @@ class ConnectionSettings(ServiceSettings):
     tls_key_file: Path | None = Field(default=None, description="PEM private key.")
     tls_ca_file: Path | None = Field(default=None, description="CA for client certificates.")
     tls_require_client_cert: bool = False
-    max_packet_size_bytes: int = Field(default=1 << 20, ge=64, le=268_435_460)
+    max_packet_size_bytes: int = Field(
+        default=1 << 20,
+        ge=64,
+        le=268_435_460,
+        description="Largest MQTT packet accepted after CONNACK (fixed header included); "
+        "larger: DISCONNECT 0x95. Also the largest WebSocket message (close 1009).",
+    )
+    max_connect_packet_size_bytes: int = Field(
+        default=64 << 10,
+        ge=64,
+        le=268_435_460,
+        description="Largest packet accepted until the CONNECT is accepted (CONNECT and "
+        "what comes before its CONNACK); larger: CONNACK 0x95 (MQTT 5) or close. "
+        "At most max_packet_size_bytes.",
+    )
+    max_user_properties: int = Field(
+        default=256,
+        ge=1,
+        le=65535,
+        description="User properties per property block of one packet (and Subscription "
+        "Identifiers, counted apart); more: 0x97 (CONNACK or DISCONNECT), close on 3.1.1.",
+    )
+    max_filters_per_subscribe: int = Field(
+        default=100,
+        ge=1,
+        le=65535,
+        description="Topic filters in one SUBSCRIBE or UNSUBSCRIBE; more: DISCONNECT 0x97 "
+        "(MQTT 5) or close, before the rest of the packet is read.",
+    )
+    max_subscriptions_per_client: int = Field(
+        default=1000,
+        ge=1,
+        description="Subscriptions one client may hold; a filter beyond gets SUBACK 0x97 "
+        "(MQTT 5) or 0x80 (3.1.1).",
+    )
     receive_maximum: int = Field(default=1024, ge=1, le=65535)
     topic_alias_maximum: int = Field(default=64, ge=0, le=65535)
-    max_keepalive_s: int = Field(default=0, ge=0, le=65535, description="0: no cap.")
-    connect_timeout_s: float = Field(default=10.0, gt=0)
+    max_keepalive_s: int = Field(
+        default=3600,
+        ge=0,
+        le=65535,
+        description="Longest keep alive granted: MQTT 5 clients asking more get it as Server "
+        "Keep Alive; 3.1.1 clients asking more are closed after 1.5 times it of silence. "
+        "0: no cap.",
+    )
+    server_keepalive_s: int = Field(
+        default=3600,
+        ge=0,
+        le=65535,
+        description="Server Keep Alive imposed on MQTT 5 clients that ask for none (0). "
+        "3.1.1 clients cannot be told: keep alive 0 stays off for them (TCP keep-alive "
+        "finds their dead peers). 0: MQTT 5 clients may turn it off too.",
+    )
+    connect_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="A connection must deliver its whole CONNECT within this many seconds "
+        "of opening (TCP/TLS handshake or WebSocket upgrade done), or it is closed.",
+    )
+    tcp_keepalive_idle_s: int = Field(
+        default=60,
+        ge=0,
+        le=32767,
+        description="TCP keep-alive on accepted sockets (TCP, TLS, WS, WSS): idle seconds "
+        "before the first probe. 0: TCP keep-alive off.",
+    )
+    tcp_keepalive_interval_s: int = Field(
+        default=15, ge=1, le=32767, description="Seconds between TCP keep-alive probes."
+    )
+    tcp_keepalive_count: int = Field(
+        default=4, ge=1, le=127, description="Unanswered TCP keep-alive probes before close."
+    )
     v3_inflight: int = Field(
         default=256, ge=1, le=65535, description="Outbound QoS 1/2 window for 3.1/3.1.1 clients."
     )
@@ -59,8 +126,19 @@ class ConnectionSettings(ServiceSettings):
         description="A connection whose socket stays over its write buffer's high-water "
         "mark this long is disconnected (MQTT 5: DISCONNECT 0x97).",
     )
-    max_topic_length_bytes: int = Field(default=4096, ge=1, le=65535)
-    max_topic_levels: int = Field(default=32, ge=1, le=1024)
+    max_topic_length_bytes: int = Field(
+        default=4096,
+        ge=1,
+        le=65535,
+        description="Longest topic name or filter (UTF-8 bytes; a $share filter's inner "
+        "filter) in PUBLISH, will, SUBSCRIBE, UNSUBSCRIBE; longer: 0x90 / 0x8F.",
+    )
+    max_topic_levels: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="Most levels in a topic name or filter; more: 0x90 / 0x8F.",
+    )
     max_connections_per_ip: int = Field(
         default=1000,
         ge=0,
@@ -101,6 +179,14 @@ class ConnectionSettings(ServiceSettings):
         if topic == "$SYS" or topic.startswith("$SYS/"):
             raise ValueError("$SYS topics are refused to clients")
         return template
+
+    @model_validator(mode="after")
+    def _limits(self) -> ConnectionSettings:
+        if self.max_connect_packet_size_bytes > self.max_packet_size_bytes:
+            raise ValueError("max_connect_packet_size_bytes exceeds max_packet_size_bytes")
+        if self.max_keepalive_s and self.server_keepalive_s > self.max_keepalive_s:
+            raise ValueError("server_keepalive_s exceeds max_keepalive_s")
+        return self
 
     @model_validator(mode="after")
     def _tls_files(self) -> ConnectionSettings:

@@ -1,15 +1,23 @@
 """Listeners: TCP and TLS through an asyncio Protocol, WebSocket and WSS through aiohttp.
 This is the only code of the node that touches sockets; all four feed the same Channel.
+
+Every accepted socket gets TCP keep-alive (`TcpKeepalive`), so a peer that vanished without
+a FIN is found even when its MQTT keep alive is off or long. A WebSocket message may be at
+most one maximal MQTT packet: aiohttp refuses a larger frame from its header, before
+buffering it, and closes with 1009 (Message Too Big).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from services.connection.conn import Conn
 from services.connection.node import Node
@@ -19,19 +27,49 @@ log = logging.getLogger("starling.connection.listener")
 WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 
+@dataclass(frozen=True, slots=True)
+class TcpKeepalive:
+    """TCP keep-alive of accepted sockets: first probe after `idle_s` of silence, then every
+    `interval_s`; `count` unanswered probes close the socket. `idle_s` 0: off."""
+
+    idle_s: int = 60
+    interval_s: int = 15
+    count: int = 4
+
+    def apply(self, sock: Any) -> None:
+        """Arm it on `sock` (a socket or the transport's socket-like wrapper; None: skip)."""
+        if sock is None or not self.idle_s:
+            return
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            # Linux names; elsewhere the system's own timings apply.
+            for name, value in (
+                ("TCP_KEEPIDLE", self.idle_s),
+                ("TCP_KEEPINTVL", self.interval_s),
+                ("TCP_KEEPCNT", self.count),
+            ):
+                opt = getattr(socket, name, None)
+                if opt is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+        except OSError as exc:  # not a TCP socket (tests over a pipe), or already gone
+            log.debug("tcp_keepalive_not_set", extra={"error": str(exc)})
+
+
 class MqttProtocol(asyncio.Protocol):
     """One TCP/TLS connection. Write back-pressure marks the channel congested (QoS 0 drops)."""
 
-    __slots__ = ("conn", "node", "transport")
+    __slots__ = ("conn", "keepalive", "node", "transport")
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, keepalive: TcpKeepalive) -> None:
         self.node = node
+        self.keepalive = keepalive
         self.conn: Conn | None = None
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         self.transport = tcp
+        self.keepalive.apply(tcp.get_extra_info("socket"))
         tcp.set_write_buffer_limits(high=1 << 20)
         peer = tcp.get_extra_info("peername")
         cert = peer_cert(tcp.get_extra_info("peercert"))  # TLS: verified by the handshake
@@ -66,11 +104,20 @@ def server_ssl_context(
 
 
 async def start_tcp(
-    node: Node, host: str, port: int, ssl_ctx: ssl.SSLContext | None = None
+    node: Node,
+    host: str,
+    port: int,
+    ssl_ctx: ssl.SSLContext | None = None,
+    keepalive: TcpKeepalive = TcpKeepalive(),
 ) -> asyncio.Server:
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: MqttProtocol(node), host, port, ssl=ssl_ctx, backlog=4096, reuse_address=True
+        lambda: MqttProtocol(node, keepalive),
+        host,
+        port,
+        ssl=ssl_ctx,
+        backlog=4096,
+        reuse_address=True,
     )
 
 
@@ -121,9 +168,16 @@ class _WsSink:
             self._sent(len(data))
 
 
-def ws_app(node: Node, path: str) -> web.Application:
+def ws_app(node: Node, path: str, keepalive: TcpKeepalive = TcpKeepalive()) -> web.Application:
+    # aiohttp refuses a message of max_msg_size bytes or more: one maximal packet still fits.
+    max_msg_size = node.config.max_packet_size_bytes + 1
+
     async def handler(request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(protocols=WS_SUBPROTOCOLS, max_msg_size=0, autoping=True)
+        ws = web.WebSocketResponse(
+            protocols=WS_SUBPROTOCOLS, max_msg_size=max_msg_size, autoping=True
+        )
+        if request.transport is not None:
+            keepalive.apply(request.transport.get_extra_info("socket"))
         await ws.prepare(request)
         sink = _WsSink(ws)
         peer = request.remote or "?"
@@ -140,6 +194,9 @@ def ws_app(node: Node, path: str) -> web.Application:
                     node.carry_out(conn, conn.channel.disconnect(0x81, "text frame"))
                     break
                 elif msg.type is WSMsgType.ERROR:
+                    err = msg.data
+                    if isinstance(err, WebSocketError) and err.code == WSCloseCode.MESSAGE_TOO_BIG:
+                        node.stats.limit_hit("max_packet_size_bytes")  # aiohttp sent 1009
                     break
         finally:
             conn.lost()
@@ -156,9 +213,14 @@ def ws_app(node: Node, path: str) -> web.Application:
 
 
 async def start_ws(
-    node: Node, host: str, port: int, path: str, ssl_ctx: ssl.SSLContext | None = None
+    node: Node,
+    host: str,
+    port: int,
+    path: str,
+    ssl_ctx: ssl.SSLContext | None = None,
+    keepalive: TcpKeepalive = TcpKeepalive(),
 ) -> web.AppRunner:
-    runner = web.AppRunner(ws_app(node, path), access_log=None, handle_signals=False)
+    runner = web.AppRunner(ws_app(node, path, keepalive), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, reuse_address=True)
     await site.start()

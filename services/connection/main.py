@@ -17,7 +17,7 @@ from services.common.topics import TopicLimits
 from services.connection.api import ConnectionAdminApi
 from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
-from services.connection.listener import server_ssl_context, start_tcp, start_ws
+from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
 from services.connection.stats import register_metrics, report_stats
 from services.metrics.client import MetricsClient
@@ -34,9 +34,14 @@ def channel_config(s: ConnectionSettings) -> ChannelConfig:
     return ChannelConfig(
         node_id=s.node_id,
         max_packet_size_bytes=s.max_packet_size_bytes,
+        max_connect_packet_size_bytes=s.max_connect_packet_size_bytes,
+        max_user_properties=s.max_user_properties,
+        max_filters_per_subscribe=s.max_filters_per_subscribe,
+        max_subscriptions_per_client=s.max_subscriptions_per_client,
         receive_maximum=s.receive_maximum,
         topic_alias_maximum=s.topic_alias_maximum,
         max_keepalive_s=s.max_keepalive_s,
+        server_keepalive_s=s.server_keepalive_s,
         connect_timeout_s=s.connect_timeout_s,
         v3_inflight=s.v3_inflight,
         max_queued_messages=s.max_queued_messages,
@@ -93,7 +98,10 @@ class ConnectionService:
                 node.node_id, node.stats, MetricsClient(s.metrics_addr), s.stats_interval_s
             )
         )
-        tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port)
+        keepalive = TcpKeepalive(
+            s.tcp_keepalive_idle_s, s.tcp_keepalive_interval_s, s.tcp_keepalive_count
+        )
+        tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port, keepalive=keepalive)
         self._servers.append(tcp)
         self.ports["mqtt"] = tcp.sockets[0].getsockname()[1]
         ctx = None
@@ -102,14 +110,18 @@ class ConnectionService:
                 s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.tls_require_client_cert
             )
         if s.tls_port >= 0 and ctx is not None:
-            tls = await start_tcp(node, s.mqtt_host, s.tls_port, ctx)
+            tls = await start_tcp(node, s.mqtt_host, s.tls_port, ctx, keepalive)
             self._servers.append(tls)
             self.ports["mqtts"] = tls.sockets[0].getsockname()[1]
         if s.ws_port >= 0:
-            self._runners.append(await start_ws(node, s.mqtt_host, s.ws_port, s.ws_path))
+            self._runners.append(
+                await start_ws(node, s.mqtt_host, s.ws_port, s.ws_path, keepalive=keepalive)
+            )
             self.ports["ws"] = s.ws_port
         if s.wss_port >= 0 and ctx is not None:
-            self._runners.append(await start_ws(node, s.mqtt_host, s.wss_port, s.ws_path, ctx))
+            self._runners.append(
+                await start_ws(node, s.mqtt_host, s.wss_port, s.ws_path, ctx, keepalive)
+            )
             self.ports["wss"] = s.wss_port
         log.info("mqtt_listening", extra={"ports": self.ports, "node": s.node_id})
 

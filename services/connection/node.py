@@ -189,7 +189,8 @@ class Node:
 
     def open(self, sink: Sink, peer: str, cert: PeerCert | None = None) -> Conn:
         now = time.time()
-        conn = Conn(self, Channel(self.config, peer, now, self._new_client_id), sink, cert)
+        channel = Channel(self.config, peer, now, self._new_client_id, self.stats.limit_hit)
+        conn = Conn(self, channel, sink, cert)
         self.registry.opened(conn)
         self.per_address.opened(peer)
         return conn

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from services.common.topics import parse_shared
+from services.common.topics import NO_LIMITS, parse_shared
 from services.connection.channel import SubscribeRequest
 from services.connection.conn import Conn
 from services.connection.writes import WriteBatcher
@@ -30,7 +30,7 @@ class RetainedReplay:
             return
         fresh = req.fresh or (True,) * len(req.subscriptions)
         for (s, sub_id), is_new in zip(req.subscriptions, fresh, strict=True):
-            if parse_shared(s.filter) is not None or s.retain_handling == 2:
+            if parse_shared(s.filter, NO_LIMITS) is not None or s.retain_handling == 2:
                 continue
             if s.retain_handling == 1 and not is_new:
                 continue

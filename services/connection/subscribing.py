@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from services.common.bus import subjects
-from services.common.topics import parse_shared
+from services.common.topics import NO_LIMITS, parse_shared
 from services.connection.channel import SubscribeRequest
 from services.connection.conn import Conn
 from services.connection.fanout import Fanout
@@ -43,7 +44,7 @@ SUBSCRIBE_FAILED = 0x80  # SUBACK code for a filter the node could not subscribe
 def refused(req: SubscribeRequest) -> SubscribeRequest:
     """The same SUBSCRIBE answered with 0x80 for every filter that was to be granted."""
     codes = tuple(SUBSCRIBE_FAILED if c < 0x80 else c for c in req.reason_codes)
-    return SubscribeRequest(req.packet_id, (), codes)
+    return replace(req, subscriptions=(), reason_codes=codes, fresh=())
 
 
 class Subscriber:
@@ -85,7 +86,7 @@ class Subscriber:
         new_subjects: list[str] = []
         new_groups: list[SharedGroup[Conn]] = []
         for s, sub_id in req.subscriptions:
-            shared = parse_shared(s.filter)
+            shared = parse_shared(s.filter, NO_LIMITS)
             if shared is None:
                 entry = entry_for(
                     s.filter, tenant, s.qos, s.no_local, s.retain_as_published, sub_id
@@ -175,7 +176,7 @@ class Subscriber:
             self._ops.put(forget)
         gone: list[str] = []
         for f in filters:
-            shared = parse_shared(f)
+            shared = parse_shared(f, NO_LIMITS)
             if shared is None:
                 gone += self.subs.remove(ch.tenant, conn, f)
             else:

@@ -4,6 +4,7 @@ Call `Decoder.feed(bytes)` for packets and `encode(packet, level)` for bytes. No
 does I/O or reads the clock.
 """
 
+from services.common.mqtt.body_decoder import UNLIMITED, DecodeLimits
 from services.common.mqtt.decoder import DEFAULT_MAX_PACKET_SIZE, Decoder
 from services.common.mqtt.encoder import encode, encode_publish, frame_publish
 from services.common.mqtt.errors import (
@@ -11,6 +12,7 @@ from services.common.mqtt.errors import (
     MqttError,
     PacketTooLargeError,
     ProtocolViolationError,
+    QuotaExceededError,
     TopicFilterInvalidError,
     TopicNameInvalidError,
     UnsupportedProtocolVersionError,
@@ -41,9 +43,11 @@ from services.common.mqtt.reason import PacketType, ProtocolLevel, QoS, ReasonCo
 __all__ = [
     "DEFAULT_MAX_PACKET_SIZE",
     "EMPTY",
+    "UNLIMITED",
     "Auth",
     "ConnAck",
     "Connect",
+    "DecodeLimits",
     "Decoder",
     "Disconnect",
     "MalformedPacketError",
@@ -62,6 +66,7 @@ __all__ = [
     "PubRel",
     "Publish",
     "QoS",
+    "QuotaExceededError",
     "ReasonCode",
     "SubAck",
     "Subscribe",

@@ -8,11 +8,13 @@ consume the whole body; any leftover or shortfall is a malformed packet.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from services.common.mqtt.errors import (
     MalformedPacketError,
     ProtocolViolationError,
+    QuotaExceededError,
     UnsupportedProtocolVersionError,
 )
 from services.common.mqtt.packets import (
@@ -52,9 +54,29 @@ from services.common.mqtt.properties import (
     REPEATABLE,
     WILL,
     Properties,
+    PropId,
     PropKind,
 )
 from services.common.mqtt.reason import V5_FROM_V3_CONNACK, PacketType
+
+# No count limit: what the packet size allows (every repeated field takes at least a byte).
+_NO_LIMIT = 268_435_455
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Count limits checked while a body is read, so the work one packet costs stays bounded
+    however small its fields are (a packet of a maximal size made of 5-byte user properties
+    would otherwise be hundreds of thousands of Python objects)."""
+
+    # Per property block: user properties, and subscription identifiers (counted apart).
+    max_user_properties: int = _NO_LIMIT
+    # Per SUBSCRIBE / UNSUBSCRIBE.
+    max_topic_filters: int = _NO_LIMIT
+
+
+# Bounded only by the packet size: for clients, tools and tests decoding a server's packets.
+UNLIMITED = DecodeLimits()
 
 _VALID_REASONS: dict[int, frozenset[int]] = {
     PacketType.PUBACK: frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99}),
@@ -65,8 +87,16 @@ _VALID_REASONS: dict[int, frozenset[int]] = {
 }
 
 
-def decode_properties(b: bytes, i: int, end: int, where: int) -> tuple[Properties, int]:
-    """Read a property block for packet type `where` (or WILL); enforce spec 2.2.2 rules."""
+def decode_properties(
+    b: bytes, i: int, end: int, where: int, limits: DecodeLimits = UNLIMITED
+) -> tuple[Properties, int]:
+    """Read a property block for packet type `where` (or WILL); enforce spec 2.2.2 rules.
+
+    Linear in the block's size: the repeatable properties grow lists, turned into tuples once
+    at the end (growing a tuple per value would copy it each time: quadratic, seconds of event
+    loop for one packet of tens of thousands of user properties). Each repeatable property
+    may appear at most `limits.max_user_properties` times (QuotaExceededError, 0x97).
+    """
     length, i = read_varint(b, i, end)
     if length == 0:
         return EMPTY, i
@@ -74,6 +104,8 @@ def decode_properties(b: bytes, i: int, end: int, where: int) -> tuple[Propertie
     if stop > end:
         raise MalformedPacketError("property length runs past the packet end")
     values: dict[str, Any] = {}
+    repeated: dict[str, list[Any]] = {}
+    max_repeats = limits.max_user_properties
     while i < stop:
         ident, i = read_varint(b, i, stop)
         spec = PROPERTY_SPECS.get(ident)
@@ -104,7 +136,18 @@ def decode_properties(b: bytes, i: int, end: int, where: int) -> tuple[Propertie
         if ident in NONZERO and value == 0:
             raise ProtocolViolationError(f"property {spec.name} must not be 0")
         if ident in REPEATABLE:
-            values[spec.name] = (*values.get(spec.name, ()), value)
+            seen = repeated.get(spec.name)
+            if seen is None:
+                repeated[spec.name] = [value]
+            elif ident == PropId.SUBSCRIPTION_IDENTIFIER and where == PacketType.SUBSCRIBE:
+                # [MQTT-3.8.2.1.2] at most one Subscription Identifier in a SUBSCRIBE.
+                raise ProtocolViolationError("subscription identifier included more than once")
+            elif len(seen) >= max_repeats:
+                raise QuotaExceededError(
+                    f"more than {max_repeats} {spec.name} properties", limit="max_user_properties"
+                )
+            else:
+                seen.append(value)
         elif spec.name in values:
             # [MQTT-2.2.2-2] a property other than the repeatable ones appears at most once.
             raise ProtocolViolationError(f"property {spec.name} included more than once")
@@ -112,6 +155,8 @@ def decode_properties(b: bytes, i: int, end: int, where: int) -> tuple[Propertie
             values[spec.name] = value
     if i != stop:
         raise MalformedPacketError("property block length mismatch")
+    for name, seq in repeated.items():
+        values[name] = tuple(seq)
     return Properties(**values), i
 
 
@@ -131,18 +176,18 @@ def _read_protocol(b: bytes, end: int) -> tuple[str, int, int]:
 
 
 def _read_will(
-    b: bytes, i: int, end: int, lvl: int, will_qos: int, will_retain: bool
+    b: bytes, i: int, end: int, lvl: int, will_qos: int, will_retain: bool, limits: DecodeLimits
 ) -> tuple[Will, int]:
     """Read the will (properties on 5, topic, payload) of a CONNECT with the will flag set."""
     wprops = EMPTY
     if lvl == 5:
-        wprops, i = decode_properties(b, i, end, WILL)
+        wprops, i = decode_properties(b, i, end, WILL, limits)
     wtopic, i = read_str(b, i, end)
     wpayload, i = read_binary(b, i, end)
     return Will(wtopic, wpayload, will_qos, will_retain, wprops), i
 
 
-def decode_connect(flags: int, b: bytes, level: int) -> Connect:
+def decode_connect(flags: int, b: bytes, level: int, limits: DecodeLimits) -> Connect:
     end = len(b)
     name, lvl, i = _read_protocol(b, end)
     cflags, i = read_u8(b, i, end)
@@ -162,11 +207,11 @@ def decode_connect(flags: int, b: bytes, level: int) -> Connect:
     keepalive, i = read_u16(b, i, end)
     props = EMPTY
     if lvl == 5:
-        props, i = decode_properties(b, i, end, PacketType.CONNECT)
+        props, i = decode_properties(b, i, end, PacketType.CONNECT, limits)
     client_id, i = read_str(b, i, end)
     will = None
     if will_flag:
-        will, i = _read_will(b, i, end, lvl, will_qos, will_retain)
+        will, i = _read_will(b, i, end, lvl, will_qos, will_retain, limits)
     username = password = None
     if has_username:
         username, i = read_str(b, i, end)
@@ -186,7 +231,7 @@ def decode_connect(flags: int, b: bytes, level: int) -> Connect:
     )
 
 
-def decode_connack(flags: int, b: bytes, level: int) -> ConnAck:
+def decode_connack(flags: int, b: bytes, level: int, limits: DecodeLimits) -> ConnAck:
     end = len(b)
     ack_flags, i = read_u8(b, 0, end)
     if ack_flags & 0xFE:
@@ -194,14 +239,14 @@ def decode_connack(flags: int, b: bytes, level: int) -> ConnAck:
     code, i = read_u8(b, i, end)
     props = EMPTY
     if level == 5:
-        props, i = decode_properties(b, i, end, PacketType.CONNACK)
+        props, i = decode_properties(b, i, end, PacketType.CONNACK, limits)
     else:
         code = V5_FROM_V3_CONNACK.get(code, code)
     _done(i, end)
     return ConnAck(bool(ack_flags & 1), code, props)
 
 
-def decode_publish(flags: int, b: bytes, level: int) -> Publish:
+def decode_publish(flags: int, b: bytes, level: int, limits: DecodeLimits) -> Publish:
     end = len(b)
     qos = (flags >> 1) & 0x03
     n = (b[0] << 8) | b[1] if end >= 2 else -1
@@ -222,14 +267,16 @@ def decode_publish(flags: int, b: bytes, level: int) -> Publish:
         if i < end and b[i] == 0:
             i += 1
         else:
-            props, i = decode_properties(b, i, end, PacketType.PUBLISH)
+            props, i = decode_properties(b, i, end, PacketType.PUBLISH, limits)
     return Publish(topic, b[i:], qos, bool(flags & 1), bool(flags & 8), packet_id, props)
 
 
 def _ack_decoder(cls: type[PubAck | PubRec | PubRel | PubComp], ptype: int) -> Any:
     valid = _VALID_REASONS[ptype]
 
-    def decode(flags: int, b: bytes, level: int) -> PubAck | PubRec | PubRel | PubComp:
+    def decode(
+        flags: int, b: bytes, level: int, limits: DecodeLimits
+    ) -> PubAck | PubRec | PubRel | PubComp:
         end = len(b)
         pid, i = read_u16(b, 0, end)
         if pid == 0:
@@ -241,23 +288,30 @@ def _ack_decoder(cls: type[PubAck | PubRec | PubRel | PubComp], ptype: int) -> A
             if code not in valid:
                 raise MalformedPacketError(f"invalid reason code 0x{code:02x}")
             if i < end:
-                props, i = decode_properties(b, i, end, ptype)
+                props, i = decode_properties(b, i, end, ptype, limits)
         _done(i, end)
         return cls(pid, code, props)
 
     return decode
 
 
-def decode_subscribe(flags: int, b: bytes, level: int) -> Subscribe:
+def decode_subscribe(flags: int, b: bytes, level: int, limits: DecodeLimits) -> Subscribe:
     end = len(b)
     pid, i = read_u16(b, 0, end)
     if pid == 0:
         raise MalformedPacketError("packet identifier 0")  # [MQTT-2.2.1-3]
     props = EMPTY
     if level == 5:
-        props, i = decode_properties(b, i, end, PacketType.SUBSCRIBE)
+        props, i = decode_properties(b, i, end, PacketType.SUBSCRIBE, limits)
     subs: list[Subscription] = []
+    max_filters = limits.max_topic_filters
     while i < end:
+        if len(subs) >= max_filters:
+            # Stop reading here: the rest of a flood would cost time for nothing.
+            raise QuotaExceededError(
+                f"more than {max_filters} topic filters in one SUBSCRIBE",
+                limit="max_topic_filters",
+            )
         filt, i = read_str(b, i, end)
         opts, i = read_u8(b, i, end)
         qos = opts & 0x03
@@ -279,25 +333,31 @@ def decode_subscribe(flags: int, b: bytes, level: int) -> Subscribe:
     return Subscribe(pid, tuple(subs), props)
 
 
-def decode_suback(flags: int, b: bytes, level: int) -> SubAck:
+def decode_suback(flags: int, b: bytes, level: int, limits: DecodeLimits) -> SubAck:
     end = len(b)
     pid, i = read_u16(b, 0, end)
     props = EMPTY
     if level == 5:
-        props, i = decode_properties(b, i, end, PacketType.SUBACK)
+        props, i = decode_properties(b, i, end, PacketType.SUBACK, limits)
     return SubAck(pid, tuple(b[i:end]), props)
 
 
-def decode_unsubscribe(flags: int, b: bytes, level: int) -> Unsubscribe:
+def decode_unsubscribe(flags: int, b: bytes, level: int, limits: DecodeLimits) -> Unsubscribe:
     end = len(b)
     pid, i = read_u16(b, 0, end)
     if pid == 0:
         raise MalformedPacketError("packet identifier 0")  # [MQTT-2.2.1-3]
     props = EMPTY
     if level == 5:
-        props, i = decode_properties(b, i, end, PacketType.UNSUBSCRIBE)
+        props, i = decode_properties(b, i, end, PacketType.UNSUBSCRIBE, limits)
     filters: list[str] = []
+    max_filters = limits.max_topic_filters
     while i < end:
+        if len(filters) >= max_filters:
+            raise QuotaExceededError(
+                f"more than {max_filters} topic filters in one UNSUBSCRIBE",
+                limit="max_topic_filters",
+            )
         f, i = read_str(b, i, end)
         filters.append(f)
     if not filters:
@@ -305,18 +365,18 @@ def decode_unsubscribe(flags: int, b: bytes, level: int) -> Unsubscribe:
     return Unsubscribe(pid, tuple(filters), props)
 
 
-def decode_unsuback(flags: int, b: bytes, level: int) -> UnsubAck:
+def decode_unsuback(flags: int, b: bytes, level: int, limits: DecodeLimits) -> UnsubAck:
     end = len(b)
     pid, i = read_u16(b, 0, end)
     if level < 5:
         _done(i, end)
         return UnsubAck(pid)
-    props, i = decode_properties(b, i, end, PacketType.UNSUBACK)
+    props, i = decode_properties(b, i, end, PacketType.UNSUBACK, limits)
     return UnsubAck(pid, tuple(b[i:end]), props)
 
 
 def _empty_decoder(cls: type[PingReq | PingResp]) -> Any:
-    def decode(flags: int, b: bytes, level: int) -> PingReq | PingResp:
+    def decode(flags: int, b: bytes, level: int, limits: DecodeLimits) -> PingReq | PingResp:
         if b:
             raise MalformedPacketError(f"{cls.__name__} has a body")
         return cls()
@@ -325,7 +385,7 @@ def _empty_decoder(cls: type[PingReq | PingResp]) -> Any:
 
 
 def _reason_decoder(cls: type[Disconnect | Auth], ptype: int) -> Any:
-    def decode(flags: int, b: bytes, level: int) -> Disconnect | Auth:
+    def decode(flags: int, b: bytes, level: int, limits: DecodeLimits) -> Disconnect | Auth:
         end = len(b)
         if level < 5:
             if ptype == PacketType.AUTH:
@@ -340,14 +400,14 @@ def _reason_decoder(cls: type[Disconnect | Auth], ptype: int) -> Any:
             raise MalformedPacketError(f"invalid reason code 0x{code:02x}")
         props = EMPTY
         if i < end:
-            props, i = decode_properties(b, i, end, ptype)
+            props, i = decode_properties(b, i, end, ptype, limits)
         _done(i, end)
         return cls(code, props)
 
     return decode
 
 
-BodyDecoder = Callable[[int, bytes, int], Packet]
+BodyDecoder = Callable[[int, bytes, int, DecodeLimits], Packet]
 
 BODY_DECODERS: dict[int, BodyDecoder] = {
     PacketType.CONNECT: decode_connect,

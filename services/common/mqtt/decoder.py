@@ -4,14 +4,25 @@ Invariants:
 - `_buf` only ever holds the bytes of packets not yet returned (a partial packet at most,
   after `feed` returns).
 - The maximum packet size is checked as soon as the fixed header is complete, before the body
-  is buffered [MQTT-3.1.2-24] / 0x95, so a hostile peer cannot make us hold a huge body.
+  is buffered [MQTT-3.1.2-24] / 0x95, so a hostile peer cannot make us hold a huge body. The
+  owner may change `max_packet_size` between calls (a connection allows less before CONNACK).
+- Count limits (`DecodeLimits`: user properties, filters per packet) stop a body's decoding
+  as soon as they are exceeded: the work per packet is linear in its size and bounded.
+- A CONNECT that is refused (too large, over a limit) still tells its protocol level when
+  its first bytes say MQTT 5: `protocol_level` is then 5, so the caller may answer with a
+  CONNACK carrying the reason code [MQTT-4.13.1-1].
 - Any violation raises an `MqttError`; the packets decoded before it in the same call ride on
   the error (`packets`), so the caller can still act on them before closing.
 """
 
 from __future__ import annotations
 
-from services.common.mqtt.body_decoder import BODY_DECODERS, decode_publish
+from services.common.mqtt.body_decoder import (
+    BODY_DECODERS,
+    UNLIMITED,
+    DecodeLimits,
+    decode_publish,
+)
 from services.common.mqtt.errors import MalformedPacketError, MqttError, PacketTooLargeError
 from services.common.mqtt.packets import Packet
 from services.common.mqtt.reason import ReasonCode
@@ -33,14 +44,18 @@ class DecodeError(MqttError):
 class Decoder:
     """Stateful framing over a byte stream. Set `protocol_level` once CONNECT is known."""
 
-    __slots__ = ("_buf", "max_packet_size", "protocol_level")
+    __slots__ = ("_buf", "limits", "max_packet_size", "protocol_level")
 
     def __init__(
-        self, protocol_level: int = 4, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
+        self,
+        protocol_level: int = 4,
+        max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
+        limits: DecodeLimits = UNLIMITED,
     ) -> None:
         self._buf = bytearray()
         self.protocol_level = protocol_level
         self.max_packet_size = max_packet_size
+        self.limits = limits
 
     @property
     def buffered(self) -> int:
@@ -80,6 +95,7 @@ class Decoder:
         pos = 0
         n = len(view)
         max_size = self.max_packet_size
+        limits = self.limits
         while n - pos >= 2:
             first = view[pos]
             # Remaining length: up to four bytes [MQTT-1.5.5-1].
@@ -100,7 +116,11 @@ class Decoder:
             # Checked before waiting for the body, so an oversize body is never buffered.
             total = i - pos + rl
             if total > max_size:
-                raise PacketTooLargeError(f"packet of {total} bytes exceeds {max_size}")
+                if first >> 4 == 1:
+                    self._note_connect_level(view, i, n)
+                raise PacketTooLargeError(
+                    f"packet of {total} bytes exceeds {max_size}", limit="max_packet_size"
+                )
             end = i + rl
             if end > n:
                 return pos  # the body is not complete yet
@@ -114,7 +134,7 @@ class Decoder:
                     raise MalformedPacketError("PUBLISH with QoS 3")  # [MQTT-3.3.1-4]
                 if qos == 0 and flags & 8:
                     raise MalformedPacketError("DUP set on QoS 0")  # [MQTT-3.3.1-2]
-                out.append(decode_publish(flags, body, self.protocol_level))
+                out.append(decode_publish(flags, body, self.protocol_level, limits))
             else:
                 out.append(self._decode_control_packet(ptype, flags, body))
         return pos
@@ -128,11 +148,24 @@ class Decoder:
             raise MalformedPacketError(  # [MQTT-2.1.3-1]
                 f"invalid fixed header flags {flags:#x} for packet type {ptype}"
             )
-        packet = BODY_DECODERS[ptype](flags, body, self.protocol_level)
-        if ptype == 1:
-            # Everything after CONNECT is read at the level it announced.
-            self.protocol_level = packet.protocol_level  # type: ignore[union-attr]
+        if ptype != 1:
+            return BODY_DECODERS[ptype](flags, body, self.protocol_level, self.limits)
+        try:
+            packet = BODY_DECODERS[1](flags, body, self.protocol_level, self.limits)
+        except MqttError:
+            self._note_connect_level(body, 0, len(body))
+            raise
+        # Everything after CONNECT is read at the level it announced.
+        self.protocol_level = packet.protocol_level  # type: ignore[union-attr]
         return packet
+
+    def _note_connect_level(self, b: bytes | bytearray, i: int, end: int) -> None:
+        """A CONNECT body starting at `b[i]` is refused: if what arrived of it says MQTT 5,
+        remember that, so the caller can answer in MQTT 5 (a CONNACK with the reason)."""
+        if end - i < 7:  # name length (2), "MQTT" (4), level (1)
+            return
+        if b[i : i + 6] == b"\x00\x04MQTT" and b[i + 6] == 5:
+            self.protocol_level = 5
 
     def _failed(
         self, out: list[Packet], message: str, reason_code: ReasonCode, cause: Exception
@@ -140,7 +173,7 @@ class Decoder:
         """Drop the buffer (the stream is unusable after a violation) and build the error that
         carries the packets decoded before it."""
         self._buf = bytearray()
-        err = DecodeError(message, reason_code)
+        err = DecodeError(message, reason_code, getattr(cause, "limit", ""))
         err.packets = out
         err.cause = cause
         return err

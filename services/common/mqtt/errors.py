@@ -16,10 +16,14 @@ class MqttError(Exception):
 
     reason_code: ReasonCode = ReasonCode.UNSPECIFIED_ERROR
 
-    def __init__(self, message: str, reason_code: ReasonCode | None = None) -> None:
+    def __init__(
+        self, message: str, reason_code: ReasonCode | None = None, limit: str = ""
+    ) -> None:
         super().__init__(message)
         if reason_code is not None:
             self.reason_code = reason_code
+        # Not empty: the configured limit the peer exceeded (counted in the node's metrics).
+        self.limit = limit
         # Packets decoded before the error in the same feed (see decoder.Decoder.feed).
         self.packets: Sequence[object] = ()
         self.cause: BaseException | None = None
@@ -35,6 +39,12 @@ class ProtocolViolationError(MqttError):
 
 class PacketTooLargeError(MqttError):
     reason_code = ReasonCode.PACKET_TOO_LARGE
+
+
+class QuotaExceededError(MqttError):
+    """A packet breaks a count limit we impose (user properties, filters per packet)."""
+
+    reason_code = ReasonCode.QUOTA_EXCEEDED
 
 
 class UnsupportedProtocolVersionError(MqttError):

@@ -2,6 +2,7 @@
 
 from services.common.topics.rules import (
     DEFAULT_LIMITS,
+    NO_LIMITS,
     TopicLimits,
     is_wildcard,
     topic_matches,
@@ -19,6 +20,7 @@ from services.common.topics.trie import TopicTrie
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "NO_LIMITS",
     "SharedFilter",
     "TopicLimits",
     "TopicTrie",

@@ -45,6 +45,9 @@ def merge_matches(
     """Per client key, the one delivery its matching subscriptions grant for a message
     published at `qos` with `retain` by client id `publisher`."""
     out: dict[K, Grant] = {}
+    # Identifiers of clients matched more than once, gathered in a list: adding tuples would
+    # copy them per match, quadratic in a client's overlapping subscriptions.
+    more_ids: dict[K, list[int]] = {}
     for key, sub in matches:
         if sub.no_local and client_of(key) == publisher:
             continue
@@ -53,6 +56,14 @@ def merge_matches(
         prev = out.get(key)
         if prev is None:
             out[key] = (q, rap, sub.sub_ids)
-        else:
-            out[key] = (max(prev[0], q), prev[1] or rap, prev[2] + sub.sub_ids)
+            continue
+        out[key] = (max(prev[0], q), prev[1] or rap, prev[2])
+        if sub.sub_ids:
+            ids = more_ids.get(key)
+            if ids is None:
+                ids = more_ids[key] = list(prev[2])
+            ids += sub.sub_ids
+    for key, ids in more_ids.items():
+        q, rap, _ = out[key]
+        out[key] = (q, rap, tuple(ids))
     return out

@@ -14,6 +14,9 @@ class TopicLimits:
 
 
 DEFAULT_LIMITS = TopicLimits()
+# Beyond what any MQTT string can hold: for filters a channel has checked against its node's
+# limits already (which may exceed the defaults), so re-parsing them never refuses one.
+NO_LIMITS = TopicLimits(max_length_bytes=65535, max_levels=65536)
 
 
 def validate_topic_name(topic: str, limits: TopicLimits = DEFAULT_LIMITS) -> None:
@@ -23,9 +26,9 @@ def validate_topic_name(topic: str, limits: TopicLimits = DEFAULT_LIMITS) -> Non
     if "+" in topic or "#" in topic:
         raise TopicNameInvalidError("topic name contains a wildcard")  # [MQTT-3.3.2-2]
     if len(topic) > limits.max_length_bytes or len(topic.encode()) > limits.max_length_bytes:
-        raise TopicNameInvalidError("topic name too long")
+        raise TopicNameInvalidError("topic name too long", limit="max_topic_length_bytes")
     if topic.count("/") >= limits.max_levels:
-        raise TopicNameInvalidError("topic name has too many levels")
+        raise TopicNameInvalidError("topic name has too many levels", limit="max_topic_levels")
 
 
 def validate_topic_filter(filt: str, limits: TopicLimits = DEFAULT_LIMITS) -> None:
@@ -33,10 +36,10 @@ def validate_topic_filter(filt: str, limits: TopicLimits = DEFAULT_LIMITS) -> No
     if not filt:
         raise TopicFilterInvalidError("topic filter is empty")  # [MQTT-4.7.3-1]
     if len(filt) > limits.max_length_bytes or len(filt.encode()) > limits.max_length_bytes:
-        raise TopicFilterInvalidError("topic filter too long")
+        raise TopicFilterInvalidError("topic filter too long", limit="max_topic_length_bytes")
     levels = filt.split("/")
     if len(levels) > limits.max_levels:
-        raise TopicFilterInvalidError("topic filter has too many levels")
+        raise TopicFilterInvalidError("topic filter has too many levels", limit="max_topic_levels")
     last = len(levels) - 1
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != last):

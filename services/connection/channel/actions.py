@@ -56,6 +56,9 @@ class SubscribeRequest:
     subscriptions: tuple[IdentifiedSubscription, ...]  # the accepted ones
     reason_codes: tuple[int, ...]  # final codes, slots of refused filters already filled
     fresh: tuple[bool, ...] = ()  # per subscription: it did not exist before (retain handling 1)
+    # New filters counted against the client's subscription limit until the SUBACK; the
+    # answer passed to `Channel.subscribed` must carry the same number.
+    reserved: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,16 @@ from services.common.topics import DEFAULT_LIMITS, TopicLimits
 class ChannelConfig:
     node_id: str = "node"
     max_packet_size_bytes: int = DEFAULT_MAX_PACKET_SIZE
+    # Until the CONNECT is accepted: a client nobody knows yet gets less.
+    max_connect_packet_size_bytes: int = 64 << 10
+    max_user_properties: int = 256  # per property block
+    max_filters_per_subscribe: int = 100  # and per UNSUBSCRIBE
+    max_subscriptions_per_client: int = 1000
     receive_maximum: int = 1024  # inbound QoS 2 window we announce
     topic_alias_maximum: int = 64  # inbound aliases we accept
-    max_keepalive_s: int = 0  # 0: accept what the client asks
-    connect_timeout_s: float = 10.0
+    max_keepalive_s: int = 3600  # 0: accept what the client asks
+    server_keepalive_s: int = 3600  # for MQTT 5 clients asking 0; 0: let them
+    connect_timeout_s: float = 5.0
     v3_inflight: int = 256  # outbound window for clients that cannot tell us theirs
     max_queued_messages: int = 1000
     max_queued_bytes: int = 4 << 20  # QoS 1/2 waiting for the window or the transport

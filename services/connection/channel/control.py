@@ -30,6 +30,17 @@ class KeepAlive:
         return now - self.opened_at > timeout_s
 
 
+def enforced_keepalive(asked_s: int, level: int, max_s: int) -> int:
+    """The keep alive a client is held to from its CONNECT on. MQTT 5 clients are told
+    theirs in the CONNACK (`handshake.server_keepalive`), so this is what they asked until
+    then. A 3.1/3.1.1 client cannot be told: one asking more than `max_s` is held to `max_s`
+    (a silent client is not kept for up to 27 hours); one asking 0 keeps it off, as its
+    protocol promises (TCP keep-alive finds its dead peer)."""
+    if level < 5 and max_s and asked_s > max_s:
+        return max_s
+    return asked_s
+
+
 @dataclass(frozen=True, slots=True)
 class Farewell:
     """What a client's DISCONNECT says about the end of its session."""

@@ -22,6 +22,9 @@ Theory of operation:
 - A client that breaks a rule makes a family raise `MqttError` (its reason code says why);
   only this connection closes: DISCONNECT with the code on MQTT 5 (CONNACK with it while the
   session does not exist yet), a plain close on 3.1/3.1.1.
+- Until the CONNECT is accepted the decoder allows `max_connect_packet_size_bytes` only: a
+  peer nobody knows yet cannot make us read a large packet. Every configured limit a client
+  exceeds is reported through `on_limit(setting name)` (the node counts them).
 - `state` only moves forward: AWAIT_CONNECT -> AUTHENTICATING -> CONNECTED -> CLOSED, and any
   state may go straight to CLOSED. Nothing is written or returned after CLOSED.
 """
@@ -35,11 +38,14 @@ from typing import Any, cast
 from services.common.acl import AclChecker
 from services.common.connect import ConnectOutcome
 from services.common.message import Message
+from services.common.mqtt.body_decoder import DecodeLimits
 from services.common.mqtt.decoder import Decoder
 from services.common.mqtt.encoder import encode
 from services.common.mqtt.errors import (
     MqttError,
+    PacketTooLargeError,
     ProtocolViolationError,
+    QuotaExceededError,
     UnsupportedProtocolVersionError,
 )
 from services.common.mqtt.packets import (
@@ -59,6 +65,7 @@ from services.common.mqtt.packets import (
     Will,
 )
 from services.common.mqtt.reason import ReasonCode as RC
+from services.common.topics import validate_topic_name
 from services.connection.channel.actions import (
     Action,
     Authenticate,
@@ -69,7 +76,12 @@ from services.connection.channel.actions import (
     SubscribeRequest,
 )
 from services.connection.channel.config import ChannelConfig
-from services.connection.channel.control import PINGRESP, KeepAlive, read_disconnect
+from services.connection.channel.control import (
+    PINGRESP,
+    KeepAlive,
+    enforced_keepalive,
+    read_disconnect,
+)
 from services.connection.channel.enhanced_auth import AuthExchange
 from services.connection.channel.handshake import Handshake
 from services.connection.channel.inbound import InboundPublishes
@@ -80,6 +92,12 @@ from services.connection.channel.subscriptions import ClientSubscriptions
 _PROGRESS = DeliveryProgress()  # it carries nothing: one instance serves every channel
 _V3_UNACCEPTABLE_PROTOCOL = b"\x20\x02\x00\x01"  # CONNACK with 3.1.1 return code 1
 _V3_CLOSE_ONLY = frozenset({RC.MALFORMED_PACKET, RC.PROTOCOL_ERROR})
+# Decoder limit names -> the settings that set them (what `on_limit` reports).
+_DECODER_LIMITS = {"max_topic_filters": "max_filters_per_subscribe"}
+
+
+def _uncounted(limit: str) -> None:
+    """The default `on_limit`: nobody counts."""
 
 
 class State(IntEnum):
@@ -99,6 +117,7 @@ class Channel:
         "_handshake",
         "_inbound",
         "_keepalive",
+        "_on_limit",
         "_problems",
         "_subscriptions",
         "acl",
@@ -121,9 +140,15 @@ class Channel:
     )
 
     def __init__(
-        self, config: ChannelConfig, peer: str, now: float, new_client_id: Callable[[], str]
+        self,
+        config: ChannelConfig,
+        peer: str,
+        now: float,
+        new_client_id: Callable[[], str],
+        on_limit: Callable[[str], None] = _uncounted,
     ) -> None:
         self.config = config
+        self._on_limit = on_limit
         self.peer = peer
         self.state = State.AWAIT_CONNECT
         self.level = 4  # until CONNECT says otherwise
@@ -150,11 +175,15 @@ class Channel:
             config.max_queued_messages,
             config.max_queued_bytes,
         )
-        self._decoder = Decoder(4, config.max_packet_size_bytes)
+        self._decoder = Decoder(
+            4,
+            min(config.max_connect_packet_size_bytes, config.max_packet_size_bytes),
+            DecodeLimits(config.max_user_properties, config.max_filters_per_subscribe),
+        )
         self._handshake = Handshake(config, new_client_id)
         self._problems = problems = Problems(config.reason_strings)
         self._inbound = InboundPublishes(config, self.out, self.acl, problems)
-        self._subscriptions = ClientSubscriptions(config.topic_limits, self.out, self.acl, problems)
+        self._subscriptions = ClientSubscriptions(config, self.out, self.acl, problems, on_limit)
         self._keepalive = KeepAlive(now)
         self._auth = AuthExchange()
 
@@ -247,6 +276,7 @@ class Channel:
             return [self._shut(RC.QUOTA_EXCEEDED, "slow consumer: not reading")]
         timeout_s = self.config.connect_timeout_s
         if state is State.AWAIT_CONNECT and self._keepalive.connect_overdue(now, timeout_s):
+            self._on_limit("connect_timeout_s")
             return [self._close(RC.MAXIMUM_CONNECT_TIME, "no CONNECT in time")]
         if state is State.AUTHENTICATING and self._auth.overdue(now, timeout_s):
             return [self._close(RC.MAXIMUM_CONNECT_TIME, "no AUTH in time")]
@@ -326,11 +356,17 @@ class Channel:
         self._problems.begin(p)
         client_id, refusal = self._handshake.begin(p)
         if refusal:
+            if refusal == RC.TOPIC_NAME_INVALID and p.will is not None:
+                self._count_will_topic_limit(p.will.topic)
             return self._refuse(refusal)
         self.client_id = client_id
         self.username = p.username or ""
         self.will = p.will
-        self._keepalive.interval_s = p.keepalive_s
+        cfg = self.config
+        keepalive_s = enforced_keepalive(p.keepalive_s, level, cfg.max_keepalive_s)
+        if keepalive_s != p.keepalive_s:  # a 3.1.1 client held to less than it asked
+            self._on_limit("max_keepalive_s")
+        self._keepalive.interval_s = keepalive_s
         if level == 5:
             self.outbound.limit(p.properties)
         self.state = State.AUTHENTICATING
@@ -356,10 +392,13 @@ class Channel:
         self.acl = acl = AclChecker(list(outcome.acl), outcome.acl_default_allow)
         self._auth.identity = outcome.identity
         self.state = State.CONNECTED
+        self._decoder.max_packet_size = self.config.max_packet_size_bytes
         self._keepalive.last_rx = now
         connack, keepalive_s = self._handshake.connack(outcome, self.client_id)
         if keepalive_s is not None:
             self._keepalive.interval_s = keepalive_s
+            asked_s = self._handshake.connect.keepalive_s if self._handshake.connect else 0
+            self._on_limit("max_keepalive_s" if asked_s else "server_keepalive_s")
         self.out += encode(connack, self.level)
         self._inbound.start(self.level, self.tenant, self.client_id, acl)
         self._subscriptions.start(self.level, acl, outcome.subscriptions)
@@ -376,11 +415,35 @@ class Channel:
 
     def _fail(self, exc: MqttError) -> Close:
         """The client broke a rule (`exc` says which): close with its reason code."""
+        self._count_limit(exc)
         if self.state is State.AWAIT_CONNECT:
             if isinstance(exc.cause, UnsupportedProtocolVersionError):
                 self.out += _V3_UNACCEPTABLE_PROTOCOL  # [MQTT-3.1.2-2] return code 1, then close
+            elif self._decoder.protocol_level == 5 and isinstance(
+                exc.cause, PacketTooLargeError | QuotaExceededError
+            ):
+                # A CONNECT over our limits that says MQTT 5: CONNACK 0x95 / 0x97 tells the
+                # client why before the close [MQTT-4.13.1-1].
+                self.out += encode(ConnAck(False, exc.reason_code), 5)
             return self._close(exc.reason_code, str(exc))
         return self._shut(exc.reason_code, str(exc))
+
+    def _count_limit(self, exc: MqttError) -> None:
+        """Report the configured limit `exc` enforces, if any."""
+        limit = exc.limit
+        if limit == "max_packet_size" and self.state is not State.CONNECTED:
+            limit = "max_connect_packet_size_bytes"  # the decoder's size before CONNACK
+        elif limit == "max_packet_size":
+            limit = "max_packet_size_bytes"
+        if limit:
+            self._on_limit(_DECODER_LIMITS.get(limit, limit))
+
+    def _count_will_topic_limit(self, topic: str) -> None:
+        """The will topic was refused: report it if a length/levels limit refused it."""
+        try:
+            validate_topic_name(topic, self.config.topic_limits)
+        except MqttError as exc:
+            self._count_limit(exc)
 
     def _shut(self, code: int, reason: str) -> Close:
         """Tell an MQTT 5 client why (DISCONNECT, or CONNACK before the session exists),

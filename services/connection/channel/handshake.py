@@ -85,7 +85,7 @@ class Handshake:
             # MQTT 3.1 has no Session Present flag: the byte must be 0.
             return ConnAck(outcome.session_present and p.protocol_level == 4, 0, EMPTY), None
         cfg = self._config
-        keepalive = server_keepalive(p.keepalive_s, cfg.max_keepalive_s)
+        keepalive = server_keepalive(p.keepalive_s, cfg.max_keepalive_s, cfg.server_keepalive_s)
         asked_expiry_s = p.properties.session_expiry_interval or 0
         props = Properties(
             assigned_client_identifier=client_id if not p.client_id else None,
@@ -134,10 +134,12 @@ def refusal(p: Connect, config: ChannelConfig) -> int:
     return 0
 
 
-def server_keepalive(asked_s: int, max_s: int) -> int | None:
+def server_keepalive(asked_s: int, max_s: int, zero_s: int) -> int | None:
     """The Server Keep Alive to impose on an MQTT 5 client (None: accept what it asked):
-    `max_s` when it asked for none (0) or for more."""
-    if max_s and (asked_s == 0 or asked_s > max_s):
+    `zero_s` (at most `max_s`) when it asked for none (0), `max_s` when it asked for more."""
+    if asked_s == 0:
+        return (min(zero_s, max_s) if max_s else zero_s) or None
+    if max_s and asked_s > max_s:
         return max_s
     return None
 

@@ -1,0 +1,356 @@
+"""Hostile clients against a real node: floods and stalls aimed at the codec and the
+per-connection limits. Each attack runs beside a `Bystander` on the same node, whose
+publish-to-deliver round trip must stay under 100 ms with nothing lost, and the attacker
+must get the documented answer (docs/_security_codec.md) and be counted in the node's
+`starling_limit_hits` metric.
+
+Attackers speak over asyncio streams (raw bytes: the packets are hostile on purpose), so
+they never block the loop the bystander is timed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from services.common.mqtt import (
+    ConnAck,
+    Connect,
+    Decoder,
+    Disconnect,
+    Properties,
+    SubAck,
+    Subscribe,
+    Subscription,
+    encode,
+)
+from services.common.mqtt.packets import Packet
+from tests.conftest import MeshInfo
+from tests.security.bystander import Bystander
+
+T = TypeVar("T")
+RTT_BOUND_MS = 100.0
+CONNECT_TIMEOUT_S = 5.0  # the node's default connect_timeout_s
+pytestmark = pytest.mark.timeout(120)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def _check(b: Bystander) -> None:
+    """The bystander kept its round trip (p99: one late sample among a hundred may be the
+    machine, not the node) and lost nothing."""
+    assert b.p99_rtt_ms < RTT_BOUND_MS and b.lost == 0 and not b.errors, b.summary()
+    assert len(b.rtts_ms) >= 50, b.summary()  # it did run during the attack
+
+
+async def _sustained(
+    attack: Callable[[int], Awaitable[T]], seconds: float = 1.5, parallel: int = 4
+) -> list[T]:
+    """Run `attack(n)` over and over (`n` counts the runs), `parallel` at a time, for
+    `seconds`: the bystander is measured under a flood, not a single shot."""
+    deadline = time.monotonic() + seconds
+    results: list[T] = []
+    runs = itertools.count()
+
+    async def worker() -> None:
+        while time.monotonic() < deadline:
+            results.append(await attack(next(runs)))
+
+    await asyncio.gather(*(worker() for _ in range(parallel)))
+    return results
+
+
+def _limit_hits_now(mesh: MeshInfo, node: int) -> dict[str, float]:
+    port = mesh.mesh.by_name(f"connection-{node}").metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    hits: dict[str, float] = {}
+    for m in re.finditer(r"^starling_limit_hits(?:_total)?\{([^}]*)\} (\S+)$", text, re.M):
+        limit = re.search(r'limit="([^"]*)"', m.group(1))
+        if limit:
+            hits[limit.group(1)] = float(m.group(2))
+    return hits
+
+
+async def _limit_hits(mesh: MeshInfo, node: int) -> dict[str, float]:
+    return await asyncio.to_thread(_limit_hits_now, mesh, node)
+
+
+async def _counted(
+    mesh: MeshInfo, node: int, before: dict[str, float], limit: str, at_least: int
+) -> None:
+    """Poll the node's metrics until `limit` grew by `at_least` (they are read on scrape)."""
+    deadline = time.monotonic() + 5
+    while True:
+        now = await _limit_hits(mesh, node)
+        grew = now.get(limit, 0) - before.get(limit, 0)
+        if grew >= at_least:
+            return
+        assert time.monotonic() < deadline, f"{limit} grew by {grew}, not {at_least}: {now}"
+        await asyncio.sleep(0.1)
+
+
+async def _attack(port: int, data: bytes, level: int = 5, timeout_s: float = 10) -> list[Packet]:
+    """Send `data` on a fresh connection (as far as the server lets us), then collect what
+    the server answers until it closes the connection; fails if it never does."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    return await _send_and_collect(reader, writer, data, level, timeout_s)
+
+
+async def _send_and_collect(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    data: bytes,
+    level: int,
+    timeout_s: float,
+    decoder: Decoder | None = None,
+) -> list[Packet]:
+    dec = decoder or Decoder(level)
+    got: list[Packet] = []
+    writer.write(data)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while chunk := await reader.read(65536):
+                got += dec.feed(chunk)
+    except ConnectionError:
+        pass  # the server closed with our unread flood in its buffer: a reset
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection open ({got})") from None
+    finally:
+        writer.close()
+    return got
+
+
+def _user_props(n: int) -> Properties:
+    return Properties(user_property=tuple((f"k{i % 10}", "v") for i in range(n)))
+
+
+async def _connected(
+    port: int, client_id: str, level: int = 5
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Decoder]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(encode(Connect(client_id, level), level))
+    dec = Decoder(level)
+    ack: list[Packet] = []
+    async with asyncio.timeout(10):
+        while not ack:
+            ack += dec.feed(await reader.read(65536))
+    assert isinstance(ack[0], ConnAck) and ack[0].reason_code == 0, ack
+    return reader, writer, dec
+
+
+# ---- property flood before authentication -------------------------------------------------
+
+
+async def test_property_flood_connect_is_refused_before_auth(mesh: MeshInfo) -> None:
+    """40,000 user properties (280 KB) in a CONNECT: refused from the fixed header (0x95);
+    8,000 (under 64 KiB): refused after 256 of them (0x97). No CONNECT reaches the session
+    service, and the bystander does not notice."""
+    port = mesh.node(0)
+    huge = encode(Connect("flood-huge", 5, properties=_user_props(40_000)), 5)
+    under = encode(Connect("flood-small", 5, properties=_user_props(8_000)), 5)
+    assert len(huge) > 250_000 and len(under) < 64 << 10
+    before = await _limit_hits(mesh, 0)
+
+    async def attack(n: int) -> tuple[bytes, list[Packet]]:
+        flood = huge if n % 2 else under
+        return flood, await _attack(port, flood)
+
+    async with Bystander(port) as b:
+        answers = await _sustained(attack)
+    _check(b)
+    # The answer may be lost to the reset of a connection closed with a flood unread;
+    # whenever it arrives it is the CONNACK with the reason.
+    expected = {huge: ConnAck(False, 0x95), under: ConnAck(False, 0x97)}
+    assert all(got in ([], [expected[flood]]) for flood, got in answers), answers
+    assert sum(bool(got) for _, got in answers) >= len(answers) // 2, answers
+    n_huge = sum(flood is huge for flood, _ in answers)
+    await _counted(mesh, 0, before, "max_connect_packet_size_bytes", n_huge)
+    await _counted(mesh, 0, before, "max_user_properties", len(answers) - n_huge)
+
+
+async def test_oversize_connect_gets_its_connack_from_the_header(mesh: MeshInfo) -> None:
+    """Only the start of a 280 KB CONNECT sent: the CONNACK 0x95 comes without the rest."""
+    huge = encode(Connect("flood-head", 5, properties=_user_props(40_000)), 5)
+    assert await _attack(mesh.node(1), huge[:64]) == [ConnAck(False, 0x95)]
+    v311 = encode(Connect("x" * 65_000, 4, will=None), 4) + b"\x00" * 2000
+    assert await _attack(mesh.node(1), v311[:64], level=4) == []  # 3.1.1: just closed
+
+
+# ---- SUBSCRIBE floods ---------------------------------------------------------------------
+
+
+async def test_subscribe_with_100000_filters_is_disconnected_0x97(mesh: MeshInfo) -> None:
+    """Eleven SUBSCRIBE packets of 100,000 filters: the first one ends the connection after
+    reading 100 of its filters (DISCONNECT 0x97); nothing is subscribed."""
+    port = mesh.node(0)
+    packet = encode(Subscribe(1, tuple(Subscription(f"f/{i}", 1) for i in range(100_000))), 5)
+    assert len(packet) < 1 << 20
+    flood = packet * 11
+    before = await _limit_hits(mesh, 0)
+
+    async def attack(n: int) -> list[Packet]:
+        reader, writer, dec = await _connected(port, f"sub-flood-{n}")
+        return await _send_and_collect(reader, writer, flood, 5, 10, dec)
+
+    async with Bystander(port) as b:
+        answers = await _sustained(attack, parallel=2)
+    _check(b)
+    assert all(got in ([], [Disconnect(0x97)]) for got in answers), answers
+    await _counted(mesh, 0, before, "max_filters_per_subscribe", len(answers))
+
+
+@pytest.mark.parametrize("level", [5, 4])
+async def test_many_subscribe_packets_stop_at_the_subscription_limit(
+    mesh: MeshInfo, level: int
+) -> None:
+    """Fifteen SUBSCRIBEs of 100 new filters, sent without waiting: 1,000 are granted, the
+    500 beyond get 0x97 (3.1.1: 0x80), every SUBACK arrives."""
+    port = mesh.node(1)
+    before = await _limit_hits(mesh, 1)
+    refusal = 0x97 if level == 5 else 0x80
+    async with Bystander(port) as b:
+        reader, writer, dec = await _connected(port, f"sub-flood-many-{level}", level)
+        for pid in range(1, 16):
+            subs = tuple(Subscription(f"many/{pid}/{i}", 1) for i in range(100))
+            writer.write(encode(Subscribe(pid, subs), level))
+        acks: list[Packet] = []
+        async with asyncio.timeout(30):
+            while len(acks) < 15:
+                acks += dec.feed(await reader.read(65536))
+        writer.close()
+    _check(b)
+    codes = [c for a in acks if isinstance(a, SubAck) for c in a.reason_codes]
+    assert len(codes) == 1500
+    assert codes.count(1) == 1000 and codes.count(refusal) == 500, codes
+    await _counted(mesh, 1, before, "max_subscriptions_per_client", 500)
+
+
+# ---- WebSocket ------------------------------------------------------------------------------
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+async def _ws_huge_frame(port: int) -> tuple[bytes, int]:
+    """Upgrade to WebSocket, announce one binary frame of 200 MiB and stream it; return the
+    first bytes the server sent back after the upgrade, and how much of the frame it took."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            f"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Protocol: mqtt\r\n\r\n"
+        ).encode()
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    writer.write(b"\x82\xff" + (200 << 20).to_bytes(8, "big") + b"\x00\x00\x00\x00")
+    sent = 0
+    try:
+        chunk = b"\x00" * (1 << 20)
+        while sent < 32 << 20:  # keep streaming, as an attacker would
+            writer.write(chunk)
+            await writer.drain()
+            sent += len(chunk)
+    except ConnectionError:
+        pass
+    frame = b""
+    try:
+        async with asyncio.timeout(10):
+            while len(frame) < 4 and (data := await reader.read(64)):
+                frame += data
+    except ConnectionError:
+        pass
+    writer.close()
+    return frame, sent
+
+
+async def test_200_mib_websocket_frame_is_refused_from_its_header(mesh: MeshInfo) -> None:
+    """A binary frame announcing 200 MiB: closed with 1009 (Message Too Big) before the node
+    buffers it; its memory does not grow."""
+    comp = mesh.mesh.by_name("connection-0")
+    rss_before = _rss_bytes(comp.pid)
+    before = await _limit_hits(mesh, 0)
+
+    async def attack(n: int) -> tuple[bytes, int]:
+        return await _ws_huge_frame(comp.ws_port)
+
+    async with Bystander(comp.port) as b:
+        answers = await _sustained(attack, parallel=2)
+    _check(b)
+    for frame, sent in answers:
+        # A close frame whose status code is 1009; or a reset, if our stream overtook it.
+        if frame:
+            assert frame[0] == 0x88 and int.from_bytes(frame[2:4], "big") == 1009, frame
+        assert sent < 32 << 20 or frame, "the node kept reading a 200 MiB frame"
+    assert _rss_bytes(comp.pid) - rss_before < 50 << 20
+    await _counted(mesh, 0, before, "max_packet_size_bytes", len(answers))
+
+
+# ---- stalls -------------------------------------------------------------------------------
+
+
+async def test_connections_that_never_finish_connect_are_closed(mesh: MeshInfo) -> None:
+    """Sockets that send nothing, or half a CONNECT, are closed at the CONNECT timeout with
+    no answer."""
+    port = mesh.node(1)
+    half = encode(Connect("half", 5, properties=_user_props(10)), 5)[:20]
+    before = await _limit_hits(mesh, 1)
+    streams = []
+    started = time.monotonic()
+    async with Bystander(port) as b:
+        for i in range(20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            if i % 2:
+                writer.write(half)
+            streams.append((reader, writer))
+        answers = await asyncio.gather(
+            *(_send_and_collect(r, w, b"", 5, CONNECT_TIMEOUT_S + 5) for r, w in streams)
+        )
+    elapsed = time.monotonic() - started
+    _check(b)
+    assert answers == [[]] * 20
+    assert elapsed < CONNECT_TIMEOUT_S + 4, elapsed
+    await _counted(mesh, 1, before, "connect_timeout_s", 20)
+
+
+@pytest.mark.parametrize(
+    ("level", "asked", "told"), [(5, 65535, 3600), (5, 0, 3600), (5, 120, None), (4, 65535, None)]
+)
+async def test_huge_keep_alive_is_capped(
+    mesh: MeshInfo, level: int, asked: int, told: int | None
+) -> None:
+    """Keep alive 65535 (18 hours) or 0 (forever): an MQTT 5 client is told 3600 (Server
+    Keep Alive); a 3.1.1 client cannot be told, it is held to 3600 (counted)."""
+    before = await _limit_hits(mesh, 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", mesh.node(0))
+    writer.write(encode(Connect(f"ka-{level}-{asked}", level, keepalive_s=asked), level))
+    dec = Decoder(level)
+    got: list[Packet] = []
+    async with asyncio.timeout(10):
+        while not got:
+            got += dec.feed(await reader.read(65536))
+    writer.close()
+    (ack,) = got
+    assert isinstance(ack, ConnAck) and ack.reason_code == 0
+    assert ack.properties.server_keep_alive == told
+    if asked == 65535:
+        await _counted(mesh, 0, before, "max_keepalive_s", 1)
