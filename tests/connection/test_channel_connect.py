@@ -150,6 +150,16 @@ def test_too_many_packets_before_connack_close_the_connection() -> None:
     assert take(ch) == encode(ConnAck(False, 0x82), 5)  # no session yet: CONNACK says why
 
 
+def test_bytes_held_before_connack_are_bounded_by_the_connect_limit() -> None:
+    # 40 publishes of 2 KiB fit one pre-CONNACK limit of 64 KiB; 40 more do not.
+    ch = new_channel(ChannelConfig(reason_strings=False, max_connect_packet_size_bytes=65536))
+    ch.receive(encode(Connect("c", 5), 5), 0.0)
+    chunk = encode(Publish("a", b"x" * 2048), 5)
+    assert ch.receive(chunk * 30, 0.0) == []
+    assert kinds(ch.receive(chunk * 10, 0.0)) == ["Close"]
+    assert take(ch) == encode(ConnAck(False, 0x82), 5)
+
+
 def test_a_resumed_session_restores_its_subscriptions() -> None:
     ch = new_channel()
     ch.receive(encode(Connect("c", 5, clean_start=False), 5), 0.0)

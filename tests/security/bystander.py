@@ -294,5 +294,16 @@ async def _child(settings: ProbeSettings) -> None:
     print(json.dumps(await probe.stop()), flush=True)
 
 
+# Issue 11: a bystander's publish -> deliver round trip stays under this during an attack.
+RTT_BOUND_MS = 100.0
+
+
+def assert_unharmed(b: Bystander) -> None:
+    """The bystander kept its round trip (p99: one late sample among a hundred may be the
+    machine, not the node), lost nothing, and did run during the attack."""
+    assert b.p99_rtt_ms < RTT_BOUND_MS and b.lost == 0 and not b.errors, b.summary()
+    assert len(b.rtts_ms) >= 50, b.summary()
+
+
 if __name__ == "__main__":
     asyncio.run(_child(ProbeSettings(**json.loads(sys.argv[1]))))

@@ -20,6 +20,9 @@ def parse_shared(filt: str, limits: TopicLimits = DEFAULT_LIMITS) -> SharedFilte
     """Return the group and inner filter of a shared filter, None for a plain filter."""
     if not filt.startswith(SHARE_PREFIX):
         return None
+    if len(filt) > limits.max_length_bytes or len(filt.encode()) > limits.max_length_bytes:
+        # The group name counts too: the whole filter is what the client makes us keep.
+        raise TopicFilterInvalidError("shared subscription filter too long")
     rest = filt[len(SHARE_PREFIX) :]
     group, sep, inner = rest.partition("/")
     if not group or "+" in group or "#" in group:

@@ -11,7 +11,14 @@ from collections.abc import Callable
 
 from services.common.connect import ConnectOutcome
 from services.common.mqtt.errors import MqttError
-from services.common.mqtt.packets import ConnAck, Connect, Packet
+from services.common.mqtt.packets import (
+    ConnAck,
+    Connect,
+    Packet,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+)
 from services.common.mqtt.primitives import check_utf8
 from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
@@ -23,11 +30,19 @@ class Handshake:
     """The CONNECT being answered and the packets held until its answer (`hold`, then
     `release_held` once authenticated)."""
 
-    __slots__ = ("_config", "_held", "_new_client_id", "connect", "server_reference")
+    __slots__ = (
+        "_config",
+        "_held",
+        "_held_bytes",
+        "_new_client_id",
+        "connect",
+        "server_reference",
+    )
 
     def __init__(self, config: ChannelConfig, new_client_id: Callable[[], str]) -> None:
         self._config = config
         self._new_client_id = new_client_id
+        self._held_bytes = 0
         self._held: list[Packet] | None = None  # created on first use: most clients wait
         self.connect: Connect | None = None
         self.server_reference = ""  # where a redirected client should go instead
@@ -55,11 +70,18 @@ class Handshake:
         return RC.SERVER_MOVED if moved else RC.USE_ANOTHER_SERVER
 
     def hold(self, p: Packet) -> bool:
-        """Keep a packet that came before the CONNACK; False when too many wait already."""
+        """Keep a packet that came before the CONNACK; False when too many wait already (in
+        packets, or in bytes: together no more than one CONNECT may be, so a client cannot
+        make the node hold more before it is authenticated than the pre-CONNACK limit)."""
         held = self._held
         if held is None:
             held = self._held = []
-        if len(held) >= self._config.max_held_packets:
+            self._held_bytes = 0
+        self._held_bytes += _weight(p)
+        if (
+            len(held) >= self._config.max_held_packets
+            or self._held_bytes > self._config.max_connect_packet_size_bytes
+        ):
             return False
         held.append(p)
         return True
@@ -163,3 +185,14 @@ def tenant_of(username: str) -> str:
     the session service's authenticator)."""
     tenant, slash, _ = username.partition("/")
     return tenant if slash else "default"
+
+
+def _weight(p: Packet) -> int:
+    """Roughly what a held packet costs: its payload, topic and filters."""
+    if isinstance(p, Publish):
+        return len(p.payload) + len(p.topic) + 16
+    if isinstance(p, Subscribe):
+        return sum(len(s.filter) + 8 for s in p.subscriptions) + 16
+    if isinstance(p, Unsubscribe):
+        return sum(len(f) + 8 for f in p.filters) + 16
+    return 16
