@@ -30,6 +30,7 @@ from services.common.mqtt import (
     encode_publish,
 )
 from tests.conftest import MeshInfo
+from tests.security.bystander import Bystander, assert_unharmed
 
 N = int(os.environ.get("STARLING_TEST_SLOW_CONSUMER_N", "20000"))
 PAYLOAD = 1024
@@ -128,20 +129,29 @@ def _drain(port: int, client_id: str) -> set[int]:
 
 
 def test_a_stalled_subscriber_costs_bounded_memory_and_loses_nothing(mesh: MeshInfo) -> None:
+    """The stalled subscriber and a bystander are on node 0; the publisher is elsewhere, as
+    the traffic of other tenants would be."""
     port = mesh.node(0)
     pid = mesh.mesh.by_name("connection-0").pid
     sub = _stalled_subscriber(port, "stalled-sub")
     before = _rss_mb(pid)
     sampler = _Sampler(pid)
     sampler.start()
-    acked = asyncio.run(_publish_all(port))
-    time.sleep(1.0)  # let the node do whatever it does with the backlog
+
+    async def publish_beside_a_bystander() -> tuple[int, Bystander]:
+        async with Bystander(port) as b:
+            acked = await _publish_all(mesh.node(1))
+            await asyncio.sleep(1.0)  # let the node do whatever it does with the backlog
+        return acked, b
+
+    acked, bystander = asyncio.run(publish_beside_a_bystander())
     sampler.stop.set()
     sampler.join()
     growth = sampler.peak - before
     sub.close()
     assert acked == N
     assert growth < RSS_BUDGET_MB, f"node RSS grew {growth:.0f} MB ({before:.0f} MB before)"
+    assert_unharmed(bystander)
     seen = _drain(port, "stalled-sub")
     missing = N - len(seen)
     assert missing == 0, f"{missing} of {N} acknowledged messages never arrived"
