@@ -252,13 +252,13 @@ def test_subscribe_filter_over_the_limits_is_refused(level: int, code: int) -> N
     subs = (
         Subscription("x" * 65, 0),
         Subscription("a/b/c/d/#", 0),
-        Subscription("$share/g/" + "y" * 60, 0),
-        Subscription("a/+/c/#", 1),
+        Subscription("$share/" + "g" * 60 + "/y", 0),  # the group name counts too
+        Subscription("$share/g/a/+/c/#", 1),
     )
     (req,) = ch.receive(encode(Subscribe(1, subs), level), 0.0)
     assert isinstance(req, SubscribeRequest)
-    assert req.reason_codes == (code, code, 0, 1)  # a $share prefix does not count
-    assert hits.names == ["max_topic_length_bytes", "max_topic_levels"]
+    assert req.reason_codes == (code, code, code, 1)
+    assert hits.names == ["max_topic_length_bytes", "max_topic_levels", "max_topic_length_bytes"]
 
 
 def test_unsubscribe_of_an_invalid_filter_gets_0x8f_and_never_reaches_the_node() -> None:

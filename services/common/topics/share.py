@@ -22,7 +22,9 @@ def parse_shared(filt: str, limits: TopicLimits = DEFAULT_LIMITS) -> SharedFilte
         return None
     if len(filt) > limits.max_length_bytes or len(filt.encode()) > limits.max_length_bytes:
         # The group name counts too: the whole filter is what the client makes us keep.
-        raise TopicFilterInvalidError("shared subscription filter too long")
+        raise TopicFilterInvalidError(
+            "shared subscription filter too long", limit="max_topic_length_bytes"
+        )
     rest = filt[len(SHARE_PREFIX) :]
     group, sep, inner = rest.partition("/")
     if not group or "+" in group or "#" in group:
