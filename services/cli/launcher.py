@@ -244,8 +244,15 @@ class Launcher:
         redis = self.start_redis()
         _wait(lambda: port_open("127.0.0.1", nats.port), timeout_s, "nats", self)
         _wait(lambda: port_open("127.0.0.1", redis.port), timeout_s, "redis", self)
+        from services.cli.status import component_status
+
         for name in BACK_OFFICE:
             self.start_service(name, name, nats, redis)
+        # Nodes announce themselves (hello) as they start: the session service must be
+        # listening by then, so the back office serves first.
+        for comp in list(self.mesh.components):
+            if comp.name in BACK_OFFICE:
+                _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
         for i in range(self.nodes):
             self.start_service(
                 f"connection-{i}",
@@ -255,8 +262,6 @@ class Launcher:
                 mqtt_port=self.mqtt_port + i if self.mqtt_port else free_port(),
             )
         self.mesh.save()
-        from services.cli.status import component_status
-
         for comp in self.mesh.components:
             _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
         return self.mesh

@@ -52,14 +52,22 @@ class Sweeper:
 
     def tick(self, now: float, poll: bool) -> None:
         for conn in list(self._registry.conns):
-            ch = conn.channel
-            actions = ch.tick(now)
-            if actions:
-                self._carry_out(conn, actions)
-            elif ch.out:
-                self._mark_dirty(conn)
-            if poll and conn.persistent is not None:
-                conn.persistent.poll()
+            try:
+                self._tick_one(conn, now, poll)
+            except Exception:
+                # One connection's failure must not stop keep-alive checks and heartbeats
+                # for every other (a silent node is declared dead by the session service).
+                log.exception("sweep_failed", extra={"client_id": conn.channel.client_id})
+
+    def _tick_one(self, conn: Conn, now: float, poll: bool) -> None:
+        ch = conn.channel
+        actions = ch.tick(now)
+        if actions:
+            self._carry_out(conn, actions)
+        elif ch.out:
+            self._mark_dirty(conn)
+        if poll and conn.persistent is not None:
+            conn.persistent.poll()
 
     async def _heartbeat(self) -> None:
         try:

@@ -4,8 +4,9 @@ Nodes publish a heartbeat on `hb.node.<node_id>` every second. A node silent for
 `node_timeout_s` is declared dead: every client the registry says it held is released, and
 its persistent session is parked as disconnected at the node's last heartbeat, so session
 expiry runs even when a SIGKILLed node's clients never come back. Nodes named in the
-registry's per-node sets count as seen when this service starts, so a node that died while
-the session service was down is found too.
+registry's set of nodes holding clients count as seen from the moment this service learns
+of them (at start, and on every check), so a node that died while the session service was
+down, or before its first heartbeat or hello reached this service, is found too.
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ class NodeLiveness:
     async def _on_hello(self, msg: Any) -> None:
         """A node (re)started: whatever its previous life held is gone."""
         node = msg.data.decode()
-        await self.release_node(node, int(time.time() * 1000))
         self.last_seen[node] = time.monotonic()
+        await self.release_node(node, int(time.time() * 1000))
 
     async def check(self) -> list[str]:
         """Declare silent nodes dead and release their clients; returns the dead nodes."""
         now = time.monotonic()
+        for node in await self._registry.known_nodes():
+            self.last_seen.setdefault(node, now)
         dead = [n for n, seen in self.last_seen.items() if now - seen > self._timeout]
         for node in dead:
             died_at_ms = int((time.time() - (now - self.last_seen[node])) * 1000)

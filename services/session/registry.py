@@ -71,6 +71,9 @@ def _node_key(node_id: str) -> str:
     return f"st:node:{node_id}:clients"
 
 
+_NODES = "st:nodes"  # ids of the nodes that hold clients (each has a _node_key set)
+
+
 def _member(tenant: str, client_id: str) -> str:
     return f"{tenant}\0{client_id}"
 
@@ -103,6 +106,7 @@ class Registry:
                 _node_key(holder.node_id),  # type: ignore[misc]
                 _member(holder.tenant, holder.client_id),
             )
+            await self._redis.sadd(_NODES, holder.node_id)  # type: ignore[misc]
         return ClaimResult(bool(won), _decode(prev) if prev else None)
 
     async def release(self, tenant: str, client_id: str, epoch: int) -> bool:
@@ -121,15 +125,13 @@ class Registry:
         return out
 
     async def known_nodes(self) -> list[str]:
-        """Nodes that hold (or held) clients, from the per-node sets."""
-        nodes = []
-        async for key in self._redis.scan_iter(match="st:node:*:clients"):
-            k = key.decode() if isinstance(key, bytes) else key
-            nodes.append(k[len("st:node:") : -len(":clients")])
-        return nodes
+        """Nodes that hold (or held) clients and were not dropped since."""
+        raw = await self._redis.smembers(_NODES)  # type: ignore[misc]
+        return sorted(m.decode() if isinstance(m, bytes) else m for m in raw)
 
     async def drop_node(self, node_id: str) -> None:
         await self._redis.delete(_node_key(node_id))
+        await self._redis.srem(_NODES, node_id)  # type: ignore[misc]
 
     async def get(self, tenant: str, client_id: str) -> Holder | None:
         raw = await self._redis.hget(_key(tenant), client_id)  # type: ignore[misc]
