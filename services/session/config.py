@@ -49,7 +49,7 @@ class SessionSettings(ServiceSettings):
         default=100, ge=1, le=100_000, description="Unexpired admin tokens one tenant may hold."
     )
 
-    # ---- authentication (docs/_security_auth.md) -------------------------------------------
+    # ---- authentication (docs/security.md) -------------------------------------------
     auth_chain: dict[str, list[Literal["password", "scram", "jwt", "http", "cert"]]] = Field(
         default_factory=lambda: {"*": ["password", "scram"]},
         description=(

@@ -1,7 +1,7 @@
 """Hostile clients against a real node: floods and stalls aimed at the codec and the
 per-connection limits. Each attack runs beside a `Bystander` on the same node, whose
 publish-to-deliver round trip must stay under 100 ms with nothing lost, and the attacker
-must get the documented answer (docs/_security_codec.md) and be counted in the node's
+must get the documented answer (docs/security.md) and be counted in the node's
 `starling_limit_hits` metric.
 
 Attackers speak over asyncio streams (raw bytes: the packets are hostile on purpose), so

@@ -1,7 +1,7 @@
 """Attacks on shared resources against a real two-node mesh with small limits: a connection
 flood from one address and into one tenant, a `$delayed` flood, a retained flood, and a
 second user taking over another user's client id. Each attack gets the documented answer
-(docs/_security_limits.md), is counted in the refusing service's /metrics, and a bystander of
+(docs/security.md), is counted in the refusing service's /metrics, and a bystander of
 another tenant on the same node keeps connecting and its round trip stays short.
 
 Clients bind distinct loopback source addresses (127.0.0.x) so that "one address" is the
