@@ -53,6 +53,8 @@ class ProbeSettings:
     drain_s: float = 3.0
     window: int = 10  # unacknowledged publishes at most (below the node's receive maximum)
     min_duration_s: float = 1.0  # measure at least this long, however brief the attack
+    username: str = ""  # for meshes without anonymous access ("tenant/user")
+    password: str = ""
 
 
 class Bystander:
@@ -149,10 +151,18 @@ class _Client:
         self.pending: list[Packet] = []
 
     @classmethod
-    async def connect(cls, port: int, client_id: str) -> _Client:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def connect(cls, s: ProbeSettings, client_id: str) -> _Client:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
         c = cls(reader, writer)
-        c.send(Connect(client_id, 5, keepalive_s=60))
+        c.send(
+            Connect(
+                client_id,
+                5,
+                keepalive_s=60,
+                username=s.username or None,
+                password=s.password.encode() if s.password else None,
+            )
+        )
         ack = await c.recv()
         if not (isinstance(ack, ConnAck) and ack.reason_code == 0):
             raise AssertionError(f"bystander {client_id} refused: {ack}")
@@ -194,11 +204,11 @@ class _Probe:
 
     async def start(self) -> None:
         tag = uuid.uuid4().hex[:8]
-        self._sub = sub = await _Client.connect(self.s.port, f"bystander-sub-{tag}")
+        self._sub = sub = await _Client.connect(self.s, f"bystander-sub-{tag}")
         sub.send(Subscribe(1, (Subscription(self.topic, 1),)))
         ack = await sub.recv()
         assert isinstance(ack, SubAck) and ack.reason_codes == (1,), ack
-        self._pub = await _Client.connect(self.s.port, f"bystander-pub-{tag}")
+        self._pub = await _Client.connect(self.s, f"bystander-pub-{tag}")
         self._tasks = [
             asyncio.create_task(self._noting_errors(self._read_deliveries())),
             asyncio.create_task(self._noting_errors(self._read_acks())),
