@@ -118,6 +118,8 @@ class PersistentDelivery:
                 except Exception as exc:  # queue service down: the poll retries
                     log.warning("queue_read_failed", extra={"error": type(exc).__name__})
                     return
+                if self.closed:
+                    return  # the connection ended during the read: nothing goes out, nothing acks
                 if self.next_read == 0:
                     self.acked = resp.acked_through
                     self.read_through = resp.acked_through

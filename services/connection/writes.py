@@ -26,6 +26,8 @@ class WriteBatcher:
         self._loop = loop
 
     def mark(self, conn: Conn) -> None:
+        if conn.closed:
+            return
         if len(conn.channel.out) >= FLUSH_NOW_BYTES:
             conn.flush()
             return

@@ -158,6 +158,20 @@ def test_queued_bytes_are_bounded_too() -> None:
     assert (len(ob.pending or ()), ob.dropped) == (2, 1)
 
 
+def test_queued_bytes_count_properties_too() -> None:
+    # A small payload with large user properties is what it costs, not what its payload is.
+    ch, _ = connected(5, config=ChannelConfig(max_queued_bytes=50_000))
+    ch.outbound.set_congested(True, 1.0)
+    heavy = Properties(user_property=(("k", "v" * 20_000),))
+    for _ in range(3):
+        ch.deliver(_msg(payload=b"x", properties=heavy), 1, False, (), 1.0)
+    ob = ch.outbound
+    assert (len(ob.pending or ()), ob.dropped) == (2, 1)
+    assert ob.pending_bytes > 40_000
+    ob.set_congested(False, 2.0)
+    assert ob.pending_bytes == 0
+
+
 @pytest.mark.parametrize("level", [4, 5])
 def test_a_client_that_stays_congested_is_disconnected_with_0x97(level: int) -> None:
     cfg = ChannelConfig(slow_consumer_timeout_s=30.0, reason_strings=False)

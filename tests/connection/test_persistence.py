@@ -160,3 +160,23 @@ async def test_qos2_pubrec_is_recorded_and_a_released_entry_gets_pubrel_not_publ
     await asyncio.sleep(0.05)
     assert queue.acked_through == 1
     await pd2.close()
+
+
+async def test_a_connection_closed_during_a_read_sends_and_acks_nothing() -> None:
+    queue = FakeQueue([_entry(1), _entry(2)])
+    gate = asyncio.Event()
+    read = queue.read
+
+    async def slow_read(*args: object, **kwargs: object) -> QueueRead:
+        await gate.wait()
+        return await read(*args, **kwargs)  # type: ignore[arg-type]
+
+    queue.read = slow_read  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    await pd.close()  # the client left while the read was under way
+    gate.set()
+    await _settle()
+    assert _publishes(ch, dec) == []
+    assert queue.acked_through == 0  # the entries stay for the next connection

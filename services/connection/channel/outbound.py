@@ -23,7 +23,7 @@ from dataclasses import replace
 from services.common.message import Message
 from services.common.mqtt.encoder import encode, encode_properties, frame_publish
 from services.common.mqtt.packets import PubRel
-from services.common.mqtt.properties import Properties
+from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
 
 # inflight stage: the ack a delivery waits for
@@ -128,7 +128,7 @@ class Outbound:
         if not pending and not self.congested and len(self.inflight) < self.receive_maximum:
             self._send_acked(msg, qos, retain, sub_ids, now, origin)
             return
-        size = len(msg.payload) + len(msg.topic)
+        size = queued_size(msg)
         if (
             (pending is not None and len(pending) >= self.max_queued)
             or not self.max_queued
@@ -308,8 +308,19 @@ class Outbound:
             return
         while pending and not self.congested and len(self.inflight) < self.receive_maximum:
             msg, qos, retain, sub_ids, origin = pending.popleft()
-            self.pending_bytes -= len(msg.payload) + len(msg.topic)
+            self.pending_bytes -= queued_size(msg)
             if msg.expires_at is not None and msg.expires_at <= now:
                 self.expired += 1
                 continue
             self._send_acked(msg, qos, retain, sub_ids, now, origin)
+
+
+def queued_size(msg: Message) -> int:
+    """What a queued message holds in memory, near enough: payload, topic and properties
+    (user properties can be far larger than the payload). Only computed for messages that
+    wait, never on the direct path."""
+    size = len(msg.payload) + len(msg.topic.encode())
+    props = msg.properties
+    if props is not EMPTY:
+        size += len(encode_properties(props))
+    return size
