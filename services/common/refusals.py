@@ -3,8 +3,9 @@ the Prometheus counter `starling_limit_refusals_total{limit, tenant}`.
 
 Each service counts the refusals it decides (the session service: connections per tenant and
 client id ownership; the router: retained and delayed messages; a connection node:
-connections per address), so an operator sees which limit bites and for whom. Refusals made
-before a client authenticated carry the tenant "-".
+connections per address and every per-connection limit, by setting name), so an operator
+sees which limit bites and for whom. Refusals made before a client authenticated carry the
+tenant "-".
 """
 
 from __future__ import annotations

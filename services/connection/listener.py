@@ -196,7 +196,7 @@ def ws_app(node: Node, path: str, keepalive: TcpKeepalive = TcpKeepalive()) -> w
                 elif msg.type is WSMsgType.ERROR:
                     err = msg.data
                     if isinstance(err, WebSocketError) and err.code == WSCloseCode.MESSAGE_TOO_BIG:
-                        node.stats.limit_hit("max_packet_size_bytes")  # aiohttp sent 1009
+                        node.refusals.count("max_packet_size_bytes")  # aiohttp sent 1009
                     break
         finally:
             conn.lost()

@@ -189,7 +189,7 @@ class Node:
 
     def open(self, sink: Sink, peer: str, cert: PeerCert | None = None) -> Conn:
         now = time.time()
-        channel = Channel(self.config, peer, now, self._new_client_id, self.stats.limit_hit)
+        channel = Channel(self.config, peer, now, self._new_client_id, self.refusals.count)
         conn = Conn(self, channel, sink, cert)
         self.registry.opened(conn)
         self.per_address.opened(peer)

@@ -1,7 +1,5 @@
 """Per-tenant counters of a node, and their export: reports to the metrics service every
 `stats_interval_s`, and OpenTelemetry observables (scraped through the Prometheus endpoint).
-Also how often clients ran into each configured limit (`limit_hit`, by setting name: most
-hits come before anyone knows the tenant), exported as `starling_limit_hits{limit=...}`.
 
 Counters are kept per batch, not per message, on the hot path: `messages_in` grows by the size
 of each batch a client hands over; deliveries and drops are counted by each connection's
@@ -34,11 +32,6 @@ class NodeStats:
     def __init__(self, conns: set[Conn]) -> None:
         self._conns = conns  # the registry's open connections
         self._closed: dict[str, Tally] = {}  # tenant -> totals, ended connections included
-        self.limit_hits: dict[str, int] = {}  # setting name -> times a client ran into it
-
-    def limit_hit(self, limit: str) -> None:
-        """A client ran into the limit the setting `limit` sets (refused, capped or closed)."""
-        self.limit_hits[limit] = self.limit_hits.get(limit, 0) + 1
 
     def for_tenant(self, tenant: str) -> Tally:
         t = self._closed.get(tenant)
@@ -128,14 +121,4 @@ def register_metrics(stats: NodeStats) -> None:
 
     meter.create_observable_gauge(
         "starling_connections", [connections], description="Open MQTT connections"
-    )
-
-    def limit_hits(_o: object) -> Iterable[metrics.Observation]:
-        for limit, n in list(stats.limit_hits.items()):
-            yield metrics.Observation(n, {"limit": limit})
-
-    meter.create_observable_counter(
-        "starling_limit_hits",
-        [limit_hits],
-        description="Times a client ran into a configured limit, by setting name",
     )

@@ -52,7 +52,7 @@ class Hits:
     def __init__(self) -> None:
         self.names: list[str] = []
 
-    def __call__(self, limit: str) -> None:
+    def __call__(self, limit: str, tenant: str) -> None:
         self.names.append(limit)
 
 

@@ -2,7 +2,7 @@
 per-connection limits. Each attack runs beside a `Bystander` on the same node, whose
 publish-to-deliver round trip must stay under 100 ms with nothing lost, and the attacker
 must get the documented answer (docs/security.md) and be counted in the node's
-`starling_limit_hits` metric.
+`starling_limit_refusals` metric.
 
 Attackers speak over asyncio streams (raw bytes: the packets are hostile on purpose), so
 they never block the loop the bystander is timed on.
@@ -79,11 +79,11 @@ def _limit_hits_now(mesh: MeshInfo, node: int) -> dict[str, float]:
     port = mesh.mesh.by_name(f"connection-{node}").metrics_port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    hits: dict[str, float] = {}
-    for m in re.finditer(r"^starling_limit_hits(?:_total)?\{([^}]*)\} (\S+)$", text, re.M):
+    hits: dict[str, float] = {}  # summed over tenants
+    for m in re.finditer(r"^starling_limit_refusals(?:_total)?\{([^}]*)\} (\S+)$", text, re.M):
         limit = re.search(r'limit="([^"]*)"', m.group(1))
         if limit:
-            hits[limit.group(1)] = float(m.group(2))
+            hits[limit.group(1)] = hits.get(limit.group(1), 0.0) + float(m.group(2))
     return hits
 
 

@@ -24,7 +24,8 @@ Theory of operation:
   session does not exist yet), a plain close on 3.1/3.1.1.
 - Until the CONNECT is accepted the decoder allows `max_connect_packet_size_bytes` only: a
   peer nobody knows yet cannot make us read a large packet. Every configured limit a client
-  exceeds is reported through `on_limit(setting name)` (the node counts them).
+  exceeds is reported through `on_limit(setting name, tenant)` (the node counts them; the
+  tenant is "" before authentication).
 - `state` only moves forward: AWAIT_CONNECT -> AUTHENTICATING -> CONNECTED -> CLOSED, and any
   state may go straight to CLOSED. Nothing is written or returned after CLOSED.
 """
@@ -96,7 +97,7 @@ _V3_CLOSE_ONLY = frozenset({RC.MALFORMED_PACKET, RC.PROTOCOL_ERROR})
 _DECODER_LIMITS = {"max_topic_filters": "max_filters_per_subscribe"}
 
 
-def _uncounted(limit: str) -> None:
+def _uncounted(limit: str, tenant: str) -> None:
     """The default `on_limit`: nobody counts."""
 
 
@@ -145,7 +146,7 @@ class Channel:
         peer: str,
         now: float,
         new_client_id: Callable[[], str],
-        on_limit: Callable[[str], None] = _uncounted,
+        on_limit: Callable[[str, str], None] = _uncounted,
     ) -> None:
         self.config = config
         self._on_limit = on_limit
@@ -183,7 +184,7 @@ class Channel:
         self._handshake = Handshake(config, new_client_id)
         self._problems = problems = Problems(config.reason_strings)
         self._inbound = InboundPublishes(config, self.out, self.acl, problems)
-        self._subscriptions = ClientSubscriptions(config, self.out, self.acl, problems, on_limit)
+        self._subscriptions = ClientSubscriptions(config, self.out, self.acl, problems, self._limit)
         self._keepalive = KeepAlive(now)
         self._auth = AuthExchange()
 
@@ -276,11 +277,14 @@ class Channel:
             return [self._shut(RC.QUOTA_EXCEEDED, "slow consumer: not reading")]
         timeout_s = self.config.connect_timeout_s
         if state is State.AWAIT_CONNECT and self._keepalive.connect_overdue(now, timeout_s):
-            self._on_limit("connect_timeout_s")
+            self._limit("connect_timeout_s")
             return [self._close(RC.MAXIMUM_CONNECT_TIME, "no CONNECT in time")]
         if state is State.AUTHENTICATING and self._auth.overdue(now, timeout_s):
             return [self._close(RC.MAXIMUM_CONNECT_TIME, "no AUTH in time")]
         return []
+
+    def _limit(self, name: str) -> None:
+        self._on_limit(name, self.tenant)
 
     def connection_lost(self) -> None:
         """The transport is gone (either side closed it)."""
@@ -365,7 +369,7 @@ class Channel:
         cfg = self.config
         keepalive_s = enforced_keepalive(p.keepalive_s, level, cfg.max_keepalive_s)
         if keepalive_s != p.keepalive_s:  # a 3.1.1 client held to less than it asked
-            self._on_limit("max_keepalive_s")
+            self._limit("max_keepalive_s")
         self._keepalive.interval_s = keepalive_s
         if level == 5:
             self.outbound.limit(p.properties)
@@ -398,7 +402,7 @@ class Channel:
         if keepalive_s is not None:
             self._keepalive.interval_s = keepalive_s
             asked_s = self._handshake.connect.keepalive_s if self._handshake.connect else 0
-            self._on_limit("max_keepalive_s" if asked_s else "server_keepalive_s")
+            self._limit("max_keepalive_s" if asked_s else "server_keepalive_s")
         self.out += encode(connack, self.level)
         self._inbound.start(self.level, self.tenant, self.client_id, acl)
         self._subscriptions.start(self.level, acl, outcome.subscriptions)
@@ -436,7 +440,7 @@ class Channel:
         elif limit == "max_packet_size":
             limit = "max_packet_size_bytes"
         if limit:
-            self._on_limit(_DECODER_LIMITS.get(limit, limit))
+            self._limit(_DECODER_LIMITS.get(limit, limit))
 
     def _count_will_topic_limit(self, topic: str) -> None:
         """The will topic was refused: report it if a length/levels limit refused it."""
