@@ -19,14 +19,15 @@ from typing import Any
 
 from services.common.store.cassandra import CassandraBase
 from services.common.store.ports import (
+    BUCKET_BITS,
     AppendOutcome,
     AppendReport,
     NewQueueItem,
     QueueState,
     StoredEntry,
+    entry_row,
 )
 
-BUCKET_BITS = 16
 BACKSTOP_TTL_S = 30 * 24 * 3600
 
 
@@ -254,20 +255,8 @@ class CassandraQueueStore(CassandraBase):
     ) -> None:
         """Write the planned entries at their reserved seqs, and their message ids."""
         for seq, item in plan:
-            ttl = BACKSTOP_TTL_S
             await self._exec(
-                self._entry_put,
-                (
-                    tenant,
-                    queue_id,
-                    seq >> BUCKET_BITS,
-                    seq,
-                    item.message_id,
-                    item.qos,
-                    item.data,
-                    item.expires_at_ms,
-                    ttl,
-                ),
+                self._entry_put, (*entry_row(tenant, queue_id, seq, item), BACKSTOP_TTL_S)
             )
             await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, seq))
 

@@ -137,6 +137,27 @@ class NewQueueItem:
     expires_at_ms: int = 0  # 0: never
 
 
+# A queue's entries are bucketed by seq >> BUCKET_BITS (the Cassandra partition key; SQLite
+# keeps the same column so both stores hold the same rows).
+BUCKET_BITS = 16
+
+
+def entry_row(
+    tenant: str, queue_id: str, seq: int, item: NewQueueItem
+) -> tuple[str, str, int, int, str, int, bytes, int]:
+    """The columns of one queue entry, in table order, as both stores write them."""
+    return (
+        tenant,
+        queue_id,
+        seq >> BUCKET_BITS,
+        seq,
+        item.message_id,
+        item.qos,
+        item.data,
+        item.expires_at_ms,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StoredEntry:
     seq: int

@@ -24,10 +24,10 @@ from services.common.store.ports import (
     NewQueueItem,
     QueueState,
     StoredEntry,
+    entry_row,
 )
 from services.common.store.sqlite_base import SqliteDb
 
-BUCKET_BITS = 16  # bucket = seq >> 16, as in the Cassandra partition key
 MSGID_RETENTION_MS = 15 * 60 * 1000  # far longer than any retry of an append
 PRUNE_EVERY = 1000  # appends between prunes of old message ids
 
@@ -107,16 +107,7 @@ def _insert_entry(
     """Store the entry at `seq`, and remember its message id for retried appends."""
     db.execute(
         "INSERT INTO queue_entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
-        (
-            tenant,
-            queue_id,
-            seq >> BUCKET_BITS,
-            seq,
-            item.message_id,
-            item.qos,
-            item.data,
-            item.expires_at_ms,
-        ),
+        entry_row(tenant, queue_id, seq, item),
     )
     db.execute(
         "INSERT INTO queue_msgids VALUES (?, ?, ?, ?, ?)",
