@@ -233,18 +233,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             )
         prev = claim.previous
         if prev is not None and prev.epoch != epoch:
-            reply = await kick_and_ask(self._nc, prev, SESSION_TAKEN_OVER)
-            if reply is not None and reply.ended:
-                # It had ended (its release is still on its way and will be refused): end
-                # the session as its DISCONNECT said before deciding Session Present.
-                expiry = (
-                    reply.session_expiry_interval_s
-                    if reply.HasField("session_expiry_interval_s")
-                    else None
-                )
-                await self._sessions.ended(tenant, request.client_id, expiry)
-            else:
-                await self._events.emit(tenant, request.client_id, "taken_over")
+            await self._settle_displaced(prev)
         opened = await self._sessions.open(
             tenant,
             request.client_id,
@@ -253,6 +242,19 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             owner,
         )
         return epoch, opened
+
+    async def _settle_displaced(self, prev: Holder) -> None:
+        """Kick the connection a new one displaces; if it had already ended (its release is
+        still on its way and will be refused), end the session as its DISCONNECT said before
+        Session Present is decided."""
+        reply = await kick_and_ask(self._nc, prev, SESSION_TAKEN_OVER)
+        if reply is None or not reply.ended:
+            await self._events.emit(prev.tenant, prev.client_id, "taken_over")
+            return
+        expiry = (
+            reply.session_expiry_interval_s if reply.HasField("session_expiry_interval_s") else None
+        )
+        await self._sessions.ended(prev.tenant, prev.client_id, expiry)
 
     async def _may_use(self, tenant: str, client_id: str, owner: str) -> bool:
         """The client id is free, or its connection and its session are `owner`'s (or the
