@@ -22,11 +22,11 @@ import struct
 import sys
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from services.common.mqtt import (
     ConnAck,
@@ -42,6 +42,7 @@ from services.common.mqtt import (
 )
 from services.common.mqtt.packets import Packet
 
+T = TypeVar("T")
 _SEQ = struct.Struct(">Q")
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -306,6 +307,20 @@ async def _child(settings: ProbeSettings) -> None:
 
 # Issue 11: a bystander's publish -> deliver round trip stays under this during an attack.
 RTT_BOUND_MS = 100.0
+
+
+def beside_a_bystander(port: int, attack: Callable[[], T], **settings: Any) -> T:
+    """Run a blocking `attack` while a bystander on `port` times its messages; assert the
+    bystander was unharmed and return what the attack returned."""
+
+    async def run() -> tuple[T, Bystander]:
+        async with Bystander(port, **settings) as b:
+            result = await asyncio.to_thread(attack)
+        return result, b
+
+    result, b = asyncio.run(run())
+    assert_unharmed(b)
+    return result
 
 
 def assert_unharmed(b: Bystander) -> None:

@@ -4,16 +4,14 @@ will."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Callable
 
 import pytest
 
 from tests.conftest import MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
-from tests.security.bystander import Bystander, assert_unharmed
+from tests.security.bystander import beside_a_bystander
 
 
 @pytest.fixture(scope="module")
@@ -25,22 +23,11 @@ def _tenant() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
 
 
-def _beside_a_bystander(port: int, attack: Callable[[], None]) -> None:
-    """Run the (blocking) attack while a bystander on the same node times its messages."""
-
-    async def run() -> Bystander:
-        async with Bystander(port) as b:
-            await asyncio.to_thread(attack)
-        return b
-
-    assert_unharmed(asyncio.run(run()))
-
-
 @pytest.mark.parametrize("attacker_id", ["#", "+", "dev-1/x"])
 def test_a_wildcard_client_id_does_not_widen_a_per_device_acl(
     mesh: MeshInfo, admin: Admin, attacker_id: str
 ) -> None:
-    _beside_a_bystander(mesh.node(0), lambda: _wildcard_client_id_attack(mesh, admin, attacker_id))
+    beside_a_bystander(mesh.node(0), lambda: _wildcard_client_id_attack(mesh, admin, attacker_id))
 
 
 def _wildcard_client_id_attack(mesh: MeshInfo, admin: Admin, attacker_id: str) -> None:
@@ -66,7 +53,7 @@ def _wildcard_client_id_attack(mesh: MeshInfo, admin: Admin, attacker_id: str) -
 def test_delayed_publish_and_wills_cannot_reach_a_denied_topic(
     mesh: MeshInfo, admin: Admin
 ) -> None:
-    _beside_a_bystander(mesh.node(0), lambda: _denied_topic_attack(mesh, admin))
+    beside_a_bystander(mesh.node(0), lambda: _denied_topic_attack(mesh, admin))
 
 
 def _denied_topic_attack(mesh: MeshInfo, admin: Admin) -> None:
