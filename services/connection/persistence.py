@@ -3,8 +3,14 @@
 Invariants:
 - A persistent session takes QoS>=1 deliveries only from its queue, never from the
   transient fan-out, so nothing arrives twice.
-- The packet id of an entry is derived from its seq, so a resend after a reconnect (DUP) and
-  a PUBREL for an entry the client already PUBREC'd use the id the client knows.
+- The packet id of an entry is derived from its seq (`pid_for`), so a resend after a reconnect
+  (DUP) and a PUBREL for an entry the client already PUBREC'd use the id the client knows
+  [MQTT-4.4.0-1]. Ids are taken against the session's whole in-flight set: an entry whose id
+  is still in flight (an entry 65535 seqs older, or a shared delivery) waits, with everything
+  after it, until that id is free; it is never skipped.
+- PUBREL goes out only after the queue holds the entry as released, durably: a client that
+  got PUBREL has forgotten the message, so a later connection must resend PUBREL, never the
+  PUBLISH. A PUBCOMP'd entry not yet acked is therefore resent as PUBREL, which is harmless.
 - The queue is acked through the highest seq below which every delivered entry is complete
   (PUBACK, PUBCOMP, or expired/too large); acks are batched.
 - DUP is set on the entries an earlier read may have handed to a connection, and only on
@@ -37,6 +43,8 @@ ACK_EVERY = 64
 # stopped reading can pull into memory is one batch.
 READ_BATCH = 100
 ACK_DELAY_S = 0.02
+# Retry of a released mark the queue could not write: the PUBREL waits for it.
+RELEASE_RETRY_S = 0.2
 
 
 def pid_for(seq: int) -> int:
@@ -70,6 +78,7 @@ class PersistentDelivery:
         self.announced = 0  # highest seq a notice reported
         self.closed = False
         self._reading = False
+        self._blocked_on = 0  # packet id in flight that the next entry to deliver needs
         self._ack_task: asyncio.Task[None] | None = None
         self._tasks = TaskSet()
         self._sub: NatsSubscription | None = None
@@ -93,6 +102,10 @@ class PersistentDelivery:
         if self.closed or self._reading or not self.more:
             return
         ob = self.channel.outbound
+        if self._blocked_on:
+            if self._blocked_on in ob.inflight or self._blocked_on in self.by_pid:
+                return  # the next entry's packet id is still taken
+            self._blocked_on = 0
         if ob.free_window <= 0 or ob.congested:
             return  # the entries wait in the queue, not in this node's memory
         self._reading = True
@@ -128,22 +141,30 @@ class PersistentDelivery:
                         self.more = False
                         return
                     continue
+                stopped = self._deliver(resp.entries, resp.delivered_through)
+                if stopped:  # read again from there once its packet id is free
+                    self.next_read = stopped
+                    self.read_through = max(self.read_through, stopped - 1)
+                    return
                 self.next_read = resp.last_seq + 1
                 self.read_through = max(self.read_through, resp.last_seq)
-                self._deliver(resp.entries, resp.delivered_through)
         finally:
             self._reading = False
             self._schedule_ack()
 
-    def _deliver(self, entries: Sequence[QueueEntry], delivered_before: int) -> None:
+    def _deliver(self, entries: Sequence[QueueEntry], delivered_before: int) -> int:
         """Send `entries`; those at or below `delivered_before` (the queue's delivered mark
-        before this read) may have reached an earlier connection: DUP=1."""
+        before this read) may have reached an earlier connection: DUP=1. Returns the seq of
+        the first entry whose packet id is still in flight (0: all sent): it and the rest wait."""
         ob = self.channel.outbound
         now = self.now()
+        stopped = 0
         for e in entries:
             pid = pid_for(e.seq)
-            if pid in self.by_pid:
-                continue  # still in flight from this connection
+            if pid in self.by_pid or pid in ob.inflight:
+                self._blocked_on = pid
+                stopped = e.seq
+                break
             self.by_pid[pid] = e.seq
             if e.released:
                 ob.resend_pubrel(pid)
@@ -162,21 +183,23 @@ class PersistentDelivery:
             self.progress()
         if self.channel.out:
             self.wrote()
+        return stopped
 
     def progress(self) -> None:
         """The channel recorded PUBACK/PUBCOMP/PUBREC: ack the queue, read more."""
         ob = self.channel.outbound
         if ob.released:
-            for pid in ob.released:
-                seq = self.by_pid.get(pid)
-                if seq is not None:
-                    self._tasks.spawn(self._mark_released(seq))
+            marks = [(pid, self.by_pid[pid]) for pid in ob.released if pid in self.by_pid]
             ob.released.clear()
+            if marks:
+                self._tasks.spawn(self._release(marks), name="queue-mark-released")
         if ob.completed:
             for pid in ob.completed:
                 self.by_pid.pop(pid, None)
             ob.completed.clear()
             self._schedule_ack()
+            if self._blocked_on:
+                self.more = True  # the packet id an entry waits for may be free now
         if self.next_read and self.next_read <= self.announced:
             self.more = True  # entries were announced beyond what has been read
         self.pump()
@@ -208,11 +231,32 @@ class PersistentDelivery:
         finally:
             self._ack_task = None
 
-    async def _mark_released(self, seq: int) -> None:
-        try:
-            await self.queue.mark_released(self.tenant, self.queue_id, seq)
-        except Exception as exc:  # a lost mark only means a DUP resend instead of PUBREL
-            log.warning("queue_mark_released_failed", extra={"error": type(exc).__name__})
+    async def _release(self, marks: list[tuple[int, int]]) -> None:
+        """Mark the entries (packet id, seq) released in the queue, then send their PUBRELs.
+        A failed mark is retried while the connection lasts; if it ends first, the next
+        connection resends the PUBLISH (DUP), which the client, still holding the id from
+        its PUBREC, answers without delivering twice."""
+        pending = marks
+        while pending and not self.closed:
+            results = await asyncio.gather(
+                *(self.queue.mark_released(self.tenant, self.queue_id, s) for _, s in pending),
+                return_exceptions=True,
+            )
+            if self.closed:
+                return
+            ob = self.channel.outbound
+            failed = []
+            for (pid, seq), result in zip(pending, results, strict=True):
+                if isinstance(result, BaseException):
+                    failed.append((pid, seq))
+                else:
+                    ob.send_pubrel(pid)
+            if self.channel.out:
+                self.wrote()
+            if failed:
+                log.warning("queue_mark_released_failed", extra={"entries": len(failed)})
+                await asyncio.sleep(RELEASE_RETRY_S)
+            pending = failed
 
     async def close(self) -> None:
         """Connection gone: flush the last ack, stop listening."""

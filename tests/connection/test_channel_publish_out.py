@@ -242,3 +242,21 @@ def test_nothing_is_delivered_before_connack_or_after_close() -> None:
     ch.connection_lost()
     ch.deliver(_msg(), 0, False, (), 1.0)
     assert not ch.out
+
+
+def test_a_persistent_sessions_pubrel_waits_for_send_pubrel() -> None:
+    ch, _ = connected(5)
+    ob = ch.outbound
+    ob.track_completions = True
+    assert ob.deliver_stored(_msg(), 2, False, (), 12, False, 1.0)
+    take(ch)
+    assert ch.receive(encode(PubRec(12), 5), 1.0) == [DeliveryProgress()]
+    assert take(ch) == b""  # the queue's released mark is not durable yet
+    assert ch.receive(encode(PubRec(12), 5), 1.0) == []  # a repeat: still nothing written
+    assert take(ch) == b""
+    ob.send_pubrel(12)
+    assert take(ch) == encode(PubRel(12), 5)
+    ob.send_pubrel(12)  # only once
+    assert take(ch) == b""
+    assert ch.receive(encode(PubComp(12), 5), 1.0) == [DeliveryProgress()]
+    assert ob.completed == [12] and ob.inflight == {}

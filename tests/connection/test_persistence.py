@@ -180,3 +180,106 @@ async def test_a_connection_closed_during_a_read_sends_and_acks_nothing() -> Non
     await _settle()
     assert _publishes(ch, dec) == []
     assert queue.acked_through == 0  # the entries stay for the next connection
+
+
+async def test_pubrel_waits_until_the_released_mark_is_durable() -> None:
+    # A client that got PUBREL forgets the message: if the mark were lost after that, the
+    # next connection would resend the PUBLISH and the client would deliver it twice.
+    queue = FakeQueue([_entry(1, qos=2)])
+    durable = asyncio.Event()
+    mark = queue.mark_released
+
+    async def slow_mark(tenant: str, queue_id: str, seq: int) -> None:
+        await durable.wait()
+        await mark(tenant, queue_id, seq)
+
+    queue.mark_released = slow_mark  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    written(ch, dec)  # type: ignore[arg-type]
+    ch.receive(encode(PubRec(pid_for(1)), 5) * 2, 0.0)  # type: ignore[attr-defined]
+    pd.progress()
+    await _settle()
+    assert written(ch, dec) == []  # type: ignore[arg-type]  # no PUBREL, no 0x92 for the repeat
+    durable.set()
+    await _settle()
+    assert queue.released == [1]
+    assert written(ch, dec) == [PubRel(pid_for(1))]  # type: ignore[arg-type]
+    await pd.close()
+
+
+async def test_a_failed_released_mark_is_retried_before_pubrel() -> None:
+    queue = FakeQueue([_entry(1, qos=2)])
+    mark = queue.mark_released
+    failures = [RuntimeError("queue down")]
+
+    async def flaky_mark(tenant: str, queue_id: str, seq: int) -> None:
+        if failures:
+            raise failures.pop()
+        await mark(tenant, queue_id, seq)
+
+    queue.mark_released = flaky_mark  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    written(ch, dec)  # type: ignore[arg-type]
+    ch.receive(encode(PubRec(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
+    pd.progress()
+    await _settle()
+    assert written(ch, dec) == []  # type: ignore[arg-type]
+    for _ in range(100):  # poll: the retry comes after a short pause
+        if queue.released:
+            break
+        await asyncio.sleep(0.02)
+    await _settle()
+    assert queue.released == [1]
+    assert written(ch, dec) == [PubRel(pid_for(1))]  # type: ignore[arg-type]
+    await pd.close()
+
+
+async def test_an_entry_whose_packet_id_is_in_flight_waits_and_is_never_lost() -> None:
+    # seq 1 and seq 65536 share packet id 2. The old code skipped 65536 while 1 was in flight,
+    # and the ack after 1 and 65537 completed passed it: lost.
+    queue = FakeQueue([_entry(1), _entry(65536), _entry(65537)])
+    assert pid_for(1) == pid_for(65536)
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    assert _publishes(ch, dec) == [(pid_for(1), False, b"m1")]  # the rest waits for id 2
+    ch.receive(encode(PubAck(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
+    pd.progress()
+    await _settle()
+    # Marked delivered by the earlier read though not written then: DUP errs towards 1.
+    assert [(pid, payload) for pid, _, payload in _publishes(ch, dec)] == [
+        (pid_for(65536), b"m65536"),
+        (pid_for(65537), b"m65537"),
+    ]
+    await asyncio.sleep(0.05)
+    assert queue.acked_through == 65535  # never past the entries still unacknowledged
+    for seq in (65537, 65536):
+        ch.receive(encode(PubAck(pid_for(seq)), 5), 0.0)  # type: ignore[attr-defined]
+        pd.progress()
+    await asyncio.sleep(0.05)
+    assert queue.acked_through == 65537
+    await pd.close()
+
+
+async def test_a_queued_entry_never_takes_the_packet_id_of_a_shared_delivery() -> None:
+    queue = FakeQueue([_entry(1), _entry(2)])
+    pd, ch, dec = _delivery(queue)
+    ch.outbound.track_completions = True  # type: ignore[attr-defined]
+    # A shared-subscription delivery (not from the queue) holds packet id 3 = pid_for(2).
+    ch.outbound.inflight[pid_for(2)] = 1  # type: ignore[attr-defined]
+    await pd.start()
+    await _settle()
+    assert [pid for pid, _, _ in _publishes(ch, dec)] == [pid_for(1)]
+    await asyncio.sleep(0.05)
+    assert queue.acked_through == 0  # entry 2 was not sent: nothing past 1 may be acked
+    ch.receive(encode(PubAck(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
+    pd.progress()
+    ch.receive(encode(PubAck(pid_for(2)), 5), 0.0)  # type: ignore[attr-defined]  # the shared one
+    pd.progress()
+    await _settle()
+    assert [(pid, payload) for pid, _, payload in _publishes(ch, dec)] == [(pid_for(2), b"m2")]
+    await pd.close()

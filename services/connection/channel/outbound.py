@@ -12,6 +12,10 @@ Invariants:
 - A PUBLISH larger than the client's maximum packet size is discarded as if sent
   [MQTT-3.1.2-25]; it establishes no topic alias, since the client never sees it.
 - `inflight` maps each unacknowledged packet id to the ack it waits for (AWAIT_*).
+- A persistent session's PUBREL goes out only once its queue holds the entry as released
+  (`send_pubrel`, called by persistence.py after the mark is durable): a client that got
+  PUBREL forgets the message, so a later connection must find the entry released and resend
+  PUBREL, never the PUBLISH. Until then the id waits in AWAIT_RELEASE.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from services.common.mqtt.reason import ReasonCode as RC
 AWAIT_PUBACK = 1
 AWAIT_PUBREC = 2
 AWAIT_PUBCOMP = 3
+AWAIT_RELEASE = 4  # PUBREC'd; PUBREL waits for the queue's durable released mark
 
 # (message, qos, retain, subscription ids, origin); origin marks shared-subscription
 # deliveries so they can be handed to another member if this client leaves unacked.
@@ -178,6 +183,11 @@ class Outbound:
         self.inflight[pid] = AWAIT_PUBCOMP
         self.out += encode(PubRel(pid), self.level)
 
+    def send_pubrel(self, pid: int) -> None:
+        """The queue holds `pid`'s entry as released (durably): PUBREL may go now."""
+        if self.inflight.get(pid) == AWAIT_RELEASE:
+            self.resend_pubrel(pid)
+
     @property
     def free_window(self) -> int:
         return max(0, self.receive_maximum - len(self.inflight))
@@ -274,19 +284,23 @@ class Outbound:
 
     def on_pubrec(self, pid: int, reason_code: int, now: float) -> bool:
         """PUBREC of a QoS 2 delivery: answer PUBREL, or finish on an error reason (MQTT 5).
-        True if a release or completion was recorded for the queue."""
-        if self.inflight.get(pid) != AWAIT_PUBREC:
-            self.out += encode(PubRel(pid, RC.PACKET_IDENTIFIER_NOT_FOUND), self.level)
+        True if a release or completion was recorded for the queue (a persistent session's
+        PUBREL then waits for `send_pubrel`)."""
+        stage = self.inflight.get(pid)
+        if stage != AWAIT_PUBREC:
+            if stage != AWAIT_RELEASE:  # a repeated PUBREC while the mark is written: ignored
+                self.out += encode(PubRel(pid, RC.PACKET_IDENTIFIER_NOT_FOUND), self.level)
             return False
         if self.shared:
             self.shared.pop(pid, None)  # the client has it: no redelivery after PUBREC
         if reason_code >= 0x80:
             return self._finish(pid, AWAIT_PUBREC, now)
-        self.inflight[pid] = AWAIT_PUBCOMP
-        self.out += encode(PubRel(pid), self.level)
         if self.track_completions:
+            self.inflight[pid] = AWAIT_RELEASE
             self.released.append(pid)
             return True
+        self.inflight[pid] = AWAIT_PUBCOMP
+        self.out += encode(PubRel(pid), self.level)
         return False
 
     def _finish(self, pid: int, stage: int, now: float) -> bool:
