@@ -54,6 +54,8 @@ class ConnectOutcome:
     auth_data: bytes | None = None
     auth_state: bytes = b""
     identity: str = ""  # `tenant/name` the connection authenticated as
+    # QoS 2 publishes of a resumed session awaiting PUBREL: (packet id, message id, stored).
+    awaiting_release: tuple[tuple[int, str, bool], ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -30,6 +30,9 @@ class Message(NamedTuple):
     published_at: float = 0.0
     trace_context: tuple[tuple[str, str], ...] = ()
     packet_id: int = 0  # the publisher's packet id while its PUBACK/PUBREC is deferred
+    # The id it is routed under when fixed before routing: a persistent session's QoS 2
+    # publish, recorded with the session first ("": the node assigns one).
+    message_id: str = ""
 
 
 _MSG_PROPS = (

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from services.connection.channel import Action, Channel
 
 if TYPE_CHECKING:
+    from services.connection.exactly_once import ExactlyOnceInbound
     from services.connection.peer_cert import PeerCert
     from services.connection.persistence import PersistentDelivery
 
@@ -36,7 +37,16 @@ class Shell(Protocol):
 
 
 class Conn:
-    __slots__ = ("cert", "channel", "closed", "persistent", "registered", "shell", "sink")
+    __slots__ = (
+        "cert",
+        "channel",
+        "closed",
+        "exactly_once",
+        "persistent",
+        "registered",
+        "shell",
+        "sink",
+    )
 
     def __init__(
         self, shell: Shell, channel: Channel, sink: Sink, cert: PeerCert | None = None
@@ -48,6 +58,8 @@ class Conn:
         self.registered = False  # in the registry: CONNECT was accepted
         self.persistent: PersistentDelivery | None = None  # the session outlives the connection
         self.cert = cert  # a verified client certificate (mTLS), if any
+        # A persistent session's publishes, QoS 2 recorded with the session first.
+        self.exactly_once: ExactlyOnceInbound | None = None
 
     def receive(self, data: bytes) -> None:
         ch = self.channel

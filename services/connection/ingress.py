@@ -63,10 +63,12 @@ class Ingress:
         sent = 0
         for msg in msgs:
             if msg.topic.startswith(DELAYED_PREFIX) and routing is not None:
-                routing.submit(conn, msg.packet_id, to_envelope(msg, node_id, self._ids.next()))
+                mid = msg.message_id or self._ids.next()
+                routing.submit(conn, msg.packet_id, to_envelope(msg, node_id, mid))
                 continue
             batch = self._mesh.batch_for(topic_to_subject(tenant, msg.topic))
-            env = add_to_batch(batch, msg, node_id, self._ids.next())
+            # A persistent session's QoS 2 publish comes with the id it was recorded under.
+            env = add_to_batch(batch, msg, node_id, msg.message_id or self._ids.next())
             sent += 1
             if self._tracing:
                 msg = self._start_trace(msg, env)

@@ -27,6 +27,8 @@ from nats.aio.client import Client
 
 from services.common.bus import subjects
 from services.common.connect import ConnectOutcome
+from services.common.envelope import to_envelope
+from services.common.message import Message
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals
 from services.common.tasks import TaskSet
@@ -39,11 +41,13 @@ from services.connection.channel import (
     Close,
     DeliveryProgress,
     Reauthenticate,
+    ReleaseQos2,
     Route,
     SubscribeRequest,
     Unsubscribed,
 )
 from services.connection.conn import Conn, Sink
+from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal
 from services.connection.fanout import Fanout
 from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
@@ -102,6 +106,7 @@ class Node:
         self.ops = OrderedOps()
         self.ids = MessageIds(self.node_id, time.time_ns())
         self.mesh = MeshPublisher(nc)
+        self.qos2_journal = Qos2Journal(session)
         self.routing: RoutingPipeline[Conn] | None = (
             RoutingPipeline(router, self._routed, self._routing_gave_up) if router else None
         )
@@ -165,6 +170,7 @@ class Node:
         self._workers.spawn(self.mesh.run(), name="node-mesh-publisher")
         self._workers.spawn(self.ops.run(), name="node-ordered-ops")
         self._workers.spawn(self.sweeper.run(), name="node-sweeper")
+        self._workers.spawn(self.qos2_journal.run(), name="node-qos2-journal")
         if self.routing is not None:
             self._workers.spawn(self.routing.run(), name="node-routing")
 
@@ -200,7 +206,12 @@ class Node:
     def carry_out(self, conn: Conn, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Route):
-                self.ingress.publish(action.messages, conn)
+                if conn.channel.persistent:
+                    self._exactly_once(conn).route(action.messages)
+                else:
+                    self.ingress.publish(action.messages, conn)
+            elif isinstance(action, ReleaseQos2):
+                self._release_qos2(conn, action.packet_id)
             elif isinstance(action, DeliveryProgress):
                 if conn.persistent is not None:
                     conn.persistent.progress()
@@ -242,6 +253,8 @@ class Node:
             self.ops.put(lambda: self.shared.redeliver(leftovers))
         if conn.persistent is not None:
             self.tasks.spawn(conn.persistent.close(), name="persistent-close")
+        if conn.exactly_once is not None:
+            self.tasks.spawn(conn.exactly_once.ended(), name="qos2-ended")
         if not conn.registered:
             return
         self.stats.connection_ended(conn)
@@ -257,13 +270,67 @@ class Node:
             return
         self.sessions.authenticate(conn, action)
 
+    # ---- QoS 2 of persistent sessions (exactly_once.py) ---------------------------------
+
+    def _exactly_once(self, conn: Conn) -> ExactlyOnceInbound:
+        eo = conn.exactly_once
+        if eo is None:
+            ch = conn.channel
+
+            def failed() -> None:
+                if not conn.closed:
+                    why = "session state unavailable"
+                    self.carry_out(conn, conn.channel.disconnect(RC.SERVER_BUSY, why))
+
+            eo = conn.exactly_once = ExactlyOnceInbound(
+                ch.tenant,
+                ch.client_id,
+                ch.incarnation,
+                self.qos2_journal,
+                self.ids.next,
+                lambda msgs: self.ingress.publish(msgs, conn),
+                lambda msg: self._store_only(conn, msg),
+                failed,
+                self.tasks,
+            )
+        return eo
+
+    def _store_only(self, conn: Conn, msg: Message) -> None:
+        """A QoS 2 resend an earlier connection recorded: the router alone, under its
+        recorded id (the queue keeps one copy)."""
+        if self.routing is None:
+            self.ingress.publish([msg], conn)
+            return
+        self.routing.submit(conn, msg.packet_id, to_envelope(msg, self.node_id, msg.message_id))
+
+    def _release_qos2(self, conn: Conn, pid: int, code: int = -1) -> None:
+        """Forget `pid` in the session's stored state, then PUBCOMP (or, with `code`, the
+        PUBREC with an error that ends the exchange)."""
+
+        def done() -> None:
+            if conn.closed:
+                return
+            if code < 0:
+                conn.channel.qos2_released(pid)
+            else:
+                conn.channel.publish_routed(pid, code)
+            self.writes.mark(conn)
+
+        self.tasks.spawn(self._exactly_once(conn).release(pid, done), name="qos2-release")
+
     # ---- answers of the router pipeline -------------------------------------------------
 
     def _routed(self, conn: Conn | None, pid: int, result: RouteResult) -> None:
         """The router stored a QoS>=1 publish: the publisher gets its PUBACK/PUBREC now
         (0x97 when the tenant's retained-message cap refused its retained part)."""
+        if conn is not None and pid and conn.exactly_once is not None:
+            conn.exactly_once.routed(pid)
         if conn is not None and pid and not conn.closed:
             code = RC.QUOTA_EXCEEDED if result is RouteResult.QUOTA_EXCEEDED else 0
+            eo = conn.exactly_once
+            if code and conn.channel.level == 5 and eo is not None and pid in eo.recorded:
+                self._release_qos2(conn, pid, code)  # the error PUBREC ends the exchange
+                return
             conn.channel.publish_routed(pid, code)
             self.writes.mark(conn)
 

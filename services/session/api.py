@@ -15,6 +15,7 @@ from services.common.mqtt.errors import MqttError
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
+from services.common.store.ports import Qos2Change, Qos2Update
 from services.common.subscription import record_to_pb
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
@@ -35,6 +36,9 @@ from starling.session.v1 import session_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 SESSION_TAKEN_OVER = 0x8E
+# Updates per RecordQos2 request: a node sends at most this many in one (persistence.py
+# QOS2_BATCH), so one request is one bounded transaction.
+MAX_QOS2_UPDATES = 4096
 ADMINISTRATIVE_ACTION = 0x98
 KICK_REPLY_TIMEOUT_S = 1.0
 
@@ -168,6 +172,10 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             acl_default=self._acl_default,
             incarnation=opened.incarnation,
             subscriptions=[record_to_pb(r) for r in opened.subscriptions],
+            awaiting_release=[
+                pb.InboundQos2(packet_id=q.packet_id, message_id=q.message_id, stored=q.stored)
+                for q in opened.awaiting_release
+            ],
             session_expiry_interval_s=opened.expiry_s,
             auth_data=admission.auth_data,
             username=f"{tenant}/{name}",
@@ -188,6 +196,14 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             auth_state=admission.auth_state,
             reason=admission.reason,
         )
+
+    async def RecordQos2(
+        self, request: pb.RecordQos2Request, context: grpc.aio.ServicerContext
+    ) -> pb.RecordQos2Response:
+        """QoS 2 receiver state of persistent sessions: durable before the answer, which
+        the node waits for before routing a publish (RECEIVED) or sending PUBCOMP (RELEASED)."""
+        await self._sessions.record_qos2(qos2_updates(request))
+        return pb.RecordQos2Response()
 
     async def _claim_and_open(
         self, tenant: str, name: str, owner: str, request: pb.ConnectRequest
@@ -289,6 +305,34 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             request.tenant, request.client_id, "disconnected", epoch=request.epoch
         )
         return pb.DisconnectResponse(removed=removed)
+
+
+_QOS2_CHANGES = {
+    pb.QOS2_CHANGE_RECEIVED: Qos2Change.RECEIVED,
+    pb.QOS2_CHANGE_STORED: Qos2Change.STORED,
+    pb.QOS2_CHANGE_RELEASED: Qos2Change.RELEASED,
+}
+
+
+def qos2_updates(request: pb.RecordQos2Request) -> list[Qos2Update]:
+    """The request's updates, checked: INVALID_ARGUMENT names the first bad one."""
+    if len(request.updates) > MAX_QOS2_UPDATES:
+        raise InvalidArgumentError(f"at most {MAX_QOS2_UPDATES} updates per request")
+    out = []
+    for i, u in enumerate(request.updates):
+        change = _QOS2_CHANGES.get(u.change)
+        if change is None:
+            raise InvalidArgumentError(f"updates[{i}].change must be RECEIVED, STORED or RELEASED")
+        if not 1 <= u.packet_id <= 65535:
+            raise InvalidArgumentError(f"updates[{i}].packet_id must be 1..65535")
+        if not u.tenant or not u.client_id:
+            raise InvalidArgumentError(f"updates[{i}]: tenant and client_id are required")
+        if change != Qos2Change.RELEASED and not u.message_id:
+            raise InvalidArgumentError(f"updates[{i}].message_id is required for {change}")
+        out.append(
+            Qos2Update(u.tenant, u.client_id, u.incarnation, change, u.packet_id, u.message_id)
+        )
+    return out
 
 
 def _require(value: str, name: str) -> str:

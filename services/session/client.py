@@ -15,6 +15,7 @@ from services.common.acl import AclRule
 from services.common.connect import ConnectAttempt, ConnectOutcome, ReauthAttempt
 from services.common.mqtt.reason import ReasonCode
 from services.common.rpc.client import LazyStub
+from services.common.store.ports import Qos2Change, Qos2Update
 from services.common.subscription import identified_from_pb
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from starling.session.v1 import session_pb2 as pb
@@ -29,6 +30,13 @@ _REFUSALS: dict[int, ReasonCode] = {
     pb.CONNECT_RESULT_QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
     pb.CONNECT_RESULT_SERVER_UNAVAILABLE: ReasonCode.SERVER_UNAVAILABLE,
     pb.CONNECT_RESULT_BAD_AUTH_METHOD: ReasonCode.BAD_AUTHENTICATION_METHOD,
+}
+
+
+_QOS2_CHANGES = {
+    Qos2Change.RECEIVED: pb.QOS2_CHANGE_RECEIVED,
+    Qos2Change.STORED: pb.QOS2_CHANGE_STORED,
+    Qos2Change.RELEASED: pb.QOS2_CHANGE_RELEASED,
 }
 
 
@@ -74,6 +82,9 @@ def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
         subscriptions=tuple(identified_from_pb(s) for s in resp.subscriptions),
         auth_data=resp.auth_data or None,
         identity=resp.username,
+        awaiting_release=tuple(
+            (q.packet_id, q.message_id, q.stored) for q in resp.awaiting_release
+        ),
     )
 
 
@@ -134,6 +145,23 @@ class SessionClient:
             req.session_expiry_interval_s = expiry_s
         resp = await self._rpc.call(self._rpc.stub.Disconnect, req)
         return bool(resp.removed)
+
+    async def record_qos2(self, updates: Sequence[Qos2Update]) -> None:
+        """QoS 2 receiver state changes of persistent sessions; durable once this returns."""
+        req = pb.RecordQos2Request(
+            updates=[
+                pb.Qos2Update(
+                    tenant=u.tenant,
+                    client_id=u.client_id,
+                    incarnation=u.incarnation,
+                    change=_QOS2_CHANGES[u.change],
+                    packet_id=u.packet_id,
+                    message_id=u.message_id,
+                )
+                for u in updates
+            ]
+        )
+        await self._rpc.call(self._rpc.stub.RecordQos2, req)
 
     async def close(self) -> None:
         await self._rpc.close()

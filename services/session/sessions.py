@@ -11,7 +11,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-from services.common.store.ports import SessionRecord, SessionStore, SubscriptionRecord
+from services.common.store.ports import (
+    InboundQos2,
+    Qos2Update,
+    SessionRecord,
+    SessionStore,
+    SubscriptionRecord,
+)
 from services.common.tasks import TaskSet
 from services.queue.client import QueueClient, queue_id
 from services.router.client import RouterClient
@@ -27,6 +33,7 @@ class Opened:
     incarnation: int
     expiry_s: int
     subscriptions: tuple[SubscriptionRecord, ...] = ()  # of a resumed session
+    awaiting_release: tuple[InboundQos2, ...] = ()  # its QoS 2 publishes awaiting PUBREL
 
 
 class Sessions:
@@ -68,9 +75,15 @@ class Sessions:
                 SessionRecord(tenant, client_id, d.incarnation, expiry_s, True, owner=owner)
             )
         subs: tuple[SubscriptionRecord, ...] = ()
+        awaiting: tuple[InboundQos2, ...] = ()
         if d.present:
             subs = tuple(await self._store.list_subscriptions(tenant, client_id, d.incarnation))
-        return Opened(d.present, d.incarnation, expiry_s, subs)
+            awaiting = tuple(await self._store.list_qos2(tenant, client_id, d.incarnation))
+        return Opened(d.present, d.incarnation, expiry_s, subs, awaiting)
+
+    async def record_qos2(self, updates: list[Qos2Update]) -> None:
+        """QoS 2 receiver state changes of persistent sessions, durable when this returns."""
+        await self._store.record_qos2(updates)
 
     async def close(
         self, tenant: str, client_id: str, incarnation: int, expiry_s: int | None
@@ -117,6 +130,7 @@ class Sessions:
         except Exception as exc:  # retried by the expiry sweep while the record remains
             log.warning("session_discard_failed", extra={"error": str(exc)})
             return
+        await self._store.drop_qos2(rec.tenant, rec.client_id, rec.incarnation)
         await self._store.delete_session(rec.tenant, rec.client_id, rec.incarnation)
 
     async def sweep(self) -> int:

@@ -4,7 +4,8 @@ sessions ((tenant, client_id)) with the session's owner (null: unknown, for rows
 before owners were stored; the column is added to older keyspaces at start);
 session_expiry ((shard), expires_at_ms, tenant, client_id) so expired sessions are found per
 shard in time order without a full scan;
-subscriptions ((tenant, client_id, incarnation), topic_filter).
+subscriptions ((tenant, client_id, incarnation), topic_filter);
+inbound_qos2 ((tenant, client_id, incarnation), packet_id): QoS 2 publishes awaiting PUBREL.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import zlib
 from typing import Any
 
 from services.common.store.cassandra import CassandraBase
-from services.common.store.ports import SessionRecord, SubscriptionRecord
+from services.common.store.ports import (
+    InboundQos2,
+    Qos2Change,
+    Qos2Update,
+    SessionRecord,
+    SubscriptionRecord,
+)
 
 SHARDS = 16
 
@@ -36,6 +43,10 @@ class CassandraSessionStore(CassandraBase):
              no_local boolean, retain_as_published boolean, retain_handling int,
              subscription_identifier int,
              PRIMARY KEY ((tenant, client_id, incarnation), topic_filter))""",
+        """CREATE TABLE IF NOT EXISTS inbound_qos2 (
+             tenant text, client_id text, incarnation bigint, packet_id int,
+             message_id text, stored boolean,
+             PRIMARY KEY ((tenant, client_id, incarnation), packet_id))""",
     ]
 
     def _add_owner_column(self) -> None:
@@ -84,6 +95,21 @@ class CassandraSessionStore(CassandraBase):
             "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=?"
         )
         self._sub_all = p("SELECT * FROM subscriptions")
+        self._q2_put = p(
+            "INSERT INTO inbound_qos2 (tenant, client_id, incarnation, packet_id, message_id, "
+            "stored) VALUES (?,?,?,?,?,?)"
+        )
+        self._q2_del = p(
+            "DELETE FROM inbound_qos2 WHERE tenant=? AND client_id=? AND incarnation=? "
+            "AND packet_id=?"
+        )
+        self._q2_list = p(
+            "SELECT packet_id, message_id, stored FROM inbound_qos2 WHERE tenant=? AND "
+            "client_id=? AND incarnation=?"
+        )
+        self._q2_drop = p(
+            "DELETE FROM inbound_qos2 WHERE tenant=? AND client_id=? AND incarnation=?"
+        )
 
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
         rows = list(await self._exec(self._get, (tenant, client_id)))
@@ -196,3 +222,22 @@ class CassandraSessionStore(CassandraBase):
 
     async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None:
         await self._exec(self._sub_drop, (tenant, client_id, incarnation))
+
+    async def record_qos2(self, updates: list[Qos2Update]) -> None:
+        # In order, one statement each: a session's changes come from the one node that
+        # holds it, so later ones never race earlier ones. A STORED is an upsert of the same
+        # row: the node sends it only for ids still awaiting PUBREL, after their RECEIVED.
+        for u in updates:
+            key = (u.tenant, u.client_id, u.incarnation, u.packet_id)
+            if u.change == Qos2Change.RELEASED:
+                await self._exec(self._q2_del, key)
+            else:
+                stored = u.change == Qos2Change.STORED
+                await self._exec(self._q2_put, (*key, u.message_id, stored))
+
+    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
+        rows = await self._exec(self._q2_list, (tenant, client_id, incarnation))
+        return [InboundQos2(r.packet_id, r.message_id, bool(r.stored)) for r in rows]
+
+    async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None:
+        await self._exec(self._q2_drop, (tenant, client_id, incarnation))

@@ -101,8 +101,37 @@ class SubscriptionRecord:
         return (self.subscription_identifier,) if self.subscription_identifier else ()
 
 
+class Qos2Change:
+    """What happened to a QoS 2 publish a persistent session's client sent us."""
+
+    RECEIVED = "received"  # PUBLISH taken: recorded before it is routed
+    STORED = "stored"  # its routing finished (recorded when the connection ends)
+    RELEASED = "released"  # PUBREL taken: forgotten before PUBCOMP
+
+
+@dataclass(frozen=True, slots=True)
+class Qos2Update:
+    """One change to a session's QoS 2 receiver state (`Qos2Change`)."""
+
+    tenant: str
+    client_id: str
+    incarnation: int
+    change: str
+    packet_id: int
+    message_id: str = ""  # RECEIVED and STORED (a STORED for another message is ignored)
+
+
+@dataclass(frozen=True, slots=True)
+class InboundQos2:
+    """A QoS 2 publish received from the client and not released yet (PUBREL not taken)."""
+
+    packet_id: int
+    message_id: str
+    stored: bool = False
+
+
 class SessionStore(Protocol):
-    """Persistent session records and their subscriptions."""
+    """Persistent session records, their subscriptions and their QoS 2 receiver state."""
 
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None: ...
 
@@ -125,6 +154,14 @@ class SessionStore(Protocol):
     async def all_subscriptions(self) -> list[SubscriptionRecord]: ...
 
     async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None: ...
+
+    async def record_qos2(self, updates: list[Qos2Update]) -> None:
+        """Apply `updates` (of any sessions) in order, durably, before returning."""
+
+    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
+        """The session's QoS 2 publishes awaiting PUBREL, by packet id."""
+
+    async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None: ...
 
     async def close(self) -> None: ...
 

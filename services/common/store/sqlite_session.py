@@ -1,11 +1,20 @@
-"""Embedded `SessionStore`: session records and persistent subscriptions in SQLite."""
+"""Embedded `SessionStore`: session records, persistent subscriptions and the QoS 2 receiver
+state of persistent sessions in SQLite."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
-from services.common.store.ports import NEVER_EXPIRES, SessionRecord, SubscriptionRecord
+from services.common.store.ports import (
+    NEVER_EXPIRES,
+    InboundQos2,
+    Qos2Change,
+    Qos2Update,
+    SessionRecord,
+    SubscriptionRecord,
+)
 from services.common.store.sqlite_base import SqliteDb
 
 _SCHEMA = """
@@ -22,6 +31,10 @@ CREATE TABLE IF NOT EXISTS subscriptions (
   retain_as_published INTEGER NOT NULL, retain_handling INTEGER NOT NULL,
   subscription_identifier INTEGER NOT NULL,
   PRIMARY KEY (tenant, client_id, incarnation, topic_filter));
+CREATE TABLE IF NOT EXISTS inbound_qos2 (
+  tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
+  packet_id INTEGER NOT NULL, message_id TEXT NOT NULL, stored INTEGER NOT NULL,
+  PRIMARY KEY (tenant, client_id, incarnation, packet_id));
 """
 
 _SUB_COLS = (
@@ -160,6 +173,49 @@ class SqliteSessionStore(SqliteDb):
         await self.run(
             lambda: self.db.execute(
                 "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=?",
+                (tenant, client_id, incarnation),
+            )
+        )
+
+    async def record_qos2(self, updates: list[Qos2Update]) -> None:
+        def apply(db: sqlite3.Connection) -> None:
+            for u in updates:
+                key = (u.tenant, u.client_id, u.incarnation, u.packet_id)
+                if u.change == Qos2Change.RECEIVED:
+                    db.execute(
+                        "INSERT OR REPLACE INTO inbound_qos2 VALUES (?,?,?,?,?,0)",
+                        (*key, u.message_id),
+                    )
+                elif u.change == Qos2Change.STORED:
+                    db.execute(
+                        "UPDATE inbound_qos2 SET stored=1 WHERE tenant=? AND client_id=? AND "
+                        "incarnation=? AND packet_id=? AND message_id=?",
+                        (*key, u.message_id),
+                    )
+                else:
+                    db.execute(
+                        "DELETE FROM inbound_qos2 WHERE tenant=? AND client_id=? AND "
+                        "incarnation=? AND packet_id=?",
+                        key,
+                    )
+
+        # One transaction for the whole batch: one fsync however many sessions it carries.
+        await self.run(lambda: self.tx(apply))
+
+    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
+        rows = await self.run(
+            lambda: self.db.execute(
+                "SELECT packet_id, message_id, stored FROM inbound_qos2 WHERE tenant=? AND "
+                "client_id=? AND incarnation=? ORDER BY packet_id",
+                (tenant, client_id, incarnation),
+            ).fetchall()
+        )
+        return [InboundQos2(p, m, bool(s)) for p, m, s in rows]
+
+    async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None:
+        await self.run(
+            lambda: self.db.execute(
+                "DELETE FROM inbound_qos2 WHERE tenant=? AND client_id=? AND incarnation=?",
                 (tenant, client_id, incarnation),
             )
         )

@@ -77,6 +77,14 @@ class Close:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseQos2:
+    """PUBREL of a persistent session's QoS 2 publish: forget it in the session's stored
+    receiver state, durably, then call `Channel.qos2_released` (which writes PUBCOMP)."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class DeliveryProgress:
     """The client acknowledged deliveries of a persistent session: `outbound.completed` and
     `outbound.released` have new packet ids for its queue (only while
@@ -91,4 +99,5 @@ Action = (
     | Unsubscribed
     | Close
     | DeliveryProgress
+    | ReleaseQos2
 )

@@ -251,6 +251,11 @@ class Channel:
         if self.state is State.CONNECTED:
             self._inbound.routed(packet_id, reason_code)
 
+    def qos2_released(self, packet_id: int) -> None:
+        """The node carried out `ReleaseQos2`: the PUBCOMP may go."""
+        if self.state is State.CONNECTED:
+            self._inbound.released(packet_id)
+
     def deliver(
         self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
     ) -> None:
@@ -404,7 +409,14 @@ class Channel:
             asked_s = self._handshake.connect.keepalive_s if self._handshake.connect else 0
             self._limit("max_keepalive_s" if asked_s else "server_keepalive_s")
         self.out += encode(connack, self.level)
-        self._inbound.start(self.level, self.tenant, self.client_id, acl)
+        self._inbound.start(
+            self.level,
+            self.tenant,
+            self.client_id,
+            acl,
+            self.persistent,
+            outcome.awaiting_release if outcome.session_present else (),
+        )
         self._subscriptions.start(self.level, acl, outcome.subscriptions)
 
     def _refuse(self, code: int) -> Close:
@@ -466,8 +478,8 @@ class Channel:
 
     # ---- packets of a connected client ---------------------------------------------------
 
-    def _on_pubrel(self, p: PubRel, now: float) -> None:
-        self._inbound.on_pubrel(p)
+    def _on_pubrel(self, p: PubRel, now: float) -> Action | None:
+        return self._inbound.on_pubrel(p)
 
     def _on_puback(self, p: PubAck, now: float) -> Action | None:
         return _PROGRESS if self.outbound.on_puback(p.packet_id, now) else None

@@ -4,6 +4,12 @@ PUBACK/PUBREC in receipt order, PUBREL/PUBCOMP.
 Invariants:
 - A QoS 2 packet id is in `_awaiting_rel` from its first PUBLISH until its PUBREL (or until
   its PUBREC carries an error): a resend in between is answered, never forwarded twice.
+- A persistent session's receiver state outlives the connection: `start` takes the ids a
+  resumed session still awaits PUBREL for (stored with the session by the node), so a
+  reconnect to any node completes the exchange once. A resend of one whose storage was not
+  confirmed is routed again under its recorded message id (the queue de-duplicates it); a
+  PUBREL yields `ReleaseQos2`, and its PUBCOMP waits for `released` (the id is forgotten
+  durably first, so a new message under the id is never taken for a resend).
 - Acks go out in the order the PUBLISHes came [MQTT-4.6.0-2], even when some wait for the node
   (`ChannelConfig.defer_publish_acks`): see `PublisherAcks`.
 - An MQTT 5 client never has more unacknowledged QoS 1 and 2 publishes with us than the
@@ -26,6 +32,7 @@ from services.common.mqtt.primitives import check_utf8
 from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.topics import validate_topic_name
+from services.connection.channel.actions import ReleaseQos2
 from services.connection.channel.config import ChannelConfig
 from services.connection.channel.problems import Problems, describe
 
@@ -103,8 +110,11 @@ class InboundPublishes:
         "_config",
         "_level",
         "_out",
+        "_persistent",
         "_problems",
+        "_releasing",
         "_tenant",
+        "_unconfirmed",
     )
 
     def __init__(
@@ -120,13 +130,32 @@ class InboundPublishes:
         self._aliases: dict[int, str] = {}  # topic alias -> topic name, set by this client
         self._awaiting_rel: set[int] = set()
         self._acks = PublisherAcks()
+        self._persistent = False
+        # Of a resumed session: ids awaiting PUBREL whose message may not be stored yet ->
+        # the message id it was recorded under.
+        self._unconfirmed: dict[int, str] = {}
+        self._releasing: set[int] = set()  # PUBREL taken, its PUBCOMP waits for `released`
 
-    def start(self, level: int, tenant: str, client_id: str, acl: AclChecker) -> None:
-        """Who publishes: fixed for the life of the connection."""
+    def start(
+        self,
+        level: int,
+        tenant: str,
+        client_id: str,
+        acl: AclChecker,
+        persistent: bool = False,
+        awaiting: tuple[tuple[int, str, bool], ...] = (),
+    ) -> None:
+        """Who publishes: fixed for the life of the connection; a persistent session's
+        QoS 2 publishes awaiting PUBREL (packet id, message id, stored)."""
         self._level = level
         self._tenant = tenant
         self._client_id = client_id
         self._acl = acl
+        self._persistent = persistent
+        for pid, message_id, stored in awaiting:
+            self._awaiting_rel.add(pid)
+            if not stored:
+                self._unconfirmed[pid] = message_id
 
     def receive(self, p: Publish, now: float) -> Message | None:
         """A PUBLISH: the message to route (None: nothing to route); its ack is written or
@@ -142,7 +171,11 @@ class InboundPublishes:
         validate_topic_name(topic, self._config.topic_limits)
         qos = p.qos
         pid = p.packet_id or 0
-        if qos == 2 and self._is_resend(pid):
+        if qos == 2 and pid in self._awaiting_rel:
+            recorded = self._unconfirmed.pop(pid, "") if self._unconfirmed else ""
+            if recorded:  # accepted by an earlier connection, maybe not stored yet
+                return self._route_again(p, topic, recorded, now)
+            self._answer_resend(pid)
             return None
         if qos and self._window_full(qos):
             # More unacknowledged QoS 1/2 than the Receive Maximum of our CONNACK.
@@ -192,15 +225,55 @@ class InboundPublishes:
         for a in self._acks.settle(packet_id, reason_code):
             self._write_ack(a.packet_id, a.qos, a.reason_code, a.text)
 
-    def on_pubrel(self, p: PubRel) -> None:
-        """Release of a QoS 2 message: it is forwarded already, PUBCOMP ends the exchange."""
+    def on_pubrel(self, p: PubRel) -> ReleaseQos2 | None:
+        """Release of a QoS 2 message: it is forwarded already, PUBCOMP ends the exchange
+        (for a persistent session once `released` says the release is durable)."""
         pid = p.packet_id
         if pid in self._awaiting_rel:
+            if self._persistent:
+                if pid in self._releasing:
+                    return None  # a repeated PUBREL: its PUBCOMP is on its way
+                self._releasing.add(pid)
+                return ReleaseQos2(pid)
             self._awaiting_rel.discard(pid)
             self._out += encode(PubComp(pid), self._level)
         else:
             code = RC.PACKET_IDENTIFIER_NOT_FOUND
             self._out += self._problems.encode(PubComp(pid, code), "no QoS 2 publish to release")
+        return None
+
+    def released(self, packet_id: int) -> None:
+        """The session's stored state forgot `packet_id` (durably): PUBCOMP."""
+        if packet_id in self._releasing:
+            self._releasing.discard(packet_id)
+            self._awaiting_rel.discard(packet_id)
+            self._unconfirmed.pop(packet_id, None)
+            self._out += encode(PubComp(packet_id), self._level)
+
+    def _route_again(self, p: Publish, topic: str, message_id: str, now: float) -> Message:
+        """A resend of a publish an earlier connection accepted (its checks passed then):
+        routed under its recorded id, its PUBREC once the store has it."""
+        props = p.properties
+        if props is EMPTY:
+            msg_props, expires_at = EMPTY, None
+        else:
+            msg_props, expires_at = message_properties(props), _expires_at(props, now)
+        pid = p.packet_id or 0
+        self._acks.add(pid, 2, 0, False)
+        return Message(
+            self._tenant,
+            topic,
+            p.payload,
+            2,
+            p.retain,
+            self._client_id,
+            msg_props,
+            expires_at,
+            now,
+            (),
+            pid,
+            message_id,
+        )
 
     def _resolve_alias(self, alias: int, topic: str) -> str:
         if alias > self._config.topic_alias_maximum:
@@ -215,15 +288,11 @@ class InboundPublishes:
             raise ProtocolViolationError("unknown topic alias")
         return known
 
-    def _is_resend(self, pid: int) -> bool:
+    def _answer_resend(self, pid: int) -> None:
         """A QoS 2 PUBLISH whose id awaits PUBREL is a resend: answer it again (unless its
         first PUBREC is still owed) and never forward it twice [MQTT-4.3.3-10]."""
-        awaiting = self._awaiting_rel
-        if pid in awaiting:
-            if not self._acks.owes(pid):
-                self._out += encode(PubRec(pid), self._level)
-            return True
-        return False
+        if not self._acks.owes(pid):
+            self._out += encode(PubRec(pid), self._level)
 
     def _window_full(self, qos: int) -> bool:
         """A new QoS 1/2 publish would exceed the Receive Maximum we announced. 3.1/3.1.1

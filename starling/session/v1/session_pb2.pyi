@@ -94,6 +94,31 @@ CONNECT_RESULT_BAD_AUTH_METHOD: ConnectResult.ValueType  # 9
 CONNECT_RESULT_SERVER_UNAVAILABLE: ConnectResult.ValueType  # 10
 Global___ConnectResult: _TypeAlias = ConnectResult  # noqa: Y015
 
+class _Qos2Change:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _Qos2ChangeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Qos2Change.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QOS2_CHANGE_UNSPECIFIED: _Qos2Change.ValueType  # 0
+    QOS2_CHANGE_RECEIVED: _Qos2Change.ValueType  # 1
+    """PUBLISH received: recorded before it is routed."""
+    QOS2_CHANGE_STORED: _Qos2Change.ValueType  # 2
+    """Its routing finished (written when the connection ends)."""
+    QOS2_CHANGE_RELEASED: _Qos2Change.ValueType  # 3
+    """PUBREL received: forgotten before PUBCOMP."""
+
+class Qos2Change(_Qos2Change, metaclass=_Qos2ChangeEnumTypeWrapper): ...
+
+QOS2_CHANGE_UNSPECIFIED: Qos2Change.ValueType  # 0
+QOS2_CHANGE_RECEIVED: Qos2Change.ValueType  # 1
+"""PUBLISH received: recorded before it is routed."""
+QOS2_CHANGE_STORED: Qos2Change.ValueType  # 2
+"""Its routing finished (written when the connection ends)."""
+QOS2_CHANGE_RELEASED: Qos2Change.ValueType  # 3
+"""PUBREL received: forgotten before PUBCOMP."""
+Global___Qos2Change: _TypeAlias = Qos2Change  # noqa: Y015
+
 @_typing.final
 class AclRule(_message.Message):
     """One ACL rule; rules are evaluated in order and the first match decides.
@@ -214,6 +239,7 @@ class ConnectResponse(_message.Message):
     AUTH_DATA_FIELD_NUMBER: _builtins.int
     AUTH_STATE_FIELD_NUMBER: _builtins.int
     USERNAME_FIELD_NUMBER: _builtins.int
+    AWAITING_RELEASE_FIELD_NUMBER: _builtins.int
     result: Global___ConnectResult.ValueType
     tenant: _builtins.str
     epoch: _builtins.int
@@ -243,6 +269,10 @@ class ConnectResponse(_message.Message):
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_subscription_pb2.Subscription]:
         """Subscriptions of a resumed session (session_present)."""
 
+    @_builtins.property
+    def awaiting_release(self) -> _containers.RepeatedCompositeFieldContainer[Global___InboundQos2]:
+        """QoS 2 publishes of a resumed session (session_present) awaiting the client's PUBREL."""
+
     def __init__(
         self,
         *,
@@ -259,14 +289,117 @@ class ConnectResponse(_message.Message):
         auth_data: _builtins.bytes = ...,
         auth_state: _builtins.bytes = ...,
         username: _builtins.str = ...,
+        awaiting_release: _abc.Iterable[Global___InboundQos2] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "epoch", b"epoch", "incarnation", b"incarnation", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "awaiting_release", b"awaiting_release", "epoch", b"epoch", "incarnation", b"incarnation", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConnectResponse: _TypeAlias = ConnectResponse  # noqa: Y015
+
+@_typing.final
+class InboundQos2(_message.Message):
+    """A QoS 2 PUBLISH the server took from the client (PUBREC owed or sent), not yet released."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PACKET_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    STORED_FIELD_NUMBER: _builtins.int
+    packet_id: _builtins.int
+    """1..65535"""
+    message_id: _builtins.str
+    """The id the message is routed under; a resend is routed under the same id, which the
+    queue de-duplicates.
+    """
+    stored: _builtins.bool
+    """The message was stored before the connection ended: a resend needs no routing."""
+    def __init__(
+        self,
+        *,
+        packet_id: _builtins.int = ...,
+        message_id: _builtins.str = ...,
+        stored: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "packet_id", b"packet_id", "stored", b"stored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InboundQos2: _TypeAlias = InboundQos2  # noqa: Y015
+
+@_typing.final
+class Qos2Update(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
+    PACKET_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    incarnation: _builtins.int
+    change: Global___Qos2Change.ValueType
+    packet_id: _builtins.int
+    message_id: _builtins.str
+    """RECEIVED only."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        change: Global___Qos2Change.ValueType = ...,
+        packet_id: _builtins.int = ...,
+        message_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "client_id", b"client_id", "incarnation", b"incarnation", "message_id", b"message_id", "packet_id", b"packet_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Qos2Update: _TypeAlias = Qos2Update  # noqa: Y015
+
+@_typing.final
+class RecordQos2Request(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPDATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def updates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Qos2Update]: ...
+    def __init__(
+        self,
+        *,
+        updates: _abc.Iterable[Global___Qos2Update] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["updates", b"updates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordQos2Request: _TypeAlias = RecordQos2Request  # noqa: Y015
+
+@_typing.final
+class RecordQos2Response(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordQos2Response: _TypeAlias = RecordQos2Response  # noqa: Y015
 
 @_typing.final
 class ReauthenticateRequest(_message.Message):

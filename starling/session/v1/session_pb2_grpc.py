@@ -50,6 +50,11 @@ class SessionServiceStub:
                 request_serializer=starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateRequest.SerializeToString,
                 response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateResponse.FromString,
                 _registered_method=True)
+        self.RecordQos2 = channel.unary_unary(
+                '/starling.session.v1.SessionService/RecordQos2',
+                request_serializer=starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Request.SerializeToString,
+                response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Response.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -75,6 +80,14 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordQos2(self, request, context):
+        """QoS 2 receiver state of persistent sessions (PUBLISH received, PUBREL not yet): the
+        changes of many sessions, applied in order in one durable write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +105,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.Reauthenticate,
                     request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateRequest.FromString,
                     response_serializer=starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateResponse.SerializeToString,
+            ),
+            'RecordQos2': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordQos2,
+                    request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Request.FromString,
+                    response_serializer=starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Response.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +194,33 @@ class SessionService:
             '/starling.session.v1.SessionService/Reauthenticate',
             starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateRequest.SerializeToString,
             starling_dot_session_dot_v1_dot_session__pb2.ReauthenticateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordQos2(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.session.v1.SessionService/RecordQos2',
+            starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Request.SerializeToString,
+            starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Response.FromString,
             options,
             channel_credentials,
             insecure,

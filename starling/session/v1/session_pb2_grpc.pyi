@@ -37,6 +37,10 @@ class SessionServiceStub:
     Disconnect: _grpc.UnaryUnaryMultiCallable[_session_pb2.DisconnectRequest, _session_pb2.DisconnectResponse]
     Reauthenticate: _grpc.UnaryUnaryMultiCallable[_session_pb2.ReauthenticateRequest, _session_pb2.ReauthenticateResponse]
     """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
+    RecordQos2: _grpc.UnaryUnaryMultiCallable[_session_pb2.RecordQos2Request, _session_pb2.RecordQos2Response]
+    """QoS 2 receiver state of persistent sessions (PUBLISH received, PUBREL not yet): the
+    changes of many sessions, applied in order in one durable write.
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -47,6 +51,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     Disconnect: _aio.UnaryUnaryMultiCallable[_session_pb2.DisconnectRequest, _session_pb2.DisconnectResponse]  # type: ignore[assignment]
     Reauthenticate: _aio.UnaryUnaryMultiCallable[_session_pb2.ReauthenticateRequest, _session_pb2.ReauthenticateResponse]  # type: ignore[assignment]
     """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
+    RecordQos2: _aio.UnaryUnaryMultiCallable[_session_pb2.RecordQos2Request, _session_pb2.RecordQos2Response]  # type: ignore[assignment]
+    """QoS 2 receiver state of persistent sessions (PUBLISH received, PUBREL not yet): the
+    changes of many sessions, applied in order in one durable write.
+    """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal: connection nodes call this on CONNECT and on disconnect."""
@@ -72,6 +80,16 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.ReauthenticateResponse, _abc.Awaitable[_session_pb2.ReauthenticateResponse]]:
         """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
+
+    @_abc_1.abstractmethod
+    def RecordQos2(
+        self,
+        request: _session_pb2.RecordQos2Request,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.RecordQos2Response, _abc.Awaitable[_session_pb2.RecordQos2Response]]:
+        """QoS 2 receiver state of persistent sessions (PUBLISH received, PUBREL not yet): the
+        changes of many sessions, applied in order in one durable write.
+        """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
