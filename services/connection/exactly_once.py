@@ -19,6 +19,9 @@ Theory of operation:
 - The journal sends the changes of every connection of the node in one request while the
   previous one is under way (one transaction in the session store): under load a QoS 2
   publish costs a share of one durable write, not one each.
+- A connection that ends with records being written is released to the session service
+  only once they are written, and a takeover's kick is answered only then: the next
+  connection, on any node, resumes a session that already knows every id this one took.
 - A record that cannot be written (session service down past the RPC timeout) closes the
   connection without the acks: the client resends after reconnecting.
 """
@@ -113,6 +116,8 @@ class ExactlyOnceInbound:
         self._tasks = tasks
         self._queue: deque[list[Message]] = deque()
         self._draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._broken = False
         self.recorded: dict[int, str] = {}  # packet id -> message id, not released yet
         self._routed: set[int] = set()  # of `recorded`: the router has stored them
@@ -128,6 +133,7 @@ class ExactlyOnceInbound:
         self._queue.append(msgs)
         if not self._draining:
             self._draining = True
+            self._idle.clear()
             self._tasks.spawn(self._drain(), name="qos2-record")
 
     async def _drain(self) -> None:
@@ -146,6 +152,19 @@ class ExactlyOnceInbound:
                 self._send(assigned)
         finally:
             self._draining = False
+            self._idle.set()
+
+    @property
+    def busy(self) -> bool:
+        """Records are being written (publishes wait behind them)."""
+        return self._draining
+
+    async def idle(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) until no record is being written."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("qos2_records_still_pending")
 
     def _assign(self, msgs: list[Message]) -> tuple[list[tuple[Message, bool]], list[Qos2Update]]:
         """Message ids for the new QoS 2 publishes of `msgs`, and their RECEIVED records;

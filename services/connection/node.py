@@ -71,6 +71,10 @@ from services.session.client import SessionClient
 
 log = logging.getLogger("starling.connection")
 
+# How long an ended connection's pending QoS 2 records may hold back its release and a
+# takeover's kick reply (the session service waits 1 s for that reply).
+QOS2_SETTLE_S = 0.8
+
 
 def assigned_client_id() -> str:
     return "auto-" + uuid.uuid4().hex  # [MQTT-3.1.3-6]
@@ -125,6 +129,9 @@ class Node:
             self.tasks,
             self.carry_out,
         )
+        # Ended connections whose QoS 2 records are still being written, by client.
+        self._qos2_pending: dict[tuple[str, str], ExactlyOnceInbound] = {}
+        self.sessions.settle_first = self._qos2_settled
         self.sweeper = Sweeper(self.node_id, self.registry, nc, self.carry_out, self.mark_dirty)
 
     def _build_message_path(self, router: RouterClient | None, tracing: bool) -> None:
@@ -259,7 +266,29 @@ class Node:
             return
         self.stats.connection_ended(conn)
         self.wills.connection_ended(ch)
+        eo = conn.exactly_once
+        if eo is not None and eo.busy:
+            # Released only once its records are written: the next connection resumes a
+            # session that knows every QoS 2 id this one took.
+            self._qos2_pending[(ch.tenant, ch.client_id)] = eo  # before any kick reply
+            self.tasks.spawn(self._release_after_records(conn, eo), name="qos2-release-wait")
+            return
         self.sessions.connection_ended(conn)
+
+    async def _release_after_records(self, conn: Conn, eo: ExactlyOnceInbound) -> None:
+        key = (conn.channel.tenant, conn.channel.client_id)
+        try:
+            await eo.idle(QOS2_SETTLE_S)
+        finally:
+            if self._qos2_pending.get(key) is eo:
+                del self._qos2_pending[key]
+        self.sessions.connection_ended(conn)
+
+    async def _qos2_settled(self, tenant: str, client_id: str) -> None:
+        """Before a takeover's kick is answered: this client's QoS 2 records are written."""
+        eo = self._qos2_pending.get((tenant, client_id))
+        if eo is not None:
+            await eo.idle(QOS2_SETTLE_S)
 
     def _admit(self, conn: Conn, action: Authenticate) -> None:
         """Authenticate the CONNECT unless its address holds too many connections here."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -76,6 +76,10 @@ def connect_attempt(
     )
 
 
+async def _settled(tenant: str, client_id: str) -> None:
+    """The default `SessionLink.settle_first`: nothing to wait for."""
+
+
 class SessionLink:
     def __init__(
         self,
@@ -102,6 +106,9 @@ class SessionLink:
         self._writes = writes
         self._tasks = tasks
         self._carry_out = carry_out
+        # Awaited before a takeover's kick is answered (the node waits for the QoS 2
+        # records of the client's ended connection).
+        self.settle_first: Callable[[str, str], Awaitable[None]] = _settled
 
     def authenticate(self, conn: Conn, action: Authenticate) -> None:
         self._tasks.spawn(self._authenticate(conn, action), name="authenticate")
@@ -221,6 +228,7 @@ class SessionLink:
             )
             self._carry_out(conn, actions)
         if msg.reply:  # a CONNECT displaced it: say whether it had ended, and how
+            await self.settle_first(kick.tenant, kick.client_id)
             reply = connection_pb2.KickReply(ended=ended)
             if expiry_s is not None:
                 reply.session_expiry_interval_s = expiry_s
