@@ -37,6 +37,11 @@ class SessionServiceStub:
     Disconnect: _grpc.UnaryUnaryMultiCallable[_session_pb2.DisconnectRequest, _session_pb2.DisconnectResponse]
     Reauthenticate: _grpc.UnaryUnaryMultiCallable[_session_pb2.ReauthenticateRequest, _session_pb2.ReauthenticateResponse]
     """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
+    Reclaim: _grpc.UnaryUnaryMultiCallable[_session_pb2.ReclaimRequest, _session_pb2.ReclaimResponse]
+    """After the registry was lost (Redis lost its data): a node re-asserts the connections it
+    holds. The later epoch of a client id wins; the node is kicked (0x8E) for the ones that
+    lost.
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -47,6 +52,11 @@ class SessionServiceAsyncStub(SessionServiceStub):
     Disconnect: _aio.UnaryUnaryMultiCallable[_session_pb2.DisconnectRequest, _session_pb2.DisconnectResponse]  # type: ignore[assignment]
     Reauthenticate: _aio.UnaryUnaryMultiCallable[_session_pb2.ReauthenticateRequest, _session_pb2.ReauthenticateResponse]  # type: ignore[assignment]
     """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
+    Reclaim: _aio.UnaryUnaryMultiCallable[_session_pb2.ReclaimRequest, _session_pb2.ReclaimResponse]  # type: ignore[assignment]
+    """After the registry was lost (Redis lost its data): a node re-asserts the connections it
+    holds. The later epoch of a client id wins; the node is kicked (0x8E) for the ones that
+    lost.
+    """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal: connection nodes call this on CONNECT and on disconnect."""
@@ -72,6 +82,17 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.ReauthenticateResponse, _abc.Awaitable[_session_pb2.ReauthenticateResponse]]:
         """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
+
+    @_abc_1.abstractmethod
+    def Reclaim(
+        self,
+        request: _session_pb2.ReclaimRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ReclaimResponse, _abc.Awaitable[_session_pb2.ReclaimResponse]]:
+        """After the registry was lost (Redis lost its data): a node re-asserts the connections it
+        holds. The later epoch of a client id wins; the node is kicked (0x8E) for the ones that
+        lost.
+        """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
