@@ -32,7 +32,7 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
         "subscribe": {"allow": [">"], "deny": ["$JS.>", "$SYS.>"]},
     },
     "session": {
-        "publish": {"allow": ["ctl.node.>", "ev.>", "$JS.API.>", "_INBOX.>"]},
+        "publish": {"allow": ["ctl.node.>", "ctl.nodes.>", "ev.>", "$JS.API.>", "_INBOX.>"]},
         "subscribe": {"allow": ["hb.node.>", "hello.node.>", "_INBOX.>"]},
     },
     "router": {

@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from services.common.redact import redact_url, url_passwords
+from services.common.store.cassandra_schema import parse_replication
 
 ENV_PREFIX = "STARLING_"
 
@@ -118,12 +119,31 @@ class ServiceSettings(BaseSettings):
     cassandra_consistency: str = Field(
         default="LOCAL_QUORUM",
         pattern="^(ONE|TWO|THREE|QUORUM|LOCAL_QUORUM|EACH_QUORUM|ALL|LOCAL_ONE)$",
+        description="Consistency of every Cassandra read and write (docs/storage.md); below "
+        "a quorum an acknowledged message can be lost with one replica.",
+    )
+    cassandra_serial_consistency: Literal["LOCAL_SERIAL", "SERIAL"] = Field(
+        default="LOCAL_SERIAL",
+        description="Paxos phase of Cassandra lightweight transactions (queue counters, "
+        "partition and schema fencing); SERIAL fences across data centres.",
+    )
+    cassandra_replication: str = Field(
+        default="SimpleStrategy:1",
+        description="Replication of a keyspace Starling creates: 'SimpleStrategy:N' "
+        "(development) or 'dc1:3,dc2:3' (NetworkTopologyStrategy, replicas per data centre). "
+        "An existing keyspace is not altered (a warning says it differs).",
     )
     session_addr: str = Field(default="127.0.0.1:7001", description="Session service gRPC.")
     router_addr: str = Field(default="127.0.0.1:7002", description="Router service gRPC.")
     queue_addr: str = Field(default="127.0.0.1:7003", description="Queue service gRPC.")
     quota_addr: str = Field(default="127.0.0.1:7005", description="Quota service gRPC.")
     metrics_addr: str = Field(default="127.0.0.1:7006", description="Metrics service gRPC.")
+
+    @field_validator("cassandra_replication")
+    @classmethod
+    def _replication_parses(cls, value: str) -> str:
+        parse_replication(value)  # ValueError names what is wrong; pydantic names the setting
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -169,6 +169,7 @@ class Node:
         self.writes.bind(loop)
         self.flow.bind(loop)
         await self.nc.subscribe(subjects.node_control(self.node_id), cb=self.sessions.on_kick)
+        await self.nc.subscribe(subjects.REGISTRY_LOST, cb=self.sessions.on_registry_lost)
         await self.subscriber.listen_for_route_listings()
         # Before any client connects: the session service releases what an earlier life
         # of this node id held (after a crash and restart).

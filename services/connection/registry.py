@@ -50,6 +50,11 @@ class Registry:
             if not held:
                 del self._clients[key]
 
+    def held(self) -> list[Conn]:
+        """Every accepted connection still open: what this node re-asserts when the session
+        registry was lost."""
+        return [c for held in self._clients.values() for c in held.values() if not c.closed]
+
     def superseded(self, key: ClientKey, epoch: int) -> bool:
         """A kick for this epoch (or a later one) arrived before its CONNECT answer."""
         tomb = self._tombstones.get(key)

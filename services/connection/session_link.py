@@ -9,6 +9,10 @@ this one is closed with 0x8E right after its CONNACK.
 
 Takeover: the session service publishes a kick on `ctl.node.<node_id>` naming the epoch it
 supersedes; every connection of that client with an epoch at or below it is closed.
+
+Registry lost (Redis lost its data): the session service asks every node to re-assert what it
+holds; this node re-claims each accepted connection (the later epoch of a client id wins, the
+loser is kicked as in a takeover).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from services.connection.writes import WriteBatcher
 from services.queue.client import QueueClient, queue_id
 from services.session.client import SessionClient
 from starling.connection.v1 import connection_pb2
+from starling.session.v1 import session_pb2
 
 log = logging.getLogger("starling.connection.session")
 tracer = trace.get_tracer("starling.connection")
@@ -233,3 +238,44 @@ class SessionLink:
             if expiry_s is not None:
                 reply.session_expiry_interval_s = expiry_s
             await self._nc.publish(msg.reply, reply.SerializeToString())
+
+    async def on_registry_lost(self, msg: Msg) -> None:
+        """The session registry was lost: re-assert every connection this node holds."""
+        held = self._registry.held()
+        if not held:
+            return
+        try:
+            reclaimed, superseded = await self._session.reclaim(
+                self._node_id, [_held_connection(c) for c in held]
+            )
+        except Exception as exc:
+            log.warning("registry_reassert_failed", extra={"error": str(exc)})
+            return
+        log.warning(
+            "registry_reasserted",
+            extra={
+                "reclaimed": reclaimed,
+                "superseded": superseded,
+                "generation": msg.data.decode(),
+            },
+        )
+        for conn in held:
+            if conn.closed:
+                # It ended while being re-asserted: its release may have come first, found no
+                # entry, and the re-claim installed one again; release that one.
+                ch = conn.channel
+                await self.release(
+                    ch.tenant, ch.client_id, ch.epoch, ch.incarnation, ch.disconnect_expiry_s
+                )
+
+
+def _held_connection(conn: Conn) -> session_pb2.HeldConnection:
+    ch = conn.channel
+    return session_pb2.HeldConnection(
+        tenant=ch.tenant,
+        client_id=ch.client_id,
+        epoch=ch.epoch,
+        username=ch.username.partition("/")[2] if "/" in ch.username else ch.username,
+        peer_address=ch.peer,
+        protocol_level=ch.level,
+    )

@@ -20,10 +20,12 @@ from services.common.subscription import record_to_pb
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.auth import Authenticator, check_tenant
+from services.session.client import RECLAIM_BATCH
 from services.session.core import may_use
 from services.session.credentials import check_kinds
 from services.session.enhanced import CONTINUE
 from services.session.events import Events
+from services.session.fence import announce_loss, reclaimed_holder
 from services.session.locks import KeyedLocks
 from services.session.login import Login
 from services.session.registry import Holder, Registry
@@ -217,12 +219,11 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 result=pb.CONNECT_RESULT_NOT_AUTHORIZED,
                 reason="the client id belongs to another user",
             )
-        epoch = await self._registry.next_epoch(tenant, request.client_id)
         holder = Holder(
             tenant,
             request.client_id,
             request.node_id,
-            epoch,
+            self._registry.next_epoch(),
             name,
             request.peer_address,
             request.protocol_level,
@@ -231,6 +232,11 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             owner,
         )
         claim = await self._registry.claim(holder, self._max_connections)
+        if claim.generation:
+            # The registry was empty: connections from before may still be live on their
+            # nodes, unknown to it; they re-assert, and a copy of this client id is kicked.
+            await announce_loss(self._nc, claim.generation)
+        epoch = claim.epoch
         if claim.full:
             self.refusals.count("connections_per_tenant", tenant)
             await self._events.emit(
@@ -258,6 +264,36 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             owner,
         )
         return epoch, opened
+
+    async def Reclaim(
+        self, request: pb.ReclaimRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReclaimResponse:
+        """A node re-asserts its live connections after the registry was lost: each is
+        installed again unless a later connection holds its client id (then its node is
+        kicked for it); one it displaces (an earlier epoch elsewhere) is kicked."""
+        node_id = _require(request.node_id, "node_id")
+        if len(request.connections) > RECLAIM_BATCH:
+            raise InvalidArgumentError(f"connections: at most {RECLAIM_BATCH} per call")
+        reclaimed = superseded = 0
+        for c in request.connections:
+            holder = reclaimed_holder(node_id, c)
+            async with self._locks.hold((holder.tenant, holder.client_id)):
+                claim = await self._registry.reclaim(holder)
+            if not claim.won:
+                superseded += 1
+                await send_kick(self._nc, holder, SESSION_TAKEN_OVER)
+                await self._events.emit(holder.tenant, holder.client_id, "taken_over")
+                continue
+            reclaimed += 1
+            prev = claim.previous
+            if prev is not None and prev.epoch != holder.epoch:
+                await send_kick(self._nc, prev, SESSION_TAKEN_OVER)
+                await self._events.emit(prev.tenant, prev.client_id, "taken_over")
+        log.warning(
+            "registry_reclaimed",
+            extra={"node": node_id, "reclaimed": reclaimed, "superseded": superseded},
+        )
+        return pb.ReclaimResponse(reclaimed=reclaimed, superseded=superseded)
 
     async def _settle_displaced(self, prev: Holder) -> None:
         """Kick the connection a new one displaces; if it had already ended (its release is
@@ -292,7 +328,10 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 await self._registry.forget_on_node(
                     request.node_id, request.tenant, request.client_id
                 )
-            if removed:  # only the current holder may end or park the session
+            # No entry at all: the registry was lost while this connection lived (it ended
+            # before its node re-asserted it), so it was still the session's holder.
+            holder = removed or await self._registry.get(request.tenant, request.client_id) is None
+            if holder:  # only the current holder may end or park the session
                 expiry = (
                     request.session_expiry_interval_s
                     if request.HasField("session_expiry_interval_s")
@@ -304,7 +343,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         await self._events.emit(
             request.tenant, request.client_id, "disconnected", epoch=request.epoch
         )
-        return pb.DisconnectResponse(removed=removed)
+        return pb.DisconnectResponse(removed=bool(removed))
 
 
 _QOS2_CHANGES = {

@@ -21,6 +21,8 @@ from services.session.acl_codec import rule_from_pb, rule_to_pb
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
 
+RECLAIM_BATCH = 1000  # connections per Reclaim call; the session service refuses more
+
 # CONNACK reason code of each refusal; any other refusal is Not authorized.
 _REFUSALS: dict[int, ReasonCode] = {
     pb.CONNECT_RESULT_BAD_CREDENTIALS: ReasonCode.BAD_USER_NAME_OR_PASSWORD,
@@ -162,6 +164,17 @@ class SessionClient:
             ]
         )
         await self._rpc.call(self._rpc.stub.RecordQos2, req)
+
+    async def reclaim(self, node_id: str, held: Sequence[pb.HeldConnection]) -> tuple[int, int]:
+        """Re-assert this node's live connections after the registry was lost, in calls of
+        at most RECLAIM_BATCH; returns (re-installed, superseded: kicked by the service)."""
+        reclaimed = superseded = 0
+        for i in range(0, len(held), RECLAIM_BATCH):
+            req = pb.ReclaimRequest(node_id=node_id, connections=held[i : i + RECLAIM_BATCH])
+            resp = await self._rpc.call(self._rpc.stub.Reclaim, req)
+            reclaimed += resp.reclaimed
+            superseded += resp.superseded
+        return reclaimed, superseded
 
     async def close(self) -> None:
         await self._rpc.close()

@@ -8,6 +8,10 @@ from collections.abc import Iterable
 import grpc
 from nats.aio.client import Client
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect
@@ -26,6 +30,7 @@ from services.session.authenticators.password import PasswordAuthenticator
 from services.session.config import SessionSettings
 from services.session.enhanced import EnhancedAuth
 from services.session.events import Events
+from services.session.fence import watch_generation
 from services.session.liveness import NodeLiveness
 from services.session.login import Login
 from services.session.registry import Registry
@@ -43,8 +48,13 @@ from starling.session.v1 import session_pb2_grpc as pb_grpc
 class SessionService:
     def __init__(self, settings: SessionSettings) -> None:
         self._settings = settings
+        # A restarted Redis (or a failover) breaks every pooled connection at once: a command
+        # is retried on a fresh one rather than failing the CONNECT that happened to use it.
         self._redis = Redis.from_url(
-            settings.redis_url, password=settings.redis_password.get_secret_value() or None
+            settings.redis_url,
+            password=settings.redis_password.get_secret_value() or None,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
         self._store = open_auth_store(settings)
         self._session_store = open_session_store(settings)
@@ -79,6 +89,7 @@ class SessionService:
         self._sweeper: asyncio.Task[None] | None = None
         self._liveness = NodeLiveness(self._registry, self._sessions, settings.node_timeout_s)
         self._watcher: asyncio.Task[None] | None = None
+        self._fence: asyncio.Task[None] | None = None
         self._refusals = Refusals()
         register_refusal_metrics(self._refusals, "starling.session")
 
@@ -186,9 +197,10 @@ class SessionService:
         )
         await self._liveness.start(self._nats.nc)
         self._watcher = asyncio.create_task(self._liveness.run())
+        self._fence = asyncio.create_task(watch_generation(self._registry, self._nats.nc))
 
     async def stop(self) -> None:
-        for task in (self._sweeper, self._watcher):
+        for task in (self._sweeper, self._watcher, self._fence):
             if task is not None:
                 task.cancel()
         await self._sessions.stop(min(2.0, self._settings.shutdown_grace_s / 2))

@@ -1,33 +1,58 @@
 """Session registry in Redis: which node holds which client, with a registry epoch.
 
-Theory of operation: every CONNECT takes a fresh epoch from one counter per client
-(`INCR`); `claim` then installs (node, epoch) only if no higher epoch is installed, atomically
-(Lua). So of two racing CONNECTs the later epoch always ends installed, the earlier one learns
-it lost (its own claim is refused, or its node receives a kick for its epoch), and exactly one
-connection survives. `release` removes the entry only for the epoch that owns it.
-The tenant's hash has one entry per connected client id, so its length is the tenant's
-connection count mesh-wide: `claim` refuses a new client id, in the same atomic step, when the
-tenant is at its cap (taking over a client id already connected never adds one).
+Theory of operation: an epoch is time-ordered, max(now in microseconds, installed epoch + 1),
+so it keeps growing without any counter in Redis: after Redis loses its data a new CONNECT
+still gets an epoch above every connection alive before the loss (no `st:epoch:*` key per
+client id either). `claim` installs (node, epoch) atomically (Lua) unless a higher epoch is
+installed; a CONNECT whose epoch is not above the installed one (clocks of two session
+services apart) is retried just above it, because the CONNECT being answered is the latest.
+Of two racing CONNECTs the later one ends installed and the earlier one is kicked (or learns
+it lost), so exactly one connection survives. `release` removes the entry only for the epoch
+that owns it. The tenant's hash has one entry per connected client id, so its length is the
+tenant's connection count mesh-wide: `claim` refuses a new client id, in the same atomic
+step, when the tenant is at its cap (taking over a client id already connected never adds one).
+
+Losing Redis (restart without persistence, FLUSHALL, failover to an empty replica) empties
+the registry; the sentinel key `st:registry:generation` goes with it. Whoever finds it missing
+(`claim`, or `check_generation` every second) writes a new generation and the session service
+asks every node to re-assert the connections it holds (`reclaim`, the same later-epoch-wins
+claim, never refused by the cap): the registry is rebuilt, and a client that connected to
+another node meanwhile keeps the later connection while the earlier one is kicked.
 Redis holds only what may be lost: losing it drops the registry, never a message.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
 
 from redis.asyncio import Redis
 
+# KEYS: tenant hash, generation sentinel. ARGV: client id, epoch, holder JSON, cap, mode
+# ('connect': an installed epoch at or above ours asks for a higher one; 'reclaim': only a
+# higher installed epoch refuses ours, an equal one is this connection's entry, kept as it
+# is), new generation.
+# Epochs are microseconds (< 2^53): exact as Lua numbers.
+# Returns {code, previous holder JSON, generation written ('' if the sentinel was there)};
+# code 0 refused, 1 installed, 2 tenant at its cap, 3 retry above the installed epoch.
 _CLAIM = """
+local fresh = ''
+if redis.call('SET', KEYS[2], ARGV[6], 'NX') then fresh = ARGV[6] end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
-  local old = cjson.decode(cur)
-  if tonumber(old['epoch']) > tonumber(ARGV[2]) then return {0, cur} end
+  local installed = tonumber(cjson.decode(cur)['epoch'])
+  local mine = tonumber(ARGV[2])
+  if ARGV[5] == 'connect' then
+    if installed >= mine then return {3, cur, fresh} end
+  elseif installed > mine then return {0, cur, fresh}
+  elseif installed == mine then return {1, cur, fresh} end
 elseif tonumber(ARGV[4]) > 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then
-  return {2, ''}
+  return {2, '', fresh}
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-return {1, cur or ''}
+return {1, cur or '', fresh}
 """
 
 _RELEASE = """
@@ -61,6 +86,10 @@ class ClaimResult:
     won: bool
     previous: Holder | None
     full: bool = False  # refused: a new client id and the tenant at its connection cap
+    epoch: int = 0  # the epoch installed (a CONNECT's may be above the one it asked for)
+    # The registry had been lost (its sentinel was missing): the new generation written; the
+    # nodes must re-assert what they hold. "" when the registry was the one we knew.
+    generation: str = ""
 
 
 def _key(tenant: str) -> str:
@@ -72,6 +101,8 @@ def _node_key(node_id: str) -> str:
 
 
 _NODES = "st:nodes"  # ids of the nodes that hold clients (each has a _node_key set)
+GENERATION = "st:registry:generation"  # sentinel: gone means the registry was lost
+MAX_CLAIM_TRIES = 8  # retries above a higher installed epoch (only clock skew causes them)
 
 
 def _member(tenant: str, client_id: str) -> str:
@@ -87,27 +118,73 @@ class Registry:
         self._redis = redis
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
+        self._last_epoch = 0
 
-    async def next_epoch(self, tenant: str, client_id: str) -> int:
-        return int(await self._redis.incr(f"st:epoch:{tenant}:{client_id}"))
+    def next_epoch(self) -> int:
+        """A time-ordered epoch: the clock in microseconds, above any this process gave."""
+        self._last_epoch = max(time.time_ns() // 1000, self._last_epoch + 1)
+        return self._last_epoch
 
     async def claim(self, holder: Holder, max_clients: int = 0) -> ClaimResult:
-        """Install `holder` unless a later epoch holds its client id, or the client id is not
-        connected and the tenant already has `max_clients` connected (0: no cap)."""
-        won, prev = await self._claim(
-            keys=[_key(holder.tenant)],
-            args=[holder.client_id, holder.epoch, json.dumps(asdict(holder)), max_clients],
+        """Install `holder` for a CONNECT, at its epoch or just above the installed one,
+        unless the client id is not connected and the tenant already has `max_clients`
+        connected (0: no cap)."""
+        generation = ""
+        for _ in range(MAX_CLAIM_TRIES):
+            code, prev, fresh = await self._run_claim(holder, max_clients, "connect")
+            generation = generation or fresh
+            if code != 3:
+                break
+            # A higher epoch is installed (another session service's clock is ahead, or a
+            # re-asserted connection): this CONNECT is the latest, so it goes just above.
+            self._last_epoch = max(self._last_epoch, _decode(prev).epoch)
+            holder = replace(holder, epoch=self.next_epoch())
+        else:
+            raise RuntimeError(f"claim of {holder.client_id!r} kept meeting higher epochs")
+        if code == 2:
+            return ClaimResult(False, None, full=True, generation=generation)
+        return ClaimResult(
+            bool(code), _decode(prev) if prev else None, epoch=holder.epoch, generation=generation
         )
-        if won == 2:
-            return ClaimResult(False, None, full=True)
-        if won:
+
+    async def reclaim(self, holder: Holder) -> ClaimResult:
+        """Re-assert a live connection after the registry was lost: installed unless a
+        higher epoch holds the client id (then the caller kicks this one); no cap."""
+        code, prev, fresh = await self._run_claim(holder, 0, "reclaim")
+        return ClaimResult(
+            bool(code), _decode(prev) if prev else None, epoch=holder.epoch, generation=fresh
+        )
+
+    async def _run_claim(
+        self, holder: Holder, max_clients: int, mode: str
+    ) -> tuple[int, bytes | str, str]:
+        code, prev, fresh = await self._claim(
+            keys=[_key(holder.tenant), GENERATION],
+            args=[
+                holder.client_id,
+                holder.epoch,
+                json.dumps(asdict(holder)),
+                max_clients,
+                mode,
+                uuid.uuid4().hex,
+            ],
+        )
+        if code == 1:
             # Which clients each node holds: what to release if the node dies.
             await self._redis.sadd(
                 _node_key(holder.node_id),  # type: ignore[misc]
                 _member(holder.tenant, holder.client_id),
             )
             await self._redis.sadd(_NODES, holder.node_id)  # type: ignore[misc]
-        return ClaimResult(bool(won), _decode(prev) if prev else None)
+        return int(code), prev, fresh.decode() if isinstance(fresh, bytes) else fresh
+
+    async def check_generation(self) -> str | None:
+        """Write a new generation if the sentinel is missing (Redis lost its data, or was
+        never used); returns it then, None when the registry is the one we knew."""
+        generation = uuid.uuid4().hex
+        if await self._redis.set(GENERATION, generation, nx=True):
+            return generation
+        return None
 
     async def release(self, tenant: str, client_id: str, epoch: int) -> bool:
         return bool(await self._release(keys=[_key(tenant)], args=[client_id, epoch]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import uuid
@@ -263,3 +264,82 @@ async def test_a_database_from_before_delivered_through_is_migrated(tmp_path: Pa
     again = SqliteQueueStore(path)  # opening a migrated database changes nothing
     assert (await again.state("t", "old#1")).delivered_through == 9
     await again.close()
+
+
+def _named(n: int, start: int, prefix: str) -> list[NewQueueItem]:
+    """Items whose payload is their message id (tells which writer's message is stored)."""
+    return [
+        NewQueueItem(f"{prefix}{i}", 1, f"{prefix}{i}".encode()) for i in range(start, start + n)
+    ]
+
+
+async def _all_entries(queues: QueueStore, t: str, q: str) -> list[Any]:
+    entries, _ = await queues.read(t, q, 1, 10_000)
+    return entries
+
+
+async def test_concurrent_appends_never_share_a_seq(queues: QueueStore) -> None:
+    """Writers racing on one queue (the same owner's concurrent calls): every appended
+    message is stored once, at its own seq, and the counters add up."""
+    t, q = f"t{uuid.uuid4().hex[:6]}", "race#1"
+    epoch = await queues.claim_partition(11)
+    reports = await asyncio.gather(
+        *(queues.append(t, q, _named(5, 0, f"w{w}-"), 11, epoch, 0, True) for w in range(12))
+    )
+    assert all(r.outcomes == [AppendOutcome.OK] * 5 for r in reports)
+    entries = await _all_entries(queues, t, q)
+    assert [e.seq for e in entries] == list(range(1, 61))
+    assert len({e.data for e in entries}) == 60
+    st = await queues.state(t, q)
+    assert (st.last_seq, st.depth, st.acked_through) == (60, 60, 0)
+
+
+async def test_acks_racing_appends_keep_depth_and_never_go_back(queues: QueueStore) -> None:
+    t, q = f"t{uuid.uuid4().hex[:6]}", "race#2"
+    epoch = await queues.claim_partition(12)
+    await queues.append(t, q, _items(40), 12, epoch, 0, True)
+    await asyncio.gather(
+        queues.ack(t, q, 30),
+        queues.append(t, q, _items(10, 40), 12, epoch, 0, True),
+        queues.ack(t, q, 10),
+        queues.append(t, q, _items(10, 50), 12, epoch, 0, True),
+        queues.ack(t, q, 20),
+    )
+    st = await queues.state(t, q)
+    entries = await _all_entries(queues, t, q)
+    assert st.acked_through == 30  # the later, lower acks did not move it back
+    assert st.last_seq == 60
+    assert [e.seq for e in entries] == list(range(31, 61))
+    assert st.depth == len(entries) == 30
+
+
+async def test_a_new_owner_racing_the_old_one_loses_nothing(queues: QueueStore) -> None:
+    """A hand-over mid-stream: whatever either owner was told was stored (OK) is stored,
+    exactly once, each at its own seq; the old owner is fenced once the new one claimed."""
+    t, q = f"t{uuid.uuid4().hex[:6]}", "race#3"
+    old = await queues.claim_partition(13)
+
+    async def new_owner() -> list[tuple[str, str]]:
+        new = await queues.claim_partition(13)
+        out = []
+        for i in range(5):
+            items = _named(2, 2 * i, "new-")
+            res = await queues.append(t, q, items, 13, new, 0, True)
+            out += [(it.message_id, o) for it, o in zip(items, res.outcomes, strict=True)]
+        return out
+
+    async def old_owner(i: int) -> list[tuple[str, str]]:
+        items = _named(2, 2 * i, "old-")
+        res = await queues.append(t, q, items, 13, old, 0, True)
+        return [(it.message_id, o) for it, o in zip(items, res.outcomes, strict=True)]
+
+    results = await asyncio.gather(*(old_owner(i) for i in range(5)), new_owner())
+    outcomes = dict(pair for r in results for pair in r)
+    assert all(outcomes[f"new-{i}"] == AppendOutcome.OK for i in range(10))
+    entries = await _all_entries(queues, t, q)
+    stored = sorted(e.data.decode() for e in entries)
+    ok = sorted(m for m, o in outcomes.items() if o == AppendOutcome.OK)
+    assert stored == ok
+    assert [e.seq for e in entries] == list(range(1, len(ok) + 1))
+    fenced = await queues.append(t, q, _items(1, 0, "late-"), 13, old, 0, True)
+    assert fenced.outcomes == [AppendOutcome.FENCED]

@@ -12,6 +12,9 @@ EVENTS_STREAM = "EVENTS"
 NODE_HEARTBEATS = "hb.node.*"
 NODE_HELLOS = "hello.node.*"
 EVENTS_WILDCARD = "ev.>"
+# To every connection node: the session registry was lost, re-assert your connections
+# (payload: the registry's new generation).
+REGISTRY_LOST = "ctl.nodes.reassert"
 
 
 def node_control(node_id: str) -> str:
@@ -50,6 +53,7 @@ def shared_group(tenant: str, group: str) -> str:
 __all__ = [
     "EVENTS_STREAM",
     "EVENTS_WILDCARD",
+    "REGISTRY_LOST",
     "event",
     "filter_to_subjects",
     "node_control",

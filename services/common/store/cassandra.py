@@ -1,31 +1,105 @@
-"""Cassandra backend of the store interfaces (cassandra-driver).
+"""Cassandra backend of the store interfaces (cassandra-driver): the connection, keyspace and
+schema set-up shared by every Cassandra store, the bridge from driver futures to asyncio, and
+`AuthStore` on Cassandra.
 
-Keyspace `starling` (replication chosen per deployment), schema created or migrated at start,
-prepared statements, token-aware routing, LOCAL_QUORUM by default. The same contract tests as
-the embedded store run against it when `STARLING_TEST_CASSANDRA=host:port` is set.
+Keyspace `starling` with the replication of `cassandra_replication` (created if missing; an
+existing keyspace with another replication is left alone and logged: changing it needs a
+repair, an operator's job). Schema: versioned migrations per store (cassandra_schema.py).
+Consistency: `cassandra_consistency` (LOCAL_QUORUM by default) for every read and write,
+`cassandra_serial_consistency` (LOCAL_SERIAL) for the Paxos phase of lightweight transactions;
+docs/storage.md lists them per operation. Token-aware routing over DC-aware round robin.
+Reads never block the event loop: every page after the first is fetched from the driver's own
+thread (`_pages`), never by iterating a ResultSet. The same contract tests as the embedded
+store run against it when `STARLING_TEST_CASSANDRA=host:port` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from services.common.acl import Access, AclRule
+from services.common.store.cassandra_schema import (
+    AddColumn,
+    Migration,
+    Step,
+    migrate,
+    parse_replication,
+    replication_cql,
+    same_replication,
+)
 from services.common.store.ports import UserRecord
 
-SCHEMA = [
-    """CREATE TABLE IF NOT EXISTS users (
-         tenant text, username text, password_hash text,
-         PRIMARY KEY ((tenant), username))""",
-    """CREATE TABLE IF NOT EXISTS acls (
-         tenant text, idx int, allow boolean, access int, topic_filter text,
-         username text, client_id text,
-         PRIMARY KEY ((tenant), idx))""",
+log = logging.getLogger("starling.store.cassandra")
+
+FETCH_SIZE = 1000  # rows per page of a read
+MIGRATION_LEASE_S = 120  # a crashed migrating instance blocks the others at most this long
+MIGRATION_WAITS = 240  # one second each: how long an instance waits for another's migration
+
+MIGRATIONS = [
+    Migration(
+        1,
+        "users and acls",
+        (
+            """CREATE TABLE IF NOT EXISTS users (
+                 tenant text, username text, password_hash text,
+                 PRIMARY KEY ((tenant), username))""",
+            """CREATE TABLE IF NOT EXISTS acls (
+                 tenant text, idx int, allow boolean, access int, topic_filter text,
+                 username text, client_id text,
+                 PRIMARY KEY ((tenant), idx))""",
+        ),
+    )
 ]
+
+_LEDGER_TABLES = (
+    "CREATE TABLE IF NOT EXISTS schema_version (component text PRIMARY KEY, version int)",
+    "CREATE TABLE IF NOT EXISTS schema_lock (component text PRIMARY KEY, holder text)",
+)
+
+
+class PageBridge:
+    """The pages of one driver `ResponseFuture`, as an async iterator on the running loop.
+
+    The driver calls back from its I/O thread with each page; the next page is asked for
+    (`start_fetching_next_page`) only once the consumer took the previous one, so memory
+    holds one page and nothing ever blocks the event loop."""
+
+    def __init__(self, rf: Any) -> None:
+        self._rf = rf
+        self._loop = asyncio.get_running_loop()
+        self._pages: asyncio.Queue[tuple[list[Any] | None, BaseException | None]]
+        self._pages = asyncio.Queue()
+        rf.add_callbacks(self._on_page, self._on_error)
+
+    def _on_page(self, rows: Any) -> None:
+        self._loop.call_soon_threadsafe(self._pages.put_nowait, (list(rows or ()), None))
+
+    def _on_error(self, exc: BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._pages.put_nowait, (None, exc))
+
+    def __aiter__(self) -> AsyncIterator[list[Any]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[list[Any]]:
+        while True:
+            rows, exc = await self._pages.get()
+            if exc is not None:
+                raise exc
+            assert rows is not None
+            yield rows
+            if not self._rf.has_more_pages:
+                return
+            self._rf.start_fetching_next_page()
 
 
 def _future(rf: Any) -> asyncio.Future[Any]:
-    """Bridge a driver ResponseFuture to an asyncio future on the running loop."""
+    """Bridge a driver ResponseFuture (one page: a batch or a single statement) to an asyncio
+    future on the running loop."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 
@@ -47,47 +121,116 @@ def _future(rf: Any) -> asyncio.Future[Any]:
     return fut
 
 
+class _CqlLedger:
+    """`Ledger` of one component on the schema_version and schema_lock tables."""
+
+    def __init__(self, base: CassandraBase, component: str) -> None:
+        self._base = base
+        self._s = base._session
+        self._component = component
+        self._me = uuid.uuid4().hex
+
+    def version(self) -> int:
+        rows = list(
+            self._s.execute(
+                "SELECT version FROM schema_version WHERE component=%s", (self._component,)
+            ).current_rows
+        )
+        return int(rows[0].version) if rows else 0
+
+    def try_lease(self) -> bool:
+        return bool(
+            self._s.execute(
+                "INSERT INTO schema_lock (component, holder) VALUES (%s, %s) IF NOT EXISTS "
+                f"USING TTL {MIGRATION_LEASE_S}",
+                (self._component, self._me),
+            ).was_applied
+        )
+
+    def release_lease(self) -> None:
+        self._s.execute(
+            "DELETE FROM schema_lock WHERE component=%s IF holder=%s", (self._component, self._me)
+        )
+
+    def advance(self, from_version: int, to_version: int) -> bool:
+        if from_version == 0:
+            stmt = "INSERT INTO schema_version (component, version) VALUES (%s, %s) IF NOT EXISTS"
+            return bool(self._s.execute(stmt, (self._component, to_version)).was_applied)
+        return bool(
+            self._s.execute(
+                "UPDATE schema_version SET version=%s WHERE component=%s IF version=%s",
+                (to_version, self._component, from_version),
+            ).was_applied
+        )
+
+    def run(self, step: Step) -> None:
+        if isinstance(step, AddColumn):
+            self._base.add_column(step)
+        else:
+            self._s.execute(step)
+
+    def wait(self) -> None:
+        time.sleep(1.0)
+
+
 class CassandraBase:
-    """Cluster, keyspace and schema set-up shared by the Cassandra stores.
+    """Cluster, keyspace and schema set-up shared by the Cassandra stores (see the module
+    docstring); subclasses name their `component` and its `migrations`."""
 
-    Token-aware routing over DC-aware round robin; `consistency` (LOCAL_QUORUM by default)
-    for every statement; the schema is created or migrated (IF NOT EXISTS) at start.
-    """
-
-    schema: list[str] = []
+    component = "auth"
+    migrations: Sequence[Migration] = ()
 
     def __init__(
         self,
         contact_points: list[str],
         port: int = 9042,
         keyspace: str = "starling",
-        replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}",
+        replication: str = "SimpleStrategy:1",
         consistency: str = "LOCAL_QUORUM",
+        serial_consistency: str = "LOCAL_SERIAL",
     ) -> None:
         from cassandra import ConsistencyLevel
         from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
         from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
+        wanted = parse_replication(replication)
         profile = ExecutionProfile(
             load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
             consistency_level=getattr(ConsistencyLevel, consistency),
-            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+            serial_consistency_level=getattr(ConsistencyLevel, serial_consistency),
         )
         self._cluster = Cluster(
             contact_points, port=port, execution_profiles={EXEC_PROFILE_DEFAULT: profile}
         )
         self._session = self._cluster.connect()
+        self._session.default_fetch_size = FETCH_SIZE
         self._session.execute(
-            f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}"
+            f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication_cql(wanted)}"
         )
+        self._check_replication(keyspace, wanted)
         self._session.set_keyspace(keyspace)
-        for stmt in self.schema:
+        for stmt in _LEDGER_TABLES:
             self._session.execute(stmt)
-        self.migrate()
+        version = migrate(_CqlLedger(self, self.component), self.migrations, MIGRATION_WAITS)
+        log.info("cassandra_schema", extra={"component": self.component, "version": version})
         self.prepare()
 
-    def migrate(self) -> None:
-        """Bring tables created by an older version up to `schema` (subclasses)."""
+    def _check_replication(self, keyspace: str, wanted: dict[str, str | int]) -> None:
+        rows = list(
+            self._session.execute(
+                "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name=%s",
+                (keyspace,),
+            ).current_rows
+        )
+        if rows and not same_replication(wanted, dict(rows[0].replication)):
+            log.warning(
+                "cassandra_replication_differs",
+                extra={
+                    "setting": "cassandra_replication",
+                    "configured": replication_cql(wanted),
+                    "keyspace": dict(rows[0].replication),
+                },
+            )
 
     def columns(self, table: str) -> set[str]:
         """The columns `table` has in this keyspace now."""
@@ -95,14 +238,36 @@ class CassandraBase:
             "SELECT column_name FROM system_schema.columns "
             "WHERE keyspace_name=%s AND table_name=%s",
             (self._session.keyspace, table),
-        )
+        ).current_rows
         return {r.column_name for r in rows}
+
+    def add_column(self, step: AddColumn) -> None:
+        """ALTER TABLE ADD unless the column is there (or another instance just added it)."""
+        from cassandra import InvalidRequest
+
+        if step.column in self.columns(step.table):
+            return
+        try:
+            self._session.execute(f"ALTER TABLE {step.table} ADD {step.column} {step.cql_type}")
+        except InvalidRequest:
+            if step.column not in self.columns(step.table):
+                raise
 
     def prepare(self) -> None:
         """Prepare the store's statements (subclasses)."""
 
-    async def _exec(self, stmt: Any, args: tuple[Any, ...] = ()) -> Any:
-        return await _future(self._session.execute_async(stmt, args))
+    async def _pages(self, stmt: Any, args: tuple[Any, ...] = ()) -> AsyncIterator[list[Any]]:
+        """The result of a read page by page, each fetched off the event loop: the one way
+        every read that can span pages goes."""
+        async for page in PageBridge(self._session.execute_async(stmt, args)):
+            yield page
+
+    async def _exec(self, stmt: Any, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Run a statement; every row of its result (all pages)."""
+        out: list[Any] = []
+        async for page in self._pages(stmt, args):
+            out += page
+        return out
 
     async def close(self) -> None:
         self._cluster.shutdown()
@@ -111,7 +276,8 @@ class CassandraBase:
 class CassandraStore(CassandraBase):
     """`AuthStore` on Cassandra."""
 
-    schema = SCHEMA
+    component = "auth"
+    migrations = MIGRATIONS
 
     def prepare(self) -> None:
         p = self._session.prepare
@@ -148,8 +314,6 @@ class CassandraStore(CassandraBase):
         ]
 
     async def set_acl(self, tenant: str, rules: list[AclRule]) -> None:
-        import time
-
         from cassandra.query import BatchStatement
 
         ts = int(time.time() * 1_000_000)

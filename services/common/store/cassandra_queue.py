@@ -5,7 +5,12 @@ bounded and Murmur3 spreads queues; queue_state ((tenant, queue_id)) holds last 
 through, depth and the owner epoch; queue_msgids ((tenant, queue_id), message_id) makes
 appends idempotent. Each queue has a single writer (the owner of its partition); its state
 update is a lightweight transaction conditioned on the owner epoch, so a fenced instance
-cannot advance a queue. Acked ranges go with range deletes; entries carry a TTL backstop.
+cannot advance a queue. Every change of the counters (last seq, acked through, depth,
+dropped) is a compare-and-set on queue_state.version, the value read: two appends racing
+(an old and a new owner during a hand-over) can never both take one seq, and an ack racing an
+append can neither lose the other's depth change nor move acked-through backwards; the loser
+reads again and re-plans. Entries are written, and acked ones deleted, only after the
+compare-and-set won. Acked ranges go with range deletes; entries carry a TTL backstop.
 queue_state.delivered_through (the highest seq handed to a connection) only grows: readers
 raise it with a compare-and-set, so two readers of one queue during a takeover never lower it.
 A row from before that column has it null, read as "everything queued may have been sent".
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.store.cassandra import CassandraBase
+from services.common.store.cassandra_schema import AddColumn, Migration
 from services.common.store.ports import (
     BUCKET_BITS,
     AppendOutcome,
@@ -29,6 +35,37 @@ from services.common.store.ports import (
 )
 
 BACKSTOP_TTL_S = 30 * 24 * 3600
+MAX_CAS_TRIES = 64  # compare-and-set rounds of one append or ack against concurrent writers
+
+MIGRATIONS = [
+    Migration(
+        1,
+        "queue entries, state, message ids, partition owners",
+        (
+            """CREATE TABLE IF NOT EXISTS queue_entries (
+             tenant text, queue_id text, bucket bigint, seq bigint, message_id text, qos int,
+             data blob, expires_at_ms bigint, released boolean,
+             PRIMARY KEY ((tenant, queue_id, bucket), seq))
+           WITH CLUSTERING ORDER BY (seq ASC)""",
+            """CREATE TABLE IF NOT EXISTS queue_state (
+             tenant text, queue_id text, last_seq bigint, acked_through bigint, depth bigint,
+             dropped bigint, owner_epoch bigint, delivered_through bigint,
+             PRIMARY KEY ((tenant, queue_id)))""",
+            """CREATE TABLE IF NOT EXISTS queue_msgids (
+             tenant text, queue_id text, message_id text, seq bigint,
+             PRIMARY KEY ((tenant, queue_id), message_id))
+           WITH default_time_to_live = 2592000""",
+            "CREATE TABLE IF NOT EXISTS partition_owner (partition int PRIMARY KEY, epoch bigint)",
+        ),
+    ),
+    Migration(
+        2,
+        "queue_state.delivered_through",
+        (AddColumn("queue_state", "delivered_through", "bigint"),),
+    ),
+    # Every change of the counters is a compare-and-set on this (null on rows from before).
+    Migration(3, "queue_state.version", (AddColumn("queue_state", "version", "bigint"),)),
+]
 
 
 def _state_of(row: Any) -> QueueState:
@@ -44,9 +81,11 @@ def _state_of(row: Any) -> QueueState:
 @dataclass
 class _AppendPlan:
     """What an append decided before writing: the new entries with their seqs, each item's
-    outcome, and the queue's counters after it."""
+    outcome, the oldest entries it evicts, and the queue's counters after it."""
 
     writes: list[tuple[int, NewQueueItem]]
+    evict: list[int]  # stored entries to delete
+    evicted_here: list[NewQueueItem]  # planned then evicted by this append: ids only
     outcomes: list[str]
     last: int
     depth: int
@@ -55,35 +94,8 @@ class _AppendPlan:
 
 
 class CassandraQueueStore(CassandraBase):
-    schema = [
-        """CREATE TABLE IF NOT EXISTS queue_entries (
-             tenant text, queue_id text, bucket bigint, seq bigint, message_id text, qos int,
-             data blob, expires_at_ms bigint, released boolean,
-             PRIMARY KEY ((tenant, queue_id, bucket), seq))
-           WITH CLUSTERING ORDER BY (seq ASC)""",
-        """CREATE TABLE IF NOT EXISTS queue_state (
-             tenant text, queue_id text, last_seq bigint, acked_through bigint, depth bigint,
-             dropped bigint, owner_epoch bigint, delivered_through bigint,
-             PRIMARY KEY ((tenant, queue_id)))""",
-        """CREATE TABLE IF NOT EXISTS queue_msgids (
-             tenant text, queue_id text, message_id text, seq bigint,
-             PRIMARY KEY ((tenant, queue_id), message_id))
-           WITH default_time_to_live = 2592000""",
-        """CREATE TABLE IF NOT EXISTS partition_owner (partition int PRIMARY KEY, epoch bigint)""",
-    ]
-
-    def migrate(self) -> None:
-        """Add queue_state.delivered_through to a keyspace created before it existed."""
-        from cassandra import InvalidRequest
-
-        if "delivered_through" in self.columns("queue_state"):
-            return
-        try:
-            self._session.execute("ALTER TABLE queue_state ADD delivered_through bigint")
-        except InvalidRequest:
-            # Another instance starting at the same time added it first.
-            if "delivered_through" not in self.columns("queue_state"):
-                raise
+    component = "queue"
+    migrations = MIGRATIONS
 
     def prepare(self) -> None:
         p = self._session.prepare
@@ -100,20 +112,21 @@ class CassandraQueueStore(CassandraBase):
             "INSERT INTO partition_owner (partition, epoch) VALUES (?, 1) IF NOT EXISTS"
         )
         self._state_get = p(
-            "SELECT last_seq, acked_through, depth, dropped, owner_epoch, delivered_through "
-            "FROM queue_state WHERE tenant=? AND queue_id=?"
+            "SELECT last_seq, acked_through, depth, dropped, owner_epoch, delivered_through, "
+            "version FROM queue_state WHERE tenant=? AND queue_id=?"
         )
         self._state_new = p(
             "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, "
-            "depth, dropped, owner_epoch, delivered_through) VALUES (?,?,?,?,?,?,?,0) "
-            "IF NOT EXISTS"
+            "depth, dropped, owner_epoch, delivered_through, version) "
+            "VALUES (?,?,?,?,?,?,?,0,0) IF NOT EXISTS"
         )
         self._state_set = p(
-            "UPDATE queue_state SET last_seq=?, depth=?, dropped=?, "
-            "owner_epoch=? WHERE tenant=? AND queue_id=? IF owner_epoch<=?"
+            "UPDATE queue_state SET last_seq=?, depth=?, dropped=?, owner_epoch=?, version=? "
+            "WHERE tenant=? AND queue_id=? IF version=? AND owner_epoch<=?"
         )
         self._state_ack = p(
-            "UPDATE queue_state SET acked_through=?, depth=? WHERE tenant=? AND queue_id=?"
+            "UPDATE queue_state SET acked_through=?, depth=?, version=? "
+            "WHERE tenant=? AND queue_id=? IF version=?"
         )
         # Compare-and-set on the value read; `last_seq>=?` fails on a row that is gone
         # (a dropped queue), so a late mark never creates one.
@@ -155,7 +168,8 @@ class CassandraQueueStore(CassandraBase):
 
     def _prepare_drop(self, p: Callable[[str], Any]) -> None:
         """Statements that drop a whole queue."""
-        self._drop_state = p("DELETE FROM queue_state WHERE tenant=? AND queue_id=?")
+        # Conditional like every other change of the row (LWT and plain writes do not mix).
+        self._drop_state = p("DELETE FROM queue_state WHERE tenant=? AND queue_id=? IF EXISTS")
         self._drop_bucket = p(
             "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND bucket=?"
         )
@@ -191,18 +205,39 @@ class CassandraQueueStore(CassandraBase):
         owner = await self._row(self._owner_get, (partition,))
         if owner is None or owner.epoch != epoch:
             return AppendReport([AppendOutcome.FENCED] * len(items))
-        row = await self._state_row(tenant, queue_id, epoch)
-        plan = await self._plan_append(tenant, queue_id, items, row, max_depth, drop_oldest)
-        # Reserve the seqs first (conditional on still owning the queue), then write entries:
-        # a crash in between leaves a gap that readers skip, never a reused seq.
-        applied = await self._row(
-            self._state_set,
-            (plan.last, plan.depth, plan.dropped, epoch, tenant, queue_id, epoch),
-        )
-        if not applied[0]:
-            return AppendReport([AppendOutcome.FENCED] * len(items))
-        await self._write_entries(tenant, queue_id, plan.writes)
-        return AppendReport(plan.outcomes, plan.last, plan.dropped - plan.dropped_before)
+        for _ in range(MAX_CAS_TRIES):
+            row = await self._state_row(tenant, queue_id, epoch)
+            plan = await self._plan_append(tenant, queue_id, items, row, max_depth, drop_oldest)
+            # Reserve the seqs first (conditional on the counters read and on still owning the
+            # queue), then write entries: a crash in between leaves a gap that readers skip,
+            # never a reused seq.
+            res = await self._row(
+                self._state_set,
+                (
+                    plan.last,
+                    plan.depth,
+                    plan.dropped,
+                    epoch,
+                    (row.version or 0) + 1,
+                    tenant,
+                    queue_id,
+                    row.version,
+                    epoch,
+                ),
+            )
+            if res[0]:
+                for seq in plan.evict:
+                    await self._exec(
+                        self._entry_del_one, (tenant, queue_id, seq >> BUCKET_BITS, seq)
+                    )
+                await self._write_entries(tenant, queue_id, plan.writes)
+                for item in plan.evicted_here:
+                    await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, 0))
+                return AppendReport(plan.outcomes, plan.last, plan.dropped - plan.dropped_before)
+            if (getattr(res, "owner_epoch", None) or 0) > epoch:
+                return AppendReport([AppendOutcome.FENCED] * len(items))
+            # Another writer changed the counters since we read them: read and plan again.
+        raise RuntimeError(f"append to {queue_id!r} lost {MAX_CAS_TRIES} compare-and-sets")
 
     async def _state_row(self, tenant: str, queue_id: str, epoch: int) -> Any:
         """The queue's queue_state row, created (zeroed, owned by `epoch`) if it has none."""
@@ -226,6 +261,8 @@ class CassandraQueueStore(CassandraBase):
         last, depth, dropped, acked = row.last_seq, row.depth, row.dropped, row.acked_through
         dropped_before = dropped
         plan: list[tuple[int, NewQueueItem]] = []
+        evict: list[int] = []
+        evicted_here: list[NewQueueItem] = []
         out: list[str] = []
         for item in items:
             if await self._row(self._msgid_get, (tenant, queue_id, item.message_id)):
@@ -236,19 +273,23 @@ class CassandraQueueStore(CassandraBase):
                     dropped += 1
                     out.append(AppendOutcome.FULL)
                     continue
-                oldest = await self._oldest(tenant, queue_id, acked + 1, last)
+                oldest = await self._oldest(tenant, queue_id, acked + 1, row.last_seq, evict)
                 if oldest is not None:
-                    await self._exec(
-                        self._entry_del_one, (tenant, queue_id, oldest >> BUCKET_BITS, oldest)
-                    )
+                    evict.append(oldest)
                     acked = max(acked, oldest)
+                    depth -= 1
+                    dropped += 1
+                elif plan:
+                    # The oldest is one this append planned: it is never written, but its
+                    # message id is kept (a retry of it is a duplicate, as on SQLite).
+                    evicted_here.append(plan.pop(0)[1])
                     depth -= 1
                     dropped += 1
             last += 1
             depth += 1
             plan.append((last, item))
             out.append(AppendOutcome.OK)
-        return _AppendPlan(plan, out, last, depth, dropped, dropped_before)
+        return _AppendPlan(plan, evict, evicted_here, out, last, depth, dropped, dropped_before)
 
     async def _write_entries(
         self, tenant: str, queue_id: str, plan: list[tuple[int, NewQueueItem]]
@@ -260,9 +301,13 @@ class CassandraQueueStore(CassandraBase):
             )
             await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, seq))
 
-    async def _oldest(self, tenant: str, queue_id: str, first: int, last: int) -> int | None:
-        entries = await self._scan(tenant, queue_id, first, last, 1)
-        return entries[0].seq if entries else None
+    async def _oldest(
+        self, tenant: str, queue_id: str, first: int, last: int, evicted: list[int]
+    ) -> int | None:
+        """The oldest stored entry from `first` not already chosen for eviction."""
+        entries = await self._scan(tenant, queue_id, first, last, len(evicted) + 1)
+        left = [e.seq for e in entries if e.seq not in evicted]
+        return left[0] if left else None
 
     async def _scan(
         self, tenant: str, queue_id: str, from_seq: int, last: int, limit: int
@@ -311,14 +356,25 @@ class CassandraQueueStore(CassandraBase):
             seen = current
 
     async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
-        st = await self.state(tenant, queue_id)
-        through = min(through_seq, st.last_seq)
-        if through <= st.acked_through:
+        for _ in range(MAX_CAS_TRIES):
+            row = await self._row(self._state_get, (tenant, queue_id))
+            if row is None:
+                return
+            through = min(through_seq, row.last_seq)
+            if through <= row.acked_through:
+                return
+            depth = max(0, row.depth - (through - row.acked_through))
+            res = await self._row(
+                self._state_ack,
+                (through, depth, (row.version or 0) + 1, tenant, queue_id, row.version),
+            )
+            if not res[0]:
+                continue  # an append or another ack moved the counters: read again
+            first = row.acked_through + 1
+            for bucket in range(first >> BUCKET_BITS, (through >> BUCKET_BITS) + 1):
+                await self._exec(self._entry_del_range, (tenant, queue_id, bucket, through))
             return
-        for bucket in range((st.acked_through + 1) >> BUCKET_BITS, (through >> BUCKET_BITS) + 1):
-            await self._exec(self._entry_del_range, (tenant, queue_id, bucket, through))
-        depth = max(0, st.depth - (through - st.acked_through))
-        await self._exec(self._state_ack, (through, depth, tenant, queue_id))
+        raise RuntimeError(f"ack of {queue_id!r} lost {MAX_CAS_TRIES} compare-and-sets")
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
         await self._exec(self._entry_release, (tenant, queue_id, seq >> BUCKET_BITS, seq))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import zlib
 
 from services.common.store.cassandra import CassandraBase
+from services.common.store.cassandra_schema import Migration
 from services.common.store.ports import DelayedRecord, RetainedRecord
 
 RETAINED_BUCKETS = 16
@@ -17,18 +18,28 @@ def _bucket(topic: str) -> int:
     return zlib.crc32(topic.encode()) % RETAINED_BUCKETS
 
 
-class CassandraRouterStore(CassandraBase):
-    schema = [
-        """CREATE TABLE IF NOT EXISTS retained (
+MIGRATIONS = [
+    Migration(
+        1,
+        "retained and delayed messages",
+        (
+            """CREATE TABLE IF NOT EXISTS retained (
              tenant text, bucket int, topic text, data blob, expires_at_ms bigint,
              PRIMARY KEY ((tenant, bucket), topic))""",
-        """CREATE TABLE IF NOT EXISTS retained_tenants (tenant text PRIMARY KEY)""",
-        """CREATE TABLE IF NOT EXISTS delayed (
+            """CREATE TABLE IF NOT EXISTS retained_tenants (tenant text PRIMARY KEY)""",
+            """CREATE TABLE IF NOT EXISTS delayed (
              due_bucket bigint, due_ms bigint, tenant text, id text, data blob,
              PRIMARY KEY ((due_bucket), due_ms, tenant, id))""",
-        """CREATE TABLE IF NOT EXISTS delayed_by_id (
+            """CREATE TABLE IF NOT EXISTS delayed_by_id (
              tenant text, id text, due_ms bigint, PRIMARY KEY ((tenant), id))""",
-    ]
+        ),
+    )
+]
+
+
+class CassandraRouterStore(CassandraBase):
+    component = "router"
+    migrations = MIGRATIONS
 
     def prepare(self) -> None:
         p = self._session.prepare

@@ -1,7 +1,7 @@
 """Cassandra `SessionStore`: session records, an expiry index and persistent subscriptions.
 
 sessions ((tenant, client_id)) with the session's owner (null: unknown, for rows written
-before owners were stored; the column is added to older keyspaces at start);
+before owners were stored; the column is added to older keyspaces by migration 2);
 session_expiry ((shard), expires_at_ms, tenant, client_id) so expired sessions are found per
 shard in time order without a full scan;
 subscriptions ((tenant, client_id, incarnation), topic_filter);
@@ -14,6 +14,7 @@ import zlib
 from typing import Any
 
 from services.common.store.cassandra import CassandraBase
+from services.common.store.cassandra_schema import AddColumn, Migration
 from services.common.store.ports import (
     InboundQos2,
     Qos2Change,
@@ -24,40 +25,49 @@ from services.common.store.ports import (
 
 SHARDS = 16
 
+MIGRATIONS = [
+    Migration(
+        1,
+        "sessions, expiry index, subscriptions",
+        (
+            """CREATE TABLE IF NOT EXISTS sessions (
+             tenant text, client_id text, incarnation bigint, expiry_interval_s bigint,
+             connected boolean, disconnected_at_ms bigint, expires_at_ms bigint, owner text,
+             PRIMARY KEY ((tenant, client_id)))""",
+            """CREATE TABLE IF NOT EXISTS session_expiry (
+             shard int, expires_at_ms bigint, tenant text, client_id text,
+             PRIMARY KEY ((shard), expires_at_ms, tenant, client_id))""",
+            """CREATE TABLE IF NOT EXISTS subscriptions (
+             tenant text, client_id text, incarnation bigint, topic_filter text, qos int,
+             no_local boolean, retain_as_published boolean, retain_handling int,
+             subscription_identifier int,
+             PRIMARY KEY ((tenant, client_id, incarnation), topic_filter))""",
+        ),
+    ),
+    # Keyspaces created before sessions had owners lack the column.
+    Migration(2, "sessions.owner", (AddColumn("sessions", "owner", "text"),)),
+    Migration(
+        3,
+        "inbound QoS 2 state",
+        (
+            """CREATE TABLE IF NOT EXISTS inbound_qos2 (
+             tenant text, client_id text, incarnation bigint, packet_id int,
+             message_id text, stored boolean,
+             PRIMARY KEY ((tenant, client_id, incarnation), packet_id))""",
+        ),
+    ),
+]
+
 
 def _shard(tenant: str, client_id: str) -> int:
     return zlib.crc32(f"{tenant}/{client_id}".encode()) % SHARDS
 
 
 class CassandraSessionStore(CassandraBase):
-    schema = [
-        """CREATE TABLE IF NOT EXISTS sessions (
-             tenant text, client_id text, incarnation bigint, expiry_interval_s bigint,
-             connected boolean, disconnected_at_ms bigint, expires_at_ms bigint, owner text,
-             PRIMARY KEY ((tenant, client_id)))""",
-        """CREATE TABLE IF NOT EXISTS session_expiry (
-             shard int, expires_at_ms bigint, tenant text, client_id text,
-             PRIMARY KEY ((shard), expires_at_ms, tenant, client_id))""",
-        """CREATE TABLE IF NOT EXISTS subscriptions (
-             tenant text, client_id text, incarnation bigint, topic_filter text, qos int,
-             no_local boolean, retain_as_published boolean, retain_handling int,
-             subscription_identifier int,
-             PRIMARY KEY ((tenant, client_id, incarnation), topic_filter))""",
-        """CREATE TABLE IF NOT EXISTS inbound_qos2 (
-             tenant text, client_id text, incarnation bigint, packet_id int,
-             message_id text, stored boolean,
-             PRIMARY KEY ((tenant, client_id, incarnation), packet_id))""",
-    ]
-
-    def _add_owner_column(self) -> None:
-        """Keyspaces created before sessions had owners lack the column."""
-        keyspace = self._session.keyspace
-        table = self._cluster.metadata.keyspaces[keyspace].tables["sessions"]
-        if "owner" not in table.columns:
-            self._session.execute("ALTER TABLE sessions ADD owner text")
+    component = "session"
+    migrations = MIGRATIONS
 
     def prepare(self) -> None:
-        self._add_owner_column()
         p = self._session.prepare
         self._get = p(
             "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, "
@@ -217,7 +227,7 @@ class CassandraSessionStore(CassandraBase):
         return [self._rec(r) for r in rows]
 
     async def all_subscriptions(self) -> list[SubscriptionRecord]:
-        # The driver pages through the table; this runs once, when a router starts.
+        # Every page, each fetched off the event loop; this runs once, when a router starts.
         return [self._rec(r) for r in await self._exec(self._sub_all)]
 
     async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None:

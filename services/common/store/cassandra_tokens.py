@@ -4,17 +4,28 @@ read); listing scans the table, which holds a handful of rows per tenant."""
 from __future__ import annotations
 
 from services.common.store.cassandra import CassandraBase
+from services.common.store.cassandra_schema import Migration
 from services.common.store.ports import AdminTokenRecord
 
 _COLUMNS = "token_id, tenant, token_hash, created_at_ms, expires_at_ms, description"
 
 
-class CassandraTokenStore(CassandraBase):
-    schema = [
-        """CREATE TABLE IF NOT EXISTS admin_tokens (
+MIGRATIONS = [
+    Migration(
+        1,
+        "admin tokens",
+        (
+            """CREATE TABLE IF NOT EXISTS admin_tokens (
              token_id text PRIMARY KEY, tenant text, token_hash text,
              created_at_ms bigint, expires_at_ms bigint, description text)""",
-    ]
+        ),
+    )
+]
+
+
+class CassandraTokenStore(CassandraBase):
+    component = "tokens"
+    migrations = MIGRATIONS
 
     def prepare(self) -> None:
         p = self._session.prepare

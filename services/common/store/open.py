@@ -19,6 +19,8 @@ def _cassandra_args(s: ServiceSettings) -> dict[str, object]:
         "port": s.cassandra_port,
         "keyspace": s.cassandra_keyspace,
         "consistency": s.cassandra_consistency,
+        "serial_consistency": s.cassandra_serial_consistency,
+        "replication": s.cassandra_replication,
     }
 
 

@@ -26,21 +26,21 @@ from starling.common.v1 import message_pb2 as starling_dot_common_dot_v1_dot_mes
 from starling.common.v1 import subscription_pb2 as starling_dot_common_dot_v1_dot_subscription__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!starling/session/v1/session.proto\x12\x13starling.session.v1\x1a starling/common/v1/message.proto\x1a%starling/common/v1/subscription.proto\"\xa9\x01\n\x07\x41\x63lRule\x12\x33\n\npermission\x18\x01 \x01(\x0e\x32\x1f.starling.session.v1.Permission\x12.\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x1e.starling.session.v1.AclAction\x12\x14\n\x0ctopic_filter\x18\x03 \x01(\t\x12\x10\n\x08username\x18\x04 \x01(\t\x12\x11\n\tclient_id\x18\x05 \x01(\t\"\xc6\x02\n\x0e\x43onnectRequest\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x15\n\x08password\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x16\n\x0eprotocol_level\x18\x06 \x01(\r\x12\x13\n\x0b\x63lean_start\x18\x07 \x01(\x08\x12\x18\n\x10\x63\x65rt_common_name\x18\x08 \x01(\t\x12!\n\x19session_expiry_interval_s\x18\t \x01(\r\x12\x13\n\x0b\x61uth_method\x18\n \x01(\t\x12\x11\n\tauth_data\x18\x0b \x01(\x0c\x12\x12\n\nauth_state\x18\x0c \x01(\x0c\x12\x1e\n\x16\x63\x65rt_subject_alt_names\x18\r \x03(\tB\x0b\n\t_password\"\xd4\x03\n\x0f\x43onnectResponse\x12\x32\n\x06result\x18\x01 \x01(\x0e\x32\".starling.session.v1.ConnectResult\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x17\n\x0fsession_present\x18\x04 \x01(\x08\x12)\n\x03\x61\x63l\x18\x05 \x03(\x0b\x32\x1c.starling.session.v1.AclRule\x12\x34\n\x0b\x61\x63l_default\x18\x06 \x01(\x0e\x32\x1f.starling.session.v1.Permission\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x37\n\rsubscriptions\x18\t \x03(\x0b\x32 .starling.common.v1.Subscription\x12!\n\x19session_expiry_interval_s\x18\n \x01(\r\x12\x11\n\tauth_data\x18\x0b \x01(\x0c\x12\x12\n\nauth_state\x18\x0c \x01(\x0c\x12\x10\n\x08username\x18\r \x01(\t\x12:\n\x10\x61waiting_release\x18\x0e \x03(\x0b\x32 .starling.session.v1.InboundQos2\"D\n\x0bInboundQos2\x12\x11\n\tpacket_id\x18\x01 \x01(\r\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x0e\n\x06stored\x18\x03 \x01(\x08\"\x9c\x01\n\nQos2Update\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12/\n\x06\x63hange\x18\x04 \x01(\x0e\x32\x1f.starling.session.v1.Qos2Change\x12\x11\n\tpacket_id\x18\x05 \x01(\r\x12\x12\n\nmessage_id\x18\x06 \x01(\t\"E\n\x11RecordQos2Request\x12\x30\n\x07updates\x18\x01 \x03(\x0b\x32\x1f.starling.session.v1.Qos2Update\"\x14\n\x12RecordQos2Response\"\x9e\x01\n\x15ReauthenticateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\x12\x13\n\x0b\x61uth_method\x18\x05 \x01(\t\x12\x11\n\tauth_data\x18\x06 \x01(\x0c\x12\x12\n\nauth_state\x18\x07 \x01(\x0c\"\x83\x01\n\x16ReauthenticateResponse\x12\x32\n\x06result\x18\x01 \x01(\x0e\x32\".starling.session.v1.ConnectResult\x12\x11\n\tauth_data\x18\x02 \x01(\x0c\x12\x12\n\nauth_state\x18\x03 \x01(\x0c\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xb1\x01\n\x11\x44isconnectRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12&\n\x19session_expiry_interval_s\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x42\x1c\n\x1a_session_expiry_interval_s\"%\n\x12\x44isconnectResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"q\n\x11\x43reateUserRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\x12\x10\n\x08password\x18\x03 \x01(\t\x12\x13\n\x0bhash_scheme\x18\x04 \x01(\t\x12\x13\n\x0b\x63redentials\x18\x05 \x03(\t\"\x14\n\x12\x43reateUserResponse\"5\n\x11\x44\x65leteUserRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\"%\n\x12\x44\x65leteUserResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"L\n\rSetAclRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12+\n\x05rules\x18\x02 \x03(\x0b\x32\x1c.starling.session.v1.AclRule\"\x10\n\x0eSetAclResponse\"\x1f\n\rGetAclRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"=\n\x0eGetAclResponse\x12+\n\x05rules\x18\x01 \x03(\x0b\x32\x1c.starling.session.v1.AclRule\"$\n\x12ListClientsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"F\n\x13ListClientsResponse\x12/\n\x07\x63lients\x18\x01 \x03(\x0b\x32\x1e.starling.common.v1.ClientInfo\"6\n\x11KickClientRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\"$\n\x12KickClientResponse\x12\x0e\n\x06kicked\x18\x01 \x01(\x08*S\n\nPermission\x12\x1a\n\x16PERMISSION_UNSPECIFIED\x10\x00\x12\x14\n\x10PERMISSION_ALLOW\x10\x01\x12\x13\n\x0fPERMISSION_DENY\x10\x02*m\n\tAclAction\x12\x1a\n\x16\x41\x43L_ACTION_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43L_ACTION_PUBLISH\x10\x01\x12\x18\n\x14\x41\x43L_ACTION_SUBSCRIBE\x10\x02\x12\x12\n\x0e\x41\x43L_ACTION_ALL\x10\x03*\xfd\x02\n\rConnectResult\x12\x1e\n\x1a\x43ONNECT_RESULT_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43ONNECT_RESULT_OK\x10\x01\x12\"\n\x1e\x43ONNECT_RESULT_BAD_CREDENTIALS\x10\x02\x12!\n\x1d\x43ONNECT_RESULT_NOT_AUTHORIZED\x10\x03\x12$\n CONNECT_RESULT_CLIENT_ID_INVALID\x10\x04\x12\x1e\n\x1a\x43ONNECT_RESULT_SERVER_BUSY\x10\x05\x12\x1d\n\x19\x43ONNECT_RESULT_TAKEN_OVER\x10\x06\x12!\n\x1d\x43ONNECT_RESULT_QUOTA_EXCEEDED\x10\x07\x12\x1b\n\x17\x43ONNECT_RESULT_CONTINUE\x10\x08\x12\"\n\x1e\x43ONNECT_RESULT_BAD_AUTH_METHOD\x10\t\x12%\n!CONNECT_RESULT_SERVER_UNAVAILABLE\x10\n*u\n\nQos2Change\x12\x1b\n\x17QOS2_CHANGE_UNSPECIFIED\x10\x00\x12\x18\n\x14QOS2_CHANGE_RECEIVED\x10\x01\x12\x16\n\x12QOS2_CHANGE_STORED\x10\x02\x12\x18\n\x14QOS2_CHANGE_RELEASED\x10\x03\x32\x8f\x03\n\x0eSessionService\x12T\n\x07\x43onnect\x12#.starling.session.v1.ConnectRequest\x1a$.starling.session.v1.ConnectResponse\x12]\n\nDisconnect\x12&.starling.session.v1.DisconnectRequest\x1a\'.starling.session.v1.DisconnectResponse\x12i\n\x0eReauthenticate\x12*.starling.session.v1.ReauthenticateRequest\x1a+.starling.session.v1.ReauthenticateResponse\x12]\n\nRecordQos2\x12&.starling.session.v1.RecordQos2Request\x1a\'.starling.session.v1.RecordQos2Response2\xba\x04\n\x13SessionAdminService\x12]\n\nCreateUser\x12&.starling.session.v1.CreateUserRequest\x1a\'.starling.session.v1.CreateUserResponse\x12]\n\nDeleteUser\x12&.starling.session.v1.DeleteUserRequest\x1a\'.starling.session.v1.DeleteUserResponse\x12Q\n\x06SetAcl\x12\".starling.session.v1.SetAclRequest\x1a#.starling.session.v1.SetAclResponse\x12Q\n\x06GetAcl\x12\".starling.session.v1.GetAclRequest\x1a#.starling.session.v1.GetAclResponse\x12`\n\x0bListClients\x12\'.starling.session.v1.ListClientsRequest\x1a(.starling.session.v1.ListClientsResponse\x12]\n\nKickClient\x12&.starling.session.v1.KickClientRequest\x1a\'.starling.session.v1.KickClientResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!starling/session/v1/session.proto\x12\x13starling.session.v1\x1a starling/common/v1/message.proto\x1a%starling/common/v1/subscription.proto\"\xa9\x01\n\x07\x41\x63lRule\x12\x33\n\npermission\x18\x01 \x01(\x0e\x32\x1f.starling.session.v1.Permission\x12.\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x1e.starling.session.v1.AclAction\x12\x14\n\x0ctopic_filter\x18\x03 \x01(\t\x12\x10\n\x08username\x18\x04 \x01(\t\x12\x11\n\tclient_id\x18\x05 \x01(\t\"\xc6\x02\n\x0e\x43onnectRequest\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x15\n\x08password\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x16\n\x0eprotocol_level\x18\x06 \x01(\r\x12\x13\n\x0b\x63lean_start\x18\x07 \x01(\x08\x12\x18\n\x10\x63\x65rt_common_name\x18\x08 \x01(\t\x12!\n\x19session_expiry_interval_s\x18\t \x01(\r\x12\x13\n\x0b\x61uth_method\x18\n \x01(\t\x12\x11\n\tauth_data\x18\x0b \x01(\x0c\x12\x12\n\nauth_state\x18\x0c \x01(\x0c\x12\x1e\n\x16\x63\x65rt_subject_alt_names\x18\r \x03(\tB\x0b\n\t_password\"\xd4\x03\n\x0f\x43onnectResponse\x12\x32\n\x06result\x18\x01 \x01(\x0e\x32\".starling.session.v1.ConnectResult\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x17\n\x0fsession_present\x18\x04 \x01(\x08\x12)\n\x03\x61\x63l\x18\x05 \x03(\x0b\x32\x1c.starling.session.v1.AclRule\x12\x34\n\x0b\x61\x63l_default\x18\x06 \x01(\x0e\x32\x1f.starling.session.v1.Permission\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x37\n\rsubscriptions\x18\t \x03(\x0b\x32 .starling.common.v1.Subscription\x12!\n\x19session_expiry_interval_s\x18\n \x01(\r\x12\x11\n\tauth_data\x18\x0b \x01(\x0c\x12\x12\n\nauth_state\x18\x0c \x01(\x0c\x12\x10\n\x08username\x18\r \x01(\t\x12:\n\x10\x61waiting_release\x18\x0e \x03(\x0b\x32 .starling.session.v1.InboundQos2\"D\n\x0bInboundQos2\x12\x11\n\tpacket_id\x18\x01 \x01(\r\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x0e\n\x06stored\x18\x03 \x01(\x08\"\x9c\x01\n\nQos2Update\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12/\n\x06\x63hange\x18\x04 \x01(\x0e\x32\x1f.starling.session.v1.Qos2Change\x12\x11\n\tpacket_id\x18\x05 \x01(\r\x12\x12\n\nmessage_id\x18\x06 \x01(\t\"E\n\x11RecordQos2Request\x12\x30\n\x07updates\x18\x01 \x03(\x0b\x32\x1f.starling.session.v1.Qos2Update\"\x14\n\x12RecordQos2Response\"\x9e\x01\n\x15ReauthenticateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\x12\x13\n\x0b\x61uth_method\x18\x05 \x01(\t\x12\x11\n\tauth_data\x18\x06 \x01(\x0c\x12\x12\n\nauth_state\x18\x07 \x01(\x0c\"\x83\x01\n\x16ReauthenticateResponse\x12\x32\n\x06result\x18\x01 \x01(\x0e\x32\".starling.session.v1.ConnectResult\x12\x11\n\tauth_data\x18\x02 \x01(\x0c\x12\x12\n\nauth_state\x18\x03 \x01(\x0c\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xb1\x01\n\x11\x44isconnectRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12&\n\x19session_expiry_interval_s\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x42\x1c\n\x1a_session_expiry_interval_s\"%\n\x12\x44isconnectResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"\xb0\x01\n\x0eHeldConnection\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08username\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x16\n\x0eprotocol_level\x18\x06 \x01(\r\x12\x17\n\x0f\x63onnected_at_ms\x18\x07 \x01(\x04\x12\x13\n\x0b\x63lean_start\x18\x08 \x01(\x08\"[\n\x0eReclaimRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x38\n\x0b\x63onnections\x18\x02 \x03(\x0b\x32#.starling.session.v1.HeldConnection\"8\n\x0fReclaimResponse\x12\x11\n\treclaimed\x18\x01 \x01(\r\x12\x12\n\nsuperseded\x18\x02 \x01(\r\"q\n\x11\x43reateUserRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\x12\x10\n\x08password\x18\x03 \x01(\t\x12\x13\n\x0bhash_scheme\x18\x04 \x01(\t\x12\x13\n\x0b\x63redentials\x18\x05 \x03(\t\"\x14\n\x12\x43reateUserResponse\"5\n\x11\x44\x65leteUserRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\"%\n\x12\x44\x65leteUserResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"L\n\rSetAclRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12+\n\x05rules\x18\x02 \x03(\x0b\x32\x1c.starling.session.v1.AclRule\"\x10\n\x0eSetAclResponse\"\x1f\n\rGetAclRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"=\n\x0eGetAclResponse\x12+\n\x05rules\x18\x01 \x03(\x0b\x32\x1c.starling.session.v1.AclRule\"$\n\x12ListClientsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"F\n\x13ListClientsResponse\x12/\n\x07\x63lients\x18\x01 \x03(\x0b\x32\x1e.starling.common.v1.ClientInfo\"6\n\x11KickClientRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\"$\n\x12KickClientResponse\x12\x0e\n\x06kicked\x18\x01 \x01(\x08*S\n\nPermission\x12\x1a\n\x16PERMISSION_UNSPECIFIED\x10\x00\x12\x14\n\x10PERMISSION_ALLOW\x10\x01\x12\x13\n\x0fPERMISSION_DENY\x10\x02*m\n\tAclAction\x12\x1a\n\x16\x41\x43L_ACTION_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43L_ACTION_PUBLISH\x10\x01\x12\x18\n\x14\x41\x43L_ACTION_SUBSCRIBE\x10\x02\x12\x12\n\x0e\x41\x43L_ACTION_ALL\x10\x03*\xfd\x02\n\rConnectResult\x12\x1e\n\x1a\x43ONNECT_RESULT_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43ONNECT_RESULT_OK\x10\x01\x12\"\n\x1e\x43ONNECT_RESULT_BAD_CREDENTIALS\x10\x02\x12!\n\x1d\x43ONNECT_RESULT_NOT_AUTHORIZED\x10\x03\x12$\n CONNECT_RESULT_CLIENT_ID_INVALID\x10\x04\x12\x1e\n\x1a\x43ONNECT_RESULT_SERVER_BUSY\x10\x05\x12\x1d\n\x19\x43ONNECT_RESULT_TAKEN_OVER\x10\x06\x12!\n\x1d\x43ONNECT_RESULT_QUOTA_EXCEEDED\x10\x07\x12\x1b\n\x17\x43ONNECT_RESULT_CONTINUE\x10\x08\x12\"\n\x1e\x43ONNECT_RESULT_BAD_AUTH_METHOD\x10\t\x12%\n!CONNECT_RESULT_SERVER_UNAVAILABLE\x10\n*u\n\nQos2Change\x12\x1b\n\x17QOS2_CHANGE_UNSPECIFIED\x10\x00\x12\x18\n\x14QOS2_CHANGE_RECEIVED\x10\x01\x12\x16\n\x12QOS2_CHANGE_STORED\x10\x02\x12\x18\n\x14QOS2_CHANGE_RELEASED\x10\x03\x32\xe5\x03\n\x0eSessionService\x12T\n\x07\x43onnect\x12#.starling.session.v1.ConnectRequest\x1a$.starling.session.v1.ConnectResponse\x12]\n\nDisconnect\x12&.starling.session.v1.DisconnectRequest\x1a\'.starling.session.v1.DisconnectResponse\x12i\n\x0eReauthenticate\x12*.starling.session.v1.ReauthenticateRequest\x1a+.starling.session.v1.ReauthenticateResponse\x12]\n\nRecordQos2\x12&.starling.session.v1.RecordQos2Request\x1a\'.starling.session.v1.RecordQos2Response\x12T\n\x07Reclaim\x12#.starling.session.v1.ReclaimRequest\x1a$.starling.session.v1.ReclaimResponse2\xba\x04\n\x13SessionAdminService\x12]\n\nCreateUser\x12&.starling.session.v1.CreateUserRequest\x1a\'.starling.session.v1.CreateUserResponse\x12]\n\nDeleteUser\x12&.starling.session.v1.DeleteUserRequest\x1a\'.starling.session.v1.DeleteUserResponse\x12Q\n\x06SetAcl\x12\".starling.session.v1.SetAclRequest\x1a#.starling.session.v1.SetAclResponse\x12Q\n\x06GetAcl\x12\".starling.session.v1.GetAclRequest\x1a#.starling.session.v1.GetAclResponse\x12`\n\x0bListClients\x12\'.starling.session.v1.ListClientsRequest\x1a(.starling.session.v1.ListClientsResponse\x12]\n\nKickClient\x12&.starling.session.v1.KickClientRequest\x1a\'.starling.session.v1.KickClientResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'starling.session.v1.session_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PERMISSION']._serialized_start=2566
-  _globals['_PERMISSION']._serialized_end=2649
-  _globals['_ACLACTION']._serialized_start=2651
-  _globals['_ACLACTION']._serialized_end=2760
-  _globals['_CONNECTRESULT']._serialized_start=2763
-  _globals['_CONNECTRESULT']._serialized_end=3144
-  _globals['_QOS2CHANGE']._serialized_start=3146
-  _globals['_QOS2CHANGE']._serialized_end=3263
+  _globals['_PERMISSION']._serialized_start=2896
+  _globals['_PERMISSION']._serialized_end=2979
+  _globals['_ACLACTION']._serialized_start=2981
+  _globals['_ACLACTION']._serialized_end=3090
+  _globals['_CONNECTRESULT']._serialized_start=3093
+  _globals['_CONNECTRESULT']._serialized_end=3474
+  _globals['_QOS2CHANGE']._serialized_start=3476
+  _globals['_QOS2CHANGE']._serialized_end=3593
   _globals['_ACLRULE']._serialized_start=132
   _globals['_ACLRULE']._serialized_end=301
   _globals['_CONNECTREQUEST']._serialized_start=304
@@ -63,32 +63,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISCONNECTREQUEST']._serialized_end=1898
   _globals['_DISCONNECTRESPONSE']._serialized_start=1900
   _globals['_DISCONNECTRESPONSE']._serialized_end=1937
-  _globals['_CREATEUSERREQUEST']._serialized_start=1939
-  _globals['_CREATEUSERREQUEST']._serialized_end=2052
-  _globals['_CREATEUSERRESPONSE']._serialized_start=2054
-  _globals['_CREATEUSERRESPONSE']._serialized_end=2074
-  _globals['_DELETEUSERREQUEST']._serialized_start=2076
-  _globals['_DELETEUSERREQUEST']._serialized_end=2129
-  _globals['_DELETEUSERRESPONSE']._serialized_start=2131
-  _globals['_DELETEUSERRESPONSE']._serialized_end=2168
-  _globals['_SETACLREQUEST']._serialized_start=2170
-  _globals['_SETACLREQUEST']._serialized_end=2246
-  _globals['_SETACLRESPONSE']._serialized_start=2248
-  _globals['_SETACLRESPONSE']._serialized_end=2264
-  _globals['_GETACLREQUEST']._serialized_start=2266
-  _globals['_GETACLREQUEST']._serialized_end=2297
-  _globals['_GETACLRESPONSE']._serialized_start=2299
-  _globals['_GETACLRESPONSE']._serialized_end=2360
-  _globals['_LISTCLIENTSREQUEST']._serialized_start=2362
-  _globals['_LISTCLIENTSREQUEST']._serialized_end=2398
-  _globals['_LISTCLIENTSRESPONSE']._serialized_start=2400
-  _globals['_LISTCLIENTSRESPONSE']._serialized_end=2470
-  _globals['_KICKCLIENTREQUEST']._serialized_start=2472
-  _globals['_KICKCLIENTREQUEST']._serialized_end=2526
-  _globals['_KICKCLIENTRESPONSE']._serialized_start=2528
-  _globals['_KICKCLIENTRESPONSE']._serialized_end=2564
-  _globals['_SESSIONSERVICE']._serialized_start=3266
-  _globals['_SESSIONSERVICE']._serialized_end=3665
-  _globals['_SESSIONADMINSERVICE']._serialized_start=3668
-  _globals['_SESSIONADMINSERVICE']._serialized_end=4238
+  _globals['_HELDCONNECTION']._serialized_start=1940
+  _globals['_HELDCONNECTION']._serialized_end=2116
+  _globals['_RECLAIMREQUEST']._serialized_start=2118
+  _globals['_RECLAIMREQUEST']._serialized_end=2209
+  _globals['_RECLAIMRESPONSE']._serialized_start=2211
+  _globals['_RECLAIMRESPONSE']._serialized_end=2267
+  _globals['_CREATEUSERREQUEST']._serialized_start=2269
+  _globals['_CREATEUSERREQUEST']._serialized_end=2382
+  _globals['_CREATEUSERRESPONSE']._serialized_start=2384
+  _globals['_CREATEUSERRESPONSE']._serialized_end=2404
+  _globals['_DELETEUSERREQUEST']._serialized_start=2406
+  _globals['_DELETEUSERREQUEST']._serialized_end=2459
+  _globals['_DELETEUSERRESPONSE']._serialized_start=2461
+  _globals['_DELETEUSERRESPONSE']._serialized_end=2498
+  _globals['_SETACLREQUEST']._serialized_start=2500
+  _globals['_SETACLREQUEST']._serialized_end=2576
+  _globals['_SETACLRESPONSE']._serialized_start=2578
+  _globals['_SETACLRESPONSE']._serialized_end=2594
+  _globals['_GETACLREQUEST']._serialized_start=2596
+  _globals['_GETACLREQUEST']._serialized_end=2627
+  _globals['_GETACLRESPONSE']._serialized_start=2629
+  _globals['_GETACLRESPONSE']._serialized_end=2690
+  _globals['_LISTCLIENTSREQUEST']._serialized_start=2692
+  _globals['_LISTCLIENTSREQUEST']._serialized_end=2728
+  _globals['_LISTCLIENTSRESPONSE']._serialized_start=2730
+  _globals['_LISTCLIENTSRESPONSE']._serialized_end=2800
+  _globals['_KICKCLIENTREQUEST']._serialized_start=2802
+  _globals['_KICKCLIENTREQUEST']._serialized_end=2856
+  _globals['_KICKCLIENTRESPONSE']._serialized_start=2858
+  _globals['_KICKCLIENTRESPONSE']._serialized_end=2894
+  _globals['_SESSIONSERVICE']._serialized_start=3596
+  _globals['_SESSIONSERVICE']._serialized_end=4081
+  _globals['_SESSIONADMINSERVICE']._serialized_start=4084
+  _globals['_SESSIONADMINSERVICE']._serialized_end=4654
 # @@protoc_insertion_point(module_scope)

@@ -529,6 +529,97 @@ class DisconnectResponse(_message.Message):
 Global___DisconnectResponse: _TypeAlias = DisconnectResponse  # noqa: Y015
 
 @_typing.final
+class HeldConnection(_message.Message):
+    """One live connection of a node, as the registry holds it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
+    PEER_ADDRESS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_LEVEL_FIELD_NUMBER: _builtins.int
+    CONNECTED_AT_MS_FIELD_NUMBER: _builtins.int
+    CLEAN_START_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    epoch: _builtins.int
+    username: _builtins.str
+    peer_address: _builtins.str
+    protocol_level: _builtins.int
+    connected_at_ms: _builtins.int
+    clean_start: _builtins.bool
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        username: _builtins.str = ...,
+        peer_address: _builtins.str = ...,
+        protocol_level: _builtins.int = ...,
+        connected_at_ms: _builtins.int = ...,
+        clean_start: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clean_start", b"clean_start", "client_id", b"client_id", "connected_at_ms", b"connected_at_ms", "epoch", b"epoch", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldConnection: _TypeAlias = HeldConnection  # noqa: Y015
+
+@_typing.final
+class ReclaimRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    CONNECTIONS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    @_builtins.property
+    def connections(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldConnection]:
+        """At most 1000 of them per call (RECLAIM_BATCH)."""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        connections: _abc.Iterable[Global___HeldConnection] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connections", b"connections", "node_id", b"node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReclaimRequest: _TypeAlias = ReclaimRequest  # noqa: Y015
+
+@_typing.final
+class ReclaimResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECLAIMED_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_FIELD_NUMBER: _builtins.int
+    reclaimed: _builtins.int
+    """Re-installed in the registry."""
+    superseded: _builtins.int
+    """A later connection holds the client id: the node was kicked for these."""
+    def __init__(
+        self,
+        *,
+        reclaimed: _builtins.int = ...,
+        superseded: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reclaimed", b"reclaimed", "superseded", b"superseded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReclaimResponse: _TypeAlias = ReclaimResponse  # noqa: Y015
+
+@_typing.final
 class CreateUserRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

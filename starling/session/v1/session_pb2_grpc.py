@@ -55,6 +55,11 @@ class SessionServiceStub:
                 request_serializer=starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Request.SerializeToString,
                 response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Response.FromString,
                 _registered_method=True)
+        self.Reclaim = channel.unary_unary(
+                '/starling.session.v1.SessionService/Reclaim',
+                request_serializer=starling_dot_session_dot_v1_dot_session__pb2.ReclaimRequest.SerializeToString,
+                response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ReclaimResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -88,6 +93,15 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reclaim(self, request, context):
+        """After the registry was lost (Redis lost its data): a node re-asserts the connections it
+        holds. The later epoch of a client id wins; the node is kicked (0x8E) for the ones that
+        lost.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +124,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.RecordQos2,
                     request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Request.FromString,
                     response_serializer=starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Response.SerializeToString,
+            ),
+            'Reclaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reclaim,
+                    request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ReclaimRequest.FromString,
+                    response_serializer=starling_dot_session_dot_v1_dot_session__pb2.ReclaimResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +240,33 @@ class SessionService:
             '/starling.session.v1.SessionService/RecordQos2',
             starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Request.SerializeToString,
             starling_dot_session_dot_v1_dot_session__pb2.RecordQos2Response.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reclaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.session.v1.SessionService/Reclaim',
+            starling_dot_session_dot_v1_dot_session__pb2.ReclaimRequest.SerializeToString,
+            starling_dot_session_dot_v1_dot_session__pb2.ReclaimResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,11 @@ class SessionServiceStub:
     """QoS 2 receiver state of persistent sessions (PUBLISH received, PUBREL not yet): the
     changes of many sessions, applied in order in one durable write.
     """
+    Reclaim: _grpc.UnaryUnaryMultiCallable[_session_pb2.ReclaimRequest, _session_pb2.ReclaimResponse]
+    """After the registry was lost (Redis lost its data): a node re-asserts the connections it
+    holds. The later epoch of a client id wins; the node is kicked (0x8E) for the ones that
+    lost.
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -54,6 +59,11 @@ class SessionServiceAsyncStub(SessionServiceStub):
     RecordQos2: _aio.UnaryUnaryMultiCallable[_session_pb2.RecordQos2Request, _session_pb2.RecordQos2Response]  # type: ignore[assignment]
     """QoS 2 receiver state of persistent sessions (PUBLISH received, PUBREL not yet): the
     changes of many sessions, applied in order in one durable write.
+    """
+    Reclaim: _aio.UnaryUnaryMultiCallable[_session_pb2.ReclaimRequest, _session_pb2.ReclaimResponse]  # type: ignore[assignment]
+    """After the registry was lost (Redis lost its data): a node re-asserts the connections it
+    holds. The later epoch of a client id wins; the node is kicked (0x8E) for the ones that
+    lost.
     """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -89,6 +99,17 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_session_pb2.RecordQos2Response, _abc.Awaitable[_session_pb2.RecordQos2Response]]:
         """QoS 2 receiver state of persistent sessions (PUBLISH received, PUBREL not yet): the
         changes of many sessions, applied in order in one durable write.
+        """
+
+    @_abc_1.abstractmethod
+    def Reclaim(
+        self,
+        request: _session_pb2.ReclaimRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ReclaimResponse, _abc.Awaitable[_session_pb2.ReclaimResponse]]:
+        """After the registry was lost (Redis lost its data): a node re-asserts the connections it
+        holds. The later epoch of a client id wins; the node is kicked (0x8E) for the ones that
+        lost.
         """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
