@@ -65,7 +65,9 @@ class Ingress:
             if msg.topic.startswith(DELAYED_PREFIX) and routing is not None:
                 routing.submit(conn, msg.packet_id, to_envelope(msg, node_id, self._ids.next()))
                 continue
-            batch = self._mesh.batch_for(topic_to_subject(tenant, msg.topic))
+            batch = self._mesh.batch_for(
+                topic_to_subject(tenant, msg.topic), len(msg.payload) + len(msg.topic)
+            )
             env = add_to_batch(batch, msg, node_id, self._ids.next())
             sent += 1
             if self._tracing:
