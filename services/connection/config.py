@@ -108,10 +108,11 @@ class ConnectionSettings(ServiceSettings):
         "behind (clean sessions; a persistent session's wait in its durable queue).",
     )
     max_queued_bytes: int = Field(
-        default=4 << 20,
+        default=16 << 20,
         ge=0,
         description="Bytes (payload and topic) of those queued messages; past either limit "
-        "new QoS 1/2 messages for that connection are dropped and counted.",
+        "new QoS 1/2 messages for that connection are dropped and counted. Keep it at least "
+        "max_packet_size_bytes, or a large message that has to wait is always dropped.",
     )
     slow_consumer_timeout_s: float = Field(
         default=60.0,

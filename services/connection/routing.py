@@ -2,7 +2,9 @@
 
 Theory of operation: publishes wait in one FIFO; one task sends them in batches (everything
 queued, up to MAX_BATCH messages and BATCH_BYTES, a larger message alone: see
-services/common/rpc/limits.py) and, on the answer, releases their PUBACK/PUBREC. A message
+services/common/rpc/limits.py), up to MAX_IN_FLIGHT batches at once, and, on each answer,
+releases their PUBACK/PUBREC. A publisher has at most one batch under way: what it sends
+meanwhile waits behind it, so its messages reach the router in the order it sent them. A message
 the router did not settle (TRY_LATER, or the call failed) moves to its publisher's retry lane,
 and so does everything that publisher sends after it, so its messages still reach the queues
 in the order it sent them; the FIFO goes on for every other publisher: one publisher's
@@ -29,6 +31,9 @@ from starling.common.v1.message_pb2 import RoutedMessage
 log = logging.getLogger("starling.connection.routing")
 
 MAX_BATCH = 1000
+# Batches under way at once (publishers differ between them): a batch that takes long, such
+# as one large message stored in many queues, does not hold up the others.
+MAX_IN_FLIGHT = 16
 _DONE = {RouteResult.STORED, RouteResult.NO_MATCH, RouteResult.QUOTA_EXCEEDED}
 _FIRST_DELAY_S = 0.05
 _MAX_DELAY_S = 1.0
@@ -59,9 +64,12 @@ class RoutingPipeline(Generic[P]):
         self._lanes: dict[P | None, deque[tuple[P | None, int, RoutedMessage]]] = {}
         self._since: dict[P | None, float] = {}
         self._retry_wake = asyncio.Event()
+        # Publishers with a batch in flight, each with the messages it sent meanwhile.
+        self._busy: dict[P | None, deque[tuple[P | None, int, RoutedMessage]]] = {}
 
     def __len__(self) -> int:
         held = sum(len(lane) for lane in self._lanes.values()) if self._lanes else 0
+        held += sum(len(w) for w in self._busy.values()) if self._busy else 0
         return len(self._queue) + held
 
     def submit(self, publisher: P | None, pid: int, env: RoutedMessage) -> None:
@@ -71,26 +79,43 @@ class RoutingPipeline(Generic[P]):
 
     async def run(self) -> None:
         retrying = asyncio.ensure_future(self._retry_lanes())
+        flights: set[asyncio.Task[None]] = set()
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                while self._queue:
+                while self._queue and len(flights) < MAX_IN_FLIGHT:
                     batch = self._next_batch()
-                    if batch:
-                        self._settle(batch, await self._attempt(batch))
+                    if not batch:
+                        continue
+                    for publisher, _, _ in batch:
+                        self._busy.setdefault(publisher, deque())
+                    task = asyncio.ensure_future(self._fly(batch))
+                    flights.add(task)
+                    task.add_done_callback(flights.discard)
         finally:
             retrying.cancel()
+            for task in flights:
+                task.cancel()
+
+    async def _fly(self, batch: list[tuple[P | None, int, RoutedMessage]]) -> None:
+        try:
+            self._settle(batch, await self._attempt(batch))
+        finally:
+            self._wake.set()  # a slot is free, and the publishers' held messages may go
 
     def _next_batch(self) -> list[tuple[P | None, int, RoutedMessage]]:
-        """The next batch from the FIFO; messages of a publisher with a retry lane join the
-        lane instead (behind its earlier ones)."""
-        queue, lanes = self._queue, self._lanes
+        """The next batch from the FIFO; messages of a publisher with a batch in flight or a
+        retry lane wait behind its earlier ones instead."""
+        queue, lanes, busy = self._queue, self._lanes, self._busy
         batch: list[tuple[P | None, int, RoutedMessage]] = []
         total = 0
+        in_batch: set[P | None] = set()
         while queue and len(batch) < MAX_BATCH:
             item = queue[0]
             lane = lanes.get(item[0])
+            if lane is None and item[0] not in in_batch:
+                lane = busy.get(item[0])
             if lane is not None:
                 lane.append(queue.popleft())
                 continue
@@ -98,6 +123,7 @@ class RoutingPipeline(Generic[P]):
             if batch and total + n > BATCH_BYTES:
                 break
             batch.append(queue.popleft())
+            in_batch.add(item[0])
             total += n
         return batch
 
@@ -111,7 +137,9 @@ class RoutingPipeline(Generic[P]):
     def _settle(
         self, batch: list[tuple[P | None, int, RoutedMessage]], results: list[RouteResult]
     ) -> None:
-        """Release what the router settled; the rest goes to its publisher's lane."""
+        """Release what the router settled; the rest goes to its publisher's lane, and what
+        the publisher sent meanwhile follows (behind it in the lane, or back at the front of
+        the FIFO)."""
         for item, result in zip(batch, results, strict=True):
             if result in _DONE:
                 self._on_done(item[0], item[1], result)
@@ -121,6 +149,15 @@ class RoutingPipeline(Generic[P]):
                 lane = self._lanes[item[0]] = deque()
                 self._since[item[0]] = time.monotonic()
             lane.append(item)
+        for publisher in dict.fromkeys(p for p, _, _ in batch):
+            held = self._busy.pop(publisher, None)
+            if not held:
+                continue
+            lane = self._lanes.get(publisher)
+            if lane is not None:
+                lane.extend(held)
+            else:
+                self._queue.extendleft(reversed(held))
         if self._lanes:
             self._retry_wake.set()
 
