@@ -32,6 +32,7 @@ from services.cli.secrets import (
     admin_token_file,
     load_or_create,
     nats_authorization,
+    nats_limits,
     write_private,
 )
 
@@ -149,7 +150,8 @@ class Launcher:
             conf,
             f'listen: "127.0.0.1:{comp.port}"\n'
             f'jetstream {{ store_dir: "{store}" }}\n'
-            "max_payload: 8MB\nmax_control_line: 64KB\n" + nats_authorization(self.secrets),
+            + nats_limits()
+            + nats_authorization(self.secrets),
         )
         self._spawn(comp, [nats_binary(), "-c", str(conf)])
         return comp

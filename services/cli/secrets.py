@@ -23,6 +23,8 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from services.common.bus.large import NATS_MAX_PAYLOAD
+
 # Per-service NATS permissions. Connection nodes carry MQTT traffic on subjects built from
 # topics and groups, so they get everything but the control, queue-notice and JetStream APIs;
 # the others get exactly what they publish and subscribe (request replies use _INBOX).
@@ -37,7 +39,8 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
     },
     "router": {
         "publish": {"allow": ["mq.>", "mqd.>", "ev.>", "rt.list", "_INBOX.>"]},
-        "subscribe": {"allow": ["_INBOX.>"]},
+        # mqf.<router>: fetches of large delayed messages it published by reference
+        "subscribe": {"allow": ["_INBOX.>", "mqf.>"]},
     },
     "queue": {
         "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>"]},
@@ -111,6 +114,13 @@ def load_or_create(data_dir: Path) -> MeshSecrets:
     return found
 
 
+def nats_limits() -> str:
+    """The size lines of nats.conf: max_payload explicit, from the one constant the mesh
+    publisher sizes its messages against (larger ones go by reference,
+    services/common/bus/large.py)."""
+    return f"max_payload: {NATS_MAX_PAYLOAD}\nmax_control_line: 64KB\n"
+
+
 def nats_authorization(s: MeshSecrets) -> str:
     """The `authorization` block of nats.conf: one user per service with its permissions."""
     users = []
@@ -136,7 +146,8 @@ def write_secret_files(out: Path, s: MeshSecrets, nats_listen: str = "0.0.0.0:42
         "starling_redis_password": s.redis_password,
         **{f"starling_nats_{user}_password": pw for user, pw in s.nats.items()},
         "nats.conf": f'listen: "{nats_listen}"\njetstream {{ store_dir: "/data" }}\n'
-        "max_payload: 8MB\nmax_control_line: 64KB\n" + nats_authorization(s),
+        + nats_limits()
+        + nats_authorization(s),
     }
     written = []
     for name, text in files.items():

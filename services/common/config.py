@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from services.common.redact import redact_url, url_passwords
+from services.common.rpc import limits as rpc_limits
 from services.common.store.cassandra_schema import parse_replication
 
 ENV_PREFIX = "STARLING_"
@@ -111,6 +112,15 @@ class ServiceSettings(BaseSettings):
         "required when mesh_auth is `secret`.",
     )
     shutdown_grace_s: float = Field(default=5.0, gt=0, le=300)
+    max_packet_size_bytes: int = Field(
+        default=rpc_limits.DEFAULT_MAX_PACKET_SIZE_BYTES,
+        ge=64,
+        le=268_435_460,
+        description="Largest MQTT packet accepted after CONNACK (fixed header included); "
+        "larger: DISCONNECT 0x95. Also the largest WebSocket message (close 1009). Every "
+        "service sizes its gRPC message limits from it (plus 1 MiB of envelope), so set it "
+        "for the whole mesh (env or the TOML `[common]` table), not for one service.",
+    )
     cassandra_contact_points: list[str] = Field(
         default_factory=list, description="Empty: the embedded SQLite store under data_dir."
     )
@@ -227,6 +237,8 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
             lines.append(f"invalid setting {name} ({env}): {err['msg']} (got {err.get('input')!r})")
         raise ConfigError("; ".join(lines)) from None
     settings.check_credentials()
+    # The process's gRPC channels and servers are sized from the mesh's largest packet.
+    rpc_limits.configure(settings.max_packet_size_bytes)
     if not settings.node_id:
         settings.node_id = f"{cls.service_name}-{os.getpid()}"
     return settings

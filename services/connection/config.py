@@ -33,13 +33,6 @@ class ConnectionSettings(ServiceSettings):
     tls_key_file: Path | None = Field(default=None, description="PEM private key.")
     tls_ca_file: Path | None = Field(default=None, description="CA for client certificates.")
     tls_require_client_cert: bool = False
-    max_packet_size_bytes: int = Field(
-        default=1 << 20,
-        ge=64,
-        le=268_435_460,
-        description="Largest MQTT packet accepted after CONNACK (fixed header included); "
-        "larger: DISCONNECT 0x95. Also the largest WebSocket message (close 1009).",
-    )
     max_connect_packet_size_bytes: int = Field(
         default=64 << 10,
         ge=64,
@@ -115,10 +108,11 @@ class ConnectionSettings(ServiceSettings):
         "behind (clean sessions; a persistent session's wait in its durable queue).",
     )
     max_queued_bytes: int = Field(
-        default=4 << 20,
+        default=16 << 20,
         ge=0,
         description="Bytes (payload and topic) of those queued messages; past either limit "
-        "new QoS 1/2 messages for that connection are dropped and counted.",
+        "new QoS 1/2 messages for that connection are dropped and counted. Keep it at least "
+        "max_packet_size_bytes, or a large message that has to wait is always dropped.",
     )
     slow_consumer_timeout_s: float = Field(
         default=60.0,

@@ -3,7 +3,9 @@
 Each client gets a message once, however many of its subscriptions match (merged by
 `merge_matches` [MQTT-3.3.4-2]); a persistent session takes QoS >= 1 only from its queue,
 never from here, so nothing arrives twice. Messages from other nodes arrive in `on_mesh`, one
-NATS message per batch of one tenant and topic: the trie is matched once per batch.
+NATS message per batch of one tenant and topic: the trie is matched once per batch. A message
+too large for one NATS message arrives as a reference, fetched before anything after it on
+that subscription is handled (services/common/bus/large.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from services.common.bus.large import Fetcher
 from services.common.envelope import from_envelope
 from services.common.message import Message
 from services.common.telemetry import extract
@@ -34,9 +37,15 @@ def _client_of(conn: Conn) -> str:
 
 class Fanout:
     def __init__(
-        self, node_id: str, subs: NodeSubscriptions[Conn], writes: WriteBatcher, tracing: bool
+        self,
+        node_id: str,
+        subs: NodeSubscriptions[Conn],
+        writes: WriteBatcher,
+        tracing: bool,
+        fetcher: Fetcher | None = None,
     ) -> None:
         self._node_id = node_id
+        self._fetcher = fetcher  # large messages arrive as references (bus/large.py)
         self._subs = subs
         self._writes = writes
         self._tracing = tracing
@@ -96,7 +105,10 @@ class Fanout:
 
     async def on_mesh(self, msg: Msg, received_on: str) -> None:
         """A batch from another node, received on NATS subject `received_on`."""
-        envs = RoutedBatch.FromString(msg.data).messages
+        data = msg.data if self._fetcher is None else await self._fetcher.resolve(msg)
+        if not data:
+            return
+        envs = RoutedBatch.FromString(data).messages
         if not envs:
             return
         first = envs[0]

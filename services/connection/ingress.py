@@ -66,7 +66,9 @@ class Ingress:
                 mid = msg.message_id or self._ids.next()
                 routing.submit(conn, msg.packet_id, to_envelope(msg, node_id, mid))
                 continue
-            batch = self._mesh.batch_for(topic_to_subject(tenant, msg.topic))
+            batch = self._mesh.batch_for(
+                topic_to_subject(tenant, msg.topic), len(msg.payload) + len(msg.topic)
+            )
             # A persistent session's QoS 2 publish comes with the id it was recorded under.
             env = add_to_batch(batch, msg, node_id, msg.message_id or self._ids.next())
             sent += 1

@@ -26,11 +26,13 @@ from collections.abc import Callable
 from nats.aio.client import Client
 
 from services.common.bus import subjects
+from services.common.bus.large import Fetcher, Holder
 from services.common.connect import ConnectOutcome
 from services.common.envelope import to_envelope
 from services.common.message import Message
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals
+from services.common.rpc.limits import max_message_bytes
 from services.common.tasks import TaskSet
 from services.connection.admission import PerAddress
 from services.connection.channel import (
@@ -70,6 +72,9 @@ from services.router.client import RouterClient, RouteResult
 from services.session.client import SessionClient
 
 log = logging.getLogger("starling.connection")
+# Large messages (over one NATS message) a node holds for other nodes to fetch, in units of
+# the largest message: a few may be under way at once.
+HOLD_MESSAGES = 4
 
 # How long an ended connection's pending QoS 2 records may hold back its release and a
 # takeover's kick reply (the session service waits 1 s for that reply).
@@ -109,7 +114,9 @@ class Node:
         self.subs: NodeSubscriptions[Conn] = NodeSubscriptions()
         self.ops = OrderedOps()
         self.ids = MessageIds(self.node_id, time.time_ns())
-        self.mesh = MeshPublisher(nc)
+        # Messages larger than one NATS message go by reference, held here for fetching.
+        self.holder = Holder(self.node_id, HOLD_MESSAGES * max_message_bytes())
+        self.mesh = MeshPublisher(nc, self.holder)
         self.qos2_journal = Qos2Journal(session)
         self.routing: RoutingPipeline[Conn] | None = (
             RoutingPipeline(router, self._routed, self._routing_gave_up) if router else None
@@ -138,8 +145,10 @@ class Node:
         """Fan-out, shared dispatch, subscribing, flow control and ingress: the modules a
         message passes through."""
         node_id, routing = self.node_id, self.routing
-        fanout = Fanout(node_id, self.subs, self.writes, tracing)
-        self.shared = SharedDispatch(self.nc_shared, self.writes, self.tasks)
+        fanout = Fanout(node_id, self.subs, self.writes, tracing, Fetcher(self.nc))
+        self.shared = SharedDispatch(
+            self.nc_shared, self.writes, self.tasks, self.holder, Fetcher(self.nc_shared)
+        )
         self.subscriber = Subscriber(
             node_id,
             self.subs,
@@ -170,6 +179,7 @@ class Node:
         self.flow.bind(loop)
         await self.nc.subscribe(subjects.node_control(self.node_id), cb=self.sessions.on_kick)
         await self.nc.subscribe(subjects.REGISTRY_LOST, cb=self.sessions.on_registry_lost)
+        await self.holder.start(self.nc)
         await self.subscriber.listen_for_route_listings()
         # Before any client connects: the session service releases what an earlier life
         # of this node id held (after a crash and restart).

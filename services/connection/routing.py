@@ -1,11 +1,18 @@
 """The node's pipeline to the router for QoS>=1 publishes.
 
 Theory of operation: publishes wait in one FIFO; one task sends them in batches (everything
-queued, up to MAX_BATCH) and, on the answer, releases their PUBACK/PUBREC in order. A
-failed or TRY_LATER batch is retried with backoff and the same message ids, so a retry
-after the router (or the queue) died cannot store a message twice. After `give_up_s` of
-failures the publishers still waiting are disconnected without an ack; they resend after
-reconnecting, which MQTT allows for unacknowledged QoS 1/2.
+queued, up to MAX_BATCH messages and BATCH_BYTES, a larger message alone: see
+services/common/rpc/limits.py), up to MAX_IN_FLIGHT batches at once, and, on each answer,
+releases their PUBACK/PUBREC. A publisher has at most one batch under way: what it sends
+meanwhile waits behind it, so its messages reach the router in the order it sent them. A message
+the router did not settle (TRY_LATER, or the call failed) moves to its publisher's retry lane,
+and so does everything that publisher sends after it, so its messages still reach the queues
+in the order it sent them; the FIFO goes on for every other publisher: one publisher's
+failing batch never makes another tenant's publishes wait. A second task retries the lanes
+with backoff and the same message ids, so a retry after the router (or the queue) died
+cannot store a message twice. A lane that makes no progress for `give_up_s` is dropped and
+its publisher disconnected without an ack; it resends after reconnecting, which MQTT allows
+for unacknowledged QoS 1/2.
 """
 
 from __future__ import annotations
@@ -17,13 +24,19 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
+from services.common.rpc.limits import BATCH_BYTES
 from services.router.client import RouteResult
 from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.connection.routing")
 
 MAX_BATCH = 1000
+# Batches under way at once (publishers differ between them): a batch that takes long, such
+# as one large message stored in many queues, does not hold up the others.
+MAX_IN_FLIGHT = 16
 _DONE = {RouteResult.STORED, RouteResult.NO_MATCH, RouteResult.QUOTA_EXCEEDED}
+_FIRST_DELAY_S = 0.05
+_MAX_DELAY_S = 1.0
 
 P = TypeVar("P")  # the publisher (a connection; None for wills and delayed releases)
 
@@ -46,9 +59,18 @@ class RoutingPipeline(Generic[P]):
         self._give_up_s = give_up_s
         self._queue: deque[tuple[P | None, int, RoutedMessage]] = deque()
         self._wake = asyncio.Event()
+        # Publishers with messages waiting for a retry, each with its messages in order and
+        # the time its lane last made progress (or began).
+        self._lanes: dict[P | None, deque[tuple[P | None, int, RoutedMessage]]] = {}
+        self._since: dict[P | None, float] = {}
+        self._retry_wake = asyncio.Event()
+        # Publishers with a batch in flight, each with the messages it sent meanwhile.
+        self._busy: dict[P | None, deque[tuple[P | None, int, RoutedMessage]]] = {}
 
     def __len__(self) -> int:
-        return len(self._queue)
+        held = sum(len(lane) for lane in self._lanes.values()) if self._lanes else 0
+        held += sum(len(w) for w in self._busy.values()) if self._busy else 0
+        return len(self._queue) + held
 
     def submit(self, publisher: P | None, pid: int, env: RoutedMessage) -> None:
         """Route `env`; `pid` is the publisher's packet id to acknowledge (0: none)."""
@@ -56,36 +78,153 @@ class RoutingPipeline(Generic[P]):
         self._wake.set()
 
     async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._queue:
-                n = min(len(self._queue), MAX_BATCH)
-                batch = [self._queue.popleft() for _ in range(n)]
-                await self._route(batch)
+        retrying = asyncio.ensure_future(self._retry_lanes())
+        flights: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._queue and len(flights) < MAX_IN_FLIGHT:
+                    batch = self._next_batch()
+                    if not batch:
+                        continue
+                    for publisher, _, _ in batch:
+                        self._busy.setdefault(publisher, deque())
+                    task = asyncio.ensure_future(self._fly(batch))
+                    flights.add(task)
+                    task.add_done_callback(flights.discard)
+        finally:
+            retrying.cancel()
+            for task in flights:
+                task.cancel()
 
-    async def _route(self, batch: list[tuple[P | None, int, RoutedMessage]]) -> None:
-        delay = 0.05
-        started = time.monotonic()
-        pending = batch
-        while pending:
-            try:
-                results = await self._router.route([env for _, _, env in pending])
-            except Exception as exc:  # router down or slow: retry the same messages
-                log.warning("router_unavailable", extra={"error": type(exc).__name__})
-                results = [RouteResult.TRY_LATER] * len(pending)
-            retry = []
-            for item, result in zip(pending, results, strict=True):
+    async def _fly(self, batch: list[tuple[P | None, int, RoutedMessage]]) -> None:
+        try:
+            self._settle(batch, await self._attempt(batch))
+        finally:
+            self._wake.set()  # a slot is free, and the publishers' held messages may go
+
+    def _next_batch(self) -> list[tuple[P | None, int, RoutedMessage]]:
+        """The next batch from the FIFO; messages of a publisher with a batch in flight or a
+        retry lane wait behind its earlier ones instead."""
+        queue, lanes, busy = self._queue, self._lanes, self._busy
+        batch: list[tuple[P | None, int, RoutedMessage]] = []
+        total = 0
+        in_batch: set[P | None] = set()
+        while queue and len(batch) < MAX_BATCH:
+            item = queue[0]
+            lane = lanes.get(item[0])
+            if lane is None and item[0] not in in_batch:
+                lane = busy.get(item[0])
+            if lane is not None:
+                lane.append(queue.popleft())
+                continue
+            n = item[2].ByteSize()
+            if batch and total + n > BATCH_BYTES:
+                break
+            batch.append(queue.popleft())
+            in_batch.add(item[0])
+            total += n
+        return batch
+
+    async def _attempt(self, batch: list[tuple[P | None, int, RoutedMessage]]) -> list[RouteResult]:
+        try:
+            return await self._router.route([env for _, _, env in batch])
+        except Exception as exc:  # router down or slow: retry the same messages
+            log.warning("router_unavailable", extra={"error": type(exc).__name__})
+            return [RouteResult.TRY_LATER] * len(batch)
+
+    def _settle(
+        self, batch: list[tuple[P | None, int, RoutedMessage]], results: list[RouteResult]
+    ) -> None:
+        """Release what the router settled; the rest goes to its publisher's lane, and what
+        the publisher sent meanwhile follows (behind it in the lane, or back at the front of
+        the FIFO)."""
+        for item, result in zip(batch, results, strict=True):
+            if result in _DONE:
+                self._on_done(item[0], item[1], result)
+                continue
+            lane = self._lanes.get(item[0])
+            if lane is None:
+                lane = self._lanes[item[0]] = deque()
+                self._since[item[0]] = time.monotonic()
+            lane.append(item)
+        for publisher in dict.fromkeys(p for p, _, _ in batch):
+            held = self._busy.pop(publisher, None)
+            if not held:
+                continue
+            lane = self._lanes.get(publisher)
+            if lane is not None:
+                lane.extend(held)
+            else:
+                self._queue.extendleft(reversed(held))
+        if self._lanes:
+            self._retry_wake.set()
+
+    async def _retry_lanes(self) -> None:
+        delay = _FIRST_DELAY_S
+        while True:
+            if not self._lanes:
+                self._retry_wake.clear()
+                await self._retry_wake.wait()
+                delay = _FIRST_DELAY_S
+            await asyncio.sleep(delay)
+            progress = await self._retry_once()
+            self._give_up_stuck()
+            delay = _FIRST_DELAY_S if progress else min(delay * 2, _MAX_DELAY_S)
+
+    async def _retry_once(self) -> bool:
+        """One attempt at the head of every lane (together, within the batch limits); True
+        when anything was settled."""
+        taken: list[tuple[P | None, int]] = []  # (publisher, messages taken from its lane)
+        batch: list[tuple[P | None, int, RoutedMessage]] = []
+        total = 0
+        for publisher, lane in self._lanes.items():
+            k = 0
+            for item in lane:
+                n = item[2].ByteSize()
+                if batch and (total + n > BATCH_BYTES or len(batch) >= MAX_BATCH):
+                    break
+                batch.append(item)
+                total += n
+                k += 1
+            if k:
+                taken.append((publisher, k))
+            if k < len(lane):
+                break  # the batch is full
+        if not batch:
+            return False
+        results = await self._attempt(batch)
+        progress = False
+        i = 0
+        now = time.monotonic()
+        for publisher, k in taken:
+            lane = self._lanes.get(publisher)
+            items, outcome = batch[i : i + k], results[i : i + k]
+            i += k
+            if lane is None:  # given up meanwhile
+                continue
+            for _ in range(k):  # the lane only grew at its end meanwhile
+                lane.popleft()
+            failed = []
+            for item, result in zip(items, outcome, strict=True):
                 if result in _DONE:
                     self._on_done(item[0], item[1], result)
                 else:
-                    retry.append(item)
-            pending = retry
-            if pending:
-                if time.monotonic() - started > self._give_up_s:
-                    log.error("router_gave_up", extra={"messages": len(pending)})
-                    for conn, _, _ in pending:
-                        self._on_give_up(conn)
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                    failed.append(item)
+            if len(failed) < k:
+                progress = True
+                self._since[publisher] = now
+            lane.extendleft(reversed(failed))
+            if not lane:
+                del self._lanes[publisher], self._since[publisher]
+        return progress
+
+    def _give_up_stuck(self) -> None:
+        now = time.monotonic()
+        for publisher in [p for p, t in self._since.items() if now - t > self._give_up_s]:
+            lane = self._lanes.pop(publisher)
+            del self._since[publisher]
+            log.error("router_gave_up", extra={"messages": len(lane)})
+            for conn, _, _ in lane:
+                self._on_give_up(conn)

@@ -15,6 +15,7 @@ import time
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.common.bus.large import Fetcher, Holder
 from services.common.envelope import from_envelope
 from services.common.tasks import TaskSet
 from services.connection.channel import State
@@ -48,14 +49,26 @@ def pick_member(members: list[Conn], turn: int) -> int:
 
 
 class SharedDispatch:
-    def __init__(self, nc: Client, writes: WriteBatcher, tasks: TaskSet) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        writes: WriteBatcher,
+        tasks: TaskSet,
+        holder: Holder | None = None,
+        fetcher: Fetcher | None = None,
+    ) -> None:
         self._nc = nc  # the connection that holds the queue-group subscriptions
         self._writes = writes
         self._tasks = tasks
+        self._holder = holder  # large messages go and come by reference (bus/large.py)
+        self._fetcher = fetcher
 
     async def on_message(self, group: SharedGroup[Conn], msg: Msg) -> None:
         hops = int(msg.headers.get(HOPS_HEADER, "0")) if msg.headers else 0
-        for env in RoutedBatch.FromString(msg.data).messages:
+        data = msg.data if self._fetcher is None else await self._fetcher.resolve(msg)
+        if not data:
+            return
+        for env in RoutedBatch.FromString(data).messages:
             self.deliver(group, env, hops)
 
     def deliver(self, group: SharedGroup[Conn], env: RoutedMessage, hops: int = 0) -> None:
@@ -92,4 +105,7 @@ class SharedDispatch:
         for subject, env in items:
             batch = RoutedBatch()
             batch.messages.append(env)
-            await self._nc.publish(subject, batch.SerializeToString(), headers=headers)
+            if self._holder is not None:
+                await self._holder.publish(self._nc, subject, batch.SerializeToString(), headers)
+            else:
+                await self._nc.publish(subject, batch.SerializeToString(), headers=headers)

@@ -13,6 +13,7 @@ from nats.aio.client import Client
 
 from services.common.bus import subjects
 from services.common.rpc.errors import InvalidArgumentError
+from services.common.rpc.limits import BATCH_BYTES
 from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
 from services.queue.config import QueueSettings
 from services.queue.core import expires_at_ms, owned, partition_of
@@ -155,12 +156,15 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReadResponse:
         limit = min(request.limit or 100, 10_000)
+        # Capped by bytes as well as count, so the answer fits the gRPC limit and the
+        # queue's memory stays bounded; the first entry always comes (a big one still moves).
         entries, st = await self._store.read(
             request.tenant,
             request.queue_id,
             max(1, request.from_seq),
             limit,
             mark_delivered=request.mark_delivered,
+            max_bytes=BATCH_BYTES,
         )
         now_ms = int(time.time() * 1000)
         out = []

@@ -15,6 +15,7 @@ from enum import IntEnum
 from services.common.envelope import from_envelope
 from services.common.message import Message
 from services.common.rpc.client import LazyStub
+from services.common.rpc.limits import split_by_bytes
 from services.queue.core import queue_id
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
@@ -87,6 +88,11 @@ def _entry_to_pb(e: NewEntry) -> pb.NewEntry:
     )
 
 
+def _entry_size(e: NewEntry) -> int:
+    # The message, plus the queue id and a few small fields beside it.
+    return e.message.ByteSize() + len(e.queue_id) + 16
+
+
 def _entry_from_pb(e: pb.QueueEntry) -> QueueEntry:
     m = from_envelope(e.message)
     expires_at = e.expires_at_ms / 1000 if e.expires_at_ms else m.expires_at
@@ -103,10 +109,18 @@ class QueueClient:
         self._rpc = LazyStub(address, pb_grpc.QueueServiceStub, timeout_s=timeout_s)
 
     async def append(self, tenant: str, entries: Sequence[NewEntry]) -> list[AppendResult]:
-        """One result per entry, in order."""
-        req = pb.AppendRequest(tenant=tenant, entries=[_entry_to_pb(e) for e in entries])
-        resp = await self._rpc.call(self._rpc.stub.Append, req)
-        return [AppendResult(r) for r in resp.results]
+        """One result per entry, in order.
+
+        Sent in calls of at most BATCH_BYTES (a larger entry alone): one message matching
+        many sessions is one entry per queue, each carrying the whole message. Appends are
+        idempotent per message id, so a call that fails after an earlier one succeeded is
+        retried whole by the caller without storing anything twice."""
+        results: list[AppendResult] = []
+        for run in split_by_bytes(entries, _entry_size):
+            req = pb.AppendRequest(tenant=tenant, entries=[_entry_to_pb(e) for e in run])
+            resp = await self._rpc.call(self._rpc.stub.Append, req)
+            results += [AppendResult(r) for r in resp.results]
+        return results
 
     async def read(
         self,

@@ -15,6 +15,7 @@ from services.common.connect import IdentifiedSubscription
 from services.common.envelope import from_envelope
 from services.common.message import Message
 from services.common.rpc.client import LazyStub
+from services.common.rpc.limits import split_by_bytes
 from services.common.subscription import identified_from_pb, identified_to_pb
 from services.router.core import RouteResult
 from starling.common.v1.message_pb2 import RoutedMessage
@@ -43,10 +44,16 @@ class RouterClient:
         self._rpc = LazyStub(address, pb_grpc.RouterServiceStub, timeout_s=timeout_s)
 
     async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
-        """Store QoS>=1 publishes for persistent sessions; one result per message, in order."""
-        req = pb.RoutePersistentRequest(messages=messages)
-        resp = await self._rpc.call(self._rpc.stub.RoutePersistent, req)
-        return [_result(r) for r in resp.results]
+        """Store QoS>=1 publishes for persistent sessions; one result per message, in order.
+
+        Sent in calls of at most BATCH_BYTES (a larger message alone), one after the other,
+        so no call exceeds the gRPC message limit (services/common/rpc/limits.py)."""
+        results: list[RouteResult] = []
+        for run in split_by_bytes(messages, RoutedMessage.ByteSize):
+            req = pb.RoutePersistentRequest(messages=run)
+            resp = await self._rpc.call(self._rpc.stub.RoutePersistent, req)
+            results += [_result(r) for r in resp.results]
+        return results
 
     async def subscribe(
         self,

@@ -9,7 +9,9 @@ from collections.abc import Iterable
 import grpc
 
 from services.common.bus.client import LateClient, connect
+from services.common.bus.large import Holder
 from services.common.refusals import Refusals, register_refusal_metrics
+from services.common.rpc.limits import max_message_bytes
 from services.common.runtime import run_service
 from services.common.store.open import open_router_store, open_session_store
 from services.queue.client import QueueClient
@@ -22,6 +24,7 @@ from services.router.retained import RetainedIndex
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
 
+HOLD_MESSAGES = 2  # large delayed messages held for fetching, in largest messages
 log = logging.getLogger("starling.router")
 
 
@@ -65,6 +68,10 @@ class RouterService:
         self._nats.nc = await connect(
             self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
         )
+        # Delayed messages larger than one NATS message are published by reference.
+        holder = Holder(self._s.node_id, HOLD_MESSAGES * max_message_bytes())
+        await holder.start(self._nats.nc)
+        self._publisher.holder = holder
         for rec in await self._store.all_subscriptions():
             self._table.add(rec)
         await self._publisher.load()

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from services.common.bus import subjects
+from services.common.bus.large import Holder
 from services.common.refusals import Refusals
 from services.common.rpc.errors import ServiceError
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
@@ -71,6 +72,7 @@ class Publisher:
         self.delayed_usage = Usage()
         self._purged_at: dict[str, int] = {}  # tenant -> last purge of expired retained
         self._wake = asyncio.Event()
+        self.holder: Holder | None = None  # set once NATS is connected (services/router/main.py)
 
     async def load(self) -> None:
         """Retained and delayed messages from the store; the caps' usage follows from them."""
@@ -305,7 +307,11 @@ class Publisher:
         m.published_at_ms = int(time.time() * 1000)
         batch = RoutedBatch()
         batch.messages.append(m)
-        await self._nats.publish(topic_to_subject(m.tenant, m.topic), batch.SerializeToString())
+        subject, data = topic_to_subject(m.tenant, m.topic), batch.SerializeToString()
+        if self.holder is not None:  # larger than one NATS message: by reference
+            await self.holder.publish(self._nats.nc, subject, data)
+        else:
+            await self._nats.publish(subject, data)
         results, _ = await self.accept([m])
         if RouteResult.TRY_LATER in results:
             raise RuntimeError("persistent queues unavailable")

@@ -229,6 +229,26 @@ async def test_delivered_through_is_marked_by_delivery_reads_and_only_grows(
     assert (await queues.state(t, q)).delivered_through == 0
 
 
+async def test_read_is_capped_by_bytes_but_always_moves_one_entry(queues: QueueStore) -> None:
+    """A read stops before the entry that would pass `max_bytes`, yet returns the first entry
+    however large (a big entry is never stuck), and marks delivered only what it returned."""
+    t, q = f"t{uuid.uuid4().hex[:6]}", "c#9"
+    epoch = await queues.claim_partition(5)
+    sizes = [100, 100, 5000, 100, 100, 100]
+    items = [NewQueueItem(f"b{i}", 1, bytes(n)) for i, n in enumerate(sizes)]
+    await queues.append(t, q, items, 5, epoch, 0, True)
+    entries, _ = await queues.read(t, q, 1, 100, mark_delivered=True, max_bytes=1000)
+    assert [e.seq for e in entries] == [1, 2]
+    assert (await queues.state(t, q)).delivered_through == 2
+    entries, _ = await queues.read(t, q, 3, 100, mark_delivered=True, max_bytes=1000)
+    assert [len(e.data) for e in entries] == [5000]  # larger than the cap: alone
+    assert (await queues.state(t, q)).delivered_through == 3
+    entries, _ = await queues.read(t, q, 4, 2, max_bytes=1000)
+    assert [e.seq for e in entries] == [4, 5]  # the count limit still holds
+    entries, _ = await queues.read(t, q, 1, 100)
+    assert len(entries) == 6  # 0: no byte cap
+
+
 async def test_queue_survives_reopen(tmp_path: Path) -> None:
     q1 = SqliteQueueStore(tmp_path / "q.db")
     e = await q1.claim_partition(0)

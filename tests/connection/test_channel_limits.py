@@ -366,7 +366,7 @@ def test_defaults_are_the_documented_ones() -> None:
 @pytest.mark.parametrize(
     ("env", "setting"),
     [
-        ({"max_connect_packet_size_bytes": 2 << 20}, "max_connect_packet_size_bytes"),
+        ({"max_connect_packet_size_bytes": 32 << 20}, "max_connect_packet_size_bytes"),
         ({"max_keepalive_s": 60, "server_keepalive_s": 120}, "server_keepalive_s"),
     ],
 )

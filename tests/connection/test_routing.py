@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Sequence
 
 from services.common.rpc.errors import UnavailableError
+from services.common.rpc.limits import BATCH_BYTES
 from services.connection.routing import MAX_BATCH, RoutingPipeline
 from services.router.client import RouteResult
 from starling.common.v1.message_pb2 import RoutedMessage
@@ -83,3 +84,79 @@ async def test_publishers_are_given_up_when_the_router_stays_away() -> None:
     p.submit("b", 2, _env(2))
     await _run(p, lambda: len(gave_up) == 2)
     assert done == [] and gave_up == ["a", "b"]
+
+
+class PickyRouter:
+    """Stores every message except those whose id starts with a refused prefix (TRY_LATER
+    until `heal()`), recording the order in which messages were stored."""
+
+    def __init__(self, refused: str) -> None:
+        self.refused = refused
+        self.stored: list[str] = []
+        self.calls: list[int] = []  # bytes per call
+
+    def heal(self) -> None:
+        self.refused = "\0"
+
+    async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
+        self.calls.append(sum(m.ByteSize() for m in messages))
+        out = []
+        for m in messages:
+            if m.message_id.startswith(self.refused):
+                out.append(RouteResult.TRY_LATER)
+            else:
+                self.stored.append(m.message_id)
+                out.append(RouteResult.STORED)
+        return out
+
+
+async def test_a_failing_publisher_does_not_hold_up_the_others_and_keeps_its_order() -> None:
+    """Head-of-line blocking: the bad publisher's unstored message waits in its own lane, its
+    later messages queue behind it (order per publisher), everyone else is acked at once."""
+    done: list[tuple[str | None, int]] = []
+    router = PickyRouter("bad-0")
+    p: RoutingPipeline[str] = RoutingPipeline(
+        router, lambda c, pid, r: done.append((c, pid)), print
+    )
+    task = asyncio.ensure_future(p.run())
+    try:
+        p.submit("bad", 1, RoutedMessage(tenant="a", message_id="bad-0"))
+        for _ in range(100):
+            if router.calls:
+                break
+            await asyncio.sleep(0.01)
+        p.submit("good", 1, RoutedMessage(tenant="b", message_id="good-0"))
+        p.submit("bad", 2, RoutedMessage(tenant="a", message_id="bad-1"))
+        for i in range(1, 50):
+            p.submit("good", i + 1, RoutedMessage(tenant="b", message_id=f"good-{i}"))
+        for _ in range(200):
+            if len(done) == 50:
+                break
+            await asyncio.sleep(0.01)
+        assert [pid for c, pid in done if c == "good"] == list(range(1, 51))
+        assert not [d for d in done if d[0] == "bad"]  # bad-1 waits behind bad-0
+        assert len(p) == 2
+        router.heal()
+        for _ in range(300):
+            if len(done) == 52:
+                break
+            await asyncio.sleep(0.01)
+        assert [pid for c, pid in done if c == "bad"] == [1, 2]
+        assert [m for m in router.stored if m.startswith("bad")] == ["bad-0", "bad-1"]
+        assert len(p) == 0
+    finally:
+        task.cancel()
+
+
+async def test_batches_are_cut_by_bytes_and_a_big_message_goes_alone() -> None:
+    done: list[int] = []
+    router = PickyRouter("\0")
+    p: RoutingPipeline[str] = RoutingPipeline(router, lambda c, pid, r: done.append(pid), print)
+    big = BATCH_BYTES + 10
+    for i in range(6):
+        size = big if i in (2, 3) else BATCH_BYTES // 3
+        p.submit("pub", i + 1, RoutedMessage(message_id=f"m{i}", payload=bytes(size)))
+    await _run(p, lambda: len(done) == 6)
+    assert done == [1, 2, 3, 4, 5, 6]
+    assert len(router.calls) == 4  # [m0 m1] [m2] [m3] [m4 m5]
+    assert max(router.calls) < big + 100

@@ -16,17 +16,23 @@ import grpc
 from services.common.rpc.credentials import mesh_metadata
 from services.common.rpc.errors import error_from
 from services.common.rpc.interceptors import ClientTraceInterceptor
+from services.common.rpc.limits import grpc_options
 
 S = TypeVar("S")
 R = TypeVar("R")
 
 
 def channel(address: str) -> grpc.aio.Channel:
-    """Client channel with tracing; `LazyStub` wraps it in a service stub."""
+    """Client channel with tracing and the mesh's message size limits
+    (services/common/rpc/limits.py); `LazyStub` wraps it in a service stub."""
     return grpc.aio.insecure_channel(
         address,
         interceptors=[ClientTraceInterceptor()],
-        options=[("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 20000)],
+        options=[
+            ("grpc.enable_retries", 1),
+            ("grpc.keepalive_time_ms", 20000),
+            *grpc_options(),
+        ],
     )
 
 

@@ -20,6 +20,7 @@ from services.common.rpc.interceptors import (
     ErrorAndTraceInterceptor,
     MeshSecretInterceptor,
 )
+from services.common.rpc.limits import grpc_options
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -59,7 +60,8 @@ def create_server(
             ),
             ErrorAndTraceInterceptor(),
         ],
-        options=[("grpc.so_reuseport", 0)],
+        # Limits from the mesh's largest MQTT packet (services/common/rpc/limits.py).
+        options=[("grpc.so_reuseport", 0), *grpc_options()],
     )
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()

@@ -305,30 +305,41 @@ class CassandraQueueStore(CassandraBase):
         self, tenant: str, queue_id: str, first: int, last: int, evicted: list[int]
     ) -> int | None:
         """The oldest stored entry from `first` not already chosen for eviction."""
-        entries = await self._scan(tenant, queue_id, first, last, len(evicted) + 1)
+        entries = await self._scan(tenant, queue_id, first, last, len(evicted) + 1, 0)
         left = [e.seq for e in entries if e.seq not in evicted]
         return left[0] if left else None
 
     async def _scan(
-        self, tenant: str, queue_id: str, from_seq: int, last: int, limit: int
+        self, tenant: str, queue_id: str, from_seq: int, last: int, limit: int, max_bytes: int
     ) -> list[StoredEntry]:
         out: list[StoredEntry] = []
+        total = 0
         for bucket in range(from_seq >> BUCKET_BITS, (last >> BUCKET_BITS) + 1):
             rows = await self._exec(
                 self._entry_read, (tenant, queue_id, bucket, from_seq, limit - len(out))
             )
-            out += [StoredEntry(r.seq, r.qos, r.data, r.expires_at_ms, r.released) for r in rows]
+            for r in rows:
+                total += len(r.data)
+                if out and max_bytes and total > max_bytes:
+                    return out
+                out.append(StoredEntry(r.seq, r.qos, r.data, r.expires_at_ms, r.released))
             if len(out) >= limit:
                 break
         return out
 
     async def read(
-        self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
+        self,
+        tenant: str,
+        queue_id: str,
+        from_seq: int,
+        limit: int,
+        mark_delivered: bool = False,
+        max_bytes: int = 0,
     ) -> tuple[list[StoredEntry], QueueState]:
         row = await self._row(self._state_get, (tenant, queue_id))
         st = _state_of(row)
         start = max(from_seq, st.acked_through + 1)
-        entries = await self._scan(tenant, queue_id, start, st.last_seq, limit)
+        entries = await self._scan(tenant, queue_id, start, st.last_seq, limit, max_bytes)
         if mark_delivered and entries:
             # A null (pre-column) value is replaced by a real one on the first mark.
             through = max(entries[-1].seq, st.delivered_through)

@@ -251,9 +251,17 @@ class QueueStore(Protocol):
         """Append in order, in one transaction."""
 
     async def read(
-        self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
+        self,
+        tenant: str,
+        queue_id: str,
+        from_seq: int,
+        limit: int,
+        mark_delivered: bool = False,
+        max_bytes: int = 0,
     ) -> tuple[list[StoredEntry], QueueState]:
-        """Up to `limit` entries from `from_seq` on (expired ones included), and the queue's
+        """Up to `limit` entries from `from_seq` on (expired ones included), whose data add
+        up to at most `max_bytes` (0: no cap; the first entry always comes, however large,
+        so a big entry still moves), and the queue's
         state from BEFORE this read. With `mark_delivered`, delivered_through is raised to the
         last entry returned, durably, before this returns: the caller writes the entries only
         afterwards, so a later reader never takes an entry that was sent for a first attempt."""

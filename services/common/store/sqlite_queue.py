@@ -206,15 +206,29 @@ class SqliteQueueStore(SqliteDb):
             )
 
     async def read(
-        self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
+        self,
+        tenant: str,
+        queue_id: str,
+        from_seq: int,
+        limit: int,
+        mark_delivered: bool = False,
+        max_bytes: int = 0,
     ) -> tuple[list[StoredEntry], QueueState]:
         def read(db: sqlite3.Connection) -> tuple[list[StoredEntry], QueueState]:
-            rows = db.execute(
+            cur = db.execute(
                 "SELECT seq, qos, data, expires_at_ms, released FROM queue_entries WHERE "
                 "tenant=? AND queue_id=? AND seq>=? ORDER BY seq LIMIT ?",
                 (tenant, queue_id, from_seq, limit),
-            ).fetchall()
-            entries = [StoredEntry(s, q, d, e, bool(r)) for s, q, d, e, r in rows]
+            )
+            entries: list[StoredEntry] = []
+            total = 0
+            # Row by row: past the byte cap nothing more is loaded into memory.
+            for s, q, d, e, r in cur:
+                total += len(d)
+                if entries and max_bytes and total > max_bytes:
+                    break
+                entries.append(StoredEntry(s, q, d, e, bool(r)))
+            cur.close()
             st = _state(db, tenant, queue_id)
             if mark_delivered and entries and entries[-1].seq > st.delivered_through:
                 db.execute(
