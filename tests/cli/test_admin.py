@@ -152,6 +152,7 @@ async def test_routes_retained_and_delayed(core: Core) -> None:
         "published_at": now_ms / 1000,
         "trace_context": [],
         "packet_id": 0,
+        "message_id": "",
     }
     status, out = await starling(core, "delayed", "--tenant", t)
     (delayed,) = out["messages"]
