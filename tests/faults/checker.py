@@ -144,9 +144,7 @@ class Checker:
         """Acknowledged publishes `subscriber` has not received yet."""
         with self._lock:
             got = set(self._arrivals[subscriber])
-            return sum(
-                1 for p, seqs in self._acked.items() for s in seqs if (p, s) not in got
-            )
+            return sum(1 for p, seqs in self._acked.items() for s in seqs if (p, s) not in got)
 
     def verdict(self) -> Verdict:
         with self._lock:

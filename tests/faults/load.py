@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,21 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from services.common.mqtt import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    MqttError,
+    Packet,
+    PingReq,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+)
+from services.common.mqtt import Properties as MqttProperties
+from tests.e2e.clients import Raw
 from tests.faults.checker import Checker, payload
 
 Ports = Callable[[], list[int]]  # the nodes' MQTT ports, read again at each reconnect
@@ -67,10 +83,10 @@ class _Client:
     def _next_node(self) -> None:
         ports = self._ports()
         self._node = (self._node + 1) % len(ports)
-        try:
-            self.c.port = ports[self._node]
-        except RuntimeError:
-            pass  # still open: paho closes it before its next attempt; the next failure moves
+        # Paho's `port` setter refuses while a connection is being opened, which is the
+        # state its reconnect loop is in when these callbacks run; its next attempt reads
+        # `_port`.
+        self.c._port = ports[self._node]
 
     def _on_connect(self, c: Any, u: Any, flags: Any, rc: Any, p: Any) -> None:
         if rc.is_failure:  # refused (say, the session is still held by a dead node)
@@ -95,9 +111,15 @@ class _Client:
         self.c.loop_stop()
 
 
-class Publisher(_Client):
-    """Publishes `payload(name, seq)` at `rate` per second (QoS 1: a clean session; QoS 2: a
-    persistent one, so an unfinished exchange is completed after a reconnect)."""
+class Publisher:
+    """Publishes `payload(name, seq)` at `rate` per second over a raw MQTT 5 socket.
+
+    Not paho: after a reconnect paho can send a new PUBLISH before it resends the ones in
+    flight (a publish call between its CONNECT and its CONNACK handling), which reorders
+    the publisher's own stream. This client resends strictly in order, then continues.
+    QoS 1 uses a clean session; QoS 2 a persistent one, so that after a reconnect an
+    exchange that got PUBREC is finished with PUBREL, not a second PUBLISH.
+    """
 
     def __init__(
         self,
@@ -109,69 +131,167 @@ class Publisher(_Client):
         checker: Checker,
         rate: float = 150.0,
         size: int = 0,
+        window: int = 50,
     ) -> None:
-        super().__init__(name, ports, node, persistent=qos == 2)
+        self.name = name
+        self._ports = ports
+        self._node = node
         self.qos = qos
         self.topic = topic
         self.checker = checker
         self.rate = rate
         self.size = size
+        self.window = window
+        self.client_id = f"{name}-{uuid.uuid4().hex[:6]}"
+        self.connects = 0
+        self.refused = 0  # PUBACK/PUBREC with a failure reason code: not acknowledged
+        self.sessions_lost = 0  # CONNACKs without the QoS 2 publisher's session
+        self.connected = threading.Event()
+        self._lock = threading.Lock()
+        self._backlog: deque[tuple[int, int]] = deque()  # (seq, size) not yet sent
+        self._inflight: OrderedDict[int, list[int]] = OrderedDict()  # pid -> [seq, size, rel]
+        self._next_pid = 0
         self.seq = 0
-        self._mids: dict[int, int] = {}  # paho's message id -> seq, until acknowledged
-        self._early: dict[int, bool] = {}  # acknowledged before publish() returned its mid
-        self._mids_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.c.on_publish = self._on_publish
+        self._generating = threading.Event()
+        self._closing = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._generate, daemon=True),
+            threading.Thread(target=self._run, daemon=True),
+        ]
         checker.publisher(name, qos)
 
     def start(self) -> None:
-        super().start()
-        self.connected.wait(10)
-        self._thread.start()
+        self._generating.set()
+        for t in self._threads:
+            t.start()
+        assert self.connected.wait(10), f"{self.name} not connected"
 
-    def _on_publish(self, c: Any, u: Any, mid: int, rc: Any, p: Any) -> None:
-        # Paho calls this on PUBACK (QoS 1) and PUBCOMP (QoS 2): acknowledged.
-        with self._mids_lock:
-            seq = self._mids.pop(mid, None)
-            if seq is None:  # before publish_one saw its mid
-                self._early[mid] = not rc.is_failure
-                return
-        if not rc.is_failure:
-            self.checker.acked(self.name, seq)
-
-    def publish_one(self, size: int | None = None) -> None:
-        seq = self.seq
-        self.seq += 1
+    def enqueue(self, size: int | None = None) -> None:
+        """One more publish (of `size` bytes, default the publisher's)."""
+        with self._lock:
+            seq = self.seq
+            self.seq += 1
+            self._backlog.append((seq, size or self.size))
         self.checker.sent(self.name, seq)
-        # Not under _mids_lock: paho calls on_publish holding its own lock, which publish()
-        # takes too.
-        info = self.c.publish(self.topic, payload(self.name, seq, size or self.size), self.qos)
-        with self._mids_lock:
-            ok = self._early.pop(info.mid, None)
-            if ok is None:
-                self._mids[info.mid] = seq
-                return
-        if ok:
-            self.checker.acked(self.name, seq)
 
-    def _run(self) -> None:
+    def _generate(self) -> None:
         period = 1.0 / self.rate
         next_at = time.monotonic()
-        while not self._stop.is_set():
-            self.publish_one()
+        while self._generating.is_set():
+            self.enqueue()
             next_at += period
             delay = next_at - time.monotonic()
             if delay > 0:
-                self._stop.wait(delay)
+                time.sleep(delay)
 
     def pause(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        """No new publishes; what is queued or in flight still goes out."""
+        self._generating.clear()
+        self._threads[0].join(5)
 
     def unacked(self) -> int:
-        with self._mids_lock:
-            return len(self._mids)
+        with self._lock:
+            return len(self._backlog) + len(self._inflight)
+
+    def stop(self) -> None:
+        self._generating.clear()
+        self._closing.set()
+        for t in self._threads:
+            t.join(10)
+
+    # ---- the connection -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            ports = self._ports()
+            port = ports[self._node % len(ports)]
+            try:
+                self._connection(port)
+            except (OSError, ConnectionError, TimeoutError, MqttError):
+                pass
+            self.connected.clear()
+            self._node += 1  # lost or refused: try the next node
+            time.sleep(0.1)
+
+    def _connection(self, port: int) -> None:
+        raw = Raw(port)
+        try:
+            props = MqttProperties(session_expiry_interval=600 if self.qos == 2 else 0)
+            ack = raw.connect(
+                Connect(
+                    self.client_id, 5, clean_start=self.qos != 2, keepalive_s=30, properties=props
+                )
+            )
+            if not isinstance(ack, ConnAck) or ack.reason_code != 0:
+                return
+            self.connects += 1
+            with self._lock:
+                if self.qos == 2 and not ack.session_present and self.connects > 1:
+                    self.sessions_lost += 1
+                # Resend what is in flight, in order, before anything new [MQTT-4.6.0-1]:
+                # PUBREL where the server had sent PUBREC (it kept that state with the
+                # session), the PUBLISH again (DUP) otherwise.
+                for pid, (seq, size, rel) in self._inflight.items():
+                    if rel and ack.session_present:
+                        raw.send(PubRel(pid))
+                    else:
+                        self._inflight[pid][2] = 0
+                        raw.send(self._publish(pid, seq, size, dup=True))
+            self.connected.set()
+            last_ping = time.monotonic()
+            while not self._closing.is_set():
+                self._send_new(raw)
+                try:
+                    packet = raw.recv(timeout=0.02)
+                except TimeoutError:
+                    if time.monotonic() - last_ping > 10:
+                        raw.send(PingReq())
+                        last_ping = time.monotonic()
+                    continue
+                self._handle(raw, packet)
+        finally:
+            raw.close()
+
+    def _publish(self, pid: int, seq: int, size: int, dup: bool = False) -> Publish:
+        return Publish(self.topic, payload(self.name, seq, size), self.qos, dup=dup, packet_id=pid)
+
+    def _send_new(self, raw: Raw) -> None:
+        while True:
+            with self._lock:
+                if not self._backlog or len(self._inflight) >= self.window:
+                    return
+                seq, size = self._backlog.popleft()
+                pid = self._next_pid % 65535 + 1
+                while pid in self._inflight:
+                    pid = pid % 65535 + 1
+                self._next_pid = pid
+                self._inflight[pid] = [seq, size, 0]
+            raw.send(self._publish(pid, seq, size))
+
+    def _handle(self, raw: Raw, packet: Packet) -> None:
+        if isinstance(packet, Disconnect):
+            raise ConnectionError(f"DISCONNECT {packet.reason_code:#x}")
+        if isinstance(packet, PubAck | PubComp):
+            self._done(packet.packet_id, packet.reason_code)
+        elif isinstance(packet, PubRec):
+            if packet.reason_code >= 0x80:
+                self._done(packet.packet_id, packet.reason_code)
+                return
+            with self._lock:
+                entry = self._inflight.get(packet.packet_id)
+                if entry is not None:
+                    entry[2] = 1
+            raw.send(PubRel(packet.packet_id))
+
+    def _done(self, pid: int, reason_code: int) -> None:
+        with self._lock:
+            entry = self._inflight.pop(pid, None)
+        if entry is None:
+            return
+        if reason_code >= 0x80:
+            self.refused += 1
+        else:
+            self.checker.acked(self.name, entry[0])
 
 
 class Subscriber(_Client):

@@ -16,9 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from services.cli.launcher import Launcher
-from tests.faults.harness import fault_launcher, record, run_under_load, wait_for
-from tests.faults.load import Publisher, Subscriber
-from tests.faults.checker import Checker
+from tests.faults.harness import fault_launcher, run_under_load
 
 pytestmark = pytest.mark.timeout(150)
 
