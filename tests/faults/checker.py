@@ -30,8 +30,8 @@ class SubscriberVerdict:
     delivered: int  # distinct publishes received
     deliveries: int  # every PUBLISH received, repeats included
     lost: list[tuple[str, int]]  # acknowledged to their publisher, never delivered here
-    qos1_duplicates: int  # repeats of QoS 1 publishes (allowed: at least once)
-    qos2_duplicates: list[tuple[str, int]]  # repeats of QoS 2 publishes (never allowed)
+    qos1_duplicates: int  # repeats of QoS 1 deliveries (allowed: at least once)
+    qos2_duplicates: list[tuple[str, int]]  # repeats of QoS 2 deliveries (never allowed)
     order_violations: list[tuple[str, int, int]]  # (publisher, seq, after seq) first arrivals
 
 
@@ -98,12 +98,13 @@ class Verdict:
 class Checker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._qos: dict[str, int] = {}
+        self._qos: dict[str, int] = {}  # the publishers' QoS
         self._sent: dict[str, int] = defaultdict(int)
         self._acked: dict[str, set[int]] = defaultdict(set)
         self._persistent: dict[str, bool] = {}
         # Per subscriber: every arrival in order, as (publisher, seq).
         self._arrivals: dict[str, list[tuple[str, int]]] = {}
+        self._q2: dict[str, set[tuple[str, int]]] = defaultdict(set)  # delivered at QoS 2
 
     def publisher(self, name: str, qos: int) -> None:
         with self._lock:
@@ -123,10 +124,14 @@ class Checker:
         with self._lock:
             self._acked[publisher].add(seq)
 
-    def delivered(self, subscriber: str, data: bytes) -> None:
+    def delivered(self, subscriber: str, data: bytes, qos: int) -> None:
+        """`subscriber` got a PUBLISH carrying `data` at `qos` (the delivery's QoS: exactly
+        once applies to what is delivered at QoS 2)."""
         who = parse(data)
         with self._lock:
             self._arrivals[subscriber].append(who)
+            if qos == 2:
+                self._q2[subscriber].add(who)
 
     def acked_count(self) -> int:
         with self._lock:
@@ -154,8 +159,9 @@ class Checker:
                 lost = sorted(
                     (p, s) for p, seqs in self._acked.items() for s in seqs if (p, s) not in counts
                 )
-                q1 = sum(n - 1 for (p, _), n in counts.items() if self._qos.get(p) == 1)
-                q2 = sorted(k for k, n in counts.items() if n > 1 and self._qos.get(k[0]) == 2)
+                at_q2 = self._q2[name]
+                q1 = sum(n - 1 for k, n in counts.items() if k not in at_q2)
+                q2 = sorted(k for k, n in counts.items() if n > 1 and k in at_q2)
                 last: dict[str, int] = {}
                 seen: set[tuple[str, int]] = set()
                 order = []

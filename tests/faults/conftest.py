@@ -1,11 +1,23 @@
-"""Prints the fault suite's figures as a table at the end of the run (the rows of
-docs/failure-behaviour.md's figures table)."""
+"""The fault suite's mesh, shared by its modules, and its figures printed as a table at the
+end of the run (the rows of docs/failure-behaviour.md's figures table)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from tests.faults.harness import FIGURES
+import pytest
+
+from services.cli.launcher import Launcher
+from tests.faults.harness import FIGURES, fault_launcher
+
+
+@pytest.fixture(scope="package")
+def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    """Two nodes and every service, of the fault suite alone: its tests kill processes, so
+    never the session-wide `mesh`."""
+    with fault_launcher(tmp_path_factory.mktemp("faults")) as launcher:
+        yield launcher
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

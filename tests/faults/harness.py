@@ -82,13 +82,14 @@ def record(name: str, faults: str, verdict: Verdict, **extra: Any) -> None:
 class Load:
     """The standard load: started, then stopped and settled by `finish`."""
 
-    def __init__(self, launcher: Launcher, rate: float = 150.0) -> None:
+    def __init__(self, launcher: Launcher, rate: float = 150.0, moving_qos: int = 2) -> None:
         self.checker = Checker()
         base = f"ft/{uuid.uuid4().hex[:8]}"
-        ports = node_ports(launcher)
+        self.ports = ports = node_ports(launcher)
+        self.base = base
         c = self.checker
         self.subscribers = [
-            Subscriber("persistent-1", ports, 1, True, f"{base}/#", c),
+            Subscriber("persistent-1", ports, 1, True, f"{base}/#", c, moving_qos),
             Subscriber("persistent-0", ports, 0, True, f"{base}/#", c),
             Subscriber("clean-0", ports, 0, False, f"{base}/#", c),
         ]
@@ -116,25 +117,44 @@ class Load:
         wait_for(lambda: all(p.unacked() == 0 for p in self.publishers), settle_s)
         persistent = [s.name for s in self.subscribers if s.persistent]
         wait_for(lambda: all(self.checker.missing(n) == 0 for n in persistent), settle_s)
+        self.close()
+        return self.checker.verdict()
+
+    def close(self) -> None:
         for c in [*self.publishers, *self.subscribers]:
             c.stop()
-        return self.checker.verdict()
+
+    def add(self, publisher: Publisher) -> Publisher:
+        publisher.start()
+        self.publishers.append(publisher)
+        return publisher
 
     def reconnects(self) -> dict[str, int]:
         return {c.name: c.connects - 1 for c in [*self.publishers, *self.subscribers]}
 
 
 def run_under_load(
-    launcher: Launcher, name: str, faults: str, inject: Callable[[], None], after_s: float = 1.0
+    launcher: Launcher,
+    name: str,
+    faults: str,
+    inject: Callable[[Load], None],
+    after_s: float = 1.0,
+    settle_s: float = 45.0,
+    moving_qos: int = 2,
 ) -> Verdict:
-    """Load, `inject()` (it returns once the mesh serves again), `after_s` more of load,
-    then settle; records the figures and checks the verdict."""
-    load = Load(launcher)
-    load.start()
-    started = time.monotonic()
-    inject()
-    time.sleep(after_s)  # load after the fault: steady state again, not a timing check
-    verdict = load.finish()
+    """Load, `inject(load)` (it returns once the mesh serves again), `after_s` more of load,
+    then settle; records the figures and checks the verdict. `moving_qos`: the subscription
+    QoS of persistent-1, the subscriber on node 1 (the one that moves when node 1 fails)."""
+    load = Load(launcher, moving_qos=moving_qos)
+    try:
+        load.start()
+        started = time.monotonic()
+        inject(load)
+        time.sleep(after_s)  # load after the fault: steady state again, not a timing check
+        verdict = load.finish(settle_s)
+    except BaseException:
+        load.close()  # no clients left running into the next test
+        raise
     unacked = {p.name: p.unacked() for p in load.publishers if p.unacked()}
     record(
         name,

@@ -4,13 +4,15 @@ Each client reconnects on its own (paho's loop, 0.1-0.5 s backoff) and, when its
 is lost or refused, tries the next node of the mesh, so a client of a dead node resumes on
 another one. Publishers send `payload(name, seq)` at a steady rate to `<base>/<name>` and
 record, through the `Checker`, every publish and every PUBACK/PUBCOMP; subscribers take
-`<base>/#` at QoS 2 (so each message arrives at its publish QoS) and record every PUBLISH.
+`<base>/#` at QoS 2 (so each message arrives at its publish QoS) unless told otherwise, and
+record every PUBLISH with the QoS it came at.
 A persistent subscriber is an MQTT 5 session with a 10-minute expiry; paho keeps its QoS 2
 receive state across reconnects and hands a message over once, on PUBREL.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -110,6 +112,13 @@ class _Client:
         self.c.disconnect()
         self.c.loop_stop()
 
+    def drop(self) -> None:
+        """Lose the connection (no DISCONNECT): paho sees the socket end and reconnects, to
+        the next node."""
+        sock = self.c.socket()
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+
 
 class Publisher:
     """Publishes `payload(name, seq)` at `rate` per second over a raw MQTT 5 socket.
@@ -154,6 +163,7 @@ class Publisher:
         self.seq = 0
         self._generating = threading.Event()
         self._closing = threading.Event()
+        self._raw: Raw | None = None
         self._threads = [
             threading.Thread(target=self._generate, daemon=True),
             threading.Thread(target=self._run, daemon=True),
@@ -161,10 +171,18 @@ class Publisher:
         checker.publisher(name, qos)
 
     def start(self) -> None:
-        self._generating.set()
-        for t in self._threads:
-            t.start()
+        if self.rate:  # 0: publishes only through enqueue()
+            self._generating.set()
+            self._threads[0].start()
+        self._threads[1].start()
         assert self.connected.wait(10), f"{self.name} not connected"
+
+    def drop(self) -> None:
+        """Lose the connection (no DISCONNECT), as a network failure does; the client
+        reconnects to the next node."""
+        raw = self._raw
+        if raw is not None:
+            raw.sock.shutdown(socket.SHUT_RDWR)
 
     def enqueue(self, size: int | None = None) -> None:
         """One more publish (of `size` bytes, default the publisher's)."""
@@ -187,7 +205,8 @@ class Publisher:
     def pause(self) -> None:
         """No new publishes; what is queued or in flight still goes out."""
         self._generating.clear()
-        self._threads[0].join(5)
+        if self._threads[0].is_alive():
+            self._threads[0].join(5)
 
     def unacked(self) -> int:
         with self._lock:
@@ -197,7 +216,8 @@ class Publisher:
         self._generating.clear()
         self._closing.set()
         for t in self._threads:
-            t.join(10)
+            if t.is_alive():
+                t.join(10)
 
     # ---- the connection -----------------------------------------------------------------
 
@@ -214,7 +234,7 @@ class Publisher:
             time.sleep(0.1)
 
     def _connection(self, port: int) -> None:
-        raw = Raw(port)
+        raw = self._raw = Raw(port)
         try:
             props = MqttProperties(session_expiry_interval=600 if self.qos == 2 else 0)
             ack = raw.connect(
@@ -250,6 +270,7 @@ class Publisher:
                     continue
                 self._handle(raw, packet)
         finally:
+            self._raw = None
             raw.close()
 
     def _publish(self, pid: int, seq: int, size: int, dup: bool = False) -> Publish:
@@ -296,19 +317,27 @@ class Publisher:
 
 class Subscriber(_Client):
     def __init__(
-        self, name: str, ports: Ports, node: int, persistent: bool, topic: str, checker: Checker
+        self,
+        name: str,
+        ports: Ports,
+        node: int,
+        persistent: bool,
+        topic: str,
+        checker: Checker,
+        qos: int = 2,
     ) -> None:
         super().__init__(name, ports, node, persistent)
         self.topic = topic
+        self.qos = qos
         self.checker = checker
         self.subscribed = threading.Event()
-        self.c.on_message = lambda c, u, m: checker.delivered(name, m.payload)
+        self.c.on_message = lambda c, u, m: checker.delivered(name, m.payload, m.qos)
         self.c.on_subscribe = lambda c, u, mid, rcs, p: self.subscribed.set()
         checker.subscriber(name, persistent)
 
     def on_connected(self, session_present: bool) -> None:
         if not session_present:  # a clean session, or a persistent one's first connection
-            self.c.subscribe(self.topic, 2)
+            self.c.subscribe(self.topic, self.qos)
 
     def start(self) -> None:
         super().start()
