@@ -46,6 +46,11 @@ class Verdict:
         return sum(len(s.lost) for s in self.subscribers.values() if s.persistent)
 
     @property
+    def clean_lost(self) -> int:
+        """Acknowledged publishes a clean-session subscriber never got (while connected)."""
+        return sum(len(s.lost) for s in self.subscribers.values() if not s.persistent)
+
+    @property
     def qos2_duplicates(self) -> int:
         return sum(len(s.qos2_duplicates) for s in self.subscribers.values())
 
@@ -74,19 +79,21 @@ class Verdict:
             "acked": self.acked,
             "delivered": self.delivered,
             "lost": self.lost,
+            "clean_lost": self.clean_lost,
             "qos1_duplicates": self.qos1_duplicates,
             "qos2_duplicates": self.qos2_duplicates,
             "order_violations": self.order_violations,
             "subscribers": subs,
         }
 
-    def check(self) -> None:
+    def check(self, clean_may_lose: bool = False) -> None:
         """The suite's promise: nothing acknowledged is lost to a persistent session, no QoS 2
         publish arrives twice anywhere, and a persistent session gets each publisher's
-        messages in order (first arrivals; QoS 1 repeats are allowed)."""
+        messages in order (first arrivals; QoS 1 repeats are allowed). A clean session loses
+        nothing either unless `clean_may_lose` (the fault is in the transient path)."""
         problems = []
         for name, s in self.subscribers.items():
-            if s.persistent and s.lost:
+            if (s.persistent or not clean_may_lose) and s.lost:
                 problems.append(f"{name} lost {len(s.lost)} acknowledged: {s.lost[:10]}")
             if s.qos2_duplicates:
                 problems.append(f"{name} got QoS 2 twice: {s.qos2_duplicates[:10]}")

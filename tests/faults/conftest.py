@@ -25,10 +25,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     w = terminalreporter
     w.section("fault suite figures")
-    w.line("| test | faults injected | sent | acked | lost | QoS 2 dup | QoS 1 dup | order |")
-    w.line("|---|---|---|---|---|---|---|---|")
+    w.line(
+        "| test | faults injected | sent | acked | delivered | lost | QoS 2 duplicates "
+        "| QoS 1 duplicates | order violations | clean subscriber lost |"
+    )
+    w.line("|---|---|---|---|---|---|---|---|---|---|")
     for f in FIGURES:
         w.line(
-            f"| {f['test']} | {f['faults']} | {f['sent']} | {f['acked']} | {f['lost']} "
-            f"| {f['qos2_duplicates']} | {f['qos1_duplicates']} | {f['order_violations']} |"
+            f"| {f['test']} | {f['faults']} | {f['sent']} | {f['acked']} | {f['delivered']} "
+            f"| {f['lost']} | {f['qos2_duplicates']} | {f['qos1_duplicates']} "
+            f"| {f['order_violations']} | {f.get('clean_lost', '-')} |"
         )

@@ -60,6 +60,7 @@ def test_service_restart(launcher: Launcher, service: str, signal: str) -> None:
         f"{service} stopped by {signal} and started again",
         lambda _: _restart(launcher, service, signal),
         moving_qos=1 if service.startswith("connection") else 2,
+        clean_may_lose=service.startswith("connection"),
     )
 
 
@@ -75,11 +76,15 @@ def test_redis_restart_loses_its_data(launcher: Launcher) -> None:
 
 
 def test_nats_restart(launcher: Launcher) -> None:
+    """Persistent sessions lose nothing. The clean subscriber on node 0 can lose what node 1
+    published around the restart: core NATS keeps no copy, and what node 1 sends after its
+    reconnect and before node 0 has subscribed again goes nowhere (counted as clean_lost)."""
     run_under_load(
         launcher,
         "nats restart",
         "nats-server SIGKILLed and started again",
         lambda _: launcher.restart("nats"),
+        clean_may_lose=True,
     )
 
 
