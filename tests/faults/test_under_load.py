@@ -131,7 +131,7 @@ def test_large_messages(launcher: Launcher) -> None:
             "8 MiB messages",
             "5 QoS 1 messages of 8 MiB among 10 small ones",
             inject,
-            settle_s=25,
+            settle_s=20,
         )
     finally:
         heal(launcher)  # today a node loses NATS for good here: later tests need it back
