@@ -332,6 +332,17 @@ class Launcher:
         proc.kill()
         proc.wait()
 
+    def terminate(self, name: str, grace_s: float = 10.0) -> None:
+        """SIGTERM one component and wait for it to exit (a graceful stop, as an orchestrator
+        does it); SIGKILL if it outlives `grace_s` (fault tests)."""
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
     def crashed(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is not None]
 

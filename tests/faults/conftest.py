@@ -1,0 +1,38 @@
+"""The fault suite's mesh, shared by its modules, and its figures printed as a table at the
+end of the run (the rows of docs/failure-behaviour.md's figures table)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from services.cli.launcher import Launcher
+from tests.faults.harness import FIGURES, fault_launcher
+
+
+@pytest.fixture(scope="package")
+def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    """Two nodes and every service, of the fault suite alone: its tests kill processes, so
+    never the session-wide `mesh`."""
+    with fault_launcher(tmp_path_factory.mktemp("faults")) as launcher:
+        yield launcher
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FIGURES:
+        return
+    w = terminalreporter
+    w.section("fault suite figures")
+    w.line(
+        "| test | faults injected | sent | acked | delivered | lost | QoS 2 duplicates "
+        "| QoS 1 duplicates | order violations | clean subscriber lost |"
+    )
+    w.line("|---|---|---|---|---|---|---|---|---|---|")
+    for f in FIGURES:
+        w.line(
+            f"| {f['test']} | {f['faults']} | {f['sent']} | {f['acked']} | {f['delivered']} "
+            f"| {f['lost']} | {f['qos2_duplicates']} | {f['qos1_duplicates']} "
+            f"| {f['order_violations']} | {f.get('clean_lost', '-')} |"
+        )

@@ -1,0 +1,192 @@
+"""The fault suite's mesh and its load scenario.
+
+`fault_launcher` starts a two-node mesh of its own (these tests kill processes, so never the
+shared `mesh`). `run_under_load` puts a steady load on it (three publishers: QoS 1 on each
+node and QoS 2 on node 0; two persistent subscribers, one per node, and a clean one on node
+0), injects a fault once messages flow, keeps publishing through it and after it, waits until
+everything was acknowledged and delivered, and returns the checker's verdict; the figures go
+to `FIGURES` for the summary at the end of the run (tests/faults/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from services.cli.launcher import Launcher
+from tests.faults.checker import Checker, Verdict
+from tests.faults.load import Publisher, Subscriber
+
+T = TypeVar("T")
+
+# Collected by every test of the run; printed as a table at the end (conftest.py) and, when
+# STARLING_FAULT_FIGURES names a file, written there as JSON.
+FIGURES: list[dict[str, Any]] = []
+
+MAX_PACKET = 16 << 20  # room for the 8 MiB messages of test_large_messages
+
+
+@contextmanager
+def fault_launcher(folder: Path, nodes: int = 2, **env: str) -> Iterator[Launcher]:
+    launcher = Launcher(
+        folder / "run",
+        nodes=nodes,
+        mqtt_port=0,
+        anonymous=True,
+        ws=False,
+        extra_env={
+            "STARLING_LOG_LEVEL": "INFO",
+            # A killed node's clients are released after 3 s, not 10.
+            "STARLING_NODE_TIMEOUT_S": "3",
+            "STARLING_MAX_PACKET_SIZE_BYTES": str(MAX_PACKET),
+            **env,
+        },
+    )
+    launcher.start(timeout_s=60)
+    try:
+        yield launcher
+    finally:
+        launcher.stop()
+
+
+def node_ports(launcher: Launcher) -> Callable[[], list[int]]:
+    def ports() -> list[int]:
+        return [launcher.mesh.by_name(f"connection-{i}").port for i in range(launcher.nodes)]
+
+    return ports
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def refused_retry(connect: Callable[[], T], timeout_s: float = 5.0) -> T:
+    """`connect()`, again while the node refuses the TCP connection, for up to `timeout_s`.
+
+    A node that reported SERVING after a (re)start has refused a connection made right
+    after it, twice in many runs, only with other test runs loading the machine, and never
+    when reproduced alone (its log says it listened on that port before it served).
+    Unexplained: printed, so that it stays visible, and not failed on."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return connect()
+        except ConnectionRefusedError:
+            print("\nconnection refused by a serving node; retrying")
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def record(name: str, faults: str, verdict: Verdict, **extra: Any) -> None:
+    figures = {"test": name, "faults": faults, **verdict.summary(), **extra}
+    FIGURES.append(figures)
+    print(f"\n{name}: {json.dumps(figures)}")
+    out = os.environ.get("STARLING_FAULT_FIGURES")
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(figures) + "\n")
+
+
+class Load:
+    """The standard load: started, then stopped and settled by `finish`."""
+
+    def __init__(self, launcher: Launcher, rate: float = 150.0, moving_qos: int = 2) -> None:
+        self.checker = Checker()
+        base = f"ft/{uuid.uuid4().hex[:8]}"
+        self.ports = ports = node_ports(launcher)
+        self.base = base
+        c = self.checker
+        self.subscribers = [
+            Subscriber("persistent-1", ports, 1, True, f"{base}/#", c, moving_qos),
+            Subscriber("persistent-0", ports, 0, True, f"{base}/#", c),
+            Subscriber("clean-0", ports, 0, False, f"{base}/#", c),
+        ]
+        self.publishers = [
+            Publisher("q1-node0", ports, 0, 1, f"{base}/a", c, rate),
+            Publisher("q1-node1", ports, 1, 1, f"{base}/b", c, rate),
+            Publisher("q2-node0", ports, 0, 2, f"{base}/c", c, rate),
+        ]
+
+    def start(self) -> None:
+        for s in self.subscribers:
+            s.start()
+        for p in self.publishers:
+            p.start()
+        # Messages flow end to end before the fault.
+        assert wait_for(lambda: self.checker.delivered_count("persistent-1") >= 100, 20), (
+            "no load before the fault"
+        )
+
+    def finish(self, settle_s: float = 45.0) -> Verdict:
+        for p in self.publishers:
+            p.pause()
+        # Every publish acknowledged (clients resend what was in flight when they lost a
+        # connection), then every acknowledged one delivered to the persistent sessions.
+        wait_for(lambda: all(p.unacked() == 0 for p in self.publishers), settle_s)
+        persistent = [s.name for s in self.subscribers if s.persistent]
+        wait_for(lambda: all(self.checker.missing(n) == 0 for n in persistent), settle_s)
+        self.close()
+        return self.checker.verdict()
+
+    def close(self) -> None:
+        for c in [*self.publishers, *self.subscribers]:
+            c.stop()
+
+    def add(self, publisher: Publisher) -> Publisher:
+        publisher.start()
+        self.publishers.append(publisher)
+        return publisher
+
+    def reconnects(self) -> dict[str, int]:
+        return {c.name: c.connects - 1 for c in [*self.publishers, *self.subscribers]}
+
+
+def run_under_load(
+    launcher: Launcher,
+    name: str,
+    faults: str,
+    inject: Callable[[Load], None],
+    after_s: float = 1.0,
+    settle_s: float = 45.0,
+    moving_qos: int = 2,
+    clean_may_lose: bool = False,
+) -> Verdict:
+    """Load, `inject(load)` (it returns once the mesh serves again), `after_s` more of load,
+    then settle; records the figures and checks the verdict. `moving_qos`: the subscription
+    QoS of persistent-1, the subscriber on node 1 (the one that moves when node 1 fails).
+    `clean_may_lose`: the fault hits the transient path (NATS, the publisher's node), where
+    clean sessions get at most once (docs/failure-behaviour.md); counted, not asserted."""
+    load = Load(launcher, moving_qos=moving_qos)
+    try:
+        load.start()
+        started = time.monotonic()
+        inject(load)
+        time.sleep(after_s)  # load after the fault: steady state again, not a timing check
+        verdict = load.finish(settle_s)
+    except BaseException:
+        load.close()  # no clients left running into the next test
+        raise
+    unacked = {p.name: p.unacked() for p in load.publishers if p.unacked()}
+    record(
+        name,
+        faults,
+        verdict,
+        fault_s=round(time.monotonic() - started, 1),
+        reconnects=load.reconnects(),
+        unacked=unacked,
+    )
+    verdict.check(clean_may_lose)
+    assert not unacked, f"publishes never acknowledged: {unacked}"
+    return verdict
