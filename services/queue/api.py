@@ -7,6 +7,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from contextlib import AsyncExitStack
 
 import grpc
 from nats.aio.client import Client
@@ -99,32 +100,51 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         tenant = request.tenant
         by_queue = _items_by_queue(request.entries)
         results = [pb.APPEND_RESULT_UNSPECIFIED] * len(request.entries)
-        for qid, items in by_queue.items():
-            report = await self._append_to_queue(tenant, qid, [it for _, it in items])
+        reports = await self._append_to_queues(tenant, by_queue)
+        for (qid, items), report in zip(by_queue.items(), reports, strict=True):
             for (i, _), outcome in zip(items, report.outcomes, strict=True):
                 results[i] = _RESULT[outcome]
             await self._announce(tenant, qid, report)
         return pb.AppendResponse(results=results)
 
+    async def _append_to_queues(
+        self, tenant: str, by_queue: dict[str, list[tuple[int, NewQueueItem]]]
+    ) -> list[AppendReport]:
+        """Append to every queue of a request at once, so the store can commit them together
+        (one fsync for the request instead of one per queue). The partitions' locks (one
+        writer per partition) are taken in partition order, so two requests never deadlock."""
+        parts = sorted({partition_of(tenant, qid, self._parts.count) for qid in by_queue})
+        async with AsyncExitStack() as stack:
+            for p in parts:
+                await stack.enter_async_context(self._parts.locks[p])
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._append_to_queue(tenant, qid, [it for _, it in items])
+                        for qid, items in by_queue.items()
+                    )
+                )
+            )
+
     async def _append_to_queue(
         self, tenant: str, qid: str, items: list[NewQueueItem]
     ) -> AppendReport:
-        """Append to one queue under its partition's epoch; every item is FENCED when this
-        instance does not (or no longer) own the partition."""
+        """Append to one queue under its partition's epoch (the caller holds the partition's
+        lock); every item is FENCED when this instance does not (or no longer) own the
+        partition."""
         p = partition_of(tenant, qid, self._parts.count)
         epoch = self._parts.epochs.get(p)
         if epoch is None:
             return AppendReport([AppendOutcome.FENCED] * len(items))
-        async with self._parts.locks[p]:  # one writer per partition
-            report = await self._store.append(
-                tenant,
-                qid,
-                items,
-                p,
-                epoch,
-                self._max_depth,
-                self._drop_oldest,
-            )
+        report = await self._store.append(
+            tenant,
+            qid,
+            items,
+            p,
+            epoch,
+            self._max_depth,
+            self._drop_oldest,
+        )
         if AppendOutcome.FENCED in report.outcomes:
             # Another instance took the partition over: stop writing to it.
             log.warning("partition_fenced", extra={"partition": p})
