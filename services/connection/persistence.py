@@ -12,12 +12,19 @@ Invariants:
   returns the mark from before it, so seq <= that mark means "maybe sent before" (DUP=1) and
   a higher seq is a first attempt (DUP=0) [MQTT-3.3.1-1]. A connection that dies between
   the mark and the write errs towards DUP=1, never the reverse.
+- Entries pushed in a queue notice (the queue does so while this delivery, its `reader`, is
+  caught up; services/queue/readers.py) were marked delivered by the append itself. They are
+  sent straight from the notice, DUP=0, only when they continue exactly at `next_read`, no
+  read is running and the window takes them all; otherwise they are read back like any
+  entry, and the queue reports the mark from before its pushes to this reader, so they still
+  go out DUP=0 (this delivery never reads back what it sent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client
@@ -27,8 +34,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from services.common.bus import subjects
 from services.common.tasks import TaskSet
 from services.connection.channel import Channel
-from services.queue.client import QueueClient, QueueEntry
-from starling.queue.v1 import queue_pb2
+from services.queue.client import QueueClient, QueueEntry, parse_notice
 
 log = logging.getLogger("starling.connection.persistence")
 
@@ -68,6 +74,7 @@ class PersistentDelivery:
         self.more = True
         self._notices = 0  # bumped by every notice; a read only clears `more` if unchanged
         self.announced = 0  # highest seq a notice reported
+        self.reader = uuid.uuid4().hex  # names this delivery to the queue (pushes go to it)
         self.closed = False
         self._reading = False
         self._ack_task: asyncio.Task[None] | None = None
@@ -83,10 +90,26 @@ class PersistentDelivery:
 
     async def _on_notice(self, msg: Msg) -> None:
         self._notices += 1
-        notice = queue_pb2.QueueNotice.FromString(msg.data)
+        notice = parse_notice(msg.data)
         self.announced = max(self.announced, notice.last_seq)
+        if notice.reader == self.reader and notice.entries and self._take_pushed(notice.entries):
+            return
         self.more = True
         self.pump()
+
+    def _take_pushed(self, entries: Sequence[QueueEntry]) -> bool:
+        """Send entries the queue pushed to this reader, if they continue exactly where it
+        stands and fit the window now; False: they are read back instead."""
+        if self.closed or self._reading or not self.next_read or entries[0].seq != self.next_read:
+            return False
+        ob = self.channel.outbound
+        if ob.congested or ob.free_window < len(entries):
+            return False
+        self.next_read = entries[-1].seq + 1
+        self.read_through = max(self.read_through, entries[-1].seq)
+        self._deliver(entries, entries[0].seq - 1)  # never handed out before: DUP=0
+        self._schedule_ack()
+        return True
 
     def pump(self) -> None:
         """Read more if the client's window has room and the queue may have entries."""
@@ -114,6 +137,7 @@ class PersistentDelivery:
                         from_seq,
                         min(window, READ_BATCH),
                         mark_delivered=True,
+                        reader=self.reader,
                     )
                 except Exception as exc:  # queue service down: the poll retries
                     log.warning("queue_read_failed", extra={"error": type(exc).__name__})
@@ -225,11 +249,15 @@ class PersistentDelivery:
             except Exception:  # the NATS connection may be closing too
                 log.debug("notice_unsubscribe_failed")
         through = self._ack_through()
-        if through > self.acked:
-            try:
-                await self.queue.ack(self.tenant, self.queue_id, through)
-            except Exception as exc:
-                log.warning("queue_final_ack_failed", extra={"error": type(exc).__name__})
+        try:  # also tells the queue to push nothing more to this reader
+            await self.queue.ack(
+                self.tenant,
+                self.queue_id,
+                through if through > self.acked else 0,
+                detach_reader=self.reader,
+            )
+        except Exception as exc:
+            log.warning("queue_final_ack_failed", extra={"error": type(exc).__name__})
 
     def poll(self) -> None:
         """Periodic safety net for missed notices (e.g. the queue service restarted)."""

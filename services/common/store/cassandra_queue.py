@@ -187,6 +187,7 @@ class CassandraQueueStore(CassandraBase):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
+        mark_delivered: bool = False,
     ) -> AppendReport:
         owner = await self._row(self._owner_get, (partition,))
         if owner is None or owner.epoch != epoch:
@@ -202,6 +203,10 @@ class CassandraQueueStore(CassandraBase):
         if not applied[0]:
             return AppendReport([AppendOutcome.FENCED] * len(items))
         await self._write_entries(tenant, queue_id, plan.writes)
+        if mark_delivered and plan.writes:  # pushed to a reader: marked before it is told
+            seen = row.delivered_through
+            if seen is None or plan.last > seen:
+                await self._mark_delivered(tenant, queue_id, seen, plan.last)
         return AppendReport(plan.outcomes, plan.last, plan.dropped - plan.dropped_before)
 
     async def _state_row(self, tenant: str, queue_id: str, epoch: int) -> Any:

@@ -6,7 +6,9 @@ Invariants:
 - An append commits in one transaction that first checks the partition's owner epoch, so an
   instance that lost its partition can no longer write (fencing).
 - `delivered_through` (queue_state) only grows: a read for delivery raises it in the same
-  transaction that reads the entries, committed before the entries go to a connection.
+  transaction that reads the entries, and an append whose entries are pushed to a reader
+  (`mark_delivered`) in the transaction that appends them; committed before the entries go
+  to a connection.
 - Writes are group-committed (services/common/store/group_commit.py): concurrent appends,
   delivery reads, acks and drops of any queues share one transaction and one fsync, and none
   is answered before that transaction committed.
@@ -147,11 +149,19 @@ class SqliteQueueStore(SqliteDb):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
+        mark_delivered: bool = False,
     ) -> AppendReport:
         def append(db: sqlite3.Connection) -> AppendReport:
-            return self._append_tx(
+            report = self._append_tx(
                 db, tenant, queue_id, items, partition, epoch, max_depth, drop_oldest
             )
+            if mark_delivered and AppendOutcome.OK in report.outcomes:
+                db.execute(
+                    "UPDATE queue_state SET delivered_through=? WHERE tenant=? AND queue_id=? "
+                    "AND delivered_through<?",
+                    (report.last_seq, tenant, queue_id, report.last_seq),
+                )
+            return report
 
         return await self.group.run(append)
 
