@@ -34,7 +34,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from services.common.bus import subjects
 from services.common.tasks import TaskSet
 from services.connection.channel import Channel
-from services.queue.client import QueueClient, QueueEntry, parse_notice
+from services.queue.client import Notice, QueueClient, QueueEntry, parse_notice
 
 log = logging.getLogger("starling.connection.persistence")
 
@@ -92,22 +92,23 @@ class PersistentDelivery:
         self._notices += 1
         notice = parse_notice(msg.data)
         self.announced = max(self.announced, notice.last_seq)
-        if notice.reader == self.reader and notice.entries and self._take_pushed(notice.entries):
+        if notice.pushed and notice.reader == self.reader and self._take_pushed(notice):
             return
         self.more = True
         self.pump()
 
-    def _take_pushed(self, entries: Sequence[QueueEntry]) -> bool:
-        """Send entries the queue pushed to this reader, if they continue exactly where it
-        stands and fit the window now; False: they are read back instead."""
-        if self.closed or self._reading or not self.next_read or entries[0].seq != self.next_read:
-            return False
+    def _take_pushed(self, notice: Notice) -> bool:
+        """Send the entries the queue pushed to this reader, if they continue exactly where
+        it stands and fit the window now; False: they are read back instead."""
+        if self.closed or self._reading or notice.first_seq != self.next_read:
+            return False  # (next_read is 0 until the first read: nothing taken before it)
         ob = self.channel.outbound
-        if ob.congested or ob.free_window < len(entries):
+        if ob.congested or ob.free_window < notice.pushed:
             return False
-        self.next_read = entries[-1].seq + 1
-        self.read_through = max(self.read_through, entries[-1].seq)
-        self._deliver(entries, entries[0].seq - 1)  # never handed out before: DUP=0
+        last = notice.first_seq + notice.pushed - 1
+        self.next_read = last + 1
+        self.read_through = max(self.read_through, last)
+        self._deliver(notice.entries(), notice.first_seq - 1)  # never handed out: DUP=0
         self._schedule_ack()
         return True
 

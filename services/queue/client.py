@@ -72,18 +72,25 @@ class QueueRead:
 
 @dataclass(frozen=True, slots=True)
 class Notice:
-    """A queue's announcement of new entries (seqs through `last_seq`); `entries` are pushed
-    ones, for `reader` only (services/queue/readers.py)."""
+    """A queue's announcement of new entries (seqs through `last_seq`), with the entries it
+    pushed for `reader` only (services/queue/readers.py): `pushed` of them, the first at
+    `first_seq`. `entries()` decodes them; a reader that cannot take them never pays for it."""
 
     last_seq: int
     reader: str = ""
-    entries: tuple[QueueEntry, ...] = ()
+    first_seq: int = 0
+    pushed: int = 0
+    raw: Sequence[pb.QueueEntry] = ()
+
+    def entries(self) -> tuple[QueueEntry, ...]:
+        return tuple(_entry_from_pb(e) for e in self.raw)
 
 
 def parse_notice(data: bytes) -> Notice:
     """A QueueNotice as published on NATS (qn.<tenant>.<queue_id>)."""
     n = pb.QueueNotice.FromString(data)
-    return Notice(n.last_seq, n.reader, tuple(_entry_from_pb(e) for e in n.entries))
+    first = n.entries[0].seq if n.entries else 0
+    return Notice(n.last_seq, n.reader, first, len(n.entries), n.entries)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,12 +95,12 @@ async def test_a_caught_up_reader_gets_new_entries_in_the_notice(
 ) -> None:
     async with Queue(address, nats_url) as q:
         n = await q.append("a1")
-        assert n.entries == ()  # nobody is reading yet: a plain notice
+        assert n.entries() == ()  # nobody is reading yet: a plain notice
         r = await q.client.read(TENANT, q.qid, 1, 100, mark_delivered=True, reader="R")
         assert [e.seq for e in r.entries] == [1] and r.delivered_through == 0
         n = await q.append("a2", "a3")
         assert n.reader == "R" and n.last_seq == 3
-        assert [(e.seq, e.message.topic, e.message.qos) for e in n.entries] == [
+        assert [(e.seq, e.message.topic, e.message.qos) for e in n.entries()] == [
             (2, "a2", 1),
             (3, "a3", 1),
         ]
@@ -118,11 +118,11 @@ async def test_pushed_entries_the_reader_did_not_send_are_read_back_as_first_att
     async with Queue(address, nats_url) as q:
         await q.client.read(TENANT, q.qid, 1, 100, mark_delivered=True, reader="R")
         n = await q.append("b1")
-        assert [e.seq for e in n.entries] == [1]
+        assert [e.seq for e in n.entries()] == [1]
         r = await q.client.read(TENANT, q.qid, 1, 100, mark_delivered=True, reader="R")
         assert [e.seq for e in r.entries] == [1] and r.delivered_through == 0
         # It is caught up again, so the next append is pushed to it again.
-        assert [e.seq for e in (await q.append("b2")).entries] == [2]
+        assert [e.seq for e in (await q.append("b2")).entries()] == [2]
 
 
 async def test_a_detached_reader_gets_no_pushes_and_offline_entries_stay_first_attempts(
@@ -133,7 +133,7 @@ async def test_a_detached_reader_gets_no_pushes_and_offline_entries_stay_first_a
         await q.append("c1")  # pushed
         await q.client.ack(TENANT, q.qid, 1, detach_reader="R")  # the connection closed
         n = await q.append("c2")
-        assert n.entries == () and n.last_seq == 2
+        assert n.entries() == () and n.last_seq == 2
         assert await q.delivered_mark() == 1  # c2 was never handed out
         resumed = await q.client.read(TENANT, q.qid, 1, 100, mark_delivered=True, reader="R2")
         assert [e.seq for e in resumed.entries] == [2] and resumed.delivered_through == 1
@@ -146,15 +146,15 @@ async def test_a_reader_behind_or_a_large_append_gets_a_plain_notice(
         await q.append("d1", "d2", "d3")
         r = await q.client.read(TENANT, q.qid, 1, 2, mark_delivered=True, reader="R")
         assert [e.seq for e in r.entries] == [1, 2]  # not at the end
-        assert (await q.append("d4")).entries == ()
+        assert (await q.append("d4")).entries() == ()
         r = await q.client.read(TENANT, q.qid, 3, 100, mark_delivered=True, reader="R")
         assert [e.seq for e in r.entries] == [3, 4] and r.delivered_through == 2
         big = await q.append("d5", size=NOTICE_MAX_BYTES + 1)
-        assert big.entries == () and await q.delivered_mark() == 4
+        assert big.entries() == () and await q.delivered_mark() == 4
         # After a gap the reader must read before anything is pushed again.
-        assert (await q.append("d6")).entries == ()
+        assert (await q.append("d6")).entries() == ()
         await q.client.read(TENANT, q.qid, 5, 100, mark_delivered=True, reader="R")
-        assert [e.seq for e in (await q.append("d7")).entries] == [7]
+        assert [e.seq for e in (await q.append("d7")).entries()] == [7]
 
 
 async def test_after_a_queue_restart_pushed_entries_count_as_maybe_sent(
@@ -170,7 +170,7 @@ async def test_after_a_queue_restart_pushed_entries_count_as_maybe_sent(
     )
     async with serving(QueueService(settings)) as addr, Queue(addr, nats_url) as q:
         await q.client.read(TENANT, q.qid, 1, 100, mark_delivered=True, reader="R")
-        assert [e.seq for e in (await q.append("e1", "e2")).entries] == [1, 2]
+        assert [e.seq for e in (await q.append("e1", "e2")).entries()] == [1, 2]
         qid = q.qid
     async with serving(QueueService(settings)) as addr:
         client = QueueClient(addr)
