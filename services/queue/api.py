@@ -137,14 +137,16 @@ class QueueApi(pb_grpc.QueueServiceServicer):
     def _push_to(
         self, tenant: str, qid: str, items: list[tuple[int, NewQueueItem]]
     ) -> Lease | None:
-        """The caught-up reader to push this append's entries to, if they are small enough."""
-        lease = self.readers.pushable(tenant, qid) if self._push_max_bytes else None
-        if lease is None:
+        """The caught-up reader to push this append's entries to, if they are small enough
+        and it has room for them."""
+        if not self._push_max_bytes:
             return None
         if sum(len(it.data) for _, it in items) > self._push_max_bytes:
-            self.readers.missed(lease)  # it reads these back, and pushes wait till it caught up
+            lease = self.readers.get(tenant, qid)
+            if lease is not None:
+                self.readers.missed(lease)  # it reads these back before any push
             return None
-        return lease
+        return self.readers.push(tenant, qid, len(items))
 
     async def _append_to_queues(
         self,
@@ -258,7 +260,12 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 request.tenant, request.queue_id, reader, delivered
             )
             self.readers.read(
-                request.tenant, request.queue_id, reader, scanned, scanned >= st.last_seq
+                request.tenant,
+                request.queue_id,
+                reader,
+                scanned,
+                scanned >= st.last_seq,
+                room=limit - len(entries),
             )
         return pb.ReadResponse(
             entries=out,

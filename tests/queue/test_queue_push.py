@@ -177,3 +177,17 @@ async def test_after_a_queue_restart_pushed_entries_count_as_maybe_sent(
         r = await client.read(TENANT, qid, 1, 100, mark_delivered=True, reader="R")
         assert [e.seq for e in r.entries] == [1, 2] and r.delivered_through == 2
         await client.close()
+
+
+async def test_pushes_stop_at_the_room_the_reader_said_it_had(address: str, nats_url: str) -> None:
+    """A reader whose connection can take 3 more gets at most 3 pushed: what its node could
+    not send, were it to die, would come back DUP=1, so no more than that is marked."""
+    async with Queue(address, nats_url) as q:
+        await q.client.read(TENANT, q.qid, 1, 3, mark_delivered=True, reader="R")
+        assert [e.seq for e in (await q.append("f1", "f2")).entries()] == [1, 2]
+        assert (await q.append("f3", "f4")).entries() == ()  # one left: not pushed
+        assert await q.delivered_mark() == 2
+        assert (await q.append("f5")).entries() == ()  # a gap to read first
+        r = await q.client.read(TENANT, q.qid, 3, 10, mark_delivered=True, reader="R")
+        assert [e.seq for e in r.entries] == [3, 4, 5] and r.delivered_through == 0
+        assert [e.seq for e in (await q.append("f6")).entries()] == [6]  # room renewed
