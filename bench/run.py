@@ -115,9 +115,11 @@ PERSISTENT = [
 
 async def measure(broker: Broker) -> dict[str, str]:
     out: dict[str, str] = {}
+    rates: dict[str, float] = {}
     await idle(broker, out)
     for name, fn in SCENARIOS:
         r = await fn(broker.port)
+        rates[name] = r.rate
         out[name] = f"{r.rate:,.0f} msg/s"
         print(f"  {broker.name:<12} {name:<28} {out[name]}", flush=True)
     for name, qos in LATENCY:
@@ -128,10 +130,15 @@ async def measure(broker: Broker) -> dict[str, str]:
         if broker.second_port:  # Mosquitto's in-memory session store is not comparable
             pubs, subs = (8, 8) if mode == "pairs" else (8, 1)
             r = await loadgen.throughput(broker.port, pubs, subs, mode, 1, SECONDS, persistent=True)
+            rates[name] = r.rate
             out[name] = f"{r.rate:,.0f} msg/s"
         else:
             out[name] = "n/a (no durable store)"
         print(f"  {broker.name:<12} {name:<28} {out[name]}", flush=True)
+    name = "8 pairs, QoS 1: persistent / transient"
+    transient, persistent = rates.get("8 pairs, QoS 1"), rates.get(PERSISTENT[0][0])
+    out[name] = f"{persistent / transient:.2f}x" if transient and persistent else "n/a"
+    print(f"  {broker.name:<12} {name:<28} {out[name]}", flush=True)
     name = "latency at 1,000 msg/s, QoS 1, persistent subscriber"
     if broker.second_port:
         r = await loadgen.latency(broker.port, 1, rate_per_s=1000, persistent=True)

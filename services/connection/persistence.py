@@ -18,12 +18,19 @@ Invariants:
   returns the mark from before it, so seq <= that mark means "maybe sent before" (DUP=1) and
   a higher seq is a first attempt (DUP=0) [MQTT-3.3.1-1]. A connection that dies between
   the mark and the write errs towards DUP=1, never the reverse.
+- Entries pushed in a queue notice (the queue does so while this delivery, its `reader`, is
+  caught up; services/queue/readers.py) were marked delivered by the append itself. They are
+  sent straight from the notice, DUP=0, only when they continue exactly at `next_read`, no
+  read is running and the window takes them all; otherwise they are read back like any
+  entry, and the queue reports the mark from before its pushes to this reader, so they still
+  go out DUP=0 (this delivery never reads back what it sent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client
@@ -33,8 +40,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from services.common.bus import subjects
 from services.common.tasks import TaskSet
 from services.connection.channel import Channel
-from services.queue.client import QueueClient, QueueEntry
-from starling.queue.v1 import queue_pb2
+from services.queue.client import Notice, QueueClient, QueueEntry, parse_notice
 
 log = logging.getLogger("starling.connection.persistence")
 
@@ -76,6 +82,7 @@ class PersistentDelivery:
         self.more = True
         self._notices = 0  # bumped by every notice; a read only clears `more` if unchanged
         self.announced = 0  # highest seq a notice reported
+        self.reader = uuid.uuid4().hex  # names this delivery to the queue (pushes go to it)
         self.closed = False
         self._reading = False
         self._blocked_on = 0  # packet id in flight that the next entry to deliver needs
@@ -92,10 +99,27 @@ class PersistentDelivery:
 
     async def _on_notice(self, msg: Msg) -> None:
         self._notices += 1
-        notice = queue_pb2.QueueNotice.FromString(msg.data)
+        notice = parse_notice(msg.data)
         self.announced = max(self.announced, notice.last_seq)
+        if notice.pushed and notice.reader == self.reader and self._take_pushed(notice):
+            return
         self.more = True
         self.pump()
+
+    def _take_pushed(self, notice: Notice) -> bool:
+        """Send the entries the queue pushed to this reader, if they continue exactly where
+        it stands and fit the window now; False: they are read back instead."""
+        if self.closed or self._reading or notice.first_seq != self.next_read:
+            return False  # (next_read is 0 until the first read: nothing taken before it)
+        ob = self.channel.outbound
+        if ob.congested or ob.free_window < notice.pushed:
+            return False
+        last = notice.first_seq + notice.pushed - 1
+        self.next_read = last + 1
+        self.read_through = max(self.read_through, last)
+        self._deliver(notice.entries(), notice.first_seq - 1)  # never handed out: DUP=0
+        self._schedule_ack()
+        return True
 
     def pump(self) -> None:
         """Read more if the client's window has room and the queue may have entries."""
@@ -127,6 +151,7 @@ class PersistentDelivery:
                         from_seq,
                         min(window, READ_BATCH),
                         mark_delivered=True,
+                        reader=self.reader,
                     )
                 except Exception as exc:  # queue service down: the poll retries
                     log.warning("queue_read_failed", extra={"error": type(exc).__name__})
@@ -269,11 +294,15 @@ class PersistentDelivery:
             except Exception:  # the NATS connection may be closing too
                 log.debug("notice_unsubscribe_failed")
         through = self._ack_through()
-        if through > self.acked:
-            try:
-                await self.queue.ack(self.tenant, self.queue_id, through)
-            except Exception as exc:
-                log.warning("queue_final_ack_failed", extra={"error": type(exc).__name__})
+        try:  # also tells the queue to push nothing more to this reader
+            await self.queue.ack(
+                self.tenant,
+                self.queue_id,
+                through if through > self.acked else 0,
+                detach_reader=self.reader,
+            )
+        except Exception as exc:
+            log.warning("queue_final_ack_failed", extra={"error": type(exc).__name__})
 
     def poll(self) -> None:
         """Periodic safety net for missed notices (e.g. the queue service restarted)."""

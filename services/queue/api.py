@@ -7,6 +7,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from contextlib import AsyncExitStack
 
 import grpc
 from nats.aio.client import Client
@@ -17,6 +18,7 @@ from services.common.rpc.limits import BATCH_BYTES
 from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
 from services.queue.config import QueueSettings
 from services.queue.core import expires_at_ms, owned, partition_of
+from services.queue.readers import Lease, Readers
 from starling.common.v1 import event_pb2
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
@@ -82,6 +84,25 @@ def _new_item(e: pb.NewEntry) -> NewQueueItem:
     )
 
 
+def _push(
+    notice: pb.QueueNotice,
+    reader: str,
+    items: list[tuple[int, NewQueueItem]],
+    report: AppendReport,
+) -> None:
+    """Put the entries this append stored (OK outcomes: consecutive seqs ending at last_seq)
+    into `notice`, for `reader`."""
+    stored = [
+        it for (_, it), o in zip(items, report.outcomes, strict=True) if o == AppendOutcome.OK
+    ]
+    notice.reader = reader
+    for seq, it in enumerate(stored, start=report.last_seq - len(stored) + 1):
+        e = notice.entries.add()
+        e.ParseFromString(it.data)
+        e.seq = seq
+        e.expires_at_ms = it.expires_at_ms
+
+
 class QueueApi(pb_grpc.QueueServiceServicer):
     def __init__(
         self, store: QueueStore, parts: Partitions, settings: QueueSettings, nats: Client
@@ -91,6 +112,8 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self._max_depth = settings.max_queue_depth
         self._drop_oldest = settings.depth_policy == "drop_oldest"
         self._nats = nats
+        self._push_max_bytes = settings.notice_max_bytes
+        self.readers = Readers()
 
     async def Append(
         self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
@@ -100,42 +123,97 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         tenant = request.tenant
         by_queue = _items_by_queue(request.entries)
         results = [pb.APPEND_RESULT_UNSPECIFIED] * len(request.entries)
-        for qid, items in by_queue.items():
-            report = await self._append_to_queue(tenant, qid, [it for _, it in items])
+        pushes = {qid: self._push_to(tenant, qid, items) for qid, items in by_queue.items()}
+        reports = await self._append_to_queues(tenant, by_queue, pushes)
+        for (qid, items), report in zip(by_queue.items(), reports, strict=True):
             for (i, _), outcome in zip(items, report.outcomes, strict=True):
                 results[i] = _RESULT[outcome]
-            await self._announce(tenant, qid, report)
+            lease = pushes[qid]
+            # Pushed only if the lease is still the one the append marked for: a reader that
+            # took the queue over meanwhile reads the entries (they were sent to no one).
+            pushed = lease is not None and lease is self.readers.get(tenant, qid)
+            await self._announce(tenant, qid, report, items if pushed else None, lease)
         return pb.AppendResponse(results=results)
 
+    def _push_to(
+        self, tenant: str, qid: str, items: list[tuple[int, NewQueueItem]]
+    ) -> Lease | None:
+        """The caught-up reader to push this append's entries to, if they are small enough
+        and it has room for them."""
+        if not self._push_max_bytes:
+            return None
+        if sum(len(it.data) for _, it in items) > self._push_max_bytes:
+            lease = self.readers.get(tenant, qid)
+            if lease is not None:
+                self.readers.missed(lease)  # it reads these back before any push
+            return None
+        return self.readers.push(tenant, qid, len(items))
+
+    async def _append_to_queues(
+        self,
+        tenant: str,
+        by_queue: dict[str, list[tuple[int, NewQueueItem]]],
+        pushes: dict[str, Lease | None],
+    ) -> list[AppendReport]:
+        """Append to every queue of a request at once, so the store can commit them together
+        (one fsync for the request instead of one per queue). The partitions' locks (one
+        writer per partition) are taken in partition order, so two requests never deadlock."""
+        parts = sorted({partition_of(tenant, qid, self._parts.count) for qid in by_queue})
+        async with AsyncExitStack() as stack:
+            for p in parts:
+                await stack.enter_async_context(self._parts.locks[p])
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._append_to_queue(
+                            tenant, qid, [it for _, it in items], pushes[qid] is not None
+                        )
+                        for qid, items in by_queue.items()
+                    )
+                )
+            )
+
     async def _append_to_queue(
-        self, tenant: str, qid: str, items: list[NewQueueItem]
+        self, tenant: str, qid: str, items: list[NewQueueItem], push: bool
     ) -> AppendReport:
-        """Append to one queue under its partition's epoch; every item is FENCED when this
-        instance does not (or no longer) own the partition."""
+        """Append to one queue under its partition's epoch (the caller holds the partition's
+        lock); every item is FENCED when this instance does not (or no longer) own the
+        partition. `push`: the new entries go to a reader in the notice, so the same
+        transaction marks them delivered."""
         p = partition_of(tenant, qid, self._parts.count)
         epoch = self._parts.epochs.get(p)
         if epoch is None:
             return AppendReport([AppendOutcome.FENCED] * len(items))
-        async with self._parts.locks[p]:  # one writer per partition
-            report = await self._store.append(
-                tenant,
-                qid,
-                items,
-                p,
-                epoch,
-                self._max_depth,
-                self._drop_oldest,
-            )
+        report = await self._store.append(
+            tenant,
+            qid,
+            items,
+            p,
+            epoch,
+            self._max_depth,
+            self._drop_oldest,
+            mark_delivered=push,
+        )
         if AppendOutcome.FENCED in report.outcomes:
             # Another instance took the partition over: stop writing to it.
             log.warning("partition_fenced", extra={"partition": p})
             self._parts.epochs.pop(p, None)
         return report
 
-    async def _announce(self, tenant: str, qid: str, report: AppendReport) -> None:
-        """Tell the queue's readers about new entries (a notice on NATS), and report drops."""
+    async def _announce(
+        self,
+        tenant: str,
+        qid: str,
+        report: AppendReport,
+        pushed: list[tuple[int, NewQueueItem]] | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        """Tell the queue's readers about new entries (a notice on NATS, carrying the
+        `pushed` entries for the `lease`'s reader), and report drops."""
         if AppendOutcome.OK in report.outcomes:
             notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=report.last_seq)
+            if pushed is not None and lease is not None:
+                _push(notice, lease.reader, pushed, report)
             await self._nats.publish(subjects.queue_notice(tenant, qid), notice.SerializeToString())
         if report.dropped:
             await self._dropped(tenant, qid, report.dropped)
@@ -156,6 +234,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReadResponse:
         limit = min(request.limit or 100, 10_000)
+        reader = request.reader if request.mark_delivered else ""
         # Capped by bytes as well as count, so the answer fits the gRPC limit and the
         # queue's memory stays bounded; the first entry always comes (a big one still moves).
         entries, st = await self._store.read(
@@ -179,17 +258,33 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         # last_seq: the last seq this read looked at, so the reader continues after entries
         # it was not given (expired ones).
         scanned = entries[-1].seq if entries else max(request.from_seq - 1, 0)
+        delivered = st.delivered_through  # as it was before this read
+        if reader:
+            delivered = self.readers.delivered_before(
+                request.tenant, request.queue_id, reader, delivered
+            )
+            self.readers.read(
+                request.tenant,
+                request.queue_id,
+                reader,
+                scanned,
+                scanned >= st.last_seq,
+                room=limit - len(entries),
+            )
         return pb.ReadResponse(
             entries=out,
             acked_through=st.acked_through,
             last_seq=scanned,
-            delivered_through=st.delivered_through,  # as it was before this read
+            delivered_through=delivered,
         )
 
     async def Ack(
         self, request: pb.AckRequest, context: grpc.aio.ServicerContext
     ) -> pb.AckResponse:
-        await self._store.ack(request.tenant, request.queue_id, request.through_seq)
+        if request.detach_reader:
+            self.readers.detach(request.tenant, request.queue_id, request.detach_reader)
+        if request.through_seq:
+            await self._store.ack(request.tenant, request.queue_id, request.through_seq)
         return pb.AckResponse()
 
     async def MarkReleased(
@@ -201,6 +296,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
     async def Drop(
         self, request: pb.DropRequest, context: grpc.aio.ServicerContext
     ) -> pb.DropResponse:
+        self.readers.drop(request.tenant, request.queue_id)
         await self._store.drop(request.tenant, request.queue_id)
         return pb.DropResponse()
 

@@ -24,6 +24,7 @@ from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 __all__ = [
     "AppendResult",
     "NewEntry",
+    "Notice",
     "QueueAdminClient",
     "QueueClient",
     "QueueEntry",
@@ -68,6 +69,29 @@ class QueueRead:
     # The highest seq handed to a connection before this read: entries at or below it may
     # have been sent already (DUP=1), entries above it never were (DUP=0).
     delivered_through: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A queue's announcement of new entries (seqs through `last_seq`), with the entries it
+    pushed for `reader` only (services/queue/readers.py): `pushed` of them, the first at
+    `first_seq`. `entries()` decodes them; a reader that cannot take them never pays for it."""
+
+    last_seq: int
+    reader: str = ""
+    first_seq: int = 0
+    pushed: int = 0
+    raw: Sequence[pb.QueueEntry] = ()
+
+    def entries(self) -> tuple[QueueEntry, ...]:
+        return tuple(_entry_from_pb(e) for e in self.raw)
+
+
+def parse_notice(data: bytes) -> Notice:
+    """A QueueNotice as published on NATS (qn.<tenant>.<queue_id>)."""
+    n = pb.QueueNotice.FromString(data)
+    first = n.entries[0].seq if n.entries else 0
+    return Notice(n.last_seq, n.reader, first, len(n.entries), n.entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,16 +153,19 @@ class QueueClient:
         from_seq: int,
         limit: int,
         mark_delivered: bool = False,
+        reader: str = "",
     ) -> QueueRead:
         """Up to `limit` unexpired entries from `from_seq` on. With `mark_delivered` (the
         caller sends them to a connection) the queue records them as delivered, durably,
-        before answering."""
+        before answering; `reader` names the caller, which lets the queue push it new
+        entries in its notices while it is caught up."""
         req = pb.ReadRequest(
             tenant=tenant,
             queue_id=queue_id,
             from_seq=from_seq,
             limit=limit,
             mark_delivered=mark_delivered,
+            reader=reader,
         )
         resp = await self._rpc.call(self._rpc.stub.Read, req)
         return QueueRead(
@@ -148,8 +175,17 @@ class QueueClient:
             resp.delivered_through,
         )
 
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
-        req = pb.AckRequest(tenant=tenant, queue_id=queue_id, through_seq=through_seq)
+    async def ack(
+        self, tenant: str, queue_id: str, through_seq: int, detach_reader: str = ""
+    ) -> None:
+        """Acknowledge through `through_seq` (0: nothing); `detach_reader`: that reader stops
+        reading, the queue pushes nothing more to it."""
+        req = pb.AckRequest(
+            tenant=tenant,
+            queue_id=queue_id,
+            through_seq=through_seq,
+            detach_reader=detach_reader,
+        )
         await self._rpc.call(self._rpc.stub.Ack, req)
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:

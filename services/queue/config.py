@@ -21,6 +21,14 @@ class QueueSettings(ServiceSettings):
         description="Entries per session queue; 0: no cap. Past it `depth_policy` applies.",
     )
     depth_policy: Literal["drop_oldest", "reject_newest"] = "drop_oldest"
+    notice_max_bytes: int = Field(
+        default=65536,
+        ge=0,
+        le=1_048_576,
+        description="Largest total size of an append's new entries that the queue pushes, "
+        "inside its notice, to a reader that is caught up (saves that reader a read); larger "
+        "appends are read back. 0: never push.",
+    )
 
     @model_validator(mode="after")
     def _ordinal(self) -> QueueSettings:

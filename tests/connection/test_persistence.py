@@ -11,6 +11,8 @@ from services.common.mqtt import PubAck, PubComp, Publish, PubRec, PubRel, encod
 from services.connection.channel import DeliveryProgress
 from services.connection.persistence import PersistentDelivery, pid_for
 from services.queue.client import QueueEntry, QueueRead
+from starling.common.v1.message_pb2 import RoutedMessage
+from starling.queue.v1 import queue_pb2 as pb
 from tests.connection.harness import connected, written
 
 
@@ -26,7 +28,13 @@ class FakeQueue:
         self.unmarked_reads = 0
 
     async def read(
-        self, tenant: str, queue_id: str, from_seq: int, limit: int, mark_delivered: bool = False
+        self,
+        tenant: str,
+        queue_id: str,
+        from_seq: int,
+        limit: int,
+        mark_delivered: bool = False,
+        reader: str = "",  # pushes are tested against the real queue (tests/queue)
     ) -> QueueRead:
         unacked = [e for e in self.entries if e.seq >= from_seq and e.seq > self.acked_through]
         found = tuple(unacked[:limit])
@@ -38,7 +46,9 @@ class FakeQueue:
             self.delivered_through = max(before, found[-1].seq)
         return QueueRead(found, self.acked_through, last, before)
 
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
+    async def ack(
+        self, tenant: str, queue_id: str, through_seq: int, detach_reader: str = ""
+    ) -> None:
         self.acked_through = max(self.acked_through, through_seq)
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
@@ -282,4 +292,49 @@ async def test_a_queued_entry_never_takes_the_packet_id_of_a_shared_delivery() -
     pd.progress()
     await _settle()
     assert [(pid, payload) for pid, _, payload in _publishes(ch, dec)] == [(pid_for(2), b"m2")]
+    await pd.close()
+
+
+class _Msg:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _notice(reader: str, seqs: list[int], last_seq: int) -> _Msg:
+    n = pb.QueueNotice(tenant="t", queue_id="q", last_seq=last_seq, reader=reader)
+    for s in seqs:
+        m = RoutedMessage(tenant="t", topic="a/b", payload=f"m{s}".encode(), qos=1)
+        n.entries.add(seq=s, message=m, qos=1)
+    return _Msg(n.SerializeToString())
+
+
+async def test_pushed_entries_go_out_dup_0_without_a_read_only_where_they_fit() -> None:
+    queue = FakeQueue([_entry(1)])
+    reads = 0
+    real_read = queue.read
+
+    async def counting_read(*args: object, **kwargs: object) -> QueueRead:
+        nonlocal reads
+        reads += 1
+        return await real_read(*args, **kwargs)  # type: ignore[arg-type]
+
+    queue.read = counting_read  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    assert _publishes(ch, dec) == [(pid_for(1), False, b"m1")]
+    before = reads
+    await pd._on_notice(_notice(pd.reader, [2, 3], 3))  # type: ignore[arg-type]
+    await _settle()
+    assert _publishes(ch, dec) == [(pid_for(2), False, b"m2"), (pid_for(3), False, b"m3")]
+    assert reads == before  # sent straight from the notice
+    # Pushed to another reader (another connection of the session): not sent from here.
+    await pd._on_notice(_notice("someone-else", [4], 4))  # type: ignore[arg-type]
+    await _settle()
+    assert _publishes(ch, dec) == [] and reads > before  # this one reads instead
+    # A gap (seq 5 missing here): read back, never sent out of order.
+    before = reads
+    await pd._on_notice(_notice(pd.reader, [6], 6))  # type: ignore[arg-type]
+    await _settle()
+    assert _publishes(ch, dec) == [] and reads > before
     await pd.close()

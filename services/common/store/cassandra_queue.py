@@ -201,6 +201,7 @@ class CassandraQueueStore(CassandraBase):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
+        mark_delivered: bool = False,
     ) -> AppendReport:
         owner = await self._row(self._owner_get, (partition,))
         if owner is None or owner.epoch != epoch:
@@ -233,6 +234,10 @@ class CassandraQueueStore(CassandraBase):
                 await self._write_entries(tenant, queue_id, plan.writes)
                 for item in plan.evicted_here:
                     await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, 0))
+                if mark_delivered and plan.writes:  # pushed to a reader: marked before told
+                    seen = row.delivered_through
+                    if seen is None or plan.last > seen:
+                        await self._mark_delivered(tenant, queue_id, seen, plan.last)
                 return AppendReport(plan.outcomes, plan.last, plan.dropped - plan.dropped_before)
             if (getattr(res, "owner_epoch", None) or 0) > epoch:
                 return AppendReport([AppendOutcome.FENCED] * len(items))

@@ -247,8 +247,11 @@ class QueueStore(Protocol):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
+        mark_delivered: bool = False,
     ) -> AppendReport:
-        """Append in order, in one transaction."""
+        """Append in order, in one transaction. With `mark_delivered` (the queue pushes the new
+        entries to a reader) delivered_through is raised to the new last seq, durably, before
+        this returns."""
 
     async def read(
         self,

@@ -6,7 +6,12 @@ Invariants:
 - An append commits in one transaction that first checks the partition's owner epoch, so an
   instance that lost its partition can no longer write (fencing).
 - `delivered_through` (queue_state) only grows: a read for delivery raises it in the same
-  transaction that reads the entries, committed before the entries go to a connection.
+  transaction that reads the entries, and an append whose entries are pushed to a reader
+  (`mark_delivered`) in the transaction that appends them; committed before the entries go
+  to a connection.
+- Writes are group-committed (services/common/store/group_commit.py): concurrent appends,
+  delivery reads, acks and drops of any queues share one transaction and one fsync, and none
+  is answered before that transaction committed.
 - A message id appended to a queue is remembered in `queue_msgids` for MSGID_RETENTION_MS,
   even after its entry is acked and deleted: a retried append of the same message (the
   router died before answering, the node retries) is a no-op, not a second delivery.
@@ -18,6 +23,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from services.common.store.group_commit import GroupCommit
 from services.common.store.ports import (
     AppendOutcome,
     AppendReport,
@@ -121,6 +127,7 @@ class SqliteQueueStore(SqliteDb):
         # In a transaction: another process opening the same file migrates it only once.
         self.tx(_add_delivered_through)
         self._appends = 0
+        self.group = GroupCommit(self.db, self._pool)
 
     async def claim_partition(self, partition: int) -> int:
         def claim(db: sqlite3.Connection) -> int:
@@ -142,13 +149,21 @@ class SqliteQueueStore(SqliteDb):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
+        mark_delivered: bool = False,
     ) -> AppendReport:
         def append(db: sqlite3.Connection) -> AppendReport:
-            return self._append_tx(
+            report = self._append_tx(
                 db, tenant, queue_id, items, partition, epoch, max_depth, drop_oldest
             )
+            if mark_delivered and AppendOutcome.OK in report.outcomes:
+                db.execute(
+                    "UPDATE queue_state SET delivered_through=? WHERE tenant=? AND queue_id=? "
+                    "AND delivered_through<?",
+                    (report.last_seq, tenant, queue_id, report.last_seq),
+                )
+            return report
 
-        return await self.run(lambda: self.tx(append))
+        return await self.group.run(append)
 
     def _append_tx(
         self,
@@ -238,7 +253,7 @@ class SqliteQueueStore(SqliteDb):
             return entries, st
 
         if mark_delivered:  # committed (synchronous=FULL) before the caller sends anything
-            return await self.run(lambda: self.tx(read))
+            return await self.group.run(read)
         return await self.run(lambda: read(self.db))
 
     async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
@@ -256,15 +271,16 @@ class SqliteQueueStore(SqliteDb):
                 (min(through_seq, st.last_seq), cur.rowcount, tenant, queue_id),
             )
 
-        await self.run(lambda: self.tx(ack))
+        await self.group.run(ack)
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
-        await self.run(
-            lambda: self.db.execute(
+        def mark(db: sqlite3.Connection) -> None:
+            db.execute(
                 "UPDATE queue_entries SET released=1 WHERE tenant=? AND queue_id=? AND seq=?",
                 (tenant, queue_id, seq),
             )
-        )
+
+        await self.group.run(mark)
 
     async def drop(self, tenant: str, queue_id: str) -> None:
         def drop(db: sqlite3.Connection) -> None:
@@ -274,7 +290,7 @@ class SqliteQueueStore(SqliteDb):
             db.execute("DELETE FROM queue_state WHERE tenant=? AND queue_id=?", (tenant, queue_id))
             db.execute("DELETE FROM queue_msgids WHERE tenant=? AND queue_id=?", (tenant, queue_id))
 
-        await self.run(lambda: self.tx(drop))
+        await self.group.run(drop)
 
     async def state(self, tenant: str, queue_id: str) -> QueueState:
         return await self.run(lambda: _state(self.db, tenant, queue_id))

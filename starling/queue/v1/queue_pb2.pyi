@@ -168,6 +168,7 @@ class ReadRequest(_message.Message):
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     MARK_DELIVERED_FIELD_NUMBER: _builtins.int
+    READER_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     queue_id: _builtins.str
     from_seq: _builtins.int
@@ -177,6 +178,11 @@ class ReadRequest(_message.Message):
     last seq this read examines, durably, before the response is sent (set by connection
     nodes; a read without it changes nothing).
     """
+    reader: _builtins.str
+    """Who reads: one id per delivery to one connection. While that reader is caught up (its
+    last read reached the end of the queue), the queue pushes new small entries to it in the
+    QueueNotice instead of waiting for a Read (empty: never pushed to).
+    """
     def __init__(
         self,
         *,
@@ -185,10 +191,11 @@ class ReadRequest(_message.Message):
         from_seq: _builtins.int = ...,
         limit: _builtins.int = ...,
         mark_delivered: _builtins.bool = ...,
+        reader: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_seq", b"from_seq", "limit", b"limit", "mark_delivered", b"mark_delivered", "queue_id", b"queue_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_seq", b"from_seq", "limit", b"limit", "mark_delivered", b"mark_delivered", "queue_id", b"queue_id", "reader", b"reader", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -210,7 +217,8 @@ class ReadResponse(_message.Message):
     delivered_through: _builtins.int
     """The highest seq handed to a connection for delivery BEFORE this read: an entry at or
     below it may have been sent already (resend with DUP=1), one above it is a first
-    attempt (DUP=0).
+    attempt (DUP=0). For the reader the queue pushes to, entries pushed to it count as not
+    handed out (it knows which of them it sent): the mark from before the pushes.
     """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueEntry]: ...
@@ -237,19 +245,24 @@ class AckRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     THROUGH_SEQ_FIELD_NUMBER: _builtins.int
+    DETACH_READER_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     queue_id: _builtins.str
     through_seq: _builtins.int
+    """0: acknowledges nothing (a detach alone)."""
+    detach_reader: _builtins.str
+    """This reader stops reading (its connection closed): push nothing more to it."""
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
         queue_id: _builtins.str = ...,
         through_seq: _builtins.int = ...,
+        detach_reader: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_id", b"queue_id", "tenant", b"tenant", "through_seq", b"through_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detach_reader", b"detach_reader", "queue_id", b"queue_id", "tenant", b"tenant", "through_seq", b"through_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -356,19 +369,30 @@ class QueueNotice(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
+    READER_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     queue_id: _builtins.str
     last_seq: _builtins.int
+    reader: _builtins.str
+    """Pushed entries (with seq), when the queue's reader was caught up and they are small:
+    for `reader` only, which may send them without a Read. The queue marked them delivered
+    in the transaction that appended them, so any other reader resends them with DUP=1.
+    """
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueEntry]: ...
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
         queue_id: _builtins.str = ...,
         last_seq: _builtins.int = ...,
+        reader: _builtins.str = ...,
+        entries: _abc.Iterable[Global___QueueEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seq", b"last_seq", "queue_id", b"queue_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "last_seq", b"last_seq", "queue_id", b"queue_id", "reader", b"reader", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,94 @@
+"""Which reader each queue pushes new entries to (in memory, one queue instance).
+
+A reader is one delivery of a queue to one connection (a connection node names it in its
+Reads). When a reader's Read reaches the end of the queue, it holds the queue's lease: the
+queue's next small appends are marked delivered in their own transaction and pushed to it in
+the QueueNotice, which saves the reader a Read per notice. Pushes stop at the reader's
+`credit`, the room its last Read said it had (its `limit` less the entries it got), so no
+more entries are marked delivered than its connection can take; past that the reader reads
+again, which renews the credit.
+
+The lease remembers the delivered mark from when it began (`unsent_after`): every seq above
+it was handed, if at all, only to the lease's reader in a push, and that reader knows which
+pushed entries it sent (it never reads back what it sent), so its later Reads take the
+entries above that mark as first attempts (DUP=0). Any other reader gets the durable mark:
+DUP=1 for pushed entries.
+
+Losing this state (a restart), or the reader's node dying, only costs DUP=1 on entries that
+were pushed and never sent (at most one credit's worth): the durable mark covers them. A
+lease ends when its reader detaches (its connection closed) or the queue is dropped; a reader
+that died without detaching keeps it until another reader of the queue reads: at most one
+lease per queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Lease:
+    reader: str
+    unsent_after: int
+    credit: int  # entries that may still be pushed before the reader reads again
+    caught_up: bool = True  # the reader's last read reached the queue's end: push to it
+
+
+class Readers:
+    def __init__(self) -> None:
+        self._leases: dict[tuple[str, str], Lease] = {}
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def get(self, tenant: str, queue_id: str) -> Lease | None:
+        return self._leases.get((tenant, queue_id))
+
+    def push(self, tenant: str, queue_id: str, count: int) -> Lease | None:
+        """The lease to push `count` new entries to, its credit taken, if its reader is
+        caught up and has the room; else None (and the reader reads them back)."""
+        lease = self._leases.get((tenant, queue_id))
+        if lease is None or not lease.caught_up:
+            return None
+        if count > lease.credit:
+            lease.caught_up = False  # the reader has a gap to read before any push
+            return None
+        lease.credit -= count
+        return lease
+
+    def delivered_before(self, tenant: str, queue_id: str, reader: str, durable: int) -> int:
+        """The delivered mark a Read by `reader` reports, given the durable one before it."""
+        lease = self._leases.get((tenant, queue_id))
+        if reader and lease is not None and lease.reader == reader:
+            return min(durable, lease.unsent_after)
+        return durable
+
+    def read(
+        self, tenant: str, queue_id: str, reader: str, through: int, at_end: bool, room: int
+    ) -> None:
+        """`reader` read (for delivery) through seq `through`; `at_end`: nothing after it;
+        `room`: how many more entries it said it could take."""
+        key = (tenant, queue_id)
+        lease = self._leases.get(key)
+        if lease is not None and lease.reader == reader:
+            lease.caught_up = at_end
+            lease.credit = room
+        elif at_end and reader:
+            # A new reader (a new connection of the session): it takes the queue over.
+            self._leases[key] = Lease(reader, through, room)
+        else:
+            # Another reader behind: the old one may be gone; push to nobody until one is
+            # caught up again.
+            self._leases.pop(key, None)
+
+    def missed(self, lease: Lease) -> None:
+        """An append was not pushed to `lease`'s reader: a gap to read before any push."""
+        lease.caught_up = False
+
+    def detach(self, tenant: str, queue_id: str, reader: str) -> None:
+        lease = self._leases.get((tenant, queue_id))
+        if lease is not None and lease.reader == reader:
+            del self._leases[(tenant, queue_id)]
+
+    def drop(self, tenant: str, queue_id: str) -> None:
+        self._leases.pop((tenant, queue_id), None)
