@@ -123,6 +123,8 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
                 await service.stop()
         except TimeoutError:
             log.warning("service_stop_timeout", extra={"service": name})
+        # Stopped in time: whatever runs `serve` (a test, an embedding) goes on living.
+        backstop.cancel()
         log.info("service_stopped", extra={"service": name})
 
 
