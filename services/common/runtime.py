@@ -5,9 +5,8 @@ validates settings (exit 2 with a message naming the bad setting, or a missing s
 the effective config with secrets redacted (and scrubs them from every later line), locks the
 gRPC doors (mesh secret on internal APIs, admin tokens on admin APIs, see
 services/common/rpc/interceptors.py), serves gRPC health and reflection, reports SERVING once
-`start` returns,
-and on SIGTERM/SIGINT reports NOT_SERVING, stops the service and the server within the grace
-period.
+`start` returns (NOT_SERVING before), and on SIGTERM/SIGINT reports NOT_SERVING, stops the
+server (calls under way finish) and then the service, within the grace period.
 """
 
 from __future__ import annotations
@@ -76,6 +75,10 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         register,
         auth=server_auth(settings, getattr(service, "admin_tokens", None)),
     )
+    # The health servicer answers SERVING from birth: NOT_SERVING until `start` returns, or
+    # whoever polls health (the launcher, an orchestrator) sends clients to listeners that
+    # are not bound yet.
+    await set_not_serving(health, names)
     await server.start()
     try:
         await service.start()
@@ -113,11 +116,15 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         backstop.start()
         try:
             async with asyncio.timeout(grace + 1.0):
-                await health.enter_graceful_shutdown()
-                await service.stop()
+                # The server first: it takes no new calls and lets those under way finish
+                # while everything they use is still open; stopped first, the service would
+                # fail them (a closed store) or leave them hanging until the grace ran out.
                 await stop_server(server, health, grace)
+                await service.stop()
         except TimeoutError:
             log.warning("service_stop_timeout", extra={"service": name})
+        # Stopped in time: whatever runs `serve` (a test, an embedding) goes on living.
+        backstop.cancel()
         log.info("service_stopped", extra={"service": name})
 
 

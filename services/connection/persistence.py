@@ -11,6 +11,10 @@ Invariants:
 - PUBREL goes out only after the queue holds the entry as released, durably: a client that
   got PUBREL has forgotten the message, so a later connection must resend PUBREL, never the
   PUBLISH. A PUBCOMP'd entry not yet acked is therefore resent as PUBREL, which is harmless.
+- PUBRELs go out in the order their PUBRECs came [MQTT-4.6.0-3], whatever order their marks
+  become durable in: a subscriber hands a QoS 2 message to its application on PUBREL, so a
+  PUBREL that overtook an earlier one would deliver the messages out of order. One task
+  writes the marks; a mark that failed holds back the PUBRELs behind it until its retry.
 - The queue is acked through the highest seq below which every delivered entry is complete
   (PUBACK, PUBCOMP, or expired/too large); acks are batched.
 - DUP is set on the entries an earlier read may have handed to a connection, and only on
@@ -31,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client
@@ -87,6 +92,9 @@ class PersistentDelivery:
         self._reading = False
         self._blocked_on = 0  # packet id in flight that the next entry to deliver needs
         self._ack_task: asyncio.Task[None] | None = None
+        # (packet id, seq) whose PUBREC came and whose PUBREL has not gone out, in PUBREC order.
+        self._to_release: deque[tuple[int, int]] = deque()
+        self._releasing = False  # the task that marks them and sends their PUBRELs runs
         self._tasks = TaskSet()
         self._sub: NatsSubscription | None = None
 
@@ -214,10 +222,12 @@ class PersistentDelivery:
         """The channel recorded PUBACK/PUBCOMP/PUBREC: ack the queue, read more."""
         ob = self.channel.outbound
         if ob.released:
-            marks = [(pid, self.by_pid[pid]) for pid in ob.released if pid in self.by_pid]
+            by_pid = self.by_pid
+            self._to_release.extend((pid, by_pid[pid]) for pid in ob.released if pid in by_pid)
             ob.released.clear()
-            if marks:
-                self._tasks.spawn(self._release(marks), name="queue-mark-released")
+            if self._to_release and not self._releasing:
+                self._releasing = True
+                self._tasks.spawn(self._release(), name="queue-mark-released")
         if ob.completed:
             for pid in ob.completed:
                 self.by_pid.pop(pid, None)
@@ -256,32 +266,41 @@ class PersistentDelivery:
         finally:
             self._ack_task = None
 
-    async def _release(self, marks: list[tuple[int, int]]) -> None:
-        """Mark the entries (packet id, seq) released in the queue, then send their PUBRELs.
-        A failed mark is retried while the connection lasts; if it ends first, the next
-        connection resends the PUBLISH (DUP), which the client, still holding the id from
+    async def _release(self) -> None:
+        """Mark the entries of `_to_release` released in the queue (those that came meanwhile
+        in one go), then send their PUBRELs in PUBREC order. A failed mark is retried while
+        the connection lasts, and the PUBRELs behind it wait; if the connection ends first,
+        the next one resends the PUBLISH (DUP), which the client, still holding the id from
         its PUBREC, answers without delivering twice."""
-        pending = marks
-        while pending and not self.closed:
-            results = await asyncio.gather(
-                *(self.queue.mark_released(self.tenant, self.queue_id, s) for _, s in pending),
-                return_exceptions=True,
-            )
-            if self.closed:
-                return
-            ob = self.channel.outbound
-            failed = []
-            for (pid, seq), result in zip(pending, results, strict=True):
-                if isinstance(result, BaseException):
-                    failed.append((pid, seq))
-                else:
+        marked: set[int] = set()  # seqs marked whose PUBREL waits behind an unmarked one
+        try:
+            while self._to_release and not self.closed:
+                pending = [(pid, seq) for pid, seq in self._to_release if seq not in marked]
+                results = await asyncio.gather(
+                    *(self.queue.mark_released(self.tenant, self.queue_id, s) for _, s in pending),
+                    return_exceptions=True,
+                )
+                if self.closed:
+                    return
+                failed = 0
+                for (_, seq), result in zip(pending, results, strict=True):
+                    if isinstance(result, BaseException):
+                        failed += 1
+                    else:
+                        marked.add(seq)
+                ob = self.channel.outbound
+                queue = self._to_release
+                while queue and queue[0][1] in marked:
+                    pid, seq = queue.popleft()
+                    marked.discard(seq)
                     ob.send_pubrel(pid)
-            if self.channel.out:
-                self.wrote()
-            if failed:
-                log.warning("queue_mark_released_failed", extra={"entries": len(failed)})
-                await asyncio.sleep(RELEASE_RETRY_S)
-            pending = failed
+                if self.channel.out:
+                    self.wrote()
+                if failed:
+                    log.warning("queue_mark_released_failed", extra={"entries": failed})
+                    await asyncio.sleep(RELEASE_RETRY_S)
+        finally:
+            self._releasing = False
 
     async def close(self) -> None:
         """Connection gone: flush the last ack, stop listening."""

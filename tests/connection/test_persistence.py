@@ -337,4 +337,64 @@ async def test_pushed_entries_go_out_dup_0_without_a_read_only_where_they_fit() 
     await pd._on_notice(_notice(pd.reader, [6], 6))  # type: ignore[arg-type]
     await _settle()
     assert _publishes(ch, dec) == [] and reads > before
+
+
+async def _pubrecs(ch: object, pd: PersistentDelivery, *seqs: int) -> None:
+    data = b"".join(encode(PubRec(pid_for(s)), 5) for s in seqs)
+    ch.receive(data, 0.0)  # type: ignore[attr-defined]
+    pd.progress()
+    await _settle()
+
+
+async def test_pubrels_keep_pubrec_order_when_the_marks_finish_out_of_order() -> None:
+    # [MQTT-4.6.0-3]: the subscriber hands a QoS 2 message to its application on PUBREL, so a
+    # PUBREL that overtakes an earlier one delivers the publisher's messages out of order.
+    queue = FakeQueue([_entry(1, qos=2), _entry(2, qos=2)])
+    first_durable = asyncio.Event()
+    mark = queue.mark_released
+
+    async def first_slow(tenant: str, queue_id: str, seq: int) -> None:
+        if seq == 1:
+            await first_durable.wait()
+        await mark(tenant, queue_id, seq)
+
+    queue.mark_released = first_slow  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    written(ch, dec)  # type: ignore[arg-type]  # the PUBLISHes
+    await _pubrecs(ch, pd, 1)
+    await _pubrecs(ch, pd, 2)  # its mark is durable first
+    assert written(ch, dec) == []  # type: ignore[arg-type]  # PUBREL 2 waits behind PUBREL 1
+    first_durable.set()
+    await _settle()
+    assert written(ch, dec) == [PubRel(pid_for(1)), PubRel(pid_for(2))]  # type: ignore[arg-type]
+    await pd.close()
+
+
+async def test_a_failed_mark_holds_back_the_pubrels_behind_it() -> None:
+    queue = FakeQueue([_entry(1, qos=2), _entry(2, qos=2), _entry(3, qos=2)])
+    mark = queue.mark_released
+    failures = [RuntimeError("queue busy")]
+
+    async def first_fails_once(tenant: str, queue_id: str, seq: int) -> None:
+        if seq == 1 and failures:
+            raise failures.pop()
+        await mark(tenant, queue_id, seq)
+
+    queue.mark_released = first_fails_once  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    written(ch, dec)  # type: ignore[arg-type]  # the PUBLISHes
+    await _pubrecs(ch, pd, 1, 2)
+    await _pubrecs(ch, pd, 3)
+    assert written(ch, dec) == []  # type: ignore[arg-type]
+    for _ in range(100):  # poll: the retry comes after a short pause
+        if 1 in queue.released:
+            break
+        await asyncio.sleep(0.02)
+    await _settle()
+    assert written(ch, dec) == [PubRel(pid_for(s)) for s in (1, 2, 3)]  # type: ignore[arg-type]
+    assert sorted(queue.released) == [1, 2, 3]  # each marked once
     await pd.close()

@@ -17,13 +17,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from services.cli.launcher import Launcher
 from tests.faults.checker import Checker, Verdict
 from tests.faults.load import Publisher, Subscriber
-
-T = TypeVar("T")
 
 # Collected by every test of the run; printed as a table at the end (conftest.py) and, when
 # STARLING_FAULT_FIGURES names a file, written there as JSON.
@@ -69,24 +67,6 @@ def wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def refused_retry(connect: Callable[[], T], timeout_s: float = 5.0) -> T:
-    """`connect()`, again while the node refuses the TCP connection, for up to `timeout_s`.
-
-    A node that reported SERVING after a (re)start has refused a connection made right
-    after it, twice in many runs, only with other test runs loading the machine, and never
-    when reproduced alone (its log says it listened on that port before it served).
-    Unexplained: printed, so that it stays visible, and not failed on."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return connect()
-        except ConnectionRefusedError:
-            print("\nconnection refused by a serving node; retrying")
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def record(name: str, faults: str, verdict: Verdict, **extra: Any) -> None:

@@ -27,14 +27,14 @@ from services.common.mqtt import (
 )
 from tests.e2e.clients import Raw
 from tests.faults.checker import Checker
-from tests.faults.harness import fault_launcher, node_ports, record, refused_retry, wait_for
+from tests.faults.harness import fault_launcher, node_ports, record, wait_for
 from tests.faults.load import Publisher
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _session(port: int, cid: str) -> tuple[Raw, ConnAck]:
-    raw = refused_retry(lambda: Raw(port))
+    raw = Raw(port)
     ack = raw.connect(
         Connect(cid, 5, clean_start=False, properties=Properties(session_expiry_interval=3600))
     )
