@@ -30,21 +30,24 @@ from services.common.bus.large import NATS_MAX_PAYLOAD
 # the others get exactly what they publish and subscribe (request replies use _INBOX).
 NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
     "connection": {
-        "publish": {"allow": [">"], "deny": ["ctl.>", "qn.>", "$JS.>", "$SYS.>"]},
-        "subscribe": {"allow": [">"], "deny": ["$JS.>", "$SYS.>"]},
+        # svc.router.route: their persistent publishes (services/common/bus/unary.py); never
+        # svc.queue.>: only the router appends to queues.
+        "publish": {"allow": [">"], "deny": ["ctl.>", "qn.>", "svc.queue.>", "$JS.>", "$SYS.>"]},
+        "subscribe": {"allow": [">"], "deny": ["svc.>", "$JS.>", "$SYS.>"]},
     },
     "session": {
         "publish": {"allow": ["ctl.node.>", "ctl.nodes.>", "ev.>", "$JS.API.>", "_INBOX.>"]},
         "subscribe": {"allow": ["hb.node.>", "hello.node.>", "_INBOX.>"]},
     },
     "router": {
-        "publish": {"allow": ["mq.>", "mqd.>", "ev.>", "rt.list", "_INBOX.>"]},
-        # mqf.<router>: fetches of large delayed messages it published by reference
-        "subscribe": {"allow": ["_INBOX.>", "mqf.>"]},
+        "publish": {"allow": ["mq.>", "mqd.>", "ev.>", "rt.list", "svc.queue.append", "_INBOX.>"]},
+        # mqf.<router>: fetches of large delayed messages it published by reference;
+        # svc.router.route: the nodes' persistent publishes
+        "subscribe": {"allow": ["_INBOX.>", "mqf.>", "svc.router.route"]},
     },
     "queue": {
         "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>"]},
-        "subscribe": {"allow": ["_INBOX.>"]},
+        "subscribe": {"allow": ["_INBOX.>", "svc.queue.append"]},
     },
     "rules": {
         "publish": {"allow": ["$JS.API.>", "_INBOX.>"]},

@@ -80,13 +80,15 @@ class ConnectionService:
         nc_shared = await connect(
             s.nats_url, f"{s.node_id}-shared", on_closed=self._bus_closed, **creds
         )
+        router = RouterClient(s.router_addr)
+        router.use_bus(nc)  # the persistent publish path over NATS request/reply
         self.node = node = Node(
             channel_config(s),
             nc,
             SessionClient(s.session_addr),
             tracing=s.trace_sample_ratio > 0,
             nc_shared=nc_shared,
-            router=RouterClient(s.router_addr),
+            router=router,
             queue=QueueClient(s.queue_addr),
             max_connections_per_ip=s.max_connections_per_ip,
         )

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from nats.aio.client import Client
+
+from services.common.bus.unary import APPEND_SUBJECT, UnaryClient
 from services.common.envelope import from_envelope
 from services.common.message import Message
 from services.common.rpc.client import LazyStub
@@ -131,6 +134,13 @@ def _entry_from_pb(e: pb.QueueEntry) -> QueueEntry:
 class QueueClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.QueueServiceStub, timeout_s=timeout_s)
+        self._timeout_s = timeout_s
+        self._bus: UnaryClient | None = None
+
+    def use_bus(self, nc: Client) -> None:
+        """Send `append` over NATS request/reply from now on (gRPC for what does not fit one
+        NATS message): services/common/bus/unary.py says why."""
+        self._bus = UnaryClient(nc, APPEND_SUBJECT, self._timeout_s)
 
     async def append(self, tenant: str, entries: Sequence[NewEntry]) -> list[AppendResult]:
         """One result per entry, in order.
@@ -142,7 +152,11 @@ class QueueClient:
         results: list[AppendResult] = []
         for run in split_by_bytes(entries, _entry_size):
             req = pb.AppendRequest(tenant=tenant, entries=[_entry_to_pb(e) for e in run])
-            resp = await self._rpc.call(self._rpc.stub.Append, req)
+            bus = self._bus
+            if bus is not None and bus.fits(req.ByteSize()):
+                resp = pb.AppendResponse.FromString(await bus.call(req.SerializeToString()))
+            else:
+                resp = await self._rpc.call(self._rpc.stub.Append, req)
             results += [AppendResult(r) for r in resp.results]
         return results
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nats.aio.client import Client
+
+from services.common.bus.unary import ROUTE_SUBJECT, UnaryClient
 from services.common.connect import IdentifiedSubscription
 from services.common.envelope import from_envelope
 from services.common.message import Message
@@ -42,6 +45,13 @@ def _result(value: int) -> RouteResult:
 class RouterClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.RouterServiceStub, timeout_s=timeout_s)
+        self._timeout_s = timeout_s
+        self._bus: UnaryClient | None = None
+
+    def use_bus(self, nc: Client) -> None:
+        """Send `route` over NATS request/reply from now on (gRPC for what does not fit one
+        NATS message): services/common/bus/unary.py says why."""
+        self._bus = UnaryClient(nc, ROUTE_SUBJECT, self._timeout_s)
 
     async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
         """Store QoS>=1 publishes for persistent sessions; one result per message, in order.
@@ -51,7 +61,12 @@ class RouterClient:
         results: list[RouteResult] = []
         for run in split_by_bytes(messages, RoutedMessage.ByteSize):
             req = pb.RoutePersistentRequest(messages=run)
-            resp = await self._rpc.call(self._rpc.stub.RoutePersistent, req)
+            bus = self._bus
+            if bus is not None and bus.fits(req.ByteSize()):
+                data = await bus.call(req.SerializeToString())
+                resp = pb.RoutePersistentResponse.FromString(data)
+            else:
+                resp = await self._rpc.call(self._rpc.stub.RoutePersistent, req)
             results += [_result(r) for r in resp.results]
         return results
 

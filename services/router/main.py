@@ -10,6 +10,7 @@ import grpc
 
 from services.common.bus.client import LateClient, connect
 from services.common.bus.large import Holder
+from services.common.bus.unary import ROUTE_SUBJECT, UnaryServer, parse
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.rpc.limits import max_message_bytes
 from services.common.runtime import run_service
@@ -50,12 +51,13 @@ class RouterService:
             self._refusals,
         )
         self._scheduler: asyncio.Task[None] | None = None
+        self._api = RouterApi(
+            self._table, self._store, self._queues, self._publisher, self._retained
+        )
+        self._route_server: UnaryServer | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
-        pb_grpc.add_RouterServiceServicer_to_server(
-            RouterApi(self._table, self._store, self._queues, self._publisher, self._retained),
-            server,
-        )
+        pb_grpc.add_RouterServiceServicer_to_server(self._api, server)
         pb_grpc.add_RouterAdminServiceServicer_to_server(
             RouterAdminApi(
                 self._table, self._retained, self._publisher, self._router_store, self._nats
@@ -80,8 +82,19 @@ class RouterService:
             extra={"subscriptions": len(self._table), "delayed": len(self._publisher.schedule)},
         )
         self._scheduler = asyncio.create_task(self._publisher.run_scheduler())
+        # The persistent publish path: routes over NATS once the table is loaded, appends too.
+        self._queues.use_bus(self._nats.nc)
+        self._route_server = UnaryServer(self._nats.nc, ROUTE_SUBJECT, "router", self._route)
+        await self._route_server.start()
+
+    async def _route(self, data: bytes) -> bytes:
+        req = parse(pb.RoutePersistentRequest, data)
+        resp = await self._api.RoutePersistent(req, None)  # type: ignore[arg-type]
+        return resp.SerializeToString()
 
     async def stop(self) -> None:
+        if self._route_server is not None:
+            await self._route_server.stop()
         if self._scheduler is not None:
             self._scheduler.cancel()
         if self._nats.nc is not None:
