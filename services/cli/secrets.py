@@ -30,9 +30,12 @@ from services.common.bus.large import NATS_MAX_PAYLOAD
 # the others get exactly what they publish and subscribe (request replies use _INBOX).
 NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
     "connection": {
-        # svc.router.route: their persistent publishes (services/common/bus/unary.py); never
-        # svc.queue.>: only the router appends to queues.
-        "publish": {"allow": [">"], "deny": ["ctl.>", "qn.>", "svc.queue.>", "$JS.>", "$SYS.>"]},
+        # svc.router.route and svc.queue.read/ack/released: the persistent path
+        # (services/common/bus/unary.py); never svc.queue.append: only the router appends.
+        "publish": {
+            "allow": [">"],
+            "deny": ["ctl.>", "qn.>", "svc.queue.append", "$JS.>", "$SYS.>"],
+        },
         "subscribe": {"allow": [">"], "deny": ["svc.>", "$JS.>", "$SYS.>"]},
     },
     "session": {
@@ -47,7 +50,15 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
     },
     "queue": {
         "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>"]},
-        "subscribe": {"allow": ["_INBOX.>", "svc.queue.append"]},
+        "subscribe": {
+            "allow": [
+                "_INBOX.>",
+                "svc.queue.append",
+                "svc.queue.read",
+                "svc.queue.ack",
+                "svc.queue.released",
+            ]
+        },
     },
     "rules": {
         "publish": {"allow": ["$JS.API.>", "_INBOX.>"]},

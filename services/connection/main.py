@@ -82,6 +82,8 @@ class ConnectionService:
         )
         router = RouterClient(s.router_addr)
         router.use_bus(nc)  # the persistent publish path over NATS request/reply
+        queue = QueueClient(s.queue_addr)
+        queue.use_bus(nc)
         self.node = node = Node(
             channel_config(s),
             nc,
@@ -89,7 +91,7 @@ class ConnectionService:
             tracing=s.trace_sample_ratio > 0,
             nc_shared=nc_shared,
             router=router,
-            queue=QueueClient(s.queue_addr),
+            queue=queue,
             max_connections_per_ip=s.max_connections_per_ip,
         )
         await node.start()

@@ -8,13 +8,22 @@ their queue entry: callers never see the queue's protobuf.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TypeVar
 
+from google.protobuf.message import Message as ProtoMessage
 from nats.aio.client import Client
 
-from services.common.bus.unary import APPEND_SUBJECT, UnaryClient
+from services.common.bus.unary import (
+    ACK_SUBJECT,
+    APPEND_SUBJECT,
+    READ_SUBJECT,
+    RELEASED_SUBJECT,
+    ReplyTooLargeError,
+    UnaryClient,
+)
 from services.common.envelope import from_envelope
 from services.common.message import Message
 from services.common.rpc.client import LazyStub
@@ -23,6 +32,8 @@ from services.queue.core import queue_id
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
+
+R = TypeVar("R", bound=ProtoMessage)
 
 __all__ = [
     "AppendResult",
@@ -135,12 +146,27 @@ class QueueClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.QueueServiceStub, timeout_s=timeout_s)
         self._timeout_s = timeout_s
-        self._bus: UnaryClient | None = None
+        self._bus: dict[str, UnaryClient] = {}
 
     def use_bus(self, nc: Client) -> None:
-        """Send `append` over NATS request/reply from now on (gRPC for what does not fit one
-        NATS message): services/common/bus/unary.py says why."""
-        self._bus = UnaryClient(nc, APPEND_SUBJECT, self._timeout_s)
+        """Send append, read, ack and mark_released over NATS request/reply from now on
+        (gRPC for what does not fit one NATS message): services/common/bus/unary.py says
+        why."""
+        for subject in (APPEND_SUBJECT, READ_SUBJECT, ACK_SUBJECT, RELEASED_SUBJECT):
+            self._bus[subject] = UnaryClient(nc, subject, self._timeout_s)
+
+    async def _call(
+        self, subject: str, method: Callable[..., Awaitable[R]], req: ProtoMessage, out: type[R]
+    ) -> R:
+        """`method(req)` over NATS when it fits there, else (or when the answer did not) over
+        gRPC."""
+        bus = self._bus.get(subject)
+        if bus is not None and bus.fits(req.ByteSize()):
+            try:
+                return out.FromString(await bus.call(req.SerializeToString()))
+            except ReplyTooLargeError:
+                pass  # e.g. a read whose first entry is larger than a NATS message
+        return await self._rpc.call(method, req)
 
     async def append(self, tenant: str, entries: Sequence[NewEntry]) -> list[AppendResult]:
         """One result per entry, in order.
@@ -152,11 +178,7 @@ class QueueClient:
         results: list[AppendResult] = []
         for run in split_by_bytes(entries, _entry_size):
             req = pb.AppendRequest(tenant=tenant, entries=[_entry_to_pb(e) for e in run])
-            bus = self._bus
-            if bus is not None and bus.fits(req.ByteSize()):
-                resp = pb.AppendResponse.FromString(await bus.call(req.SerializeToString()))
-            else:
-                resp = await self._rpc.call(self._rpc.stub.Append, req)
+            resp = await self._call(APPEND_SUBJECT, self._rpc.stub.Append, req, pb.AppendResponse)
             results += [AppendResult(r) for r in resp.results]
         return results
 
@@ -181,7 +203,7 @@ class QueueClient:
             mark_delivered=mark_delivered,
             reader=reader,
         )
-        resp = await self._rpc.call(self._rpc.stub.Read, req)
+        resp = await self._call(READ_SUBJECT, self._rpc.stub.Read, req, pb.ReadResponse)
         return QueueRead(
             tuple(_entry_from_pb(e) for e in resp.entries),
             resp.acked_through,
@@ -200,11 +222,13 @@ class QueueClient:
             through_seq=through_seq,
             detach_reader=detach_reader,
         )
-        await self._rpc.call(self._rpc.stub.Ack, req)
+        await self._call(ACK_SUBJECT, self._rpc.stub.Ack, req, pb.AckResponse)
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
         req = pb.MarkReleasedRequest(tenant=tenant, queue_id=queue_id, seq=seq)
-        await self._rpc.call(self._rpc.stub.MarkReleased, req)
+        await self._call(
+            RELEASED_SUBJECT, self._rpc.stub.MarkReleased, req, pb.MarkReleasedResponse
+        )
 
     async def drop(self, tenant: str, queue_id: str) -> None:
         await self._rpc.call(self._rpc.stub.Drop, pb.DropRequest(tenant=tenant, queue_id=queue_id))

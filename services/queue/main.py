@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import grpc
 
 from services.common.bus.client import LateClient, connect
-from services.common.bus.unary import APPEND_SUBJECT, UnaryServer, parse
+from services.common.bus.unary import (
+    ACK_SUBJECT,
+    APPEND_SUBJECT,
+    READ_SUBJECT,
+    RELEASED_SUBJECT,
+    Handler,
+    UnaryServer,
+    parse,
+)
 from services.common.runtime import run_service
 from services.common.store.open import open_queue_store
 from services.queue.api import Partitions, QueueAdminApi, QueueApi
@@ -23,7 +32,7 @@ class QueueService:
         self._parts = Partitions(settings)
         self._nats = LateClient()
         self._api = QueueApi(self._store, self._parts, self._s, self._nats)
-        self._append_server: UnaryServer | None = None
+        self._servers: list[UnaryServer] = []
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QueueServiceServicer_to_server(self._api, server)  # type: ignore[arg-type]
@@ -35,20 +44,34 @@ class QueueService:
             self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
         )
         await self._parts.claim_all(self._store)
-        # Appends come over NATS too (the persistent publish path), once partitions are ours.
-        self._append_server = UnaryServer(self._nats.nc, APPEND_SUBJECT, "queue", self._append)
-        await self._append_server.start()
-
-    async def _append(self, data: bytes) -> bytes:
-        resp = await self._api.Append(parse(pb.AppendRequest, data), None)  # type: ignore[arg-type]
-        return resp.SerializeToString()
+        # The persistent path's calls come over NATS too, once the partitions are ours.
+        api = self._api
+        for subject, method, request in (
+            (APPEND_SUBJECT, api.Append, pb.AppendRequest),
+            (READ_SUBJECT, api.Read, pb.ReadRequest),
+            (ACK_SUBJECT, api.Ack, pb.AckRequest),
+            (RELEASED_SUBJECT, api.MarkReleased, pb.MarkReleasedRequest),
+        ):
+            server = UnaryServer(self._nats.nc, subject, "queue", _handler(method, request))
+            await server.start()
+            self._servers.append(server)
 
     async def stop(self) -> None:
-        if self._append_server is not None:
-            await self._append_server.stop()
+        for server in self._servers:
+            await server.stop()
         if self._nats.nc is not None:
             await self._nats.nc.drain()
         await self._store.close()
+
+
+def _handler(method: Callable[[Any, Any], Awaitable[Any]], request: type[Any]) -> Handler:
+    """A servicer method as a NATS unary handler (the servicers do not use the context)."""
+
+    async def handle(data: bytes) -> bytes:
+        resp = await method(parse(request, data), None)
+        return bytes(resp.SerializeToString())
+
+    return handle
 
 
 def main() -> int:

@@ -46,8 +46,13 @@ log = logging.getLogger("starling.bus.unary")
 _tracer = trace.get_tracer("starling.bus")
 
 ERROR_HEADER = "Starling-Error"
+# The reply does not fit one NATS message: the caller asks again over gRPC.
+TOO_LARGE = "TOO_LARGE"
 ROUTE_SUBJECT = "svc.router.route"
 APPEND_SUBJECT = "svc.queue.append"
+READ_SUBJECT = "svc.queue.read"
+ACK_SUBJECT = "svc.queue.ack"
+RELEASED_SUBJECT = "svc.queue.released"
 # Requests one server works on at once; more wait in the subscription's pending buffer (and
 # time out there, to be retried, if the service cannot keep up).
 MAX_IN_FLIGHT = 256
@@ -104,6 +109,9 @@ class UnaryServer:
                     context.detach(token)
             else:
                 out = await self._handler(msg.data)
+            if len(out) + _HEADROOM > self._nc.max_payload:
+                await self._nc.publish(msg.reply, b"", headers={ERROR_HEADER: TOO_LARGE})
+                return
             await msg.respond(out)
         except Exception as exc:
             code, details = status_for(exc)
@@ -129,6 +137,10 @@ class UnaryServer:
         await self._tasks.wait(5.0)
 
 
+class ReplyTooLargeError(Exception):
+    """The answer does not fit one NATS message: ask again by gRPC."""
+
+
 class UnaryClient:
     """Calls one subject; `fits` says whether a request may go over NATS at all."""
 
@@ -152,6 +164,8 @@ class UnaryClient:
         except (NatsTimeoutError, TimeoutError) as exc:
             raise UnavailableError(f"no reply on {self._subject} in time") from exc
         if msg.headers and ERROR_HEADER in msg.headers:
+            if msg.headers[ERROR_HEADER] == TOO_LARGE:
+                raise ReplyTooLargeError(self._subject)
             name, _, details = msg.headers[ERROR_HEADER].partition(" ")
             code = getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN)
             raise _BY_CODE.get(code, ServiceError)(details, code)
