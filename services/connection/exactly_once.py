@@ -22,14 +22,18 @@ Theory of operation:
 - A connection that ends with records being written is released to the session service
   only once they are written, and a takeover's kick is answered only then: the next
   connection, on any node, resumes a session that already knows every id this one took.
-- A record that cannot be written (session service down past the RPC timeout) closes the
-  connection without the acks: the client resends after reconnecting.
+- A record the session service did not confirm is written again (idempotent), with backoff,
+  before anything of that connection is published: a failed call may have been written all
+  the same, and giving up at once would leave a record that says "received" for a message
+  nobody published (a resend would then reach the store but not clean subscribers). Only
+  after 30 s of failures is the connection closed without the acks; the client resends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -42,6 +46,9 @@ log = logging.getLogger("starling.connection.qos2")
 
 # Updates per RecordQos2 request (the session service refuses more than MAX_QOS2_UPDATES).
 QOS2_BATCH = 1024
+# Backoff of a record the session service did not confirm (as the routing pipeline's).
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
 
 
 class Recorder(Protocol):
@@ -52,9 +59,12 @@ class Qos2Journal:
     """Changes to the QoS 2 receiver state of this node's persistent sessions, written in
     batches: everything that arrives while a write is under way goes in the next one."""
 
-    def __init__(self, recorder: Recorder, max_batch: int = QOS2_BATCH) -> None:
+    def __init__(
+        self, recorder: Recorder, max_batch: int = QOS2_BATCH, give_up_s: float = 30.0
+    ) -> None:
         self._recorder = recorder
         self._max_batch = max_batch
+        self._give_up_s = give_up_s
         self._waiting: deque[tuple[list[Qos2Update], asyncio.Future[None]]] = deque()
         self._wake = asyncio.Event()
 
@@ -78,15 +88,26 @@ class Qos2Journal:
                 await self._flush(batch)
 
     async def _flush(self, batch: list[tuple[list[Qos2Update], asyncio.Future[None]]]) -> None:
+        """Write `batch`, retried with backoff for up to `give_up_s`: a call that failed may
+        still have been written (the service died before answering), and only a write
+        known to be done tells whether the message went out; the changes are idempotent, and
+        later batches wait behind this one, so their order holds."""
         updates = [u for ups, _ in batch for u in ups]
-        try:
-            await self._recorder.record_qos2(updates)
-        except Exception as exc:
-            log.warning("qos2_record_failed", extra={"error": type(exc).__name__})
-            for _, done in batch:
-                if not done.done():
-                    done.set_exception(exc)
-            return
+        started = time.monotonic()
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                await self._recorder.record_qos2(updates)
+                break
+            except Exception as exc:
+                log.warning("qos2_record_failed", extra={"error": type(exc).__name__})
+                if time.monotonic() - started + delay > self._give_up_s:
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
         for _, done in batch:
             if not done.done():
                 done.set_result(None)
