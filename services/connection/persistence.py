@@ -33,6 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
 from collections import deque
@@ -267,38 +268,31 @@ class PersistentDelivery:
             self._ack_task = None
 
     async def _release(self) -> None:
-        """Mark the entries of `_to_release` released in the queue (those that came meanwhile
-        in one go), then send their PUBRELs in PUBREC order. A failed mark is retried while
-        the connection lasts, and the PUBRELs behind it wait; if the connection ends first,
-        the next one resends the PUBLISH (DUP), which the client, still holding the id from
-        its PUBREC, answers without delivering twice."""
-        marked: set[int] = set()  # seqs marked whose PUBREL waits behind an unmarked one
+        """Mark the entries of `_to_release` released in the queue (those that came while the
+        previous call was under way in the next one), then send their PUBRELs in PUBREC order.
+        A failed call is retried while the connection lasts, and the PUBRELs wait; if the
+        connection ends first, the next one resends the PUBLISH (DUP), which the client, still
+        holding the id from its PUBREC, answers without delivering twice."""
         try:
             while self._to_release and not self.closed:
-                pending = [(pid, seq) for pid, seq in self._to_release if seq not in marked]
-                results = await asyncio.gather(
-                    *(self.queue.mark_released(self.tenant, self.queue_id, s) for _, s in pending),
-                    return_exceptions=True,
-                )
+                batch = len(self._to_release)
+                seqs = [seq for _, seq in itertools.islice(self._to_release, batch)]
+                try:
+                    await self.queue.mark_released(self.tenant, self.queue_id, seqs)
+                except Exception as exc:
+                    log.warning(
+                        "queue_mark_released_failed",
+                        extra={"entries": batch, "error": type(exc).__name__},
+                    )
+                    await asyncio.sleep(RELEASE_RETRY_S)
+                    continue
                 if self.closed:
                     return
-                failed = 0
-                for (_, seq), result in zip(pending, results, strict=True):
-                    if isinstance(result, BaseException):
-                        failed += 1
-                    else:
-                        marked.add(seq)
                 ob = self.channel.outbound
-                queue = self._to_release
-                while queue and queue[0][1] in marked:
-                    pid, seq = queue.popleft()
-                    marked.discard(seq)
-                    ob.send_pubrel(pid)
+                for _ in range(batch):
+                    ob.send_pubrel(self._to_release.popleft()[0])
                 if self.channel.out:
                     self.wrote()
-                if failed:
-                    log.warning("queue_mark_released_failed", extra={"entries": failed})
-                    await asyncio.sleep(RELEASE_RETRY_S)
         finally:
             self._releasing = False
 

@@ -290,7 +290,11 @@ class QueueApi(pb_grpc.QueueServiceServicer):
     async def MarkReleased(
         self, request: pb.MarkReleasedRequest, context: grpc.aio.ServicerContext
     ) -> pb.MarkReleasedResponse:
-        await self._store.mark_released(request.tenant, request.queue_id, request.seq)
+        seqs = [request.seq, *request.seqs] if request.seq else list(request.seqs)
+        # Together: the embedded store commits them in one transaction (group commit).
+        await asyncio.gather(
+            *(self._store.mark_released(request.tenant, request.queue_id, s) for s in seqs)
+        )
         return pb.MarkReleasedResponse()
 
     async def Drop(

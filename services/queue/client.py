@@ -16,12 +16,12 @@ from typing import TypeVar
 from google.protobuf.message import Message as ProtoMessage
 from nats.aio.client import Client
 
+from services.common.bus import unary
 from services.common.bus.unary import (
     ACK_SUBJECT,
     APPEND_SUBJECT,
     READ_SUBJECT,
     RELEASED_SUBJECT,
-    ReplyTooLargeError,
     UnaryClient,
 )
 from services.common.envelope import from_envelope
@@ -146,27 +146,18 @@ class QueueClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.QueueServiceStub, timeout_s=timeout_s)
         self._timeout_s = timeout_s
-        self._bus: dict[str, UnaryClient] = {}
+        self._bus: UnaryClient | None = None
 
     def use_bus(self, nc: Client) -> None:
         """Send append, read, ack and mark_released over NATS request/reply from now on
         (gRPC for what does not fit one NATS message): services/common/bus/unary.py says
         why."""
-        for subject in (APPEND_SUBJECT, READ_SUBJECT, ACK_SUBJECT, RELEASED_SUBJECT):
-            self._bus[subject] = UnaryClient(nc, subject, self._timeout_s)
+        self._bus = UnaryClient(nc, self._timeout_s)
 
     async def _call(
-        self, subject: str, method: Callable[..., Awaitable[R]], req: ProtoMessage, out: type[R]
+        self, subject: str, method: Callable[..., Awaitable[R]], req: ProtoMessage, reply: type[R]
     ) -> R:
-        """`method(req)` over NATS when it fits there, else (or when the answer did not) over
-        gRPC."""
-        bus = self._bus.get(subject)
-        if bus is not None and bus.fits(req.ByteSize()):
-            try:
-                return out.FromString(await bus.call(req.SerializeToString()))
-            except ReplyTooLargeError:
-                pass  # e.g. a read whose first entry is larger than a NATS message
-        return await self._rpc.call(method, req)
+        return await unary.call(self._bus, subject, self._rpc, method, req, reply)
 
     async def append(self, tenant: str, entries: Sequence[NewEntry]) -> list[AppendResult]:
         """One result per entry, in order.
@@ -224,8 +215,9 @@ class QueueClient:
         )
         await self._call(ACK_SUBJECT, self._rpc.stub.Ack, req, pb.AckResponse)
 
-    async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
-        req = pb.MarkReleasedRequest(tenant=tenant, queue_id=queue_id, seq=seq)
+    async def mark_released(self, tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
+        """Record the client's PUBREC for these entries (durable once this returns)."""
+        req = pb.MarkReleasedRequest(tenant=tenant, queue_id=queue_id, seqs=seqs)
         await self._call(
             RELEASED_SUBJECT, self._rpc.stub.MarkReleased, req, pb.MarkReleasedResponse
         )

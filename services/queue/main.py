@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 import grpc
 
@@ -13,9 +12,8 @@ from services.common.bus.unary import (
     APPEND_SUBJECT,
     READ_SUBJECT,
     RELEASED_SUBJECT,
-    Handler,
     UnaryServer,
-    parse,
+    servicer_handler,
 )
 from services.common.runtime import run_service
 from services.common.store.open import open_queue_store
@@ -31,11 +29,12 @@ class QueueService:
         self._store = open_queue_store(settings)
         self._parts = Partitions(settings)
         self._nats = LateClient()
-        self._api = QueueApi(self._store, self._parts, self._s, self._nats)
+        # LateClient stands in for the NATS client until start() connects it.
+        self._api = QueueApi(self._store, self._parts, self._s, self._nats)  # type: ignore[arg-type]
         self._servers: list[UnaryServer] = []
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
-        pb_grpc.add_QueueServiceServicer_to_server(self._api, server)  # type: ignore[arg-type]
+        pb_grpc.add_QueueServiceServicer_to_server(self._api, server)
         pb_grpc.add_QueueAdminServiceServicer_to_server(QueueAdminApi(self._store), server)
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
@@ -52,7 +51,7 @@ class QueueService:
             (ACK_SUBJECT, api.Ack, pb.AckRequest),
             (RELEASED_SUBJECT, api.MarkReleased, pb.MarkReleasedRequest),
         ):
-            server = UnaryServer(self._nats.nc, subject, "queue", _handler(method, request))
+            server = UnaryServer(self._nats.nc, subject, "queue", servicer_handler(method, request))
             await server.start()
             self._servers.append(server)
 
@@ -62,16 +61,6 @@ class QueueService:
         if self._nats.nc is not None:
             await self._nats.nc.drain()
         await self._store.close()
-
-
-def _handler(method: Callable[[Any, Any], Awaitable[Any]], request: type[Any]) -> Handler:
-    """A servicer method as a NATS unary handler (the servicers do not use the context)."""
-
-    async def handle(data: bytes) -> bytes:
-        resp = await method(parse(request, data), None)
-        return bytes(resp.SerializeToString())
-
-    return handle
 
 
 def main() -> int:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client
 
-from services.common.bus.unary import ROUTE_SUBJECT, UnaryClient
+from services.common.bus import unary
+from services.common.bus.unary import UnaryClient
 from services.common.connect import IdentifiedSubscription
 from services.common.envelope import from_envelope
 from services.common.message import Message
@@ -51,7 +52,7 @@ class RouterClient:
     def use_bus(self, nc: Client) -> None:
         """Send `route` over NATS request/reply from now on (gRPC for what does not fit one
         NATS message): services/common/bus/unary.py says why."""
-        self._bus = UnaryClient(nc, ROUTE_SUBJECT, self._timeout_s)
+        self._bus = UnaryClient(nc, self._timeout_s)
 
     async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
         """Store QoS>=1 publishes for persistent sessions; one result per message, in order.
@@ -61,12 +62,14 @@ class RouterClient:
         results: list[RouteResult] = []
         for run in split_by_bytes(messages, RoutedMessage.ByteSize):
             req = pb.RoutePersistentRequest(messages=run)
-            bus = self._bus
-            if bus is not None and bus.fits(req.ByteSize()):
-                data = await bus.call(req.SerializeToString())
-                resp = pb.RoutePersistentResponse.FromString(data)
-            else:
-                resp = await self._rpc.call(self._rpc.stub.RoutePersistent, req)
+            resp = await unary.call(
+                self._bus,
+                unary.ROUTE_SUBJECT,
+                self._rpc,
+                self._rpc.stub.RoutePersistent,
+                req,
+                pb.RoutePersistentResponse,
+            )
             results += [_result(r) for r in resp.results]
         return results
 

@@ -10,7 +10,7 @@ import grpc
 
 from services.common.bus.client import LateClient, connect
 from services.common.bus.large import Holder
-from services.common.bus.unary import ROUTE_SUBJECT, UnaryServer, parse
+from services.common.bus.unary import ROUTE_SUBJECT, UnaryServer, servicer_handler
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.rpc.limits import max_message_bytes
 from services.common.runtime import run_service
@@ -84,13 +84,13 @@ class RouterService:
         self._scheduler = asyncio.create_task(self._publisher.run_scheduler())
         # The persistent publish path: routes over NATS once the table is loaded, appends too.
         self._queues.use_bus(self._nats.nc)
-        self._route_server = UnaryServer(self._nats.nc, ROUTE_SUBJECT, "router", self._route)
+        self._route_server = UnaryServer(
+            self._nats.nc,
+            ROUTE_SUBJECT,
+            "router",
+            servicer_handler(self._api.RoutePersistent, pb.RoutePersistentRequest),
+        )
         await self._route_server.start()
-
-    async def _route(self, data: bytes) -> bytes:
-        req = parse(pb.RoutePersistentRequest, data)
-        resp = await self._api.RoutePersistent(req, None)  # type: ignore[arg-type]
-        return resp.SerializeToString()
 
     async def stop(self) -> None:
         if self._route_server is not None:

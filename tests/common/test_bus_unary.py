@@ -24,16 +24,16 @@ async def test_a_call_is_answered_and_errors_keep_their_status(nats_url: str) ->
 
         server = UnaryServer(nc, "svc.test.echo", "test", handler)
         await server.start()
-        client = UnaryClient(nc, "svc.test.echo", timeout_s=2.0)
-        assert await client.call(b"abc") == b"cba"
+        client = UnaryClient(nc, timeout_s=2.0)
+        assert await client.call("svc.test.echo", b"abc") == b"cba"
         with pytest.raises(InvalidArgumentError, match="entries\\[0\\] needs queue_id"):
-            await client.call(b"bad")
+            await client.call("svc.test.echo", b"bad")
         with pytest.raises(ServiceError) as info:  # an unexpected failure: INTERNAL, no details
-            await client.call(b"boom")
+            await client.call("svc.test.echo", b"boom")
         assert info.value.code.name == "INTERNAL" and "RuntimeError" in info.value.details
         await server.stop()
         with pytest.raises(UnavailableError):  # nobody serves the subject: retryable
-            await client.call(b"abc")
+            await client.call("svc.test.echo", b"abc")
     finally:
         await nc.close()
 
@@ -51,9 +51,9 @@ async def test_requests_are_served_concurrently(nats_url: str) -> None:
 
         server = UnaryServer(nc, "svc.test.slow", "test", handler)
         await server.start()
-        client = UnaryClient(nc, "svc.test.slow", timeout_s=2.0)
-        slow = asyncio.ensure_future(client.call(b"slow"))
-        assert await client.call(b"fast") == b"fast"
+        client = UnaryClient(nc, timeout_s=2.0)
+        slow = asyncio.ensure_future(client.call("svc.test.slow", b"slow"))
+        assert await client.call("svc.test.slow", b"fast") == b"fast"
         assert not slow.done()
         release.set()
         assert await slow == b"slow"

@@ -5,6 +5,7 @@ state resent."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from services.common.message import Message
 from services.common.mqtt import PubAck, PubComp, Publish, PubRec, PubRel, encode
@@ -51,8 +52,8 @@ class FakeQueue:
     ) -> None:
         self.acked_through = max(self.acked_through, through_seq)
 
-    async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
-        self.released.append(seq)
+    async def mark_released(self, tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
+        self.released += seqs
 
 
 class FakeNats:
@@ -199,9 +200,9 @@ async def test_pubrel_waits_until_the_released_mark_is_durable() -> None:
     durable = asyncio.Event()
     mark = queue.mark_released
 
-    async def slow_mark(tenant: str, queue_id: str, seq: int) -> None:
+    async def slow_mark(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
         await durable.wait()
-        await mark(tenant, queue_id, seq)
+        await mark(tenant, queue_id, seqs)
 
     queue.mark_released = slow_mark  # type: ignore[method-assign]
     pd, ch, dec = _delivery(queue)
@@ -224,10 +225,10 @@ async def test_a_failed_released_mark_is_retried_before_pubrel() -> None:
     mark = queue.mark_released
     failures = [RuntimeError("queue down")]
 
-    async def flaky_mark(tenant: str, queue_id: str, seq: int) -> None:
+    async def flaky_mark(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
         if failures:
             raise failures.pop()
-        await mark(tenant, queue_id, seq)
+        await mark(tenant, queue_id, seqs)
 
     queue.mark_released = flaky_mark  # type: ignore[method-assign]
     pd, ch, dec = _delivery(queue)
@@ -353,10 +354,10 @@ async def test_pubrels_keep_pubrec_order_when_the_marks_finish_out_of_order() ->
     first_durable = asyncio.Event()
     mark = queue.mark_released
 
-    async def first_slow(tenant: str, queue_id: str, seq: int) -> None:
-        if seq == 1:
+    async def first_slow(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
+        if 1 in seqs:
             await first_durable.wait()
-        await mark(tenant, queue_id, seq)
+        await mark(tenant, queue_id, seqs)
 
     queue.mark_released = first_slow  # type: ignore[method-assign]
     pd, ch, dec = _delivery(queue)
@@ -377,10 +378,10 @@ async def test_a_failed_mark_holds_back_the_pubrels_behind_it() -> None:
     mark = queue.mark_released
     failures = [RuntimeError("queue busy")]
 
-    async def first_fails_once(tenant: str, queue_id: str, seq: int) -> None:
-        if seq == 1 and failures:
+    async def first_fails_once(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
+        if 1 in seqs and failures:
             raise failures.pop()
-        await mark(tenant, queue_id, seq)
+        await mark(tenant, queue_id, seqs)
 
     queue.mark_released = first_fails_once  # type: ignore[method-assign]
     pd, ch, dec = _delivery(queue)
@@ -397,4 +398,33 @@ async def test_a_failed_mark_holds_back_the_pubrels_behind_it() -> None:
     await _settle()
     assert written(ch, dec) == [PubRel(pid_for(s)) for s in (1, 2, 3)]  # type: ignore[arg-type]
     assert sorted(queue.released) == [1, 2, 3]  # each marked once
+    await pd.close()
+
+
+async def test_pubrecs_that_come_during_a_mark_are_marked_in_one_call() -> None:
+    """One queue call per batch of PUBRECs, not one per message (QoS 2 out is not a call
+    per message)."""
+    queue = FakeQueue([_entry(s, qos=2) for s in (1, 2, 3, 4)])
+    calls: list[list[int]] = []
+    first_durable = asyncio.Event()
+    mark = queue.mark_released
+
+    async def recorded(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
+        calls.append(list(seqs))
+        if 1 in seqs:
+            await first_durable.wait()
+        await mark(tenant, queue_id, seqs)
+
+    queue.mark_released = recorded  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    written(ch, dec)  # type: ignore[arg-type]  # the PUBLISHes
+    await _pubrecs(ch, pd, 1)
+    await _pubrecs(ch, pd, 2)
+    await _pubrecs(ch, pd, 3, 4)
+    first_durable.set()
+    await _settle()
+    assert calls == [[1], [2, 3, 4]]
+    assert written(ch, dec) == [PubRel(pid_for(s)) for s in (1, 2, 3, 4)]  # type: ignore[arg-type]
     await pd.close()

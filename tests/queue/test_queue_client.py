@@ -88,14 +88,14 @@ async def test_append_read_release_ack_drop(address: str) -> None:
     assert (second.seq, second.message.qos, second.message.expires_at) == (3, 0, None)
     assert second.subscription_ids == ()
 
-    await client.mark_released("t", qid, 1)
+    await client.mark_released("t", qid, [1])
     await client.ack("t", qid, 2)
     again = await client.read("t", qid, 1, 10)
     assert [e.seq for e in again.entries] == [3] and again.acked_through == 2
     assert await admin.queue_stats("t", qid) == QueueStats(
         depth=1, last_seq=3, acked_through=2, dropped=1
     )
-    await client.mark_released("t", qid, 3)
+    await client.mark_released("t", qid, [3])
     assert (await client.read("t", qid, 3, 10)).entries[0].released
 
     await client.drop("t", qid)

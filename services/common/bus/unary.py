@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -32,11 +32,12 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import context, trace
 
+from services.common.bus.large import limit
+from services.common.rpc.client import LazyStub
 from services.common.rpc.errors import (
-    _BY_CODE,
     InvalidArgumentError,
-    ServiceError,
     UnavailableError,
+    error_for,
     status_for,
 )
 from services.common.tasks import TaskSet
@@ -56,11 +57,9 @@ RELEASED_SUBJECT = "svc.queue.released"
 # Requests one server works on at once; more wait in the subscription's pending buffer (and
 # time out there, to be retried, if the service cannot keep up).
 MAX_IN_FLIGHT = 256
-# Room kept in a NATS message for the reply subject and headers.
-_HEADROOM = 4096
-
 Handler = Callable[[bytes], Awaitable[bytes]]
 M = TypeVar("M", bound=Message)
+R = TypeVar("R", bound=Message)
 
 
 def parse(cls: type[M], data: bytes) -> M:
@@ -109,7 +108,7 @@ class UnaryServer:
                     context.detach(token)
             else:
                 out = await self._handler(msg.data)
-            if len(out) + _HEADROOM > self._nc.max_payload:
+            if len(out) > limit(self._nc):
                 await self._nc.publish(msg.reply, b"", headers={ERROR_HEADER: TOO_LARGE})
                 return
             await msg.respond(out)
@@ -142,31 +141,55 @@ class ReplyTooLargeError(Exception):
 
 
 class UnaryClient:
-    """Calls one subject; `fits` says whether a request may go over NATS at all."""
+    """Requests on one NATS connection; `fits` says whether a request may go over NATS."""
 
-    def __init__(self, nc: Client, subject: str, timeout_s: float) -> None:
+    def __init__(self, nc: Client, timeout_s: float) -> None:
         self._nc = nc
-        self._subject = subject
         self._timeout_s = timeout_s
 
     def fits(self, nbytes: int) -> bool:
-        return nbytes + _HEADROOM <= self._nc.max_payload and self._nc.is_connected
+        return nbytes <= limit(self._nc) and self._nc.is_connected
 
-    async def call(self, data: bytes) -> bytes:
+    async def call(self, subject: str, data: bytes) -> bytes:
         span = trace.get_current_span()
         headers = inject() if span.is_recording() else None
         try:
-            msg = await self._nc.request(
-                self._subject, data, timeout=self._timeout_s, headers=headers
-            )
+            msg = await self._nc.request(subject, data, timeout=self._timeout_s, headers=headers)
         except NoRespondersError as exc:
-            raise UnavailableError(f"no service answers on {self._subject}") from exc
+            raise UnavailableError(f"no service answers on {subject}") from exc
         except (NatsTimeoutError, TimeoutError) as exc:
-            raise UnavailableError(f"no reply on {self._subject} in time") from exc
+            raise UnavailableError(f"no reply on {subject} in time") from exc
         if msg.headers and ERROR_HEADER in msg.headers:
             if msg.headers[ERROR_HEADER] == TOO_LARGE:
-                raise ReplyTooLargeError(self._subject)
+                raise ReplyTooLargeError(subject)
             name, _, details = msg.headers[ERROR_HEADER].partition(" ")
-            code = getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN)
-            raise _BY_CODE.get(code, ServiceError)(details, code)
+            raise error_for(getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN), details)
         return msg.data
+
+
+async def call(
+    bus: UnaryClient | None,
+    subject: str,
+    rpc: LazyStub[Any],
+    method: Callable[..., Awaitable[R]],
+    req: Message,
+    reply: type[R],
+) -> R:
+    """`method(req)`: over NATS on `subject` when there is a bus and the request fits one
+    NATS message, else (or when the answer did not fit one) over gRPC."""
+    if bus is not None and bus.fits(req.ByteSize()):
+        try:
+            return reply.FromString(await bus.call(subject, req.SerializeToString()))
+        except ReplyTooLargeError:
+            pass  # e.g. a queue read whose first entry is larger than a NATS message
+    return await rpc.call(method, req)
+
+
+def servicer_handler(method: Callable[[Any, Any], Awaitable[Message]], request: type[M]) -> Handler:
+    """A gRPC servicer method as a handler: the same code serves both transports (the
+    servicers of these calls do not use the gRPC context)."""
+
+    async def handle(data: bytes) -> bytes:
+        return bytes((await method(parse(request, data), None)).SerializeToString())
+
+    return handle

@@ -81,11 +81,14 @@ _BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
 }
 
 
+def error_for(code: grpc.StatusCode, details: str) -> ServiceError:
+    """The exception for a failed call with `code`, keeping the exact code and message."""
+    return _BY_CODE.get(code, ServiceError)(details, code)
+
+
 def error_from(exc: grpc.aio.AioRpcError) -> ServiceError:
-    """Client side: the exception for a failed call, keeping its exact code and message."""
-    code = exc.code()
-    cls = _BY_CODE.get(code, ServiceError)
-    return cls(exc.details() or "", code)
+    """Client side: the exception for a failed gRPC call."""
+    return error_for(exc.code(), exc.details() or "")
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -290,19 +290,26 @@ class MarkReleasedRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    SEQS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     queue_id: _builtins.str
     seq: _builtins.int
+    """One entry (0: none); `seqs` marks several in one call (a node marks the PUBRECs that came
+    while its previous call was under way together).
+    """
+    @_builtins.property
+    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
         queue_id: _builtins.str = ...,
         seq: _builtins.int = ...,
+        seqs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_id", b"queue_id", "seq", b"seq", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_id", b"queue_id", "seq", b"seq", "seqs", b"seqs", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
