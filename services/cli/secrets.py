@@ -30,11 +30,21 @@ from services.common.bus.large import NATS_MAX_PAYLOAD
 # the others get exactly what they publish and subscribe (request replies use _INBOX).
 NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
     "connection": {
-        # svc.router.route and svc.queue.read/ack/released: the persistent path
-        # (services/common/bus/unary.py); never svc.queue.append: only the router appends.
+        # svc.router.route, svc.queue.direct and svc.queue.read/ack/released: the persistent
+        # path (services/common/bus/unary.py); appends only as checked against the route
+        # table's version (svc.queue.direct), never svc.queue.append, which the queue trusts
+        # to teach it versions, nor the router's fence and route changes.
         "publish": {
             "allow": [">"],
-            "deny": ["ctl.>", "qn.>", "svc.queue.append", "$JS.>", "$SYS.>"],
+            "deny": [
+                "ctl.>",
+                "qn.>",
+                "svc.queue.append",
+                "svc.queue.routes",
+                "rt.routes.>",
+                "$JS.>",
+                "$SYS.>",
+            ],
         },
         "subscribe": {"allow": [">"], "deny": ["svc.>", "$JS.>", "$SYS.>"]},
     },
@@ -43,7 +53,18 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
         "subscribe": {"allow": ["hb.node.>", "hello.node.>", "_INBOX.>"]},
     },
     "router": {
-        "publish": {"allow": ["mq.>", "mqd.>", "ev.>", "rt.list", "svc.queue.append", "_INBOX.>"]},
+        "publish": {
+            "allow": [
+                "mq.>",
+                "mqd.>",
+                "ev.>",
+                "rt.list",
+                "rt.routes.>",
+                "svc.queue.append",
+                "svc.queue.routes",
+                "_INBOX.>",
+            ]
+        },
         # mqf.<router>: fetches of large delayed messages it published by reference;
         # svc.router.route: the nodes' persistent publishes
         "subscribe": {"allow": ["_INBOX.>", "mqf.>", "svc.router.route"]},
@@ -54,6 +75,8 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
             "allow": [
                 "_INBOX.>",
                 "svc.queue.append",
+                "svc.queue.direct",
+                "svc.queue.routes",
                 "svc.queue.read",
                 "svc.queue.ack",
                 "svc.queue.released",

@@ -139,6 +139,13 @@ class ConnectionSettings(ServiceSettings):
         description="Open connections from one IP address to one node; a CONNECT beyond it "
         "gets CONNACK 0x97 (3.1.1: 3). Raise it behind NAT or a load balancer; 0: no cap.",
     )
+    route_copy_max_subscriptions: int = Field(
+        default=100_000,
+        ge=0,
+        description="Persistent subscriptions this node may copy from the router's route "
+        "table, over all tenants, to send QoS>=1 publishes straight to the queues (a tenant "
+        "beyond it is routed by the router); 0: every such publish goes through the router.",
+    )
     stats_interval_s: float = Field(
         default=5.0, gt=0, description="How often the node reports its counters to metrics."
     )

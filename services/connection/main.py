@@ -19,6 +19,7 @@ from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
 from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
+from services.connection.replica import CopyRouter, RouteCopies
 from services.connection.stats import register_metrics, report_stats
 from services.metrics.client import MetricsClient
 from services.queue.client import QueueClient
@@ -62,6 +63,7 @@ class ConnectionService:
         self._servers: list[asyncio.Server] = []
         self._runners: list[web.AppRunner] = []
         self._reporter: asyncio.Task[None] | None = None
+        self._copies: RouteCopies | None = None
         self.ports: dict[str, int] = {}
         self._stopping = False
         # Set when the node can no longer carry traffic (health turns NOT_SERVING); made in
@@ -84,6 +86,9 @@ class ConnectionService:
         router.use_bus(nc)  # the persistent publish path over NATS request/reply
         queue = QueueClient(s.queue_addr)
         queue.use_bus(nc)
+        # QoS>=1 publishes straight to the queues where this node holds the route table.
+        self._copies = RouteCopies(router, nc, s.route_copy_max_subscriptions)
+        await self._copies.start()
         self.node = node = Node(
             channel_config(s),
             nc,
@@ -93,6 +98,7 @@ class ConnectionService:
             router=router,
             queue=queue,
             max_connections_per_ip=s.max_connections_per_ip,
+            publish_router=CopyRouter(router, queue, self._copies),
         )
         await node.start()
         register_metrics(node.stats)
@@ -154,6 +160,8 @@ class ConnectionService:
             await self.node.shutdown(min(2.0, self._s.shutdown_grace_s))
         for runner in self._runners:
             await runner.cleanup()
+        if self._copies is not None:
+            await self._copies.stop()
         if self.node is not None:
             for nc in {self.node.nc, self.node.nc_shared}:
                 if not nc.is_closed:

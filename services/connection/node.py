@@ -58,7 +58,7 @@ from services.connection.ordered import OrderedOps
 from services.connection.peer_cert import PeerCert
 from services.connection.registry import Registry
 from services.connection.retained import RetainedReplay
-from services.connection.routing import RoutingPipeline
+from services.connection.routing import Router, RoutingPipeline
 from services.connection.session_link import SessionLink
 from services.connection.shared import Origin, SharedDispatch
 from services.connection.stats import NodeStats
@@ -97,7 +97,10 @@ class Node:
         queue: QueueClient | None = None,
         new_client_id: Callable[[], str] = assigned_client_id,
         max_connections_per_ip: int = 0,
+        publish_router: Router | None = None,
     ) -> None:
+        """`publish_router`: what QoS>=1 publishes are routed by (services/connection/
+        replica.py's CopyRouter); `router` by default."""
         self.config = config
         self.node_id = config.node_id
         self.nc = nc  # connected with no_echo: our own mesh publishes never come back
@@ -119,7 +122,9 @@ class Node:
         self.mesh = MeshPublisher(nc, self.holder)
         self.qos2_journal = Qos2Journal(session)
         self.routing: RoutingPipeline[Conn] | None = (
-            RoutingPipeline(router, self._routed, self._routing_gave_up) if router else None
+            RoutingPipeline(publish_router or router, self._routed, self._routing_gave_up)
+            if router
+            else None
         )
         self._build_message_path(router, tracing)
         self.wills = Wills(self.node_id, self.ingress.publish, self.routing, router, self.ids)

@@ -17,7 +17,7 @@ from services.common.rpc.errors import InvalidArgumentError
 from services.common.rpc.limits import BATCH_BYTES
 from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
 from services.queue.config import QueueSettings
-from services.queue.core import expires_at_ms, owned, partition_of
+from services.queue.core import RouteVersions, expires_at_ms, owned, partition_of
 from services.queue.readers import Lease, Readers
 from starling.common.v1 import event_pb2
 from starling.queue.v1 import queue_pb2 as pb
@@ -114,6 +114,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self._nats = nats
         self._push_max_bytes = settings.notice_max_bytes
         self.readers = Readers()
+        self.routes = RouteVersions()
 
     async def Append(
         self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
@@ -121,6 +122,12 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         if not request.tenant:
             raise InvalidArgumentError("tenant is required")
         tenant = request.tenant
+        if request.routes_checked and not self.routes.current(tenant, request.routes_checked):
+            return pb.AppendResponse(stale_routes=True)
+        if request.routes_current:
+            self.routes.learn(tenant, request.routes_current)
+        if not request.entries:  # a node's copy confirmed: no persistent subscriber matches
+            return pb.AppendResponse()
         by_queue = _items_by_queue(request.entries)
         results = [pb.APPEND_RESULT_UNSPECIFIED] * len(request.entries)
         pushes = {qid: self._push_to(tenant, qid, items) for qid, items in by_queue.items()}
@@ -134,6 +141,29 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             pushed = lease is not None and lease is self.readers.get(tenant, qid)
             await self._announce(tenant, qid, report, items if pushed else None, lease)
         return pb.AppendResponse(results=results)
+
+    async def DirectAppend(
+        self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AppendResponse:
+        """A connection node's append (NATS svc.queue.direct): always checked against the
+        route version, and a node cannot teach the queue one."""
+        if not request.routes_checked:
+            raise InvalidArgumentError("routes_checked is required")
+        request.routes_current = 0
+        return await self.Append(request, context)
+
+    async def FenceRoutes(
+        self, request: pb.FenceRoutesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FenceRoutesResponse:
+        """The router is about to change a tenant's route table (services/queue/core.py
+        RouteVersions says why)."""
+        if not request.tenant or not request.version:
+            raise InvalidArgumentError("tenant and version are required")
+        return pb.FenceRoutesResponse(
+            version=self.routes.learn(request.tenant, request.version),
+            instance_ordinal=self._parts.ordinal,
+            instance_count=self._parts.instances,
+        )
 
     def _push_to(
         self, tenant: str, qid: str, items: list[tuple[int, NewQueueItem]]

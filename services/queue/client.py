@@ -20,6 +20,8 @@ from services.common.bus import unary
 from services.common.bus.unary import (
     ACK_SUBJECT,
     APPEND_SUBJECT,
+    DIRECT_APPEND_SUBJECT,
+    FENCE_ROUTES_SUBJECT,
     READ_SUBJECT,
     RELEASED_SUBJECT,
     UnaryClient,
@@ -27,6 +29,7 @@ from services.common.bus.unary import (
 from services.common.envelope import from_envelope
 from services.common.message import Message
 from services.common.rpc.client import LazyStub
+from services.common.rpc.errors import UnavailableError
 from services.common.rpc.limits import split_by_bytes
 from services.queue.core import queue_id
 from starling.common.v1.message_pb2 import RoutedMessage
@@ -44,6 +47,7 @@ __all__ = [
     "QueueEntry",
     "QueueRead",
     "QueueStats",
+    "StaleRoutesError",
     "queue_id",
 ]
 
@@ -54,6 +58,16 @@ class AppendResult(IntEnum):
     OK = pb.APPEND_RESULT_OK  # stored (or already stored: appends are idempotent)
     FENCED = pb.APPEND_RESULT_FENCED  # this queue's partition moved: not stored, try later
     QUEUE_FULL = pb.APPEND_RESULT_QUEUE_FULL  # the depth limit refused it: dropped for good
+
+
+class StaleRoutesError(Exception):
+    """A checked append was refused: the route table version it was chosen with is not the
+    current one (services/queue/core.py RouteVersions). `stored` entries of the request,
+    from its start, were stored before (calls are split by size); the rest were not."""
+
+    def __init__(self, stored: int) -> None:
+        super().__init__(f"stale routes after {stored} entries")
+        self.stored = stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,19 +173,56 @@ class QueueClient:
     ) -> R:
         return await unary.call(self._bus, subject, self._rpc, method, req, reply)
 
-    async def append(self, tenant: str, entries: Sequence[NewEntry]) -> list[AppendResult]:
+    async def append(
+        self,
+        tenant: str,
+        entries: Sequence[NewEntry],
+        routes_checked: int = 0,
+        routes_current: int = 0,
+    ) -> list[AppendResult]:
         """One result per entry, in order.
 
         Sent in calls of at most BATCH_BYTES (a larger entry alone): one message matching
         many sessions is one entry per queue, each carrying the whole message. Appends are
         idempotent per message id, so a call that fails after an earlier one succeeded is
-        retried whole by the caller without storing anything twice."""
+        retried whole by the caller without storing anything twice.
+
+        `routes_checked` (a connection node's copy of the route table chose the entries):
+        that copy's version, StaleRoutesError when it is not current. `routes_current` (the
+        router): its table's version, which the queue learns. Even no entries make a call
+        when checked: the answer tells the node its copy is current."""
         results: list[AppendResult] = []
-        for run in split_by_bytes(entries, _entry_size):
-            req = pb.AppendRequest(tenant=tenant, entries=[_entry_to_pb(e) for e in run])
-            resp = await self._call(APPEND_SUBJECT, self._rpc.stub.Append, req, pb.AppendResponse)
+        if not entries and not routes_checked:
+            return results
+        subject = DIRECT_APPEND_SUBJECT if routes_checked else APPEND_SUBJECT
+        runs = split_by_bytes(entries, _entry_size) if entries else [[]]
+        for run in runs:
+            req = pb.AppendRequest(
+                tenant=tenant,
+                entries=[_entry_to_pb(e) for e in run],
+                routes_checked=routes_checked,
+                routes_current=routes_current,
+            )
+            resp = await self._call(subject, self._rpc.stub.Append, req, pb.AppendResponse)
+            if resp.stale_routes:
+                raise StaleRoutesError(len(results))
             results += [AppendResult(r) for r in resp.results]
         return results
+
+    async def fence_routes(self, tenant: str, version: int) -> int:
+        """Every queue instance holds `version` (or a higher one) of the tenant's route
+        table before this returns; the highest version any of them holds."""
+        if self._bus is None:
+            raise UnavailableError("fencing route versions needs the NATS bus")
+        req = pb.FenceRoutesRequest(tenant=tenant, version=version).SerializeToString()
+
+        def all_in(replies: list[bytes]) -> bool:
+            answers = [pb.FenceRoutesResponse.FromString(r) for r in replies]
+            count = max(a.instance_count for a in answers)
+            return {a.instance_ordinal for a in answers} >= set(range(count))
+
+        replies = await self._bus.call_all(FENCE_ROUTES_SUBJECT, req, all_in)
+        return max(pb.FenceRoutesResponse.FromString(r).version for r in replies)
 
     async def read(
         self,

@@ -10,6 +10,8 @@ from services.common.bus.client import LateClient, connect
 from services.common.bus.unary import (
     ACK_SUBJECT,
     APPEND_SUBJECT,
+    DIRECT_APPEND_SUBJECT,
+    FENCE_ROUTES_SUBJECT,
     READ_SUBJECT,
     RELEASED_SUBJECT,
     UnaryServer,
@@ -45,13 +47,16 @@ class QueueService:
         await self._parts.claim_all(self._store)
         # The persistent path's calls come over NATS too, once the partitions are ours.
         api = self._api
-        for subject, method, request in (
-            (APPEND_SUBJECT, api.Append, pb.AppendRequest),
-            (READ_SUBJECT, api.Read, pb.ReadRequest),
-            (ACK_SUBJECT, api.Ack, pb.AckRequest),
-            (RELEASED_SUBJECT, api.MarkReleased, pb.MarkReleasedRequest),
+        for subject, method, request, group in (
+            (APPEND_SUBJECT, api.Append, pb.AppendRequest, "queue"),
+            (DIRECT_APPEND_SUBJECT, api.DirectAppend, pb.AppendRequest, "queue"),
+            # Every instance must learn a fenced version: no queue group.
+            (FENCE_ROUTES_SUBJECT, api.FenceRoutes, pb.FenceRoutesRequest, ""),
+            (READ_SUBJECT, api.Read, pb.ReadRequest, "queue"),
+            (ACK_SUBJECT, api.Ack, pb.AckRequest, "queue"),
+            (RELEASED_SUBJECT, api.MarkReleased, pb.MarkReleasedRequest, "queue"),
         ):
-            server = UnaryServer(self._nats.nc, subject, "queue", servicer_handler(method, request))
+            server = UnaryServer(self._nats.nc, subject, group, servicer_handler(method, request))
             await server.start()
             self._servers.append(server)
 

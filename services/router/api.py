@@ -13,6 +13,7 @@ from services.common.store.ports import SessionStore
 from services.common.subscription import record_from_pb, record_to_pb
 from services.queue.client import NewEntry, QueueClient
 from services.router.core import RouteTable
+from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
 from starling.common.v1.message_pb2 import RoutedMessage
@@ -35,12 +36,16 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         queues: QueueClient,
         publisher: Publisher,
         retained: RetainedIndex,
+        fence: RouteFence,
+        include_qos0: bool,
     ) -> None:
         self._table = table
         self._store = store
         self._queues = queues
         self._publisher = publisher
         self._retained = retained
+        self._fence = fence
+        self._include_qos0 = include_qos0
 
     async def RoutePersistent(
         self, request: pb.RoutePersistentRequest, context: grpc.aio.ServicerContext
@@ -97,9 +102,16 @@ class RouterApi(pb_grpc.RouterServiceServicer):
             record_from_pb(request.tenant, request.client_id, request.incarnation, s)
             for s in request.subscriptions
         ]
-        await self._store.put_subscriptions(recs)
-        for r in recs:
-            self._table.add(r)
+        async with self._fence.change(request.tenant) as change:
+            await self._store.put_subscriptions(recs)
+            for r in recs:
+                self._table.add(r)
+            change.added.extend(
+                pb.RouteEntry(
+                    client_id=request.client_id, incarnation=request.incarnation, subscription=s
+                )
+                for s in request.subscriptions
+            )
         return pb.SubscribeResponse()
 
     async def Unsubscribe(
@@ -107,11 +119,15 @@ class RouterApi(pb_grpc.RouterServiceServicer):
     ) -> pb.UnsubscribeResponse:
         _check_session(request.tenant, request.client_id, request.incarnation)
         filters = list(request.topic_filters)
-        await self._store.delete_subscriptions(
-            request.tenant, request.client_id, request.incarnation, filters
-        )
-        for f in filters:
-            self._table.remove(request.tenant, request.client_id, request.incarnation, f)
+        async with self._fence.change(request.tenant) as change:
+            await self._store.delete_subscriptions(
+                request.tenant, request.client_id, request.incarnation, filters
+            )
+            for f in filters:
+                self._table.remove(request.tenant, request.client_id, request.incarnation, f)
+                change.removed.add(
+                    client_id=request.client_id, incarnation=request.incarnation
+                ).subscription.topic_filter = f
         return pb.UnsubscribeResponse()
 
     async def ListSubscriptions(
@@ -124,6 +140,31 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         self, request: pb.DropSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.DropSessionResponse:
         _check_session(request.tenant, request.client_id, request.incarnation)
-        await self._store.drop_subscriptions(request.tenant, request.client_id, request.incarnation)
-        self._table.drop(request.tenant, request.client_id, request.incarnation)
+        async with self._fence.change(request.tenant) as change:
+            await self._store.drop_subscriptions(
+                request.tenant, request.client_id, request.incarnation
+            )
+            self._table.drop(request.tenant, request.client_id, request.incarnation)
+            change.dropped.add(client_id=request.client_id, incarnation=request.incarnation)
         return pb.DropSessionResponse()
+
+    async def RouteSnapshot(
+        self, request: pb.RouteSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RouteSnapshotResponse:
+        if not request.tenant:
+            raise InvalidArgumentError("tenant is required")
+        await self._fence.ensure_fenced(request.tenant, request.refused_version)
+        # No await from here on: the version and the entries are of one instant.
+        version = self._fence.version(request.tenant)
+        limit = request.max_subscriptions
+        if limit and self._table.count(request.tenant) > limit:
+            return pb.RouteSnapshotResponse(version=version, too_large=True)
+        entries = [
+            pb.RouteEntry(
+                client_id=r.client_id, incarnation=r.incarnation, subscription=record_to_pb(r)
+            )
+            for r in self._table.records(request.tenant)
+        ]
+        return pb.RouteSnapshotResponse(
+            version=version, entries=entries, include_qos0=self._include_qos0
+        )

@@ -20,7 +20,8 @@ from services.common.envelope import from_envelope
 from services.common.message import Message
 from services.common.rpc.client import LazyStub
 from services.common.rpc.limits import split_by_bytes
-from services.common.subscription import identified_from_pb, identified_to_pb
+from services.common.store.ports import SubscriptionRecord
+from services.common.subscription import identified_from_pb, identified_to_pb, record_from_pb
 from services.router.core import RouteResult
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1 import router_pb2 as pb
@@ -31,6 +32,7 @@ __all__ = [
     "RetainedListing",
     "Route",
     "RouteResult",
+    "RouteSnapshot",
     "RouterAdminClient",
     "RouterClient",
 ]
@@ -144,8 +146,37 @@ class RouterClient:
         resp = await self._rpc.call(self._rpc.stub.SettleWill, req)
         return bool(resp.found)
 
+    async def route_snapshot(
+        self, tenant: str, max_subscriptions: int, refused_version: int = 0
+    ) -> RouteSnapshot:
+        """The tenant's persistent route table as of one version, for a node's copy
+        (services/connection/replica.py); `refused_version`: a queue refused the copy at
+        that version."""
+        req = pb.RouteSnapshotRequest(
+            tenant=tenant, max_subscriptions=max_subscriptions, refused_version=refused_version
+        )
+        resp = await self._rpc.call(self._rpc.stub.RouteSnapshot, req)
+        return RouteSnapshot(
+            resp.version,
+            tuple(route_record(tenant, e) for e in resp.entries),
+            resp.include_qos0,
+            resp.too_large,
+        )
+
     async def close(self) -> None:
         await self._rpc.close()
+
+
+def route_record(tenant: str, e: pb.RouteEntry) -> SubscriptionRecord:
+    return record_from_pb(tenant, e.client_id, e.incarnation, e.subscription)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSnapshot:
+    version: int
+    subscriptions: tuple[SubscriptionRecord, ...]
+    include_qos0: bool  # QoS 0 subscriptions get queue entries too (router setting)
+    too_large: bool  # more than asked for: none sent
 
 
 @dataclass(frozen=True, slots=True)

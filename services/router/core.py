@@ -1,13 +1,18 @@
-"""The persistent route table: pure matching of topics to session queues."""
+"""The persistent route table: pure matching of topics to session queues, and what a
+batch of publishes makes of it (queue entries, results). The router and the connection
+nodes' copies of the table (services/connection/replica.py) share this code."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
 from services.common.store.ports import SubscriptionRecord
 from services.common.topics import TopicTrie
 from services.common.topics.merge import merge_matches
+from services.queue.client import AppendResult, NewEntry, queue_id
+from starling.common.v1.message_pb2 import RoutedMessage
 
 SessionKey = tuple[str, int]  # (client_id, incarnation)
 
@@ -65,6 +70,19 @@ class RouteTable:
         for f in self._filters.pop((tenant, client_id, incarnation), set()):
             self.remove(tenant, client_id, incarnation, f)
 
+    def count(self, tenant: str) -> int:
+        """Subscriptions of one tenant."""
+        trie = self._tries.get(tenant)
+        return 0 if trie is None else len(trie)
+
+    def records(self, tenant: str) -> list[SubscriptionRecord]:
+        """Every subscription of one tenant."""
+        out: list[SubscriptionRecord] = []
+        for (t, client_id, incarnation), _ in self._filters.items():
+            if t == tenant:
+                out += self.subscriptions(t, client_id, incarnation)
+        return out
+
     def routes(self, tenant: str) -> dict[str, list[str]]:
         """Persistent filters of a tenant and the sessions (client#incarnation) behind them."""
         out: dict[str, list[str]] = {}
@@ -105,3 +123,38 @@ class RouteTable:
             for k, (q, rap, ids) in per.items()
             if q > 0 or include_qos0
         ]
+
+
+# Settled for the publisher: stored, or refused for good by the depth limit (counted there).
+_SETTLED = {AppendResult.OK, AppendResult.QUEUE_FULL}
+
+
+def plan(
+    table: RouteTable, items: Iterable[tuple[int, RoutedMessage]], include_qos0: bool
+) -> dict[str, tuple[list[NewEntry], list[int]]]:
+    """Per tenant, the queue entries of `items` (index, message) and, for each entry, the
+    index of the message it came from."""
+    by_tenant: dict[str, tuple[list[NewEntry], list[int]]] = {}
+    for i, m in items:
+        for t in table.targets(
+            m.tenant, m.topic, m.qos, m.retain, m.publisher.client_id, include_qos0
+        ):
+            entries, owners = by_tenant.setdefault(m.tenant, ([], []))
+            qid = queue_id(t.client_id, t.incarnation)
+            entries.append(NewEntry(qid, m, t.qos, t.retain, t.subscription_ids))
+            owners.append(i)
+    return by_tenant
+
+
+def settle(
+    results: list[RouteResult],
+    owners: Sequence[int],
+    outcomes: Sequence[AppendResult | None],
+) -> None:
+    """Fold the appends' outcomes into the messages' results (None: not known to be
+    stored): a message is STORED once every entry of it is, TRY_LATER if any is not."""
+    for i, outcome in zip(owners, outcomes, strict=True):
+        if outcome not in _SETTLED:
+            results[i] = RouteResult.TRY_LATER
+        elif results[i] is RouteResult.NO_MATCH:
+            results[i] = RouteResult.STORED

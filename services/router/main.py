@@ -20,6 +20,7 @@ from services.router.admin import RouterAdminApi
 from services.router.api import RouterApi
 from services.router.config import RouterSettings
 from services.router.core import RouteTable
+from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
 from starling.router.v1 import router_pb2 as pb
@@ -40,6 +41,7 @@ class RouterService:
         self._nats = LateClient()
         self._refusals = Refusals()
         register_refusal_metrics(self._refusals, "starling.router")
+        self._fence = RouteFence(self._queues, self._nats)
         self._publisher = Publisher(
             self._table,
             self._queues,
@@ -48,11 +50,18 @@ class RouterService:
             self._nats,
             settings.caps(),
             settings.queue_qos0_offline,
+            self._fence,
             self._refusals,
         )
         self._scheduler: asyncio.Task[None] | None = None
         self._api = RouterApi(
-            self._table, self._store, self._queues, self._publisher, self._retained
+            self._table,
+            self._store,
+            self._queues,
+            self._publisher,
+            self._retained,
+            self._fence,
+            settings.queue_qos0_offline,
         )
         self._route_server: UnaryServer | None = None
 

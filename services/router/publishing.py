@@ -16,17 +16,16 @@ from services.common.rpc.errors import ServiceError
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
 from services.common.topics import topic_to_subject
 from services.common.topics.delayed import DelayedTopic, parse_delayed
-from services.queue.client import AppendResult, NewEntry, QueueClient, queue_id
-from services.router.core import RouteResult, RouteTable
+from services.queue.client import AppendResult, QueueClient
+from services.router.core import RouteResult, RouteTable, plan, settle
 from services.router.delayed import Schedule
+from services.router.fencing import RouteFence
 from services.router.limits import Caps, Usage, fits
 from services.router.retained import Retained, RetainedIndex
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 
 log = logging.getLogger("starling.router")
-# Settled for the publisher: stored, or refused for good by the depth limit (counted there).
-_SETTLED = {AppendResult.OK, AppendResult.QUEUE_FULL}
 # A tenant at a retained cap has its expired retained messages purged at most this often.
 PURGE_EVERY_MS = 1000
 
@@ -55,6 +54,7 @@ class Publisher:
         nats: Any,
         caps: Caps,
         queue_qos0: bool,
+        fence: RouteFence,
         refusals: Refusals | None = None,
     ) -> None:
         self._table = table
@@ -64,6 +64,7 @@ class Publisher:
         self._nats = nats
         self._caps = caps
         self._qos0 = queue_qos0
+        self.fence = fence
         self.refusals = refusals or Refusals()
         self.schedule = Schedule()
         self.delayed: dict[tuple[str, str], DelayedRecord] = {}
@@ -107,28 +108,19 @@ class Publisher:
     async def _route(
         self, items: list[tuple[int, RoutedMessage]], results: list[RouteResult]
     ) -> int:
-        by_tenant: dict[str, tuple[list[NewEntry], list[int]]] = {}
-        for i, m in items:
-            for t in self._table.targets(
-                m.tenant, m.topic, m.qos, m.retain, m.publisher.client_id, self._qos0
-            ):
-                entries, owners = by_tenant.setdefault(m.tenant, ([], []))
-                qid = queue_id(t.client_id, t.incarnation)
-                entries.append(NewEntry(qid, m, t.qos, t.retain, t.subscription_ids))
-                owners.append(i)
         queues = 0
-        for tenant, (entries, owners) in by_tenant.items():
+        for tenant, (entries, owners) in plan(self._table, items, self._qos0).items():
             outcomes: list[AppendResult | None]
             try:
-                outcomes = list(await self._queues.append(tenant, entries))
+                outcomes = list(
+                    await self._queues.append(
+                        tenant, entries, routes_current=self.fence.version(tenant)
+                    )
+                )
             except ServiceError as exc:
                 log.warning("queue_append_failed", extra={"code": exc.code.name})
                 outcomes = [None] * len(entries)  # nothing known to be stored
-            for i, outcome in zip(owners, outcomes, strict=True):
-                if outcome not in _SETTLED:
-                    results[i] = RouteResult.TRY_LATER
-                elif results[i] is RouteResult.NO_MATCH:
-                    results[i] = RouteResult.STORED
+            settle(results, owners, outcomes)
             queues += len(entries)
         return queues
 

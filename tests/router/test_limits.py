@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from services.common.store.sqlite_router import SqliteRouterStore
 from services.queue.client import QueueClient
 from services.router.core import RouteResult, RouteTable
+from services.router.fencing import RouteFence
 from services.router.limits import Caps, Usage, fits
 from services.router.publishing import Publisher
 from services.router.retained import Retained, RetainedIndex
@@ -79,7 +80,8 @@ async def router(core: Core, nc: Client, tmp_path: Path) -> AsyncIterator[Factor
         store = SqliteRouterStore(tmp_path / "router.db")
         queues = QueueClient(core.queue)
         opened.append((store, queues))
-        p = Publisher(RouteTable(), queues, RetainedIndex(), store, nc, caps, False)
+        fence = RouteFence(queues, nc)
+        p = Publisher(RouteTable(), queues, RetainedIndex(), store, nc, caps, False, fence)
         await p.load()
         return p
 

@@ -162,12 +162,14 @@ async def test_a_service_nats_user_holds_only_its_subjects(mesh: MeshInfo) -> No
         await nc.close()
 
 
-async def test_a_node_may_route_but_never_append_to_queues_or_serve_the_router(
+async def test_a_node_may_route_but_never_append_unchecked_or_serve_the_router(
     mesh: MeshInfo,
 ) -> None:
-    """The persistent path runs over NATS (svc.router.route, svc.queue.append): a connection
-    node's user may ask the router, but neither append to queues itself nor pose as the
-    router (subscribe to its subject) to take other nodes' publishes."""
+    """The persistent path runs over NATS (svc.router.route, svc.queue.direct,
+    svc.queue.append): a connection node's user may ask the router and append as checked
+    against the route table's version, but neither append unchecked (svc.queue.append),
+    fence versions or publish route changes as the router, nor pose as the router
+    (subscribe to its subject) to take other nodes' publishes."""
     port = mesh.mesh.by_name("nats").port
     password = mesh.launcher.secrets.nats["connection"]
     errors: list[str] = []
@@ -178,16 +180,23 @@ async def test_a_node_may_route_but_never_append_to_queues_or_serve_the_router(
     nc = await nats.connect(f"nats://connection:{password}@127.0.0.1:{port}", error_cb=on_error)
     try:
         await nc.publish("svc.queue.append", b"x")
+        await nc.publish("svc.queue.routes", b"x")
+        await nc.publish("rt.routes.default", b"x")
         await nc.subscribe("svc.router.route")
         await nc.flush()
         deadline = time.monotonic() + 10
-        while len([e for e in errors if "permissions violation" in e.lower()]) < 2:
+        while len([e for e in errors if "permissions violation" in e.lower()]) < 4:
             assert time.monotonic() < deadline, f"no permission violations: {errors}"
             await asyncio.sleep(0.05)
         # Asking the router is allowed: a bad request gets a status, not a violation.
         reply = await nc.request("svc.router.route", b"\xff", timeout=5)
         assert reply.headers and reply.headers.get("Starling-Error", "").startswith(
             "INVALID_ARGUMENT malformed RoutePersistentRequest"
+        )
+        # So is a checked append; one without a version is refused by the queue.
+        reply = await nc.request("svc.queue.direct", b"\n\x01t", timeout=5)
+        assert reply.headers and reply.headers.get("Starling-Error", "").startswith(
+            "INVALID_ARGUMENT routes_checked is required"
         )
     finally:
         await nc.close()

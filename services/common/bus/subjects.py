@@ -38,6 +38,12 @@ def node_hello(node_id: str) -> str:
 
 
 ROUTE_LISTING = "rt.list"  # request: tenant name; every node replies with its filters
+ROUTE_CHANGES = "rt.routes.*"  # every tenant's RouteChange events
+
+
+def route_changes(tenant: str) -> str:
+    """The router's RouteChange events for one tenant's persistent route table."""
+    return f"rt.routes.{escape_token(tenant)}"
 
 
 def queue_notice(tenant: str, queue_id: str) -> str:
@@ -54,12 +60,14 @@ __all__ = [
     "EVENTS_STREAM",
     "EVENTS_WILDCARD",
     "REGISTRY_LOST",
+    "ROUTE_CHANGES",
     "event",
     "filter_to_subjects",
     "node_control",
     "node_heartbeat",
     "node_hello",
     "queue_notice",
+    "route_changes",
     "shared_group",
     "topic_to_subject",
 ]

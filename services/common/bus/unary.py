@@ -51,6 +51,10 @@ ERROR_HEADER = "Starling-Error"
 TOO_LARGE = "TOO_LARGE"
 ROUTE_SUBJECT = "svc.router.route"
 APPEND_SUBJECT = "svc.queue.append"
+# Appends chosen by a connection node's copy of the route table (checked against its version).
+DIRECT_APPEND_SUBJECT = "svc.queue.direct"
+# The router fences a new route table version: every queue instance answers (no queue group).
+FENCE_ROUTES_SUBJECT = "svc.queue.routes"
 READ_SUBJECT = "svc.queue.read"
 ACK_SUBJECT = "svc.queue.ack"
 RELEASED_SUBJECT = "svc.queue.released"
@@ -165,6 +169,43 @@ class UnaryClient:
             name, _, details = msg.headers[ERROR_HEADER].partition(" ")
             raise error_for(getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN), details)
         return msg.data
+
+    async def call_all(
+        self, subject: str, data: bytes, complete: Callable[[list[bytes]], bool]
+    ) -> list[bytes]:
+        """A request every server of `subject` answers (they share no queue group): the
+        replies, once `complete(replies)` says they are all in; UnavailableError if that
+        does not happen in time, or an error reply's ServiceError."""
+        replies: list[bytes] = []
+        errors: list[Exception] = []
+        done = asyncio.Event()
+
+        async def on_reply(msg: Msg) -> None:
+            if msg.headers and ERROR_HEADER in msg.headers:
+                name, _, details = msg.headers[ERROR_HEADER].partition(" ")
+                code = getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN)
+                errors.append(error_for(code, details))
+                done.set()
+                return
+            replies.append(msg.data)
+            if complete(replies):
+                done.set()
+
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox, cb=on_reply)
+        try:
+            await self._nc.publish(subject, data, reply=inbox)
+            try:
+                await asyncio.wait_for(done.wait(), self._timeout_s)
+            except TimeoutError as exc:
+                raise UnavailableError(
+                    f"{len(replies)} answers on {subject} in time, not all"
+                ) from exc
+        finally:
+            await sub.unsubscribe()
+        if errors:
+            raise errors[0]
+        return replies
 
 
 async def call(

@@ -120,7 +120,18 @@ class AppendRequest(_message.Message):
 
     TENANT_FIELD_NUMBER: _builtins.int
     ENTRIES_FIELD_NUMBER: _builtins.int
+    ROUTES_CHECKED_FIELD_NUMBER: _builtins.int
+    ROUTES_CURRENT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
+    routes_checked: _builtins.int
+    """From a connection node that chose the entries from its copy of the tenant's persistent
+    route table (services/connection/replica.py): that copy's version. The queue writes
+    nothing and answers stale_routes unless it is the version the router last fenced.
+    """
+    routes_current: _builtins.int
+    """From the router: the version of the route table that chose the entries (the queue
+    learns it, e.g. after a restart).
+    """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewEntry]: ...
     def __init__(
@@ -128,10 +139,12 @@ class AppendRequest(_message.Message):
         *,
         tenant: _builtins.str = ...,
         entries: _abc.Iterable[Global___NewEntry] | None = ...,
+        routes_checked: _builtins.int = ...,
+        routes_current: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "routes_checked", b"routes_checked", "routes_current", b"routes_current", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -142,22 +155,79 @@ class AppendResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    STALE_ROUTES_FIELD_NUMBER: _builtins.int
+    stale_routes: _builtins.bool
+    """routes_checked is not the current version: nothing was written; route via the router."""
     @_builtins.property
     def results(self) -> _containers.RepeatedScalarFieldContainer[Global___AppendResult.ValueType]:
-        """One per entry, in request order."""
+        """One per entry, in request order (empty when stale_routes)."""
 
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___AppendResult.ValueType] | None = ...,
+        stale_routes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results", "stale_routes", b"stale_routes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AppendResponse: _TypeAlias = AppendResponse  # noqa: Y015
+
+@_typing.final
+class FenceRoutesRequest(_message.Message):
+    """The router changes a tenant's persistent route table: every queue instance learns the new
+    version before the change is made (NATS subject svc.queue.routes, answered by every
+    instance), so an append chosen by an older copy of the table is refused.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    version: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FenceRoutesRequest: _TypeAlias = FenceRoutesRequest  # noqa: Y015
+
+@_typing.final
+class FenceRoutesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    INSTANCE_ORDINAL_FIELD_NUMBER: _builtins.int
+    INSTANCE_COUNT_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The version this instance now holds (higher than asked: the router must go above it)."""
+    instance_ordinal: _builtins.int
+    instance_count: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        instance_ordinal: _builtins.int = ...,
+        instance_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_count", b"instance_count", "instance_ordinal", b"instance_ordinal", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FenceRoutesResponse: _TypeAlias = FenceRoutesResponse  # noqa: Y015
 
 @_typing.final
 class ReadRequest(_message.Message):

@@ -43,6 +43,136 @@ ROUTE_RESULT_QUOTA_EXCEEDED: RouteResult.ValueType  # 4
 Global___RouteResult: _TypeAlias = RouteResult  # noqa: Y015
 
 @_typing.final
+class RouteSnapshotRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    MAX_SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    REFUSED_VERSION_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    max_subscriptions: _builtins.int
+    """More subscriptions than this: too_large, none sent (the node keeps using the router)."""
+    refused_version: _builtins.int
+    """The version of the node's copy that a queue refused: if it is still the current one,
+    the queue lost it (restarted) and the router fences it again.
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        max_subscriptions: _builtins.int = ...,
+        refused_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_subscriptions", b"max_subscriptions", "refused_version", b"refused_version", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteSnapshotRequest: _TypeAlias = RouteSnapshotRequest  # noqa: Y015
+
+@_typing.final
+class RouteEntry(_message.Message):
+    """One persistent subscription of one session incarnation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    incarnation: _builtins.int
+    @_builtins.property
+    def subscription(self) -> _subscription_pb2.Subscription: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        subscription: _subscription_pb2.Subscription | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "incarnation", b"incarnation", "subscription", b"subscription"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteEntry: _TypeAlias = RouteEntry  # noqa: Y015
+
+@_typing.final
+class RouteSnapshotResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    INCLUDE_QOS0_FIELD_NUMBER: _builtins.int
+    TOO_LARGE_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    include_qos0: _builtins.bool
+    """The router's queue_qos0_offline: QoS 0 subscriptions get queue entries too."""
+    too_large: _builtins.bool
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteEntry]: ...
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        entries: _abc.Iterable[Global___RouteEntry] | None = ...,
+        include_qos0: _builtins.bool = ...,
+        too_large: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "include_qos0", b"include_qos0", "too_large", b"too_large", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteSnapshotResponse: _TypeAlias = RouteSnapshotResponse  # noqa: Y015
+
+@_typing.final
+class RouteChange(_message.Message):
+    """Published by the router on rt.routes.<tenant> after each change of the tenant's table."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    PREV_VERSION_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ADDED_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    prev_version: _builtins.int
+    version: _builtins.int
+    @_builtins.property
+    def added(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteEntry]: ...
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteEntry]:
+        """Only client_id, incarnation and subscription.topic_filter are set."""
+
+    @_builtins.property
+    def dropped(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteEntry]:
+        """Every subscription of these session incarnations is gone (no subscription set)."""
+
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        prev_version: _builtins.int = ...,
+        version: _builtins.int = ...,
+        added: _abc.Iterable[Global___RouteEntry] | None = ...,
+        removed: _abc.Iterable[Global___RouteEntry] | None = ...,
+        dropped: _abc.Iterable[Global___RouteEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "dropped", b"dropped", "prev_version", b"prev_version", "removed", b"removed", "tenant", b"tenant", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteChange: _TypeAlias = RouteChange  # noqa: Y015
+
+@_typing.final
 class SettleWillRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -70,6 +70,11 @@ class RouterServiceStub:
                 request_serializer=starling_dot_router_dot_v1_dot_router__pb2.SettleWillRequest.SerializeToString,
                 response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.SettleWillResponse.FromString,
                 _registered_method=True)
+        self.RouteSnapshot = channel.unary_unary(
+                '/starling.router.v1.RouterService/RouteSnapshot',
+                request_serializer=starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotRequest.SerializeToString,
+                response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServiceServicer:
@@ -126,6 +131,14 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RouteSnapshot(self, request, context):
+        """A tenant's persistent route table as of a version, for a node's copy of it
+        (services/connection/replica.py); changes follow as RouteChange on rt.routes.<tenant>.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +176,11 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.SettleWill,
                     request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.SettleWillRequest.FromString,
                     response_serializer=starling_dot_router_dot_v1_dot_router__pb2.SettleWillResponse.SerializeToString,
+            ),
+            'RouteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.RouteSnapshot,
+                    request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotRequest.FromString,
+                    response_serializer=starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +373,33 @@ class RouterService:
             '/starling.router.v1.RouterService/SettleWill',
             starling_dot_router_dot_v1_dot_router__pb2.SettleWillRequest.SerializeToString,
             starling_dot_router_dot_v1_dot_router__pb2.SettleWillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RouteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.router.v1.RouterService/RouteSnapshot',
+            starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotRequest.SerializeToString,
+            starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

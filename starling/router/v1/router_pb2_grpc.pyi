@@ -51,6 +51,10 @@ class RouterServiceStub:
     """A client connected again: its delayed will (if any) is cancelled (session resumed) or
     published now (the old session ended) [MQTT-3.1.3-9].
     """
+    RouteSnapshot: _grpc.UnaryUnaryMultiCallable[_router_pb2.RouteSnapshotRequest, _router_pb2.RouteSnapshotResponse]
+    """A tenant's persistent route table as of a version, for a node's copy of it
+    (services/connection/replica.py); changes follow as RouteChange on rt.routes.<tenant>.
+    """
 
 @_typing.type_check_only
 class RouterServiceAsyncStub(RouterServiceStub):
@@ -74,6 +78,10 @@ class RouterServiceAsyncStub(RouterServiceStub):
     SettleWill: _aio.UnaryUnaryMultiCallable[_router_pb2.SettleWillRequest, _router_pb2.SettleWillResponse]  # type: ignore[assignment]
     """A client connected again: its delayed will (if any) is cancelled (session resumed) or
     published now (the old session ended) [MQTT-3.1.3-9].
+    """
+    RouteSnapshot: _aio.UnaryUnaryMultiCallable[_router_pb2.RouteSnapshotRequest, _router_pb2.RouteSnapshotResponse]  # type: ignore[assignment]
+    """A tenant's persistent route table as of a version, for a node's copy of it
+    (services/connection/replica.py); changes follow as RouteChange on rt.routes.<tenant>.
     """
 
 class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -137,6 +145,16 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_router_pb2.SettleWillResponse, _abc.Awaitable[_router_pb2.SettleWillResponse]]:
         """A client connected again: its delayed will (if any) is cancelled (session resumed) or
         published now (the old session ended) [MQTT-3.1.3-9].
+        """
+
+    @_abc_1.abstractmethod
+    def RouteSnapshot(
+        self,
+        request: _router_pb2.RouteSnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.RouteSnapshotResponse, _abc.Awaitable[_router_pb2.RouteSnapshotResponse]]:
+        """A tenant's persistent route table as of a version, for a node's copy of it
+        (services/connection/replica.py); changes follow as RouteChange on rt.routes.<tenant>.
         """
 
 def add_RouterServiceServicer_to_server(servicer: RouterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

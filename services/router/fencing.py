@@ -1,0 +1,95 @@
+"""Versions of every tenant's persistent route table, and the fence that lets connection
+nodes route from their own copies safely.
+
+A node that holds a copy of a tenant's table (services/connection/replica.py) appends a
+publish straight to the queues its copy chooses, with the copy's version; a queue instance
+writes only if that version is the one it last learned (services/queue/core.py). Before the
+router changes a table, it makes every queue instance learn a new, higher version; only then
+does it change the table, answer (so the node sends the SUBACK) and publish the change on
+rt.routes.<tenant> for the copies. So a publish that arrives anywhere after the SUBACK is
+either chosen from a copy that has the subscription or refused and sent through the router.
+
+A version stands for one content of the table within one router process; a new process
+starts every tenant at the current time in microseconds, above what its predecessor used
+unless the clock went back, and a fence that finds a queue holding a higher version goes
+above it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from services.common.bus import subjects
+from services.queue.client import QueueClient
+from starling.router.v1.router_pb2 import RouteChange
+
+log = logging.getLogger("starling.router.fencing")
+_ATTEMPTS = 3  # a queue holding a higher version: go above it, at most this often
+
+
+class RouteFence:
+    def __init__(self, queues: QueueClient, nats: Any) -> None:
+        self._queues = queues
+        self._nats = nats
+        self._versions: dict[str, int] = {}
+        self._fenced: set[str] = set()  # tenants whose version the queues learned from us
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def version(self, tenant: str) -> int:
+        """The tenant's current version (fixed on first use)."""
+        v = self._versions.get(tenant)
+        if v is None:
+            v = self._versions[tenant] = time.time_ns() // 1000
+        return v
+
+    async def _fence(self, tenant: str, version: int) -> int:
+        """Every queue instance holds `version` (or, when one held more, a version above
+        that); the version they all hold now."""
+        for _ in range(_ATTEMPTS):
+            held = await self._queues.fence_routes(tenant, version)
+            if held == version:
+                return version
+            version = held + 1
+        raise RuntimeError(f"route version of {tenant} keeps moving")
+
+    @asynccontextmanager
+    async def change(self, tenant: str) -> AsyncIterator[RouteChange]:
+        """Change the tenant's table inside this block, after the queues fenced the new
+        version; what the block records in the RouteChange is published when it ends
+        without error. Changes of one tenant go one at a time, so versions form a chain."""
+        # One lock per tenant that ever changed: as many as tenants, which are bounded.
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            prev = self.version(tenant)
+            new = await self._fence(tenant, max(prev + 1, time.time_ns() // 1000))
+            self._versions[tenant] = new
+            self._fenced.add(tenant)
+            change = RouteChange(tenant=tenant, prev_version=prev, version=new)
+            yield change
+            await self._publish(change)
+
+    async def ensure_fenced(self, tenant: str, refused: int = 0) -> None:
+        """The queues hold the tenant's current version before a node copies the table:
+        fenced again when a node's copy at the current version was refused (the queue lost
+        it), or moved up when a queue holds a higher one."""
+        current = self.version(tenant)
+        if tenant in self._fenced and refused != current:
+            return
+        held = await self._queues.fence_routes(tenant, current)
+        if held == current:
+            self._fenced.add(tenant)
+            return
+        async with self.change(tenant):
+            pass  # nothing changes but the version, above the one a queue held
+
+    async def _publish(self, change: RouteChange) -> None:
+        try:
+            await self._nats.publish(
+                subjects.route_changes(change.tenant), change.SerializeToString()
+            )
+        except Exception:  # copies that miss it are refused by the queue and reload
+            log.warning("route_change_publish_failed", extra={"tenant": change.tenant})
