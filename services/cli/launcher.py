@@ -6,6 +6,12 @@ the launcher if it is killed (PR_SET_PDEATHSIG, armed by services.cli.deathsig, 
 `preexec_fn`: see that module). Endpoints and pids are written to
 `<data-dir>/mesh.json` for `starling status`.
 
+A node may run as several worker processes (`node_workers`, `starling up --node-workers N`):
+each is a node of the mesh with its own node id (`node_worker_name`), and all of them listen
+on the node's ports with SO_REUSEPORT, so the kernel spreads the node's connections over
+them and one host's cores share the MQTT work. Sessions and takeover across workers are the
+mesh's, as across nodes.
+
 Every door is locked (services/cli/secrets.py generates the secrets): NATS has one user per
 service, Redis a password (both in 0600 config files, never on a command line), internal gRPC
 calls carry the mesh secret, and admin calls need the operator token, which `starling`'s
@@ -95,6 +101,13 @@ def redis_binary() -> str:
     return found
 
 
+def node_worker_name(node: int, worker: int) -> str:
+    """Component name and node id of one worker of a node: worker 0 keeps the node's own
+    name (`connection-0`), so a one-worker mesh is named as it always was; the others are
+    `connection-0-w1`, `connection-0-w2`, ..."""
+    return f"connection-{node}" if worker == 0 else f"connection-{node}-w{worker}"
+
+
 class Launcher:
     def __init__(
         self,
@@ -105,9 +118,15 @@ class Launcher:
         extra_env: dict[str, str] | None = None,
         ws: bool = True,
         tls: tuple[Path, Path] | None = None,
+        node_workers: int = 1,
     ) -> None:
+        if node_workers < 1:
+            raise ValueError(
+                f"node_workers (--node-workers) must be at least 1, not {node_workers}"
+            )
         self.data_dir = data_dir.resolve()
         self.nodes = nodes
+        self.node_workers = node_workers
         self.mqtt_port = mqtt_port
         self.anonymous = anonymous
         self.extra_env = extra_env or {}
@@ -207,8 +226,17 @@ class Launcher:
         self._planned = {name: free_port() for name in BACK_OFFICE}
 
     def start_service(
-        self, name: str, service: str, nats: Component, redis: Component, mqtt_port: int = 0
+        self,
+        name: str,
+        service: str,
+        nats: Component,
+        redis: Component,
+        mqtt_port: int = 0,
+        ports_of: Component | None = None,
     ) -> Component:
+        """Start one service process. A connection node listens on `mqtt_port` and on WS /
+        TLS / WSS ports of its own, or, given `ports_of` (another worker of the same node),
+        on that one's ports."""
         comp = Component(
             name,
             "service",
@@ -220,11 +248,17 @@ class Launcher:
             comp.port = mqtt_port
             env["STARLING_MQTT_PORT"] = str(mqtt_port)
             env["STARLING_MQTT_HOST"] = env.get("STARLING_MQTT_HOST", "127.0.0.1")
+            if self.node_workers > 1:
+                # Every worker of a node binds the same ports; without it the second fails.
+                env["STARLING_REUSE_PORT"] = "true"
             if self.ws:
-                comp.ws_port = free_port()
+                comp.ws_port = ports_of.ws_port if ports_of else free_port()
                 env["STARLING_WS_PORT"] = str(comp.ws_port)
             if self.tls is not None:
-                comp.tls_port, comp.wss_port = free_port(), free_port()
+                if ports_of is not None:
+                    comp.tls_port, comp.wss_port = ports_of.tls_port, ports_of.wss_port
+                else:
+                    comp.tls_port, comp.wss_port = free_port(), free_port()
                 env["STARLING_TLS_PORT"] = str(comp.tls_port)
                 env["STARLING_WSS_PORT"] = str(comp.wss_port)
                 env["STARLING_TLS_CERT_FILE"] = str(self.tls[0])
@@ -256,13 +290,23 @@ class Launcher:
             if comp.name in BACK_OFFICE:
                 _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
         for i in range(self.nodes):
-            self.start_service(
-                f"connection-{i}",
+            # Port 0: the port is picked here, once, so that every worker binds the same one.
+            first = self.start_service(
+                node_worker_name(i, 0),
                 "connection",
                 nats,
                 redis,
                 mqtt_port=self.mqtt_port + i if self.mqtt_port else free_port(),
             )
+            for w in range(1, self.node_workers):
+                self.start_service(
+                    node_worker_name(i, w),
+                    "connection",
+                    nats,
+                    redis,
+                    mqtt_port=first.port,
+                    ports_of=first,
+                )
         self.mesh.save()
         for comp in self.mesh.components:
             _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
@@ -272,10 +316,11 @@ class Launcher:
 
     def stop(self, grace_s: float = 8.0) -> None:
         """Stop children in order; SIGKILL what outlives its grace period."""
-        order = [c for c in self.mesh.components if c.name.startswith("connection-")]
-        order += [c for c in self.mesh.components if c.name in BACK_OFFICE]
-        order += [c for c in self.mesh.components if c.kind in ("redis", "nats")]
-        for group in (order[: self.nodes], order[self.nodes : -2], order[-2:]):
+        comps = self.mesh.components
+        nodes = [c for c in comps if c.name.startswith("connection-")]  # with every worker
+        back_office = [c for c in comps if c.name in BACK_OFFICE]
+        infra = [c for c in comps if c.kind in ("redis", "nats")]
+        for group in (nodes, back_office, infra):
             for comp in group:
                 proc = self.procs.get(comp.name)
                 if proc is not None and proc.poll() is None:
@@ -382,8 +427,8 @@ def print_endpoints(mesh: Mesh) -> None:
     print("Ctrl-C stops everything.", flush=True)
 
 
-def run_up(data_dir: Path, nodes: int, mqtt_port: int) -> int:
-    launcher = Launcher(data_dir, nodes, mqtt_port)
+def run_up(data_dir: Path, nodes: int, mqtt_port: int, node_workers: int = 1) -> int:
+    launcher = Launcher(data_dir, nodes, mqtt_port, node_workers=node_workers)
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:

@@ -21,6 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1, help="connection nodes (default 1)")
     p.add_argument("--data-dir", default=".starling", help="run and data folder")
     p.add_argument("--mqtt-port", type=int, default=1883, help="node i listens on P+i")
+    p.add_argument(
+        "--node-workers",
+        type=int,
+        default=1,
+        help="processes per node, all on the node's ports (SO_REUSEPORT): one core each "
+        "(default 1)",
+    )
     p = sub.add_parser("status", help="health of every component of the local mesh")
     p.add_argument("--data-dir", default=".starling")
     p = sub.add_parser(
@@ -42,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.nodes < 1:
             parser.error("--nodes must be at least 1")
-        return run_up(Path(args.data_dir), args.nodes, args.mqtt_port)
+        if args.node_workers < 1:
+            parser.error("--node-workers must be at least 1")
+        return run_up(Path(args.data_dir), args.nodes, args.mqtt_port, args.node_workers)
     if args.command == "secrets":
         from services.cli.secrets import MeshSecrets, write_secret_files
 

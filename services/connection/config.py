@@ -33,6 +33,14 @@ class ConnectionSettings(ServiceSettings):
     tls_key_file: Path | None = Field(default=None, description="PEM private key.")
     tls_ca_file: Path | None = Field(default=None, description="CA for client certificates.")
     tls_require_client_cert: bool = False
+    reuse_port: bool = Field(
+        default=False,
+        description="Bind the MQTT listeners (TCP, TLS, WS, WSS) with SO_REUSEPORT, so several "
+        "node processes on one host share the same ports and the kernel spreads connections "
+        "among them (`starling up --node-workers N` sets it). Each process needs its own "
+        "node_id, and the ports must be fixed (not 0). Any process of the same user can then "
+        "bind these ports too.",
+    )
     max_connect_packet_size_bytes: int = Field(
         default=64 << 10,
         ge=64,
@@ -187,6 +195,19 @@ class ConnectionSettings(ServiceSettings):
             raise ValueError("max_connect_packet_size_bytes exceeds max_packet_size_bytes")
         if self.max_keepalive_s and self.server_keepalive_s > self.max_keepalive_s:
             raise ValueError("server_keepalive_s exceeds max_keepalive_s")
+        return self
+
+    @model_validator(mode="after")
+    def _reuse_port(self) -> ConnectionSettings:
+        # Port 0 would give each process a port of its own: nothing would be shared.
+        if self.reuse_port:
+            zero = [
+                name
+                for name in ("mqtt_port", "ws_port", "tls_port", "wss_port")
+                if getattr(self, name) == 0
+            ]
+            if zero:
+                raise ValueError(f"reuse_port needs fixed ports; {', '.join(zero)} is 0")
         return self
 
     @model_validator(mode="after")

@@ -1,6 +1,10 @@
 """Listeners: TCP and TLS through an asyncio Protocol, WebSocket and WSS through aiohttp.
 This is the only code of the node that touches sockets; all four feed the same Channel.
 
+With `reuse_port` every listener binds with SO_REUSEPORT, so several node processes (the
+workers of `starling up --node-workers N`) listen on the same ports and the kernel spreads
+incoming connections among them.
+
 Every accepted socket gets TCP keep-alive (`TcpKeepalive`), so a peer that vanished without
 a FIN is found even when its MQTT keep alive is off or long. A WebSocket message may be at
 most one maximal MQTT packet: aiohttp refuses a larger frame from its header, before
@@ -109,6 +113,7 @@ async def start_tcp(
     port: int,
     ssl_ctx: ssl.SSLContext | None = None,
     keepalive: TcpKeepalive = TcpKeepalive(),
+    reuse_port: bool = False,
 ) -> asyncio.Server:
     loop = asyncio.get_running_loop()
     return await loop.create_server(
@@ -118,6 +123,7 @@ async def start_tcp(
         ssl=ssl_ctx,
         backlog=4096,
         reuse_address=True,
+        reuse_port=reuse_port,
     )
 
 
@@ -219,9 +225,17 @@ async def start_ws(
     path: str,
     ssl_ctx: ssl.SSLContext | None = None,
     keepalive: TcpKeepalive = TcpKeepalive(),
+    reuse_port: bool = False,
 ) -> web.AppRunner:
     runner = web.AppRunner(ws_app(node, path, keepalive), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, reuse_address=True)
+    site = web.TCPSite(
+        runner,
+        host,
+        port,
+        ssl_context=ssl_ctx,
+        reuse_address=True,
+        reuse_port=reuse_port,
+    )
     await site.start()
     return runner

@@ -111,7 +111,8 @@ class ConnectionService:
         keepalive = TcpKeepalive(
             s.tcp_keepalive_idle_s, s.tcp_keepalive_interval_s, s.tcp_keepalive_count
         )
-        tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port, keepalive=keepalive)
+        reuse = s.reuse_port
+        tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port, keepalive=keepalive, reuse_port=reuse)
         self._servers.append(tcp)
         self.ports["mqtt"] = tcp.sockets[0].getsockname()[1]
         ctx = None
@@ -120,17 +121,19 @@ class ConnectionService:
                 s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.tls_require_client_cert
             )
         if s.tls_port >= 0 and ctx is not None:
-            tls = await start_tcp(node, s.mqtt_host, s.tls_port, ctx, keepalive)
+            tls = await start_tcp(node, s.mqtt_host, s.tls_port, ctx, keepalive, reuse)
             self._servers.append(tls)
             self.ports["mqtts"] = tls.sockets[0].getsockname()[1]
         if s.ws_port >= 0:
             self._runners.append(
-                await start_ws(node, s.mqtt_host, s.ws_port, s.ws_path, keepalive=keepalive)
+                await start_ws(
+                    node, s.mqtt_host, s.ws_port, s.ws_path, keepalive=keepalive, reuse_port=reuse
+                )
             )
             self.ports["ws"] = s.ws_port
         if s.wss_port >= 0 and ctx is not None:
             self._runners.append(
-                await start_ws(node, s.mqtt_host, s.wss_port, s.ws_path, ctx, keepalive)
+                await start_ws(node, s.mqtt_host, s.wss_port, s.ws_path, ctx, keepalive, reuse)
             )
             self.ports["wss"] = s.wss_port
         log.info("mqtt_listening", extra={"ports": self.ports, "node": s.node_id})

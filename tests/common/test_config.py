@@ -120,3 +120,15 @@ def test_service_process_exits_2_naming_the_setting(service: str) -> None:
     )
     assert proc.returncode == 2
     assert "grpc_port" in proc.stderr and "STARLING_GRPC_PORT" in proc.stderr
+
+
+def test_reuse_port_with_a_port_picked_by_the_kernel_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Port 0 would give every worker a port of its own: nothing would be shared."""
+    monkeypatch.setenv("STARLING_REUSE_PORT", "true")
+    monkeypatch.setenv("STARLING_MQTT_PORT", "0")
+    with pytest.raises(ConfigError, match=r"reuse_port.*mqtt_port"):
+        load_settings(ConnectionSettings)
+    monkeypatch.setenv("STARLING_MQTT_PORT", "18830")
+    assert load_settings(ConnectionSettings).reuse_port

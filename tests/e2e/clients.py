@@ -72,9 +72,14 @@ class Paho:
         self.c.on_publish = lambda c, u, mid, rc, p: self.pubacks.__setitem__(mid, rc)
 
     def connect(
-        self, expect_ok: bool = True, clean_start: bool = True, session_expiry: int | None = None
+        self,
+        expect_ok: bool = True,
+        clean_start: bool = True,
+        session_expiry: int | None = None,
+        source_port: int = 0,
     ) -> Any:
-        kwargs: dict[str, Any] = {"keepalive": self.keepalive}
+        """`source_port`: connect from this local port (0: any)."""
+        kwargs: dict[str, Any] = {"keepalive": self.keepalive, "bind_port": source_port}
         if self.v5:
             kwargs["clean_start"] = clean_start
             if session_expiry is not None:
@@ -136,8 +141,12 @@ class Paho:
 class Raw:
     """A blocking MQTT client over a plain socket, speaking through the project's codec."""
 
-    def __init__(self, port: int, level: int = 5) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    def __init__(self, port: int, level: int = 5, source_port: int = 0) -> None:
+        """`source_port`: connect from this local port (0: any)."""
+        source = ("127.0.0.1", source_port) if source_port else None
+        self.sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=TIMEOUT, source_address=source
+        )
         self.level = level
         self.decoder = Decoder(level)
         self.pending: list[Packet] = []
