@@ -147,6 +147,16 @@ class ConnectionSettings(ServiceSettings):
         description="Open connections from one IP address to one node; a CONNECT beyond it "
         "gets CONNACK 0x97 (3.1.1: 3). Raise it behind NAT or a load balancer; 0: no cap.",
     )
+    mesh_interest_window_s: float = Field(
+        default=0.3,
+        ge=0,
+        le=10,
+        description="Nodes skip putting a tenant's messages on NATS while no other node "
+        "subscribes to that tenant; a node that gains the tenant's first subscription "
+        "answers that SUBACK this much later (plus 10%), and a node trusts what it knows "
+        "of the others only if it was confirmed within this window "
+        "(services/connection/interest.py). 0: every message goes on NATS.",
+    )
     route_copy_max_subscriptions: int = Field(
         default=100_000,
         ge=0,

@@ -19,6 +19,7 @@ from services.common.topics.delayed import DELAYED_PREFIX
 from services.connection.conn import Conn
 from services.connection.fanout import Fanout, Matches
 from services.connection.flow import FlowControl
+from services.connection.interest import MeshInterest
 from services.connection.mesh import MeshPublisher, MessageIds
 from services.connection.routing import RoutingPipeline
 from services.connection.stats import NodeStats
@@ -40,6 +41,7 @@ class Ingress:
         routing: RoutingPipeline[Conn] | None,
         ids: MessageIds,
         tracing: bool,
+        interest: MeshInterest | None = None,
     ) -> None:
         self._node_id = node_id
         self._subs = subs
@@ -50,6 +52,7 @@ class Ingress:
         self._routing = routing
         self._ids = ids
         self._tracing = tracing
+        self._interest = interest
 
     def publish(self, msgs: list[Message], conn: Conn | None = None) -> None:
         """Messages of one tenant, in the order the client sent them (`conn` None: a will)."""
@@ -58,6 +61,8 @@ class Ingress:
         node_id = self._node_id
         routing = self._routing
         trie = self._subs.tries.get(tenant)
+        # No other node listens to this tenant: no NATS batch (most of the per-message cost).
+        mesh = self._interest is None or self._interest.wanted_elsewhere(tenant)
         last_topic = None
         matches: Matches = []
         sent = 0
@@ -66,13 +71,17 @@ class Ingress:
                 mid = msg.message_id or self._ids.next()
                 routing.submit(conn, msg.packet_id, to_envelope(msg, node_id, mid))
                 continue
-            batch = self._mesh.batch_for(
-                topic_to_subject(tenant, msg.topic), len(msg.payload) + len(msg.topic)
-            )
-            # A persistent session's QoS 2 publish comes with the id it was recorded under.
-            env = add_to_batch(batch, msg, node_id, msg.message_id or self._ids.next())
-            sent += 1
-            if self._tracing:
+            env: RoutedMessage | None = None
+            if mesh:
+                batch = self._mesh.batch_for(
+                    topic_to_subject(tenant, msg.topic), len(msg.payload) + len(msg.topic)
+                )
+                # A persistent session's QoS 2 publish comes with the id it was recorded under.
+                env = add_to_batch(batch, msg, node_id, msg.message_id or self._ids.next())
+                sent += 1
+            elif msg.qos or msg.retain or self._tracing:
+                env = to_envelope(msg, node_id, msg.message_id or self._ids.next())
+            if self._tracing and env is not None:
                 msg = self._start_trace(msg, env)
             if trie is not None:
                 if msg.topic != last_topic:
@@ -80,11 +89,14 @@ class Ingress:
                     matches = trie.match(msg.topic)
                 if matches:
                     self._fanout.deliver(msg, matches, msg.publisher)
-            if (msg.qos or msg.retain) and routing is not None:
+            if (msg.qos or msg.retain) and routing is not None and env is not None:
                 # Persistent sessions and retained messages: stored before the publisher is
                 # acknowledged.
                 routing.submit(conn, msg.packet_id, env)
-        self._mesh.added(sent)
+        if sent:
+            self._mesh.added(sent)
+        elif not mesh and self._interest is not None:
+            self._interest.skipped += len(msgs)
         self._flow.published(len(msgs), conn)
 
     def _start_trace(self, msg: Message, env: RoutedMessage) -> Message:

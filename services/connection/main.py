@@ -99,6 +99,7 @@ class ConnectionService:
             queue=queue,
             max_connections_per_ip=s.max_connections_per_ip,
             publish_router=CopyRouter(router, queue, self._copies),
+            mesh_interest_window_s=s.mesh_interest_window_s,
         )
         await node.start()
         register_metrics(node.stats)

@@ -53,6 +53,7 @@ from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal
 from services.connection.fanout import Fanout
 from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
+from services.connection.interest import MeshInterest
 from services.connection.mesh import MeshPublisher, MessageIds
 from services.connection.ordered import OrderedOps
 from services.connection.peer_cert import PeerCert
@@ -98,6 +99,7 @@ class Node:
         new_client_id: Callable[[], str] = assigned_client_id,
         max_connections_per_ip: int = 0,
         publish_router: Router | None = None,
+        mesh_interest_window_s: float = 0.0,
     ) -> None:
         """`publish_router`: what QoS>=1 publishes are routed by (services/connection/
         replica.py's CopyRouter); `router` by default."""
@@ -120,6 +122,8 @@ class Node:
         # Messages larger than one NATS message go by reference, held here for fetching.
         self.holder = Holder(self.node_id, HOLD_MESSAGES * max_message_bytes())
         self.mesh = MeshPublisher(nc, self.holder)
+        # Which tenants other nodes listen to (0: unknown, publish everything on NATS).
+        self.interest = MeshInterest(self.nc_shared, self.node_id, mesh_interest_window_s)
         self.qos2_journal = Qos2Journal(session)
         self.routing: RoutingPipeline[Conn] | None = (
             RoutingPipeline(publish_router or router, self._routed, self._routing_gave_up)
@@ -165,6 +169,7 @@ class Node:
             RetainedReplay(router, self.writes),
             self.writes,
             router,
+            self.interest,
         )
         self.flow = FlowControl(
             self._loop,
@@ -173,7 +178,16 @@ class Node:
             lambda: len(routing) if routing is not None else 0,
         )
         self.ingress = Ingress(
-            node_id, self.subs, self.mesh, fanout, self.flow, self.stats, routing, self.ids, tracing
+            node_id,
+            self.subs,
+            self.mesh,
+            fanout,
+            self.flow,
+            self.stats,
+            routing,
+            self.ids,
+            tracing,
+            self.interest,
         )
 
     # ---- life cycle ---------------------------------------------------------------------
@@ -186,6 +200,7 @@ class Node:
         await self.nc.subscribe(subjects.REGISTRY_LOST, cb=self.sessions.on_registry_lost)
         await self.holder.start(self.nc)
         await self.subscriber.listen_for_route_listings()
+        await self.interest.start()
         # Before any client connects: the session service releases what an earlier life
         # of this node id held (after a crash and restart).
         await self.nc.publish(subjects.node_hello(self.node_id), self.node_id.encode())
@@ -211,6 +226,7 @@ class Node:
             await asyncio.sleep(0.01)
         await self.tasks.wait(deadline - time.monotonic())
         await self._workers.cancel()
+        await self.interest.stop()
         try:
             await self.nc.flush(timeout=1)
         except Exception:

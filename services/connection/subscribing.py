@@ -23,6 +23,7 @@ from services.common.topics import NO_LIMITS, parse_shared
 from services.connection.channel import SubscribeRequest
 from services.connection.conn import Conn
 from services.connection.fanout import Fanout
+from services.connection.interest import MeshInterest
 from services.connection.ordered import OrderedOps
 from services.connection.retained import RetainedReplay
 from services.connection.shared import SharedDispatch
@@ -60,8 +61,10 @@ class Subscriber:
         retained: RetainedReplay,
         writes: WriteBatcher,
         router: RouterClient | None,
+        interest: MeshInterest | None = None,
     ) -> None:
         self._node_id = node_id
+        self._interest = interest
         self.subs = subs
         self._nc = nc
         self._nc_shared = nc_shared
@@ -72,6 +75,8 @@ class Subscriber:
         self._writes = writes
         self._router = router
         self._nats_subs: dict[str, NatsSubscription] = {}
+        self._keys: dict[str, set[str]] = {}  # tenant -> its keys in _nats_subs
+        self._shared_keys: dict[str, set[str]] = {}  # tenant -> those of shared groups
 
     def inbound_backlog_bytes(self) -> int:
         """Bytes NATS handed us that no subscription task has delivered yet."""
@@ -119,7 +124,7 @@ class Subscriber:
         """Subscribe on NATS and store a persistent session's subscriptions; on failure undo
         them and answer 0x80 for them."""
         try:
-            await self._nats_subscribe(new_subjects, new_groups)
+            await self._nats_subscribe(conn.channel.tenant, new_subjects, new_groups)
         except Exception:
             log.exception("nats_subscribe_failed")
             self.unsubscribe(conn, tuple(s.filter for s, _ in req.subscriptions))
@@ -136,7 +141,7 @@ class Subscriber:
         return req
 
     async def _nats_subscribe(
-        self, new_subjects: list[str], new_groups: list[SharedGroup[Conn]]
+        self, tenant: str, new_subjects: list[str], new_groups: list[SharedGroup[Conn]]
     ) -> None:
         for subject in new_subjects:
             # nats-py needs a coroutine function as callback (a lambda is refused).
@@ -157,6 +162,19 @@ class Subscriber:
             await self._nc.flush(timeout=5)
         if new_groups:
             await self._nc_shared.flush(timeout=5)
+        shared = [
+            f"{g.queue}|{s}" for g in new_groups for s in (*g.subjects, redelivery_subject(g))
+        ]
+        keys = [*new_subjects, *shared]
+        if keys:
+            self._keys.setdefault(tenant, set()).update(keys)
+            if shared:
+                self._shared_keys.setdefault(tenant, set()).update(shared)
+            if self._interest is not None:
+                if shared:
+                    self._interest.shared(tenant, True)
+                # Other nodes publish this tenant's messages before the SUBACK goes out.
+                await self._interest.hold(tenant)
 
     def unsubscribe(self, conn: Conn, filters: Sequence[str], persist: bool = False) -> None:
         """Remove from the node; `persist`: also from the session's stored subscriptions."""
@@ -184,12 +202,25 @@ class Subscriber:
                 if g is not None:
                     gone += [f"{g.queue}|{s}" for s in (*g.subjects, redelivery_subject(g))]
         if gone:
+            tenant = ch.tenant
 
             async def drop() -> None:
+                held = self._keys.get(tenant, set())
                 for key in gone:
+                    held.discard(key)
                     sub = self._nats_subs.pop(key, None)
                     if sub is not None:
                         await sub.unsubscribe()
+                shared = self._shared_keys.get(tenant, set())
+                shared.difference_update(gone)
+                if not shared:
+                    self._shared_keys.pop(tenant, None)
+                    if self._interest is not None:
+                        self._interest.shared(tenant, False)
+                if not held:
+                    self._keys.pop(tenant, None)
+                    if self._interest is not None:
+                        self._interest.release(tenant)
 
             self._ops.put(drop)
 

@@ -39,6 +39,16 @@ def node_hello(node_id: str) -> str:
 
 ROUTE_LISTING = "rt.list"  # request: tenant name; every node replies with its filters
 ROUTE_CHANGES = "rt.routes.*"  # every tenant's RouteChange events
+# Mesh interest per tenant (services/connection/interest.py): announcements, full states and
+# each node's ticks to itself.
+MESH_INTEREST_ALL = "mi.>"
+MESH_INTEREST_ADD = "mi.add"
+MESH_INTEREST_STATE = "mi.state"
+MESH_INTEREST_TICK_PREFIX = "mi.tick."
+
+
+def mesh_interest_tick(node_id: str) -> str:
+    return MESH_INTEREST_TICK_PREFIX + escape_token(node_id)
 
 
 def route_changes(tenant: str) -> str:
@@ -59,10 +69,15 @@ def shared_group(tenant: str, group: str) -> str:
 __all__ = [
     "EVENTS_STREAM",
     "EVENTS_WILDCARD",
+    "MESH_INTEREST_ADD",
+    "MESH_INTEREST_ALL",
+    "MESH_INTEREST_STATE",
+    "MESH_INTEREST_TICK_PREFIX",
     "REGISTRY_LOST",
     "ROUTE_CHANGES",
     "event",
     "filter_to_subjects",
+    "mesh_interest_tick",
     "node_control",
     "node_heartbeat",
     "node_hello",
