@@ -78,8 +78,12 @@ class Client(asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.qos1 = False
-        # Closed loop: shared by a publisher and its subscriber, set on each delivery or PUBACK.
+        # Set once `received` and `acks` reach the wake_* marks (a waiting publisher's refill
+        # point), not on every packet: a wake-up per delivery would make the generator, not
+        # the broker, the bottleneck. Closed loop: shared by a publisher and its subscriber.
         self.wake: asyncio.Event | None = None
+        self.wake_rx = 0
+        self.wake_acks = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -114,7 +118,7 @@ class Client(asyncio.Protocol):
         del buf[:used]
         if acks and self.transport is not None:
             self.transport.write(bytes(acks))
-        if self.wake is not None:
+        if self.wake is not None and self.received >= self.wake_rx and self.acks >= self.wake_acks:
             self.wake.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -211,12 +215,14 @@ async def _publisher(
             await asyncio.sleep(0)
         return
     frames = Qos1Frames(topic, payload)
+    c.wake = wake = asyncio.Event()
     sent = 0
     while not stop.is_set():
-        while sent - c.acks >= window:
-            c.ack_event.clear()
+        while sent - c.acks > window - 32:
+            c.wake_acks = sent - window + 32  # room for a batch of 32
+            wake.clear()
             try:
-                await asyncio.wait_for(c.ack_event.wait(), 1)
+                await asyncio.wait_for(wake.wait(), 1)
             except TimeoutError:
                 if stop.is_set():
                     return
@@ -272,6 +278,8 @@ async def _closed_publisher(
                 stalls[0] += 1
                 last_change = time.monotonic()
                 continue
+            sub.wake_rx = sent - lost - window + refill  # deliveries that make room again
+            c.wake_acks = sent - ack_window + refill if qos else 0
             wake.clear()
             await wake.wait()
             continue
@@ -291,7 +299,7 @@ async def _wake_every(clients: list[Client], stop: asyncio.Event, period_s: floa
             pass
         for c in clients:
             if c.wake is not None:
-                c.wake.set()
+                c.wake.set()  # regardless of the marks
 
 
 async def throughput(
