@@ -59,12 +59,13 @@ class Broker:
         return [self.pid, *self.others]
 
 
-def start_starling(folder: Path) -> Broker:
+def start_starling(folder: Path, nodes: int = 2, node_workers: int = 1) -> Broker:
     launcher = Launcher(
         folder,
-        nodes=2,
+        nodes=nodes,
         mqtt_port=0,
         ws=False,
+        node_workers=node_workers,
         extra_env={
             "STARLING_LOG_LEVEL": "WARNING",
             "STARLING_MAX_QUEUED_MESSAGES": "100000",
@@ -79,7 +80,7 @@ def start_starling(folder: Path) -> Broker:
         node.port,
         node.pid,
         launcher.stop,
-        mesh.by_name("connection-1").port,
+        mesh.by_name("connection-1").port if nodes > 1 else 0,
         [c.pid for c in mesh.components if c.pid and c.pid != node.pid],
     )
 
@@ -253,6 +254,29 @@ async def cross(b: Broker) -> Rows:
     return rows
 
 
+async def workers(b: Broker) -> Rows:
+    """Starling only: one node as two worker processes behind one port (SO_REUSEPORT,
+    `starling up --node-workers 2`), closed loop, against the one-process rows above."""
+    rows: Rows = {}
+    names = [f"8 pairs, QoS {q}, closed loop, node with 2 workers" for q in (0, 1)]
+    if not b.second_port:
+        return {n: Cell("n/a (one process)") for n in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        two = await asyncio.get_running_loop().run_in_executor(
+            None, start_starling, Path(tmp) / "workers", 1, 2
+        )
+        try:
+            await settle(two)
+            for qos, name in zip((0, 1), names, strict=True):
+                r = await loadgen.throughput(
+                    two.port, 8, 8, "pairs", qos, SECONDS, window=WINDOW, cpu_pids=two.pids
+                )
+                rows[name] = rate_cell(r)
+        finally:
+            two.stop()
+    return rows
+
+
 SCENARIOS: list[Scenario] = [
     connections,
     pairs(0, 0),
@@ -267,6 +291,7 @@ SCENARIOS: list[Scenario] = [
     latency("latency at 5,000 msg/s, QoS 1", 1),
     persistent,
     cross,
+    workers,
 ]
 
 
