@@ -148,14 +148,15 @@ class ConnectionSettings(ServiceSettings):
         "gets CONNACK 0x97 (3.1.1: 3). Raise it behind NAT or a load balancer; 0: no cap.",
     )
     mesh_interest_window_s: float = Field(
-        default=0.3,
+        default=2.0,
         ge=0,
-        le=10,
+        lt=4.0,
         description="Nodes skip putting a tenant's messages on NATS while no other node "
-        "subscribes to that tenant; a node that gains the tenant's first subscription "
-        "answers that SUBACK this much later (plus 10%), and a node trusts what it knows "
-        "of the others only if it was confirmed within this window "
-        "(services/connection/interest.py). 0: every message goes on NATS.",
+        "subscribes to that tenant (services/connection/interest.py): a node trusts what it "
+        "knows of the others only if that was confirmed within this window, and the first "
+        "subscription of a tenant on a node gets its SUBACK once every other node confirmed "
+        "it, or after this window (plus 10%) at most. Below 4 s (twice the 2 s state "
+        "period); 0: every message goes on NATS.",
     )
     route_copy_max_subscriptions: int = Field(
         default=100_000,

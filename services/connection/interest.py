@@ -9,20 +9,27 @@ come and go does not pay the announcement each time). Other processes that read 
 
 Why it is exact, never missing a message published after a SUBACK (a lease argument; only
 durations measured on each node's own monotonic clock are compared):
-- A node that gains interest in a tenant publishes an announcement on `mi.add`, waits for
-  NATS to confirm it (PING/PONG: the server has handed it to every subscriber's connection),
-  then waits `window_s` (plus a margin) more before the SUBACK goes out.
-- Every node sends itself a tick on `mi.tick.<node>` every window_s / 4, on the same
-  connection and subscription as the announcements. When a tick comes back, every
-  announcement the server routed before the tick has been handled; the tick's send time
-  becomes `fresh_at`.
-- A node skips the NATS publish for a tenant only if no other node announced interest in it
-  and `now - fresh_at < window_s`. So a publish skipped at time t had a tick sent after
-  t - window_s, i.e. after any SUBACK that came before t had its announcement routed: that
-  announcement was handled first, and the tenant would not be skipped.
-- A gap in the ticks (NATS reconnecting, the loop stalled) and the start of the node make it
-  publish everything until it has heard every node's full state (`mi.state`, sent every
-  STATE_EVERY_S) once more; a node's state entries expire after three periods without one.
+- Every node sends itself a numbered tick on `mi.tick.<node>` every window / 4, through the
+  same NATS subscription that carries the announcements, and its whole set of tenants on
+  `mi.state` every STATE_EVERY_S (both driven by its publishes as well as by timers, which
+  run late on a saturated loop). When a tick comes back, every announcement the server
+  routed before it has been handled; the tick's send time becomes `fresh_at`.
+- A node skips the NATS publish for a tenant only if no other node announced interest in it,
+  it holds no shared group of it (NATS picks shared members, its own too), and
+  `now - fresh_at < window`.
+- A node that gains interest in a tenant publishes an announcement on `mi.add` and waits
+  for NATS to confirm it (PING/PONG: routed to every subscriber's connection). Then the
+  SUBACK may go once every node that could be skipping has answered the announcement from
+  that same subscription (it has handled it), or once `window` (plus 10%) has passed: a node
+  that did not answer and skips a publish arriving after that had a tick sent after the
+  announcement was routed, so it handled the announcement first. Nodes that could be
+  skipping are those heard from within 3 * STATE_EVERY_S (one that said nothing for that
+  long sent no tick either for more than a window, STATE_EVERY_S being over window / 2),
+  and only once the announcer has been up long enough to have heard them all.
+- A late tick only stops the skipping until a fresh one returns. A lost one (numbered: NATS
+  dropped messages of a slow consumer), a NATS reconnection (what was announced meanwhile
+  never arrives) and the start of the node make it publish everything until it has heard
+  every node's full state once more; a node's entries expire after three periods of silence.
 `window_s` 0 turns the summary off: every message goes on NATS, as before.
 """
 
@@ -44,6 +51,7 @@ log = logging.getLogger("starling.connection.interest")
 STATE_EVERY_S = 2.0
 STICKY_S = 300.0
 _MARGIN = 1.1  # the announcer waits this much longer than the others trust a tick
+_SILENT_S = 3 * STATE_EVERY_S  # a node not heard from for this long is gone
 
 
 class MeshInterest:
@@ -61,7 +69,14 @@ class MeshInterest:
         self._remote: dict[str, dict[str, float]] = {}  # tenant -> node -> heard at
         now = time.monotonic()
         self._fresh_at = -1e9
+        self._tick_sent = 0  # ticks are numbered, to see one lost
+        self._tick_seen = 0
+        self._tick_at = -1e9  # when the last tick was sent
+        self._state_at = -1e9  # when the last full state was sent
+        self._reconnects = 0
+        self._started = now
         self._trusted_from = now + 1.5 * STATE_EVERY_S
+        self._nodes: dict[str, float] = {}  # other nodes -> last heard from
         self._tasks: list[asyncio.Task[Any]] = []
         self.skipped = 0  # messages not put on NATS (for tests and stats)
 
@@ -73,10 +88,10 @@ class MeshInterest:
         if not self.enabled:
             return
         await self._nc.subscribe(subjects.MESH_INTEREST_ALL, cb=self._on_message)
-        self._tasks = [
-            asyncio.create_task(self._tick_loop(), name="interest-ticks"),
-            asyncio.create_task(self._state_loop(), name="interest-state"),
-        ]
+        self._reconnects = self._nc.stats["reconnects"]
+        self._started = time.monotonic()
+        self._trusted_from = self._started + 1.5 * STATE_EVERY_S
+        self._tasks = [asyncio.create_task(self._maintain_loop(), name="interest")]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -87,6 +102,10 @@ class MeshInterest:
         if not self.enabled:
             return True
         now = time.monotonic()
+        if now - self._tick_at >= self._window / 4 or now - self._state_at >= STATE_EVERY_S:
+            # Under load timers run late: the publishes themselves keep these going.
+            self._tasks.append(asyncio.ensure_future(self._maintain()))
+            self._tasks = [t for t in self._tasks if not t.done()]
         if now - self._fresh_at >= self._window or now < self._trusted_from:
             return True
         return tenant in self._remote or tenant in self._shared
@@ -134,14 +153,39 @@ class MeshInterest:
 
     async def _announce(self, tenant: str) -> None:
         body = json.dumps({"node": self._node_id, "tenants": [tenant]}).encode()
-        await self._nc.publish(subjects.MESH_INTEREST_ADD, body)
-        await self._nc.flush(timeout=5)
-        await asyncio.sleep(self._window * _MARGIN + 0.005)
+        inbox = self._nc.new_inbox()
+        answered: set[str] = set()
+        everyone = asyncio.Event()
+        now = time.monotonic()
+        # Who could be skipping; unknown while this node may not have heard everyone yet.
+        expected = (
+            {n for n, heard in self._nodes.items() if now - heard < _SILENT_S}
+            if now - self._started >= 1.5 * STATE_EVERY_S
+            else None
+        )
+
+        async def on_answer(msg: Msg) -> None:
+            answered.add(msg.data.decode())
+            if expected is not None and answered >= expected:
+                everyone.set()
+
+        sub = await self._nc.subscribe(inbox, cb=on_answer)
+        try:
+            await self._nc.publish(subjects.MESH_INTEREST_ADD, body, reply=inbox)
+            await self._nc.flush(timeout=5)
+            if expected is not None and not expected:
+                return
+            try:
+                await asyncio.wait_for(everyone.wait(), self._window * _MARGIN + 0.005)
+            except TimeoutError:
+                pass  # the window passed: whoever did not answer no longer skips
+        finally:
+            await sub.unsubscribe()
 
     async def _on_message(self, msg: Msg) -> None:
         if msg.subject.startswith(subjects.MESH_INTEREST_TICK_PREFIX):
             if msg.subject == subjects.mesh_interest_tick(self._node_id):
-                self._on_tick(float(msg.data))
+                self._on_tick(msg.data)
             return
         try:
             body = json.loads(msg.data)
@@ -152,6 +196,7 @@ class MeshInterest:
         if node == self._node_id:
             return
         now = time.monotonic()
+        self._nodes[node] = now
         full = msg.subject == subjects.MESH_INTEREST_STATE
         if full:  # the node's whole set: what it no longer lists is gone
             listed = set(tenants)
@@ -159,6 +204,8 @@ class MeshInterest:
                 self._forget(t, node)
         for t in tenants:
             self._remote.setdefault(t, {})[node] = now
+        if msg.reply:  # handled, in order with this node's ticks: the SUBACK may go
+            await self._nc.publish(msg.reply, self._node_id.encode())
 
     def _forget(self, tenant: str, node: str) -> None:
         nodes = self._remote.get(tenant)
@@ -167,33 +214,49 @@ class MeshInterest:
             if not nodes:
                 del self._remote[tenant]
 
-    def _on_tick(self, sent_at: float) -> None:
+    def _distrust(self) -> None:
+        """Announcements may have been missed: trust the summary again only once every
+        node's full state came in since."""
+        self._trusted_from = max(self._trusted_from, time.monotonic() + 1.5 * STATE_EVERY_S)
+
+    def _on_tick(self, data: bytes) -> None:
+        seq, sent_at = data.split()
+        if int(seq) != self._tick_seen + 1:
+            self._distrust()  # a tick was lost, so may an announcement have been
+        self._tick_seen = int(seq)
+        self._fresh_at = max(self._fresh_at, float(sent_at))
+
+    async def _maintain(self) -> None:
+        """A tick when one is due, the full state when it is due."""
         now = time.monotonic()
-        if now - self._fresh_at > self._window and self._fresh_at > 0:
-            # A gap: announcements may have been missed (e.g. NATS reconnected). Trust the
-            # summary again only once every node's full state came in since.
-            self._trusted_from = max(self._trusted_from, now + 1.5 * STATE_EVERY_S)
-        self._fresh_at = max(self._fresh_at, sent_at)
+        tick = now - self._tick_at >= self._window / 4
+        state = now - self._state_at >= STATE_EVERY_S
+        if tick:
+            self._tick_at = now
+            if self._nc.stats["reconnects"] != self._reconnects:
+                self._reconnects = self._nc.stats["reconnects"]
+                self._distrust()
+            self._tick_sent += 1
+        if state:
+            self._state_at = now
+            self._expire(now)
+        try:
+            if tick:
+                body = f"{self._tick_sent} {now!r}".encode()
+                await self._nc.publish(subjects.mesh_interest_tick(self._node_id), body)
+            if state:
+                full = json.dumps({"node": self._node_id, "tenants": self._tenants()})
+                await self._nc.publish(subjects.MESH_INTEREST_STATE, full.encode())
+        except Exception:  # disconnected: ticks stop coming back, nothing is skipped
+            log.debug("interest_publish_failed")
 
-    async def _tick_loop(self) -> None:
-        subject = subjects.mesh_interest_tick(self._node_id)
+    def _expire(self, now: float) -> None:
+        for node in [n for n, heard in self._nodes.items() if now - heard > _SILENT_S]:
+            del self._nodes[node]
+            for t in [t for t, nodes in self._remote.items() if node in nodes]:
+                self._forget(t, node)
+
+    async def _maintain_loop(self) -> None:
         while True:
-            try:
-                await self._nc.publish(subject, repr(time.monotonic()).encode())
-            except Exception:  # disconnected: ticks stop coming back, nothing is skipped
-                log.debug("interest_tick_failed")
+            await self._maintain()
             await asyncio.sleep(self._window / 4)
-
-    async def _state_loop(self) -> None:
-        while True:
-            try:
-                body = json.dumps({"node": self._node_id, "tenants": self._tenants()})
-                await self._nc.publish(subjects.MESH_INTEREST_STATE, body.encode())
-            except Exception:
-                log.debug("interest_state_failed")
-            now = time.monotonic()
-            for t, nodes in list(self._remote.items()):
-                for node, heard in list(nodes.items()):
-                    if now - heard > 3 * STATE_EVERY_S:
-                        self._forget(t, node)
-            await asyncio.sleep(STATE_EVERY_S)
