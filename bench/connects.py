@@ -134,6 +134,7 @@ def _profile(pids: dict[str, int], folder: Path, seconds: float) -> list[subproc
                     str(int(seconds)),
                     "-r",
                     "200",
+                    "--gil",
                     "-o",
                     str(out),
                 ],

@@ -15,7 +15,7 @@ from services.common.mqtt.errors import MqttError
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
-from services.common.store.ports import Qos2Change, Qos2Update
+from services.common.store.ports import Qos2Change, Qos2Update, SessionRecord
 from services.common.subscription import record_to_pb
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
@@ -29,7 +29,7 @@ from services.session.fence import announce_loss, reclaimed_holder
 from services.session.locks import KeyedLocks
 from services.session.login import Login
 from services.session.registry import Holder, Registry
-from services.session.sessions import Opened, Sessions
+from services.session.sessions import UNREAD, Opened, Sessions, Unread, owner_of
 from starling.common.v1 import message_pb2
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2 as pb
@@ -212,16 +212,21 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     ) -> pb.ConnectResponse | tuple[int, Opened]:
         """Check the client id is the user's to use, take a new registry epoch for it (within
         the tenant's connection cap), settle the connection it displaces, then open or resume
-        the session."""
-        if not await self._may_use(tenant, request.client_id, owner):
-            self.refusals.count("client_id_owner", tenant)
-            return pb.ConnectResponse(
-                result=pb.CONNECT_RESULT_NOT_AUTHORIZED,
-                reason="the client id belongs to another user",
-            )
+        the session.
+
+        Round trips: one store read of the session record (the owner check, and the open
+        unless a displaced connection's settlement changed it) and one registry script (the
+        installed connection's owner check, the claim, the node's set). Both checks come
+        before anything is installed: a refused CONNECT must not kick the connection it would
+        have displaced."""
+        client_id = request.client_id
+        shared = "*" in self._shared_ids or tenant in self._shared_ids
+        rec = await self._sessions.read(tenant, client_id)
+        if not shared and not may_use(owner_of(rec), owner):
+            return self._not_owner(tenant)
         holder = Holder(
             tenant,
-            request.client_id,
+            client_id,
             request.node_id,
             self._registry.next_epoch(),
             name,
@@ -231,16 +236,18 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             request.clean_start,
             owner,
         )
-        claim = await self._registry.claim(holder, self._max_connections)
+        claim = await self._registry.claim(holder, self._max_connections, check_owner=not shared)
         if claim.generation:
             # The registry was empty: connections from before may still be live on their
             # nodes, unknown to it; they re-assert, and a copy of this client id is kicked.
             await announce_loss(self._nc, claim.generation)
+        if claim.not_owner:
+            return self._not_owner(tenant)
         epoch = claim.epoch
         if claim.full:
             self.refusals.count("connections_per_tenant", tenant)
             await self._events.emit(
-                tenant, request.client_id, "quota_exceeded", limit="connections_per_tenant"
+                tenant, client_id, "quota_exceeded", limit="connections_per_tenant"
             )
             return pb.ConnectResponse(
                 result=pb.CONNECT_RESULT_QUOTA_EXCEEDED,
@@ -254,16 +261,21 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 reason="a newer connection holds the session",
             )
         prev = claim.previous
+        known: SessionRecord | Unread | None = rec
         if prev is not None and prev.epoch != epoch:
             await self._settle_displaced(prev)
+            known = UNREAD  # the displaced connection's end may have changed the record
         opened = await self._sessions.open(
-            tenant,
-            request.client_id,
-            request.clean_start,
-            request.session_expiry_interval_s,
-            owner,
+            tenant, client_id, request.clean_start, request.session_expiry_interval_s, owner, known
         )
         return epoch, opened
+
+    def _not_owner(self, tenant: str) -> pb.ConnectResponse:
+        self.refusals.count("client_id_owner", tenant)
+        return pb.ConnectResponse(
+            result=pb.CONNECT_RESULT_NOT_AUTHORIZED,
+            reason="the client id belongs to another user",
+        )
 
     async def Reclaim(
         self, request: pb.ReclaimRequest, context: grpc.aio.ServicerContext
@@ -307,17 +319,6 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             reply.session_expiry_interval_s if reply.HasField("session_expiry_interval_s") else None
         )
         await self._sessions.ended(prev.tenant, prev.client_id, expiry)
-
-    async def _may_use(self, tenant: str, client_id: str, owner: str) -> bool:
-        """The client id is free, or its connection and its session are `owner`'s (or the
-        tenant lets its users share client ids). Checked before the claim: a refused CONNECT
-        must not kick the connection it would have displaced."""
-        if "*" in self._shared_ids or tenant in self._shared_ids:
-            return True
-        holder = await self._registry.get(tenant, client_id)
-        if holder is not None and not may_use(holder.owner, owner):
-            return False
-        return may_use(await self._sessions.owner(tenant, client_id), owner)
 
     async def Disconnect(
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext

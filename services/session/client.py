@@ -11,7 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nats.aio.client import Client
+
 from services.common.acl import AclRule
+from services.common.bus import unary
+from services.common.bus.unary import UnaryClient
 from services.common.connect import ConnectAttempt, ConnectOutcome, ReauthAttempt
 from services.common.mqtt.reason import ReasonCode
 from services.common.rpc.client import LazyStub
@@ -105,10 +109,32 @@ def reauth_outcome(resp: pb.ReauthenticateResponse) -> ConnectOutcome:
 class SessionClient:
     def __init__(self, address: str, timeout_s: float = 5.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.SessionServiceStub, timeout_s=timeout_s)
+        self._timeout_s = timeout_s
+        self._bus: UnaryClient | None = None
+        self._connect_subject = self._disconnect_subject = ""
+
+    def use_bus(self, nc: Client, subject: str = "svc.session") -> None:
+        """Send `connect` and `disconnect` over NATS request/reply on `subject`.connect and
+        .disconnect from now on (gRPC for what does not fit one NATS message):
+        services/common/bus/unary.py says why."""
+        self._bus = UnaryClient(nc, self._timeout_s)
+        self._connect_subject = subject + unary.CONNECT_SUFFIX
+        self._disconnect_subject = subject + unary.DISCONNECT_SUFFIX
 
     async def connect(self, attempt: ConnectAttempt) -> ConnectOutcome:
-        """Authenticate, claim the client id in the registry, open or resume the session."""
-        resp = await self._rpc.call(self._rpc.stub.Connect, _connect_request(attempt))
+        """Authenticate, claim the client id in the registry, open or resume the session.
+
+        A reply too large for one NATS message (a resumed session with megabytes of
+        subscriptions) is asked for again over gRPC: the second Connect takes the client id
+        again under a later epoch, as a quick reconnect of the same client would."""
+        resp = await unary.call(
+            self._bus,
+            self._connect_subject,
+            self._rpc,
+            self._rpc.stub.Connect,
+            _connect_request(attempt),
+            pb.ConnectResponse,
+        )
         return connect_outcome(resp)
 
     async def reauthenticate(self, attempt: ReauthAttempt) -> ConnectOutcome:
@@ -145,7 +171,14 @@ class SessionClient:
         )
         if expiry_s is not None:
             req.session_expiry_interval_s = expiry_s
-        resp = await self._rpc.call(self._rpc.stub.Disconnect, req)
+        resp = await unary.call(
+            self._bus,
+            self._disconnect_subject,
+            self._rpc,
+            self._rpc.stub.Disconnect,
+            req,
+            pb.DisconnectResponse,
+        )
         return bool(resp.removed)
 
     async def record_qos2(self, updates: Sequence[Qos2Update]) -> None:

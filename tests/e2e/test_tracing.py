@@ -32,7 +32,13 @@ async def traced_nodes(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(provider)
-    common = {"nats_url": nats_url, "redis_url": redis_url, "metrics_port": -1}
+    # Its own session service: the nodes' CONNECTs (NATS) must reach it, not the core's.
+    common = {
+        "nats_url": nats_url,
+        "redis_url": redis_url,
+        "metrics_port": -1,
+        "session_subject": "svc.session.traced",
+    }
     session = SessionService(
         SessionSettings(
             **common,
