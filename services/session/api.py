@@ -324,14 +324,12 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext
     ) -> pb.DisconnectResponse:
         async with self._locks.hold((request.tenant, request.client_id)):
-            removed = await self._registry.release(request.tenant, request.client_id, request.epoch)
-            if request.node_id:
-                await self._registry.forget_on_node(
-                    request.node_id, request.tenant, request.client_id
-                )
-            # No entry at all: the registry was lost while this connection lived (it ended
-            # before its node re-asserted it), so it was still the session's holder.
-            holder = removed or await self._registry.get(request.tenant, request.client_id) is None
+            ended = await self._registry.end(
+                request.tenant, request.client_id, request.epoch, request.node_id
+            )
+            # No entry at all (-1): the registry was lost while this connection lived (it
+            # ended before its node re-asserted it), so it was still the session's holder.
+            holder = ended != 0
             if holder:  # only the current holder may end or park the session
                 expiry = (
                     request.session_expiry_interval_s
@@ -344,7 +342,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         await self._events.emit(
             request.tenant, request.client_id, "disconnected", epoch=request.epoch
         )
-        return pb.DisconnectResponse(removed=bool(removed))
+        return pb.DisconnectResponse(removed=ended == 1)
 
 
 _QOS2_CHANGES = {
