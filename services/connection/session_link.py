@@ -140,9 +140,10 @@ class SessionLink:
             if outcome.taken_over:
                 actions += ch.disconnect(RC.SESSION_TAKEN_OVER, "a newer connection took it")
             else:
-                self._tasks.spawn(
-                    self._wills.settle(ch.tenant, ch.client_id, outcome.session_present)
-                )
+                if outcome.settle_will:  # a delayed will of the last connection may wait
+                    self._tasks.spawn(
+                        self._wills.settle(ch.tenant, ch.client_id, outcome.session_present)
+                    )
                 if ch.persistent:
                     self._resume(conn, outcome)
         if actions:

@@ -181,6 +181,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             session_expiry_interval_s=opened.expiry_s,
             auth_data=admission.auth_data,
             username=f"{tenant}/{name}",
+            no_previous_session=not opened.previous,
         )
 
     async def Reauthenticate(

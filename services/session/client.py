@@ -91,6 +91,7 @@ def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
         awaiting_release=tuple(
             (q.packet_id, q.message_id, q.stored) for q in resp.awaiting_release
         ),
+        settle_will=not resp.no_previous_session,
     )
 
 

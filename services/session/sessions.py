@@ -34,6 +34,10 @@ class Opened:
     expiry_s: int
     subscriptions: tuple[SubscriptionRecord, ...] = ()  # of a resumed session
     awaiting_release: tuple[InboundQos2, ...] = ()  # its QoS 2 publishes awaiting PUBREL
+    # The client id had a session record (resumed or ended now): a delayed will of its last
+    # connection may be pending; without one none can be (a will is delayed by at most the
+    # session's expiry, services/connection/wills.py).
+    previous: bool = True
 
 
 class Unread:
@@ -103,7 +107,7 @@ class Sessions:
         if d.present:
             subs = tuple(await self._store.list_subscriptions(tenant, client_id, d.incarnation))
             awaiting = tuple(await self._store.list_qos2(tenant, client_id, d.incarnation))
-        return Opened(d.present, d.incarnation, expiry_s, subs, awaiting)
+        return Opened(d.present, d.incarnation, expiry_s, subs, awaiting, rec is not None)
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         """QoS 2 receiver state changes of persistent sessions, durable when this returns."""

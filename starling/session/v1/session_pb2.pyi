@@ -240,6 +240,7 @@ class ConnectResponse(_message.Message):
     AUTH_STATE_FIELD_NUMBER: _builtins.int
     USERNAME_FIELD_NUMBER: _builtins.int
     AWAITING_RELEASE_FIELD_NUMBER: _builtins.int
+    NO_PREVIOUS_SESSION_FIELD_NUMBER: _builtins.int
     result: Global___ConnectResult.ValueType
     tenant: _builtins.str
     epoch: _builtins.int
@@ -260,6 +261,11 @@ class ConnectResponse(_message.Message):
     username: _builtins.str
     """Who the connection authenticated as (`tenant/name`; the name may come from a JWT, a
     certificate or SCRAM rather than the CONNECT user name).
+    """
+    no_previous_session: _builtins.bool
+    """The client id had no session record: no delayed will of an earlier connection can be
+    pending (one exists only while its session does), so the node does not ask the router
+    to settle one. False (also from an older session service): settle.
     """
     @_builtins.property
     def acl(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclRule]:
@@ -290,10 +296,11 @@ class ConnectResponse(_message.Message):
         auth_state: _builtins.bytes = ...,
         username: _builtins.str = ...,
         awaiting_release: _abc.Iterable[Global___InboundQos2] | None = ...,
+        no_previous_session: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "awaiting_release", b"awaiting_release", "epoch", b"epoch", "incarnation", b"incarnation", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "awaiting_release", b"awaiting_release", "epoch", b"epoch", "incarnation", b"incarnation", "no_previous_session", b"no_previous_session", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
