@@ -135,7 +135,7 @@ class Storm:
 async def storm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Storm]:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    assert hard >= 2 * CLIENTS + 1000, f"RLIMIT_NOFILE {hard} is too low for {CLIENTS} clients"
+    assert hard >= CLIENTS + 1000, f"RLIMIT_NOFILE {hard} is too low for {CLIENTS} clients"
     launcher = Launcher(
         Path(tmp_path_factory.mktemp("storm")),
         nodes=2,
