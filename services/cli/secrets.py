@@ -60,13 +60,14 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "_INBOX.>",
             ]
         },
-        # svc.session.connect/disconnect: the nodes' CONNECT path (services/common/bus/unary.py)
+        # svc.session.connect(s)/disconnect: the nodes' CONNECT path (services/common/bus/unary.py)
         "subscribe": {
             "allow": [
                 "hb.node.>",
                 "hello.node.>",
                 "_INBOX.>",
                 "svc.session.connect",
+                "svc.session.connects",
                 "svc.session.disconnect",
                 "ctl.session.changed",
             ]

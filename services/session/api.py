@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -20,7 +21,7 @@ from services.common.subscription import record_to_pb
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.auth import Authenticator, check_tenant
-from services.session.client import RECLAIM_BATCH
+from services.session.client import CONNECT_BATCH, RECLAIM_BATCH
 from services.session.core import may_use
 from services.session.credentials import check_kinds
 from services.session.enhanced import CONTINUE
@@ -183,6 +184,34 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             username=f"{tenant}/{name}",
             no_previous_session=not opened.previous,
         )
+
+    async def ConnectMany(
+        self, request: pb.ConnectManyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ConnectManyResponse:
+        """The CONNECTs one node received in one loop turn, each exactly `Connect`, at once
+        (they share the registry's Redis pipeline and the store's trips)."""
+        if len(request.requests) > CONNECT_BATCH:
+            raise InvalidArgumentError(f"requests: at most {CONNECT_BATCH} per call")
+        answers = await asyncio.gather(
+            *(self.Connect(r, context) for r in request.requests), return_exceptions=True
+        )
+        out = pb.ConnectManyResponse()
+        for r, answer in zip(request.requests, answers, strict=True):
+            if isinstance(answer, pb.ConnectResponse):
+                out.responses.append(answer)
+                continue
+            # One CONNECT's failure is its own: the others keep their answers.
+            log.warning(
+                "connect_failed",
+                extra={"client_id": r.client_id, "error": type(answer).__name__},
+                exc_info=answer if not isinstance(answer, InvalidArgumentError) else None,
+            )
+            out.responses.append(
+                pb.ConnectResponse(
+                    result=pb.CONNECT_RESULT_SERVER_UNAVAILABLE, reason="the CONNECT failed"
+                )
+            )
+        return out
 
     async def Reauthenticate(
         self, request: pb.ReauthenticateRequest, context: grpc.aio.ServicerContext

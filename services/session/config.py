@@ -22,6 +22,19 @@ class SessionSettings(ServiceSettings):
         default="allow", description="Decision when no ACL rule matches."
     )
     auth_cache_ttl_s: int = Field(default=300, ge=0, description="Redis cache of users/ACLs.")
+    redis_max_connections: int = Field(
+        default=100,
+        ge=1,
+        description="Redis connections the session service opens at most; commands beyond "
+        "them wait for one (a reconnect storm's CONNECTs share pipelines, other commands "
+        "queue here rather than fail).",
+    )
+    redis_pool_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a command waits for a free Redis connection before its "
+        "CONNECT (or admin call) fails as unavailable.",
+    )
     auth_local_cache_ttl_s: float = Field(
         default=60.0,
         ge=0,

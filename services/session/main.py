@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import grpc
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -17,6 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect
 from services.common.bus.unary import (
+    CONNECT_MANY_SUFFIX,
     CONNECT_SUFFIX,
     DISCONNECT_SUFFIX,
     UnaryServer,
@@ -57,12 +58,18 @@ class SessionService:
         self._settings = settings
         # A restarted Redis (or a failover) breaks every pooled connection at once: a command
         # is retried on a fresh one rather than failing the CONNECT that happened to use it.
-        self._redis = Redis.from_url(
+        # A bounded pool that makes a command wait for a connection (redis-py's default pool
+        # raises MaxConnectionsError past 100 connections in use: a CONNECT storm would fail).
+        pool = BlockingConnectionPool.from_url(
             settings.redis_url,
+            max_connections=settings.redis_max_connections,
+            timeout=settings.redis_pool_timeout_s,
             password=settings.redis_password.get_secret_value() or None,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
+        self._redis = Redis(connection_pool=pool)
+        self._redis.auto_close_connection_pool = True  # aclose() closes the pool too
         self._store = open_auth_store(settings)
         self._session_store = open_session_store(settings)
         self._token_store = open_token_store(settings)
@@ -213,6 +220,7 @@ class SessionService:
         if self._api is not None:
             for suffix, method, request in (
                 (CONNECT_SUFFIX, self._api.Connect, pb.ConnectRequest),
+                (CONNECT_MANY_SUFFIX, self._api.ConnectMany, pb.ConnectManyRequest),
                 (DISCONNECT_SUFFIX, self._api.Disconnect, pb.DisconnectRequest),
             ):
                 server = UnaryServer(

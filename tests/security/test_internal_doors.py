@@ -205,7 +205,7 @@ async def test_a_node_may_route_but_never_append_unchecked_or_serve_the_router(
 async def test_a_node_may_connect_clients_but_never_serve_the_session_service(
     mesh: MeshInfo,
 ) -> None:
-    """The CONNECT path runs over NATS (svc.session.connect/disconnect, svc.router.will): a
+    """The CONNECT path runs over NATS (svc.session.connect(s)/disconnect, svc.router.will): a
     node's user may ask, but may not subscribe to these subjects (posing as the session
     service, it would accept any client and read every CONNECT's credentials) nor announce
     user and ACL changes (ctl.session.changed) to the session services; the queue service's
@@ -223,17 +223,19 @@ async def test_a_node_may_connect_clients_but_never_serve_the_session_service(
     nc = await nats.connect(f"nats://connection:{node}@127.0.0.1:{port}", error_cb=on_error)
     try:
         await nc.subscribe("svc.session.connect")
+        await nc.subscribe("svc.session.connects")
         await nc.subscribe("svc.session.disconnect")
         await nc.subscribe("svc.router.will")
         await nc.publish("ctl.session.changed", b"acl\0default")
         await nc.flush()
         deadline = time.monotonic() + 10
-        while violations() < 4:
+        while violations() < 5:
             assert time.monotonic() < deadline, f"no permission violations: {errors}"
             await asyncio.sleep(0.05)
         # Asking is allowed: a bad request gets a status, not a violation.
         for subject, name in (
             ("svc.session.connect", "ConnectRequest"),
+            ("svc.session.connects", "ConnectManyRequest"),
             ("svc.session.disconnect", "DisconnectRequest"),
             ("svc.router.will", "SettleWillRequest"),
         ):

@@ -60,9 +60,11 @@ FENCE_ROUTES_SUBJECT = "svc.queue.routes"
 READ_SUBJECT = "svc.queue.read"
 ACK_SUBJECT = "svc.queue.ack"
 RELEASED_SUBJECT = "svc.queue.released"
-# The CONNECT path: a node's CONNECT and end of connection (`<session_subject>.connect`,
-# `.disconnect`; setting `session_subject`, default "svc.session"), and its will settlement.
+# The CONNECT path: a node's CONNECT(s) and end of connection (`<session_subject>.connect`,
+# `.connects`, `.disconnect`; setting `session_subject`, default "svc.session"), and its will
+# settlement.
 CONNECT_SUFFIX = ".connect"
+CONNECT_MANY_SUFFIX = ".connects"  # the CONNECTs of one loop turn of a node
 DISCONNECT_SUFFIX = ".disconnect"
 SETTLE_WILL_SUBJECT = "svc.router.will"
 # Requests one server works on at once; more wait in the subscription's pending buffer (and

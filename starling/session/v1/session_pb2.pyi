@@ -156,6 +156,48 @@ class AclRule(_message.Message):
 Global___AclRule: _TypeAlias = AclRule  # noqa: Y015
 
 @_typing.final
+class ConnectManyRequest(_message.Message):
+    """At most 64 requests."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConnectRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___ConnectRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectManyRequest: _TypeAlias = ConnectManyRequest  # noqa: Y015
+
+@_typing.final
+class ConnectManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConnectResponse]: ...
+    def __init__(
+        self,
+        *,
+        responses: _abc.Iterable[Global___ConnectResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectManyResponse: _TypeAlias = ConnectManyResponse  # noqa: Y015
+
+@_typing.final
 class ConnectRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
