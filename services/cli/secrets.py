@@ -49,8 +49,29 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
         "subscribe": {"allow": [">"], "deny": ["svc.>", "$JS.>", "$SYS.>"]},
     },
     "session": {
-        "publish": {"allow": ["ctl.node.>", "ctl.nodes.>", "ev.>", "$JS.API.>", "_INBOX.>"]},
-        "subscribe": {"allow": ["hb.node.>", "hello.node.>", "_INBOX.>"]},
+        # ctl.session.changed: a user or ACL changed; every instance drops its copies
+        "publish": {
+            "allow": [
+                "ctl.node.>",
+                "ctl.nodes.>",
+                "ctl.session.changed",
+                "ev.>",
+                "$JS.API.>",
+                "_INBOX.>",
+            ]
+        },
+        # svc.session.connect(s)/disconnect: the nodes' CONNECT path (services/common/bus/unary.py)
+        "subscribe": {
+            "allow": [
+                "hb.node.>",
+                "hello.node.>",
+                "_INBOX.>",
+                "svc.session.connect",
+                "svc.session.connects",
+                "svc.session.disconnect",
+                "ctl.session.changed",
+            ]
+        },
     },
     "router": {
         "publish": {
@@ -66,8 +87,9 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
             ]
         },
         # mqf.<router>: fetches of large delayed messages it published by reference;
-        # svc.router.route: the nodes' persistent publishes
-        "subscribe": {"allow": ["_INBOX.>", "mqf.>", "svc.router.route"]},
+        # svc.router.route: the nodes' persistent publishes; svc.router.will: their wills
+        # settled at CONNECT
+        "subscribe": {"allow": ["_INBOX.>", "mqf.>", "svc.router.route", "svc.router.will"]},
     },
     "queue": {
         "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>"]},

@@ -144,6 +144,14 @@ class ServiceSettings(BaseSettings):
         "An existing keyspace is not altered (a warning says it differs).",
     )
     session_addr: str = Field(default="127.0.0.1:7001", description="Session service gRPC.")
+    session_subject: str = Field(
+        default="svc.session",
+        pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$",
+        description="NATS subject prefix of the nodes' CONNECTs and disconnects to the "
+        "session service (`<prefix>.connect`, `<prefix>.disconnect`, request/reply): nodes "
+        "and session services of one mesh must agree, and the NATS permissions of `starling "
+        "secrets` name the default; another prefix keeps two meshes apart on one NATS.",
+    )
     router_addr: str = Field(default="127.0.0.1:7002", description="Router service gRPC.")
     queue_addr: str = Field(default="127.0.0.1:7003", description="Queue service gRPC.")
     quota_addr: str = Field(default="127.0.0.1:7005", description="Quota service gRPC.")

@@ -56,6 +56,9 @@ class ConnectOutcome:
     identity: str = ""  # `tenant/name` the connection authenticated as
     # QoS 2 publishes of a resumed session awaiting PUBREL: (packet id, message id, stored).
     awaiting_release: tuple[tuple[int, str, bool], ...] = ()
+    # A delayed will of an earlier connection may be pending (the client id had a session):
+    # the node asks the router to cancel it (session resumed) or publish it now.
+    settle_will: bool = True
 
     @property
     def ok(self) -> bool:

@@ -89,10 +89,13 @@ class ConnectionService:
         # QoS>=1 publishes straight to the queues where this node holds the route table.
         self._copies = RouteCopies(router, nc, s.route_copy_max_subscriptions)
         await self._copies.start()
+        # CONNECT and end of connection over NATS request/reply too.
+        session = SessionClient(s.session_addr)
+        session.use_bus(nc, s.session_subject)
         self.node = node = Node(
             channel_config(s),
             nc,
-            SessionClient(s.session_addr),
+            session,
             tracing=s.trace_sample_ratio > 0,
             nc_shared=nc_shared,
             router=router,

@@ -144,6 +144,7 @@ class Node:
             self.writes,
             self.tasks,
             self.carry_out,
+            tracing,
         )
         # Ended connections whose QoS 2 records are still being written, by client.
         self._qos2_pending: dict[tuple[str, str], ExactlyOnceInbound] = {}

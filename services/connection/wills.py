@@ -3,7 +3,9 @@
 A will with a Will Delay Interval goes to the router, which publishes it after
 min(delay, session expiry) unless the client connects again first [MQTT-3.1.3-9]; when the
 client does connect, `settle` cancels a pending will of a resumed session and publishes it
-now if the old session ended (clean start).
+now if the old session ended (clean start). Only a client id that had a session can have one
+pending (the delay never outlasts the session): the session service says so at CONNECT, and
+the other CONNECTs skip the router call.
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ class RouterClient:
         self._bus: UnaryClient | None = None
 
     def use_bus(self, nc: Client) -> None:
-        """Send `route` over NATS request/reply from now on (gRPC for what does not fit one
-        NATS message): services/common/bus/unary.py says why."""
+        """Send `route` and `settle_will` over NATS request/reply from now on (gRPC for what
+        does not fit one NATS message): services/common/bus/unary.py says why."""
         self._bus = UnaryClient(nc, self._timeout_s)
 
     async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
@@ -143,7 +143,14 @@ class RouterClient:
         """The client is back: cancel its delayed will, or publish it now (the old session
         ended) [MQTT-3.1.3-9]. False: it had none."""
         req = pb.SettleWillRequest(tenant=tenant, client_id=client_id, publish_now=publish_now)
-        resp = await self._rpc.call(self._rpc.stub.SettleWill, req)
+        resp = await unary.call(
+            self._bus,
+            unary.SETTLE_WILL_SUBJECT,
+            self._rpc,
+            self._rpc.stub.SettleWill,
+            req,
+            pb.SettleWillResponse,
+        )
         return bool(resp.found)
 
     async def route_snapshot(

@@ -10,7 +10,12 @@ import grpc
 
 from services.common.bus.client import LateClient, connect
 from services.common.bus.large import Holder
-from services.common.bus.unary import ROUTE_SUBJECT, UnaryServer, servicer_handler
+from services.common.bus.unary import (
+    ROUTE_SUBJECT,
+    SETTLE_WILL_SUBJECT,
+    UnaryServer,
+    servicer_handler,
+)
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.rpc.limits import max_message_bytes
 from services.common.runtime import run_service
@@ -63,7 +68,7 @@ class RouterService:
             self._fence,
             settings.queue_qos0_offline,
         )
-        self._route_server: UnaryServer | None = None
+        self._servers: list[UnaryServer] = []
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_RouterServiceServicer_to_server(self._api, server)
@@ -93,17 +98,19 @@ class RouterService:
         self._scheduler = asyncio.create_task(self._publisher.run_scheduler())
         # The persistent publish path: routes over NATS once the table is loaded, appends too.
         self._queues.use_bus(self._nats.nc)
-        self._route_server = UnaryServer(
-            self._nats.nc,
-            ROUTE_SUBJECT,
-            "router",
-            servicer_handler(self._api.RoutePersistent, pb.RoutePersistentRequest),
-        )
-        await self._route_server.start()
+        # And the CONNECT path's will settlement.
+        for subject, method, request in (
+            (ROUTE_SUBJECT, self._api.RoutePersistent, pb.RoutePersistentRequest),
+            (SETTLE_WILL_SUBJECT, self._api.SettleWill, pb.SettleWillRequest),
+        ):
+            handler = servicer_handler(method, request)
+            server = UnaryServer(self._nats.nc, subject, "router", handler)
+            await server.start()
+            self._servers.append(server)
 
     async def stop(self) -> None:
-        if self._route_server is not None:
-            await self._route_server.stop()
+        for server in self._servers:
+            await server.stop()
         if self._scheduler is not None:
             self._scheduler.cancel()
         if self._nats.nc is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -15,12 +16,12 @@ from services.common.mqtt.errors import MqttError
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
-from services.common.store.ports import Qos2Change, Qos2Update
+from services.common.store.ports import Qos2Change, Qos2Update, SessionRecord
 from services.common.subscription import record_to_pb
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.auth import Authenticator, check_tenant
-from services.session.client import RECLAIM_BATCH
+from services.session.client import CONNECT_BATCH, RECLAIM_BATCH
 from services.session.core import may_use
 from services.session.credentials import check_kinds
 from services.session.enhanced import CONTINUE
@@ -29,7 +30,7 @@ from services.session.fence import announce_loss, reclaimed_holder
 from services.session.locks import KeyedLocks
 from services.session.login import Login
 from services.session.registry import Holder, Registry
-from services.session.sessions import Opened, Sessions
+from services.session.sessions import UNREAD, Opened, Sessions, Unread, owner_of
 from starling.common.v1 import message_pb2
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2 as pb
@@ -181,7 +182,36 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             session_expiry_interval_s=opened.expiry_s,
             auth_data=admission.auth_data,
             username=f"{tenant}/{name}",
+            no_previous_session=not opened.previous,
         )
+
+    async def ConnectMany(
+        self, request: pb.ConnectManyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ConnectManyResponse:
+        """The CONNECTs one node received in one loop turn, each exactly `Connect`, at once
+        (they share the registry's Redis pipeline and the store's trips)."""
+        if len(request.requests) > CONNECT_BATCH:
+            raise InvalidArgumentError(f"requests: at most {CONNECT_BATCH} per call")
+        answers = await asyncio.gather(
+            *(self.Connect(r, context) for r in request.requests), return_exceptions=True
+        )
+        out = pb.ConnectManyResponse()
+        for r, answer in zip(request.requests, answers, strict=True):
+            if isinstance(answer, pb.ConnectResponse):
+                out.responses.append(answer)
+                continue
+            # One CONNECT's failure is its own: the others keep their answers.
+            log.warning(
+                "connect_failed",
+                extra={"client_id": r.client_id, "error": type(answer).__name__},
+                exc_info=answer if not isinstance(answer, InvalidArgumentError) else None,
+            )
+            out.responses.append(
+                pb.ConnectResponse(
+                    result=pb.CONNECT_RESULT_SERVER_UNAVAILABLE, reason="the CONNECT failed"
+                )
+            )
+        return out
 
     async def Reauthenticate(
         self, request: pb.ReauthenticateRequest, context: grpc.aio.ServicerContext
@@ -212,16 +242,21 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     ) -> pb.ConnectResponse | tuple[int, Opened]:
         """Check the client id is the user's to use, take a new registry epoch for it (within
         the tenant's connection cap), settle the connection it displaces, then open or resume
-        the session."""
-        if not await self._may_use(tenant, request.client_id, owner):
-            self.refusals.count("client_id_owner", tenant)
-            return pb.ConnectResponse(
-                result=pb.CONNECT_RESULT_NOT_AUTHORIZED,
-                reason="the client id belongs to another user",
-            )
+        the session.
+
+        Round trips: one store read of the session record (the owner check, and the open
+        unless a displaced connection's settlement changed it) and one registry script (the
+        installed connection's owner check, the claim, the node's set). Both checks come
+        before anything is installed: a refused CONNECT must not kick the connection it would
+        have displaced."""
+        client_id = request.client_id
+        shared = "*" in self._shared_ids or tenant in self._shared_ids
+        rec = await self._sessions.read(tenant, client_id)
+        if not shared and not may_use(owner_of(rec), owner):
+            return self._not_owner(tenant)
         holder = Holder(
             tenant,
-            request.client_id,
+            client_id,
             request.node_id,
             self._registry.next_epoch(),
             name,
@@ -231,16 +266,18 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             request.clean_start,
             owner,
         )
-        claim = await self._registry.claim(holder, self._max_connections)
+        claim = await self._registry.claim(holder, self._max_connections, check_owner=not shared)
         if claim.generation:
             # The registry was empty: connections from before may still be live on their
             # nodes, unknown to it; they re-assert, and a copy of this client id is kicked.
             await announce_loss(self._nc, claim.generation)
+        if claim.not_owner:
+            return self._not_owner(tenant)
         epoch = claim.epoch
         if claim.full:
             self.refusals.count("connections_per_tenant", tenant)
             await self._events.emit(
-                tenant, request.client_id, "quota_exceeded", limit="connections_per_tenant"
+                tenant, client_id, "quota_exceeded", limit="connections_per_tenant"
             )
             return pb.ConnectResponse(
                 result=pb.CONNECT_RESULT_QUOTA_EXCEEDED,
@@ -254,16 +291,21 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 reason="a newer connection holds the session",
             )
         prev = claim.previous
+        known: SessionRecord | Unread | None = rec
         if prev is not None and prev.epoch != epoch:
             await self._settle_displaced(prev)
+            known = UNREAD  # the displaced connection's end may have changed the record
         opened = await self._sessions.open(
-            tenant,
-            request.client_id,
-            request.clean_start,
-            request.session_expiry_interval_s,
-            owner,
+            tenant, client_id, request.clean_start, request.session_expiry_interval_s, owner, known
         )
         return epoch, opened
+
+    def _not_owner(self, tenant: str) -> pb.ConnectResponse:
+        self.refusals.count("client_id_owner", tenant)
+        return pb.ConnectResponse(
+            result=pb.CONNECT_RESULT_NOT_AUTHORIZED,
+            reason="the client id belongs to another user",
+        )
 
     async def Reclaim(
         self, request: pb.ReclaimRequest, context: grpc.aio.ServicerContext
@@ -308,29 +350,16 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         )
         await self._sessions.ended(prev.tenant, prev.client_id, expiry)
 
-    async def _may_use(self, tenant: str, client_id: str, owner: str) -> bool:
-        """The client id is free, or its connection and its session are `owner`'s (or the
-        tenant lets its users share client ids). Checked before the claim: a refused CONNECT
-        must not kick the connection it would have displaced."""
-        if "*" in self._shared_ids or tenant in self._shared_ids:
-            return True
-        holder = await self._registry.get(tenant, client_id)
-        if holder is not None and not may_use(holder.owner, owner):
-            return False
-        return may_use(await self._sessions.owner(tenant, client_id), owner)
-
     async def Disconnect(
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext
     ) -> pb.DisconnectResponse:
         async with self._locks.hold((request.tenant, request.client_id)):
-            removed = await self._registry.release(request.tenant, request.client_id, request.epoch)
-            if request.node_id:
-                await self._registry.forget_on_node(
-                    request.node_id, request.tenant, request.client_id
-                )
-            # No entry at all: the registry was lost while this connection lived (it ended
-            # before its node re-asserted it), so it was still the session's holder.
-            holder = removed or await self._registry.get(request.tenant, request.client_id) is None
+            ended = await self._registry.end(
+                request.tenant, request.client_id, request.epoch, request.node_id
+            )
+            # No entry at all (-1): the registry was lost while this connection lived (it
+            # ended before its node re-asserted it), so it was still the session's holder.
+            holder = ended != 0
             if holder:  # only the current holder may end or park the session
                 expiry = (
                     request.session_expiry_interval_s
@@ -343,7 +372,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         await self._events.emit(
             request.tenant, request.client_id, "disconnected", epoch=request.epoch
         )
-        return pb.DisconnectResponse(removed=bool(removed))
+        return pb.DisconnectResponse(removed=ended == 1)
 
 
 _QOS2_CHANGES = {

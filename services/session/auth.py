@@ -5,6 +5,11 @@ Hash verification (argon2 is slow by design) runs on the bounded `HashGate`, and
 checks are remembered in-process by a digest of (tenant, user, password, hash), so a reconnect
 storm costs one hash per distinct credential, not one per CONNECT. An unknown user costs the
 same hash work as a known one (a decoy hash is verified), so timing does not tell them apart.
+
+In front of Redis, in-process copies (services/session/cache.py) answer a CONNECT without a
+round trip; every change of a user or an ACL drops them here and is announced
+(`announce`, on `ctl.session.changed`) so that every other instance drops its copies too
+(`changed`).
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 
 from redis.asyncio import Redis
@@ -21,6 +28,7 @@ from redis.asyncio import Redis
 from services.common.acl import Access, AclRule
 from services.common.store.ports import AuthStore, UserRecord
 from services.session import credentials
+from services.session.cache import LocalCache, Missing
 from services.session.credentials import Credentials
 from services.session.passwords import hash_password, verify_password
 from services.session.throttle import HashGate
@@ -28,6 +36,7 @@ from services.session.throttle import HashGate
 DEFAULT_TENANT = "default"
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 _MISSING = "-"
+log = logging.getLogger("starling.session.auth")
 
 
 def split_username(username: str) -> tuple[str, str]:
@@ -52,12 +61,21 @@ class Authenticator:
         cache_ttl_s: int,
         anonymous: list[str],
         gate: HashGate | None = None,
+        local_ttl_s: float = 0.0,
+        local_entries: int = 100_000,
     ) -> None:
         self._store = store
         self._redis = redis
         self._ttl = cache_ttl_s
         self._anonymous = set(anonymous)
         self._verified: dict[bytes, None] = {}
+        self._max_verified = local_entries
+        self._users: LocalCache[tuple[str, str], str | None] = LocalCache(
+            local_ttl_s, local_entries
+        )
+        self._acls: LocalCache[str, tuple[AclRule, ...]] = LocalCache(local_ttl_s, local_entries)
+        # Tells the other instances of a change (set once NATS is up; None: alone).
+        self.announce: Callable[[bytes], Awaitable[None]] | None = None
         self._gate = gate or HashGate(4, 16)
         # Verified in place of a missing user's hash: same cost, never matches.
         self._decoy_hash = hash_password(secrets.token_urlsafe(24))
@@ -66,6 +84,15 @@ class Authenticator:
         return "*" in self._anonymous or tenant in self._anonymous
 
     async def _user_hash(self, tenant: str, name: str) -> str | None:
+        local = self._users.get((tenant, name))
+        if not isinstance(local, Missing):
+            return local
+        generation = self._users.generation()
+        value = await self._read_user_hash(tenant, name)
+        self._users.put((tenant, name), value, generation)
+        return value
+
+    async def _read_user_hash(self, tenant: str, name: str) -> str | None:
         key = f"st:user:{tenant}:{name}"
         if self._ttl:
             cached = await self._redis.get(key)
@@ -103,12 +130,21 @@ class Authenticator:
         if not stored:
             return False  # a SCRAM-only user: no password login
         if ok:
-            if len(self._verified) > 100_000:
+            if len(self._verified) >= self._max_verified:
                 self._verified.clear()
             self._verified[digest] = None
         return ok
 
     async def acl(self, tenant: str) -> list[AclRule]:
+        local = self._acls.get(tenant)
+        if not isinstance(local, Missing):
+            return list(local)
+        generation = self._acls.generation()
+        rules = await self._read_acl(tenant)
+        self._acls.put(tenant, tuple(rules), generation)
+        return rules
+
+    async def _read_acl(self, tenant: str) -> list[AclRule]:
         key = f"st:acl:{tenant}"
         if self._ttl:
             cached = await self._redis.get(key)
@@ -135,14 +171,42 @@ class Authenticator:
         creds = await asyncio.to_thread(credentials.create, password, scheme, kinds or [])
         await self._store.put_user(UserRecord(tenant, name, creds.encode()))
         await self._redis.delete(f"st:user:{tenant}:{name}")
-        self._verified.clear()
+        await self._announce(_user_change(tenant, name))
 
     async def delete_user(self, tenant: str, name: str) -> bool:
         deleted = await self._store.delete_user(tenant, name)
         await self._redis.delete(f"st:user:{tenant}:{name}")
-        self._verified.clear()
+        await self._announce(_user_change(tenant, name))
         return deleted
 
     async def set_acl(self, tenant: str, rules: list[AclRule]) -> None:
         await self._store.set_acl(tenant, rules)
         await self._redis.delete(f"st:acl:{tenant}")
+        await self._announce(b"acl\0" + tenant.encode())
+
+    def changed(self, change: bytes) -> None:
+        """A user or an ACL changed (here or on another instance): drop the copies of it."""
+        kind, _, rest = change.partition(b"\0")
+        if kind == b"acl":
+            self._acls.forget(rest.decode(errors="replace"))
+            return
+        if kind == b"user":
+            tenant, _, name = rest.decode(errors="replace").partition("\0")
+            self._users.forget((tenant, name))
+        else:  # unknown: from a newer version; drop everything rather than keep stale
+            self._users.forget()
+            self._acls.forget()
+        self._verified.clear()
+
+    async def _announce(self, change: bytes) -> None:
+        self.changed(change)
+        if self.announce is None:
+            return
+        try:
+            await self.announce(change)
+        except Exception as exc:  # the copies elsewhere expire with their TTL
+            log.warning("auth_change_unannounced", extra={"error": type(exc).__name__})
+
+
+def _user_change(tenant: str, name: str) -> bytes:
+    return b"user\0" + tenant.encode() + b"\0" + name.encode()

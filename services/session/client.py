@@ -8,20 +8,28 @@ could not answer; the node then refuses with 0x88 Server unavailable.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nats.aio.client import Client
+
 from services.common.acl import AclRule
+from services.common.bus import unary
+from services.common.bus.unary import UnaryClient
 from services.common.connect import ConnectAttempt, ConnectOutcome, ReauthAttempt
 from services.common.mqtt.reason import ReasonCode
 from services.common.rpc.client import LazyStub
+from services.common.rpc.errors import UnavailableError
 from services.common.store.ports import Qos2Change, Qos2Update
 from services.common.subscription import identified_from_pb
+from services.common.tasks import TaskSet
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
 
 RECLAIM_BATCH = 1000  # connections per Reclaim call; the session service refuses more
+CONNECT_BATCH = 64  # CONNECTs per ConnectMany call; the session service refuses more
 
 # CONNACK reason code of each refusal; any other refusal is Not authorized.
 _REFUSALS: dict[int, ReasonCode] = {
@@ -40,6 +48,9 @@ _QOS2_CHANGES = {
     Qos2Change.STORED: pb.QOS2_CHANGE_STORED,
     Qos2Change.RELEASED: pb.QOS2_CHANGE_RELEASED,
 }
+
+
+_PendingConnect = tuple[pb.ConnectRequest, "asyncio.Future[pb.ConnectResponse]"]
 
 
 def _connect_request(a: ConnectAttempt) -> pb.ConnectRequest:
@@ -87,6 +98,7 @@ def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
         awaiting_release=tuple(
             (q.packet_id, q.message_id, q.stored) for q in resp.awaiting_release
         ),
+        settle_will=not resp.no_previous_session,
     )
 
 
@@ -105,11 +117,83 @@ def reauth_outcome(resp: pb.ReauthenticateResponse) -> ConnectOutcome:
 class SessionClient:
     def __init__(self, address: str, timeout_s: float = 5.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.SessionServiceStub, timeout_s=timeout_s)
+        self._timeout_s = timeout_s
+        self._bus: UnaryClient | None = None
+        self._connect_subject = self._connect_many_subject = self._disconnect_subject = ""
+        self._connects: list[_PendingConnect] = []  # asked for in this loop turn
+        self._tasks = TaskSet()
+
+    def use_bus(self, nc: Client, subject: str = "svc.session") -> None:
+        """Send `connect` and `disconnect` over NATS request/reply on `subject`.connect and
+        .disconnect from now on (gRPC for what does not fit one NATS message):
+        services/common/bus/unary.py says why."""
+        self._bus = UnaryClient(nc, self._timeout_s)
+        self._connect_subject = subject + unary.CONNECT_SUFFIX
+        self._connect_many_subject = subject + unary.CONNECT_MANY_SUFFIX
+        self._disconnect_subject = subject + unary.DISCONNECT_SUFFIX
 
     async def connect(self, attempt: ConnectAttempt) -> ConnectOutcome:
-        """Authenticate, claim the client id in the registry, open or resume the session."""
-        resp = await self._rpc.call(self._rpc.stub.Connect, _connect_request(attempt))
-        return connect_outcome(resp)
+        """Authenticate, claim the client id in the registry, open or resume the session.
+
+        Over NATS, the CONNECTs asked for in one event-loop turn go as one ConnectMany call
+        (a reconnect storm: one message each way instead of one per client); a lone one as
+        Connect. A reply too large for one NATS message (a resumed session with megabytes of
+        subscriptions) is asked for again over gRPC: the second Connect takes the client id
+        again under a later epoch, as a quick reconnect of the same client would."""
+        req = _connect_request(attempt)
+        if self._bus is None:
+            return connect_outcome(await self._rpc.call(self._rpc.stub.Connect, req))
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[pb.ConnectResponse] = loop.create_future()
+        self._connects.append((req, answer))
+        if len(self._connects) == 1:
+            loop.call_soon(self._send_connects)
+        return connect_outcome(await answer)
+
+    def _send_connects(self) -> None:
+        pending, self._connects = self._connects, []
+        for i in range(0, len(pending), CONNECT_BATCH):
+            self._tasks.spawn(self._connect_many(pending[i : i + CONNECT_BATCH]), "connects")
+
+    async def _connect_many(self, calls: list[_PendingConnect]) -> None:
+        try:
+            if len(calls) == 1:
+                answers = [await self._connect_one(calls[0][0])]
+            else:
+                answers = await self._connect_batch([req for req, _ in calls])
+        except Exception as exc:  # the service did not answer: every CONNECT of the call
+            for _, answer in calls:
+                if not answer.done():
+                    answer.set_exception(exc)
+            return
+        for (_, answer), resp in zip(calls, answers, strict=True):
+            if not answer.done():  # its caller may have given up
+                answer.set_result(resp)
+
+    async def _connect_one(self, req: pb.ConnectRequest) -> pb.ConnectResponse:
+        return await unary.call(
+            self._bus,
+            self._connect_subject,
+            self._rpc,
+            self._rpc.stub.Connect,
+            req,
+            pb.ConnectResponse,
+        )
+
+    async def _connect_batch(self, reqs: list[pb.ConnectRequest]) -> list[pb.ConnectResponse]:
+        many = pb.ConnectManyRequest(requests=reqs)
+        assert self._bus is not None
+        if not self._bus.fits(many.ByteSize()):  # large credentials: one by one
+            return [await self._connect_one(r) for r in reqs]
+        try:
+            data = await self._bus.call(self._connect_many_subject, many.SerializeToString())
+        except unary.ReplyTooLargeError:  # over gRPC: the same CONNECTs again, see `connect`
+            resp = await self._rpc.call(self._rpc.stub.ConnectMany, many)
+        else:
+            resp = pb.ConnectManyResponse.FromString(data)
+        if len(resp.responses) != len(reqs):
+            raise UnavailableError(f"{len(resp.responses)} answers to {len(reqs)} CONNECTs")
+        return list(resp.responses)
 
     async def reauthenticate(self, attempt: ReauthAttempt) -> ConnectOutcome:
         """One step of re-authentication of a live connection."""
@@ -145,7 +229,14 @@ class SessionClient:
         )
         if expiry_s is not None:
             req.session_expiry_interval_s = expiry_s
-        resp = await self._rpc.call(self._rpc.stub.Disconnect, req)
+        resp = await unary.call(
+            self._bus,
+            self._disconnect_subject,
+            self._rpc,
+            self._rpc.stub.Disconnect,
+            req,
+            pb.DisconnectResponse,
+        )
         return bool(resp.removed)
 
     async def record_qos2(self, updates: Sequence[Qos2Update]) -> None:
@@ -177,6 +268,7 @@ class SessionClient:
         return reclaimed, superseded
 
     async def close(self) -> None:
+        await self._tasks.cancel()
         await self._rpc.close()
 
 

@@ -22,6 +22,32 @@ class SessionSettings(ServiceSettings):
         default="allow", description="Decision when no ACL rule matches."
     )
     auth_cache_ttl_s: int = Field(default=300, ge=0, description="Redis cache of users/ACLs.")
+    redis_max_connections: int = Field(
+        default=100,
+        ge=1,
+        description="Redis connections the session service opens at most; commands beyond "
+        "them wait for one (a reconnect storm's CONNECTs share pipelines, other commands "
+        "queue here rather than fail).",
+    )
+    redis_pool_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a command waits for a free Redis connection before its "
+        "CONNECT (or admin call) fails as unavailable.",
+    )
+    auth_local_cache_ttl_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="In-process copies of users' credentials and tenants' ACLs (no Redis "
+        "round trip per CONNECT); every change drops them on every instance at once, this "
+        "bounds how long a change announcement lost with NATS leaves one stale. 0: off.",
+    )
+    auth_local_cache_entries: int = Field(
+        default=100_000,
+        ge=1,
+        description="Users and ACLs held in-process (and verified passwords remembered); "
+        "past it the copies are dropped and read again.",
+    )
     session_expiry_sweep_s: float = Field(default=1.0, gt=0, description="Expiry scan period.")
     node_timeout_s: float = Field(
         default=10.0, gt=0, description="A node silent this long is dead; its clients released."

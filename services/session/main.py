@@ -7,7 +7,8 @@ from collections.abc import Iterable
 
 import grpc
 from nats.aio.client import Client
-from redis.asyncio import Redis
+from nats.aio.msg import Msg
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -15,6 +16,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect
+from services.common.bus.unary import (
+    CONNECT_MANY_SUFFIX,
+    CONNECT_SUFFIX,
+    DISCONNECT_SUFFIX,
+    UnaryServer,
+    servicer_handler,
+)
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
@@ -50,12 +58,18 @@ class SessionService:
         self._settings = settings
         # A restarted Redis (or a failover) breaks every pooled connection at once: a command
         # is retried on a fresh one rather than failing the CONNECT that happened to use it.
-        self._redis = Redis.from_url(
+        # A bounded pool that makes a command wait for a connection (redis-py's default pool
+        # raises MaxConnectionsError past 100 connections in use: a CONNECT storm would fail).
+        pool = BlockingConnectionPool.from_url(
             settings.redis_url,
+            max_connections=settings.redis_max_connections,
+            timeout=settings.redis_pool_timeout_s,
             password=settings.redis_password.get_secret_value() or None,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
+        self._redis = Redis(connection_pool=pool)
+        self._redis.auto_close_connection_pool = True  # aclose() closes the pool too
         self._store = open_auth_store(settings)
         self._session_store = open_session_store(settings)
         self._token_store = open_token_store(settings)
@@ -72,6 +86,8 @@ class SessionService:
             settings.auth_cache_ttl_s,
             settings.anonymous_tenants,
             self._gate,
+            settings.auth_local_cache_ttl_s,
+            settings.auth_local_cache_entries,
         )
         self._http_auth: HttpAuthenticator | None = None
         self._login = self._build_login(settings)
@@ -92,6 +108,8 @@ class SessionService:
         self._fence: asyncio.Task[None] | None = None
         self._refusals = Refusals()
         register_refusal_metrics(self._refusals, "starling.session")
+        self._api: SessionApi | None = None
+        self._servers: list[UnaryServer] = []
 
     def _build_login(self, s: SessionSettings) -> Login:
         """The authenticators the tenants' chains name, and the back-off in front of them."""
@@ -150,21 +168,19 @@ class SessionService:
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         nc: Client = self._nats  # type: ignore[assignment]
-        pb_grpc.add_SessionServiceServicer_to_server(
-            SessionApi(
-                self._auth,
-                self._registry,
-                nc,
-                self._events,
-                self._settings.acl_default == "allow",
-                self._sessions,
-                self._login,
-                self._settings.max_connections_per_tenant,
-                self._settings.shared_client_id_tenants,
-                self._refusals,
-            ),
-            server,
+        self._api = SessionApi(
+            self._auth,
+            self._registry,
+            nc,
+            self._events,
+            self._settings.acl_default == "allow",
+            self._sessions,
+            self._login,
+            self._settings.max_connections_per_tenant,
+            self._settings.shared_client_id_tenants,
+            self._refusals,
         )
+        pb_grpc.add_SessionServiceServicer_to_server(self._api, server)
         pb_grpc.add_SessionAdminServiceServicer_to_server(
             SessionAdminApi(self._auth, self._registry, nc), server
         )
@@ -198,8 +214,40 @@ class SessionService:
         await self._liveness.start(self._nats.nc)
         self._watcher = asyncio.create_task(self._liveness.run())
         self._fence = asyncio.create_task(watch_generation(self._registry, self._nats.nc))
+        await self._watch_auth_changes(self._nats.nc)
+        # The nodes' CONNECTs and ends of connections come over NATS request/reply
+        # (services/common/bus/unary.py); the same servicer answers gRPC callers.
+        if self._api is not None:
+            for suffix, method, request in (
+                (CONNECT_SUFFIX, self._api.Connect, pb.ConnectRequest),
+                (CONNECT_MANY_SUFFIX, self._api.ConnectMany, pb.ConnectManyRequest),
+                (DISCONNECT_SUFFIX, self._api.Disconnect, pb.DisconnectRequest),
+            ):
+                server = UnaryServer(
+                    self._nats.nc,
+                    self._settings.session_subject + suffix,
+                    "session",
+                    servicer_handler(method, request),
+                )
+                await server.start()
+                self._servers.append(server)
+
+    async def _watch_auth_changes(self, nc: Client) -> None:
+        """Every instance drops its copies of a changed user or ACL (services/session/cache.py);
+        this one announces its own changes."""
+
+        async def on_change(msg: Msg) -> None:
+            self._auth.changed(msg.data)
+
+        async def announce(change: bytes) -> None:
+            await nc.publish(subjects.AUTH_CHANGED, change)
+
+        await nc.subscribe(subjects.AUTH_CHANGED, cb=on_change)
+        self._auth.announce = announce
 
     async def stop(self) -> None:
+        for server in self._servers:
+            await server.stop()
         for task in (self._sweeper, self._watcher, self._fence):
             if task is not None:
                 task.cancel()

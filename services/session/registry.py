@@ -10,7 +10,9 @@ Of two racing CONNECTs the later one ends installed and the earlier one is kicke
 it lost), so exactly one connection survives. `release` removes the entry only for the epoch
 that owns it. The tenant's hash has one entry per connected client id, so its length is the
 tenant's connection count mesh-wide: `claim` refuses a new client id, in the same atomic
-step, when the tenant is at its cap (taking over a client id already connected never adds one).
+step, when the tenant is at its cap (taking over a client id already connected never adds one),
+and one whose installed connection is another user's; the same step records which node holds
+the client: a CONNECT costs one Redis round trip.
 
 Losing Redis (restart without persistence, FLUSHALL, failover to an empty replica) empties
 the registry; the sentinel key `st:registry:generation` goes with it. Whoever finds it missing
@@ -26,38 +28,57 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from redis.asyncio import Redis
 
-# KEYS: tenant hash, generation sentinel. ARGV: client id, epoch, holder JSON, cap, mode
-# ('connect': an installed epoch at or above ours asks for a higher one; 'reclaim': only a
-# higher installed epoch refuses ours, an equal one is this connection's entry, kept as it
-# is), new generation.
+from services.session.pipelined import PipelinedScript
+
+# One round trip per CONNECT: the owner check of the installed connection, the claim, and
+# which node holds the client, in one atomic script.
+# KEYS: tenant hash, generation sentinel, the node's set of clients, the set of nodes.
+# ARGV: client id, epoch, holder JSON, cap, mode ('connect': an installed epoch at or above
+# ours asks for a higher one; 'reclaim': only a higher installed epoch refuses ours, an equal
+# one is this connection's entry, kept as it is), new generation, owner of the claim, '1' to
+# refuse a client id whose installed connection belongs to another owner (its JSON `owner`;
+# null: unknown, anyone may), member of the node's set, node id.
 # Epochs are microseconds (< 2^53): exact as Lua numbers.
 # Returns {code, previous holder JSON, generation written ('' if the sentinel was there)};
-# code 0 refused, 1 installed, 2 tenant at its cap, 3 retry above the installed epoch.
+# code 0 refused, 1 installed, 2 tenant at its cap, 3 retry above the installed epoch,
+# 4 the installed connection is another owner's.
 _CLAIM = """
 local fresh = ''
 if redis.call('SET', KEYS[2], ARGV[6], 'NX') then fresh = ARGV[6] end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
+local install = true
 if cur then
-  local installed = tonumber(cjson.decode(cur)['epoch'])
+  local h = cjson.decode(cur)
+  if ARGV[8] == '1' then
+    local o = h['owner']
+    if o ~= nil and o ~= cjson.null and o ~= ARGV[7] then return {4, cur, fresh} end
+  end
+  local installed = tonumber(h['epoch'])
   local mine = tonumber(ARGV[2])
   if ARGV[5] == 'connect' then
     if installed >= mine then return {3, cur, fresh} end
   elseif installed > mine then return {0, cur, fresh}
-  elseif installed == mine then return {1, cur, fresh} end
+  elseif installed == mine then install = false end
 elseif tonumber(ARGV[4]) > 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then
   return {2, '', fresh}
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if install then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
+redis.call('SADD', KEYS[3], ARGV[9])
+redis.call('SADD', KEYS[4], ARGV[10])
 return {1, cur or '', fresh}
 """
 
+# KEYS: tenant hash, the node's set of clients (or the tenant hash again: no node).
+# ARGV: client id, epoch, member of the node's set ('' none).
+# Returns 1 removed, 0 a connection of another epoch is installed, -1 none at all.
 _RELEASE = """
+if ARGV[3] ~= '' then redis.call('SREM', KEYS[2], ARGV[3]) end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if not cur then return 0 end
+if not cur then return -1 end
 if tonumber(cjson.decode(cur)['epoch']) == tonumber(ARGV[2]) then
   redis.call('HDEL', KEYS[1], ARGV[1]); return 1
 end
@@ -86,6 +107,8 @@ class ClaimResult:
     won: bool
     previous: Holder | None
     full: bool = False  # refused: a new client id and the tenant at its connection cap
+    # refused: the installed connection belongs to another owner (nothing was installed)
+    not_owner: bool = False
     epoch: int = 0  # the epoch installed (a CONNECT's may be above the one it asked for)
     # The registry had been lost (its sentinel was missing): the new generation written; the
     # nodes must re-assert what they hold. "" when the registry was the one we knew.
@@ -113,11 +136,20 @@ def _decode(raw: bytes | str) -> Holder:
     return Holder(**json.loads(raw))
 
 
+_FIELDS = tuple(f.name for f in fields(Holder))
+
+
+def _encode(holder: Holder) -> str:
+    # Not dataclasses.asdict: it deep-copies every field, 5% of a CONNECT's CPU here.
+    return json.dumps({name: getattr(holder, name) for name in _FIELDS})
+
+
 class Registry:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._claim = redis.register_script(_CLAIM)
-        self._release = redis.register_script(_RELEASE)
+        # Claims and releases of concurrent CONNECTs and disconnects share pipelines.
+        self._claim = PipelinedScript(redis, _CLAIM)
+        self._release = PipelinedScript(redis, _RELEASE)
         self._last_epoch = 0
 
     def next_epoch(self) -> int:
@@ -125,13 +157,16 @@ class Registry:
         self._last_epoch = max(time.time_ns() // 1000, self._last_epoch + 1)
         return self._last_epoch
 
-    async def claim(self, holder: Holder, max_clients: int = 0) -> ClaimResult:
+    async def claim(
+        self, holder: Holder, max_clients: int = 0, check_owner: bool = False
+    ) -> ClaimResult:
         """Install `holder` for a CONNECT, at its epoch or just above the installed one,
         unless the client id is not connected and the tenant already has `max_clients`
-        connected (0: no cap)."""
+        connected (0: no cap), or (`check_owner`) the installed connection belongs to an
+        owner other than `holder.owner` (services/session/core.py `may_use`)."""
         generation = ""
         for _ in range(MAX_CLAIM_TRIES):
-            code, prev, fresh = await self._run_claim(holder, max_clients, "connect")
+            code, prev, fresh = await self._run_claim(holder, max_clients, "connect", check_owner)
             generation = generation or fresh
             if code != 3:
                 break
@@ -143,6 +178,8 @@ class Registry:
             raise RuntimeError(f"claim of {holder.client_id!r} kept meeting higher epochs")
         if code == 2:
             return ClaimResult(False, None, full=True, generation=generation)
+        if code == 4:
+            return ClaimResult(False, _decode(prev), not_owner=True, generation=generation)
         return ClaimResult(
             bool(code), _decode(prev) if prev else None, epoch=holder.epoch, generation=generation
         )
@@ -156,26 +193,24 @@ class Registry:
         )
 
     async def _run_claim(
-        self, holder: Holder, max_clients: int, mode: str
+        self, holder: Holder, max_clients: int, mode: str, check_owner: bool = False
     ) -> tuple[int, bytes | str, str]:
+        # The node's set: which clients each node holds, what to release if the node dies.
         code, prev, fresh = await self._claim(
-            keys=[_key(holder.tenant), GENERATION],
+            keys=[_key(holder.tenant), GENERATION, _node_key(holder.node_id), _NODES],
             args=[
                 holder.client_id,
                 holder.epoch,
-                json.dumps(asdict(holder)),
+                _encode(holder),
                 max_clients,
                 mode,
                 uuid.uuid4().hex,
+                holder.owner or "",
+                "1" if check_owner else "0",
+                _member(holder.tenant, holder.client_id),
+                holder.node_id,
             ],
         )
-        if code == 1:
-            # Which clients each node holds: what to release if the node dies.
-            await self._redis.sadd(
-                _node_key(holder.node_id),  # type: ignore[misc]
-                _member(holder.tenant, holder.client_id),
-            )
-            await self._redis.sadd(_NODES, holder.node_id)  # type: ignore[misc]
         return int(code), prev, fresh.decode() if isinstance(fresh, bytes) else fresh
 
     async def check_generation(self) -> str | None:
@@ -187,7 +222,19 @@ class Registry:
         return None
 
     async def release(self, tenant: str, client_id: str, epoch: int) -> bool:
-        return bool(await self._release(keys=[_key(tenant)], args=[client_id, epoch]))
+        """Remove the client id's entry if `epoch` is the one installed."""
+        return await self.end(tenant, client_id, epoch, "") == 1
+
+    async def end(self, tenant: str, client_id: str, epoch: int, node_id: str) -> int:
+        """A connection ended, in one round trip: its entry removed if `epoch` is the one
+        installed (1; 0: another epoch's is; -1: no entry at all) and the client forgotten
+        on `node_id` ("": no node)."""
+        key = _key(tenant)
+        if node_id:
+            node, member = _node_key(node_id), _member(tenant, client_id)
+        else:
+            node, member = key, ""
+        return int(await self._release(keys=[key, node], args=[client_id, epoch, member]))
 
     async def forget_on_node(self, node_id: str, tenant: str, client_id: str) -> None:
         await self._redis.srem(_node_key(node_id), _member(tenant, client_id))  # type: ignore[misc]

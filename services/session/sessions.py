@@ -34,6 +34,25 @@ class Opened:
     expiry_s: int
     subscriptions: tuple[SubscriptionRecord, ...] = ()  # of a resumed session
     awaiting_release: tuple[InboundQos2, ...] = ()  # its QoS 2 publishes awaiting PUBREL
+    # The client id had a session record (resumed or ended now): a delayed will of its last
+    # connection may be pending; without one none can be (a will is delayed by at most the
+    # session's expiry, services/connection/wills.py).
+    previous: bool = True
+
+
+class Unread:
+    """`Sessions.open` reads the record itself."""
+
+
+UNREAD = Unread()
+
+
+def owner_of(rec: SessionRecord | None) -> str | None:
+    """Who a session record's session belongs to (None: no live session, or its owner is
+    unknown)."""
+    if rec is None or expired(rec, int(time.time() * 1000)):
+        return None
+    return rec.owner
 
 
 class Sessions:
@@ -52,21 +71,30 @@ class Sessions:
         self._events = events
         self._tasks = TaskSet()  # discards of ended sessions, off the CONNECT path
 
+    async def read(self, tenant: str, client_id: str) -> SessionRecord | None:
+        """The client id's session record as stored (it may have expired)."""
+        return await self._store.get_session(tenant, client_id)
+
     async def owner(self, tenant: str, client_id: str) -> str | None:
         """Who the client id's session belongs to (None: no live session, or its owner is
         unknown)."""
-        rec = await self._store.get_session(tenant, client_id)
-        if rec is None or expired(rec, int(time.time() * 1000)):
-            return None
-        return rec.owner
+        return owner_of(await self._store.get_session(tenant, client_id))
 
     async def open(
-        self, tenant: str, client_id: str, clean_start: bool, expiry_s: int, owner: str = ""
+        self,
+        tenant: str,
+        client_id: str,
+        clean_start: bool,
+        expiry_s: int,
+        owner: str = "",
+        rec: SessionRecord | Unread | None = UNREAD,
     ) -> Opened:
         """Resume or start the client id's session; a new or resumed one belongs to `owner`
-        from now on."""
+        from now on. `rec`: its record as `read` returned it under the client id's lock, if
+        nothing changed it since (saves reading it again on the CONNECT path)."""
         expiry_s = min(expiry_s, self._max_expiry)
-        rec = await self._store.get_session(tenant, client_id)
+        if isinstance(rec, Unread):
+            rec = await self._store.get_session(tenant, client_id)
         d = decide(rec, clean_start, expiry_s, time.time_ns() // 1000)
         if d.discard is not None:
             self._tasks.spawn(self._discard(d.discard), name="session_discard")
@@ -79,7 +107,7 @@ class Sessions:
         if d.present:
             subs = tuple(await self._store.list_subscriptions(tenant, client_id, d.incarnation))
             awaiting = tuple(await self._store.list_qos2(tenant, client_id, d.incarnation))
-        return Opened(d.present, d.incarnation, expiry_s, subs, awaiting)
+        return Opened(d.present, d.incarnation, expiry_s, subs, awaiting, rec is not None)
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         """QoS 2 receiver state changes of persistent sessions, durable when this returns."""

@@ -207,3 +207,31 @@ def test_will_delay_is_honoured_and_cancelled_by_a_reconnect(mesh: MeshInfo) -> 
     watcher.nothing(3.0)
     back.close()
     watcher.close()
+
+
+def test_a_clean_start_publishes_the_delayed_will_at_once(mesh: MeshInfo) -> None:
+    """[MQTT-3.1.3-9] A new connection that ends the session (Clean Start) does not wait for
+    the will's delay: the will of the session it ended is published now."""
+    watcher = Paho(mesh.node(1))
+    watcher.connect()
+    watcher.subscribe("wn/+", 1)
+    cid = f"wn-{uuid.uuid4().hex[:6]}"
+    raw = Raw(mesh.node(0))
+    raw.connect(
+        Connect(
+            cid,
+            5,
+            clean_start=False,
+            properties=Properties(session_expiry_interval=600),
+            will=Will("wn/now", b"gone", 1, False, Properties(will_delay_interval=300)),
+        )
+    )
+    raw.sock.shutdown(socket.SHUT_RDWR)
+    raw.close()
+    watcher.nothing(0.5)  # delayed, not published at the drop
+    back = Raw(mesh.node(1))
+    back.connect(Connect(cid, 5, clean_start=True))
+    (m,) = watcher.expect(1, timeout=10)  # not after 300 s
+    assert m.topic == "wn/now" and m.payload == b"gone"
+    back.close()
+    watcher.close()

@@ -32,7 +32,13 @@ async def traced_nodes(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(provider)
-    common = {"nats_url": nats_url, "redis_url": redis_url, "metrics_port": -1}
+    # Its own session service: the nodes' CONNECTs (NATS) must reach it, not the core's.
+    common = {
+        "nats_url": nats_url,
+        "redis_url": redis_url,
+        "metrics_port": -1,
+        "session_subject": "svc.session.traced",
+    }
     session = SessionService(
         SessionSettings(
             **common,
@@ -89,7 +95,13 @@ async def test_publish_is_one_trace_across_nodes(traced_nodes: tuple[int, int]) 
     )
 
     connects = [s for s in spans if s.name == "mqtt.connect"]
-    session_side = [s for s in spans if s.name.endswith("SessionService/Connect")]
+    # The session service's side: the gRPC method, or (the nodes' transport) the NATS
+    # request it serves (services/common/bus/unary.py, a span named after the subject).
+    session_side = [
+        s
+        for s in spans
+        if s.name.endswith("SessionService/Connect") or s.name == "svc.session.traced.connect"
+    ]
     assert connects and session_side
     assert {s.context.trace_id for s in connects} & {s.context.trace_id for s in session_side}
     await asyncio.to_thread(sub.close)

@@ -202,6 +202,64 @@ async def test_a_node_may_route_but_never_append_unchecked_or_serve_the_router(
         await nc.close()
 
 
+async def test_a_node_may_connect_clients_but_never_serve_the_session_service(
+    mesh: MeshInfo,
+) -> None:
+    """The CONNECT path runs over NATS (svc.session.connect(s)/disconnect, svc.router.will): a
+    node's user may ask, but may not subscribe to these subjects (posing as the session
+    service, it would accept any client and read every CONNECT's credentials) nor announce
+    user and ACL changes (ctl.session.changed) to the session services; the queue service's
+    user may not ask at all."""
+    port = mesh.mesh.by_name("nats").port
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    def violations() -> int:
+        return len([e for e in errors if "permissions violation" in e.lower()])
+
+    node = mesh.launcher.secrets.nats["connection"]
+    nc = await nats.connect(f"nats://connection:{node}@127.0.0.1:{port}", error_cb=on_error)
+    try:
+        await nc.subscribe("svc.session.connect")
+        await nc.subscribe("svc.session.connects")
+        await nc.subscribe("svc.session.disconnect")
+        await nc.subscribe("svc.router.will")
+        await nc.publish("ctl.session.changed", b"acl\0default")
+        await nc.flush()
+        deadline = time.monotonic() + 10
+        while violations() < 5:
+            assert time.monotonic() < deadline, f"no permission violations: {errors}"
+            await asyncio.sleep(0.05)
+        # Asking is allowed: a bad request gets a status, not a violation.
+        for subject, name in (
+            ("svc.session.connect", "ConnectRequest"),
+            ("svc.session.connects", "ConnectManyRequest"),
+            ("svc.session.disconnect", "DisconnectRequest"),
+            ("svc.router.will", "SettleWillRequest"),
+        ):
+            reply = await nc.request(subject, b"\xff", timeout=5)
+            assert reply.headers and reply.headers.get("Starling-Error", "").startswith(
+                f"INVALID_ARGUMENT malformed {name}"
+            ), subject
+    finally:
+        await nc.close()
+
+    errors.clear()
+    queue = mesh.launcher.secrets.nats["queue"]
+    nc = await nats.connect(f"nats://queue:{queue}@127.0.0.1:{port}", error_cb=on_error)
+    try:
+        await nc.publish("svc.session.connect", b"x")
+        await nc.flush()
+        deadline = time.monotonic() + 10
+        while violations() < 1:
+            assert time.monotonic() < deadline, f"no permission violations: {errors}"
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+
+
 async def test_redis_refuses_clients_without_the_password(mesh: MeshInfo) -> None:
     port = mesh.mesh.by_name("redis").port
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -89,7 +89,13 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
 async def fenced(
     core: Core, nats_url: str, own_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Fenced]:
-    common = {"nats_url": nats_url, "redis_url": own_redis.url, "metrics_port": -1}
+    # Its own session service: the nodes' CONNECTs (NATS) must reach it, not the core's.
+    common = {
+        "nats_url": nats_url,
+        "redis_url": own_redis.url,
+        "metrics_port": -1,
+        "session_subject": f"svc.session.fence{uuid.uuid4().hex[:6]}",
+    }
     settings = SessionSettings(
         **common,
         data_dir=tmp_path_factory.mktemp("fence-session"),

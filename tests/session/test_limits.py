@@ -40,6 +40,8 @@ async def svc(
         data_dir=tmp_path_factory.mktemp("session-limits"),
         metrics_port=-1,
         node_id="session-limits",
+        # Not the core's subject: this service must not answer other nodes' CONNECTs.
+        session_subject="svc.session.limits",
         router_addr=core.router,
         queue_addr=core.queue,
         anonymous_tenants=["*"],

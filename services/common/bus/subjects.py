@@ -15,6 +15,8 @@ EVENTS_WILDCARD = "ev.>"
 # To every connection node: the session registry was lost, re-assert your connections
 # (payload: the registry's new generation).
 REGISTRY_LOST = "ctl.nodes.reassert"
+# A user or an ACL changed: every session service instance drops its in-process copy.
+AUTH_CHANGED = "ctl.session.changed"
 
 
 def node_control(node_id: str) -> str:

@@ -1,4 +1,6 @@
-"""Unary calls over NATS request/reply, for the calls on the persistent publish path.
+"""Unary calls over NATS request/reply, for the calls on the persistent publish path and on
+the CONNECT path (node -> session service `Connect` and `Disconnect`, node -> router
+`SettleWill`: a reconnect storm is thousands of these a second).
 
 Why not gRPC there: on these machines a grpc.aio unary call costs ~0.55 ms and ~600 us of CPU
 (client and server together), a NATS request ~0.23 ms and ~180 us (bench figures in
@@ -58,6 +60,13 @@ FENCE_ROUTES_SUBJECT = "svc.queue.routes"
 READ_SUBJECT = "svc.queue.read"
 ACK_SUBJECT = "svc.queue.ack"
 RELEASED_SUBJECT = "svc.queue.released"
+# The CONNECT path: a node's CONNECT(s) and end of connection (`<session_subject>.connect`,
+# `.connects`, `.disconnect`; setting `session_subject`, default "svc.session"), and its will
+# settlement.
+CONNECT_SUFFIX = ".connect"
+CONNECT_MANY_SUFFIX = ".connects"  # the CONNECTs of one loop turn of a node
+DISCONNECT_SUFFIX = ".disconnect"
+SETTLE_WILL_SUBJECT = "svc.router.will"
 # Requests one server works on at once; more wait in the subscription's pending buffer (and
 # time out there, to be retried, if the service cannot keep up).
 MAX_IN_FLIGHT = 256

@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
@@ -24,6 +24,7 @@ class SqliteDb:
     def __init__(self, path: Path, schema: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self._together: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA busy_timeout=10000")
         # Several services open the same file at start; switching to WAL can report BUSY
@@ -41,6 +42,47 @@ class SqliteDb:
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    async def run_together(self, fn: Callable[[], T]) -> T:
+        """`run`, but the calls made in the same event-loop turn share one trip to the worker
+        thread (one hand-over and one wake-up instead of one each: a reconnect storm makes
+        hundreds of session reads at once). For short reads only: they run one after the
+        other there, and an exception is its own call's."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+        self._together.append((fn, done))
+        if len(self._together) == 1:
+            loop.call_soon(self._send_together)
+        return await done
+
+    def _send_together(self) -> None:
+        calls, self._together = self._together, []
+
+        def run_all() -> list[tuple[bool, object]]:
+            out: list[tuple[bool, object]] = []
+            for fn, _ in calls:
+                try:
+                    out.append((True, fn()))
+                except Exception as exc:
+                    out.append((False, exc))
+            return out
+
+        def settle(results: asyncio.Future[list[tuple[bool, object]]]) -> None:
+            if results.cancelled() or results.exception() is not None:
+                exc = results.exception() if not results.cancelled() else None
+                for _, done in calls:
+                    if not done.done():
+                        done.set_exception(exc or RuntimeError("store worker stopped"))
+                return
+            for (_, done), (ok, value) in zip(calls, results.result(), strict=True):
+                if done.done():  # its caller gave up
+                    continue
+                if ok:
+                    done.set_result(value)
+                else:
+                    done.set_exception(value)  # type: ignore[arg-type]
+
+        asyncio.get_running_loop().run_in_executor(self._pool, run_all).add_done_callback(settle)
 
     def tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` in one IMMEDIATE transaction (takes the write lock up front)."""

@@ -65,7 +65,8 @@ class SqliteSessionStore(SqliteDb):
             self.db.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
 
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
-        row = await self.run(
+        # Every CONNECT reads its session: concurrent reads share a trip to the worker.
+        row = await self.run_together(
             lambda: self.db.execute(
                 "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, owner "
                 "FROM sessions WHERE tenant=? AND client_id=?",

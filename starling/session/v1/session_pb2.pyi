@@ -156,6 +156,48 @@ class AclRule(_message.Message):
 Global___AclRule: _TypeAlias = AclRule  # noqa: Y015
 
 @_typing.final
+class ConnectManyRequest(_message.Message):
+    """At most 64 requests."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConnectRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___ConnectRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectManyRequest: _TypeAlias = ConnectManyRequest  # noqa: Y015
+
+@_typing.final
+class ConnectManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConnectResponse]: ...
+    def __init__(
+        self,
+        *,
+        responses: _abc.Iterable[Global___ConnectResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectManyResponse: _TypeAlias = ConnectManyResponse  # noqa: Y015
+
+@_typing.final
 class ConnectRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -240,6 +282,7 @@ class ConnectResponse(_message.Message):
     AUTH_STATE_FIELD_NUMBER: _builtins.int
     USERNAME_FIELD_NUMBER: _builtins.int
     AWAITING_RELEASE_FIELD_NUMBER: _builtins.int
+    NO_PREVIOUS_SESSION_FIELD_NUMBER: _builtins.int
     result: Global___ConnectResult.ValueType
     tenant: _builtins.str
     epoch: _builtins.int
@@ -260,6 +303,11 @@ class ConnectResponse(_message.Message):
     username: _builtins.str
     """Who the connection authenticated as (`tenant/name`; the name may come from a JWT, a
     certificate or SCRAM rather than the CONNECT user name).
+    """
+    no_previous_session: _builtins.bool
+    """The client id had no session record: no delayed will of an earlier connection can be
+    pending (one exists only while its session does), so the node does not ask the router
+    to settle one. False (also from an older session service): settle.
     """
     @_builtins.property
     def acl(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclRule]:
@@ -290,10 +338,11 @@ class ConnectResponse(_message.Message):
         auth_state: _builtins.bytes = ...,
         username: _builtins.str = ...,
         awaiting_release: _abc.Iterable[Global___InboundQos2] | None = ...,
+        no_previous_session: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "awaiting_release", b"awaiting_release", "epoch", b"epoch", "incarnation", b"incarnation", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "awaiting_release", b"awaiting_release", "epoch", b"epoch", "incarnation", b"incarnation", "no_previous_session", b"no_previous_session", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

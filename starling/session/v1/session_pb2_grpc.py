@@ -40,6 +40,11 @@ class SessionServiceStub:
                 request_serializer=starling_dot_session_dot_v1_dot_session__pb2.ConnectRequest.SerializeToString,
                 response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ConnectResponse.FromString,
                 _registered_method=True)
+        self.ConnectMany = channel.unary_unary(
+                '/starling.session.v1.SessionService/ConnectMany',
+                request_serializer=starling_dot_session_dot_v1_dot_session__pb2.ConnectManyRequest.SerializeToString,
+                response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ConnectManyResponse.FromString,
+                _registered_method=True)
         self.Disconnect = channel.unary_unary(
                 '/starling.session.v1.SessionService/Disconnect',
                 request_serializer=starling_dot_session_dot_v1_dot_session__pb2.DisconnectRequest.SerializeToString,
@@ -68,6 +73,15 @@ class SessionServiceServicer:
 
     def Connect(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConnectMany(self, request, context):
+        """The CONNECTs a node received in one event-loop turn, answered in order (a reconnect
+        storm: one message each way instead of one per client). Each is exactly `Connect`; one
+        that fails inside the service is answered CONNECT_RESULT_SERVER_UNAVAILABLE.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -109,6 +123,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ConnectRequest.FromString,
                     response_serializer=starling_dot_session_dot_v1_dot_session__pb2.ConnectResponse.SerializeToString,
+            ),
+            'ConnectMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConnectMany,
+                    request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ConnectManyRequest.FromString,
+                    response_serializer=starling_dot_session_dot_v1_dot_session__pb2.ConnectManyResponse.SerializeToString,
             ),
             'Disconnect': grpc.unary_unary_rpc_method_handler(
                     servicer.Disconnect,
@@ -159,6 +178,33 @@ class SessionService:
             '/starling.session.v1.SessionService/Connect',
             starling_dot_session_dot_v1_dot_session__pb2.ConnectRequest.SerializeToString,
             starling_dot_session_dot_v1_dot_session__pb2.ConnectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.session.v1.SessionService/ConnectMany',
+            starling_dot_session_dot_v1_dot_session__pb2.ConnectManyRequest.SerializeToString,
+            starling_dot_session_dot_v1_dot_session__pb2.ConnectManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

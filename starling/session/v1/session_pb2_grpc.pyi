@@ -34,6 +34,11 @@ class SessionServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SessionServiceAsyncStub: ...
     Connect: _grpc.UnaryUnaryMultiCallable[_session_pb2.ConnectRequest, _session_pb2.ConnectResponse]
+    ConnectMany: _grpc.UnaryUnaryMultiCallable[_session_pb2.ConnectManyRequest, _session_pb2.ConnectManyResponse]
+    """The CONNECTs a node received in one event-loop turn, answered in order (a reconnect
+    storm: one message each way instead of one per client). Each is exactly `Connect`; one
+    that fails inside the service is answered CONNECT_RESULT_SERVER_UNAVAILABLE.
+    """
     Disconnect: _grpc.UnaryUnaryMultiCallable[_session_pb2.DisconnectRequest, _session_pb2.DisconnectResponse]
     Reauthenticate: _grpc.UnaryUnaryMultiCallable[_session_pb2.ReauthenticateRequest, _session_pb2.ReauthenticateResponse]
     """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
@@ -53,6 +58,11 @@ class SessionServiceAsyncStub(SessionServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Connect: _aio.UnaryUnaryMultiCallable[_session_pb2.ConnectRequest, _session_pb2.ConnectResponse]  # type: ignore[assignment]
+    ConnectMany: _aio.UnaryUnaryMultiCallable[_session_pb2.ConnectManyRequest, _session_pb2.ConnectManyResponse]  # type: ignore[assignment]
+    """The CONNECTs a node received in one event-loop turn, answered in order (a reconnect
+    storm: one message each way instead of one per client). Each is exactly `Connect`; one
+    that fails inside the service is answered CONNECT_RESULT_SERVER_UNAVAILABLE.
+    """
     Disconnect: _aio.UnaryUnaryMultiCallable[_session_pb2.DisconnectRequest, _session_pb2.DisconnectResponse]  # type: ignore[assignment]
     Reauthenticate: _aio.UnaryUnaryMultiCallable[_session_pb2.ReauthenticateRequest, _session_pb2.ReauthenticateResponse]  # type: ignore[assignment]
     """One step of MQTT 5 re-authentication (AUTH 0x19) on a live connection."""
@@ -75,6 +85,17 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_pb2.ConnectRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.ConnectResponse, _abc.Awaitable[_session_pb2.ConnectResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ConnectMany(
+        self,
+        request: _session_pb2.ConnectManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ConnectManyResponse, _abc.Awaitable[_session_pb2.ConnectManyResponse]]:
+        """The CONNECTs a node received in one event-loop turn, answered in order (a reconnect
+        storm: one message each way instead of one per client). Each is exactly `Connect`; one
+        that fails inside the service is answered CONNECT_RESULT_SERVER_UNAVAILABLE.
+        """
 
     @_abc_1.abstractmethod
     def Disconnect(

@@ -1,0 +1,84 @@
+"""CONNECTs over NATS (services/session/client.py `use_bus`), against the session service in
+this process (tests/inproc.py): the CONNECTs of one loop turn travel as one ConnectMany call
+and each gets its own answer, as if asked alone; a refusal stays its own; a lone CONNECT and a
+disconnect go as single requests; ConnectMany refuses more than CONNECT_BATCH."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from services.common.connect import ConnectAttempt
+from services.common.mqtt.reason import ReasonCode
+from services.common.rpc.errors import InvalidArgumentError
+from services.session.client import CONNECT_BATCH, SessionAdminClient, SessionClient
+from starling.session.v1 import session_pb2 as pb
+from tests.inproc import ADMIN_TOKEN, OPEN_TENANT, Core
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Client]:
+    nc = await nats.connect(nats_url)
+    yield nc
+    await nc.close()
+
+
+def attempt(client_id: str, username: str = "", password: bytes | None = None) -> ConnectAttempt:
+    return ConnectAttempt(
+        client_id=client_id,
+        username=username,
+        password=password,
+        node_id="node-many",
+        peer_address="127.0.0.1:50000",
+        protocol_level=5,
+        clean_start=False,
+        session_expiry_s=600,
+    )
+
+
+async def test_the_connects_of_one_turn_each_get_their_own_answer(core: Core, bus: Client) -> None:
+    session = SessionClient(core.session)
+    session.use_bus(bus)
+    admin = SessionAdminClient(core.session, ADMIN_TOKEN)
+    tenant = f"many{uuid.uuid4().hex[:6]}"
+    await admin.create_user(tenant, "alice", "pw")
+    prefix = uuid.uuid4().hex[:6]
+    try:
+        ids = [f"{prefix}-{i}" for i in range(3 * CONNECT_BATCH + 5)]  # several calls
+        attempts = [attempt(c, f"{OPEN_TENANT}/{c}") for c in ids]
+        attempts.append(attempt(f"{prefix}-alice", f"{tenant}/alice", b"pw"))
+        attempts.append(attempt(f"{prefix}-mallory", f"{tenant}/alice", b"wrong"))
+        outcomes = await asyncio.gather(*(session.connect(a) for a in attempts))
+        *anonymous, alice, mallory = outcomes
+        assert all(o.ok and o.tenant == OPEN_TENANT for o in anonymous)
+        assert len({o.epoch for o in anonymous}) == len(ids)
+        assert alice.ok and alice.tenant == tenant and alice.identity == f"{tenant}/alice"
+        assert mallory.reason_code == ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        # Each one is registered as its own connection.
+        held = {c.client_id: c for c in await admin.list_clients(OPEN_TENANT)}
+        assert all(held[c].node_id == "node-many" for c in ids)
+        # The same again, now resuming: every session is present, alone or together.
+        again = await asyncio.gather(*(session.connect(a) for a in attempts[:-1]))
+        assert all(o.ok and o.session_present for o in again)
+        alone = await session.connect(attempt(ids[0], f"{OPEN_TENANT}/{ids[0]}"))
+        assert alone.ok and alone.session_present and alone.epoch > again[0].epoch
+        assert await session.disconnect(OPEN_TENANT, ids[0], alone.epoch, "node-many", 0, 0)
+    finally:
+        await session.close()
+        await admin.close()
+
+
+async def test_connect_many_refuses_more_than_a_batch(bus: Client) -> None:
+    many = pb.ConnectManyRequest(
+        requests=[pb.ConnectRequest(client_id=f"c{i}") for i in range(CONNECT_BATCH + 1)]
+    )
+    reply = await bus.request("svc.session.connects", many.SerializeToString(), timeout=10)
+    assert reply.headers and reply.headers["Starling-Error"].startswith(
+        f"INVALID_ARGUMENT requests: at most {CONNECT_BATCH} per call"
+    )
+    assert InvalidArgumentError  # the status a gRPC caller gets for the same request
