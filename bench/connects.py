@@ -3,15 +3,14 @@ outstanding, and the CPU every mesh process spends per connect.
 
 `python -m bench.connects [--clients N] [--outstanding K] [--rounds R] [--mosquitto]
 [--persistent] [--profile SECONDS]` starts a mesh (bench/run.py's settings: no cap per IP,
-log level WARNING), runs `connection_rate` R times against node 0 and prints, per round,
+log level WARNING), runs `loadgen.connect_rate` R times against node 0 and prints, per round,
 connects/s and CPU milliseconds per connect of each mesh process (utime + stime from
 /proc/<pid>/stat). `--mosquitto` runs the same rounds against `mosquitto` in the same run.
 `--profile S`: py-spy records the session service and node 0 for S seconds of the first
 round (raw collapsed stacks next to the mesh's data dir, paths printed).
 Numbers are measurements of this machine, never assertions.
 
-`connection_rate(port)` is the scenario function for bench/run.py: it returns a
-`loadgen.Result` whose `rate` is CONNACKs per second.
+The scenario itself is `loadgen.connect_rate`, the same as make bench's connection-rate row.
 """
 
 from __future__ import annotations
@@ -29,78 +28,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import loadgen
+from bench.machine import cpu_seconds, python_loop_seconds
+from bench.run import starling_launcher
 from services.cli.launcher import Launcher, Mesh
 
 CLIENTS = int(os.environ.get("BENCH_CONNECT_CLIENTS", "10000"))
 OUTSTANDING = 64
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-async def connection_rate(
-    port: int,
-    clients: int = CLIENTS,
-    outstanding: int = OUTSTANDING,
-    clean: bool = True,
-    prefix: str = "",
-    before_close: Callable[[], None] | None = None,
-) -> loadgen.Result:
-    """Open `clients` connections, `outstanding` CONNECTs in flight at a time; every one stays
-    open until all have their CONNACK (as devices do), then all close. `received`: CONNACKs
-    that accepted (return code 0), `seconds`: first CONNECT to last CONNACK; `before_close`
-    runs once all are in, before the clients close."""
-    tag = prefix or f"c{time.monotonic_ns() % 10**8}"
-    loop = asyncio.get_running_loop()
-    made: list[loadgen.Client] = []
-    accepted = 0
-    sem = asyncio.Semaphore(outstanding)
-
-    async def one(i: int) -> None:
-        nonlocal accepted
-        async with sem:
-            try:
-                _, proto = await loop.create_connection(
-                    lambda: loadgen.Client(f"{tag}-{i}", clean=clean), "127.0.0.1", port
-                )
-                made.append(proto)
-                ack = await asyncio.wait_for(proto.connack, 30)
-                if ack.reason_code == 0:
-                    accepted += 1
-            except (OSError, TimeoutError):
-                pass
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(clients)))
-    elapsed = time.perf_counter() - start
-    if before_close is not None:
-        before_close()
-    for c in made:
-        if c.transport is not None:
-            c.transport.close()
-    await asyncio.sleep(0.5)
-    return loadgen.Result(sent=clients, received=accepted, seconds=elapsed)
 
 
 def start_mesh(folder: Path, nodes: int = 2) -> tuple[Launcher, Mesh]:
-    launcher = Launcher(
-        folder,
-        nodes=nodes,
-        mqtt_port=0,
-        ws=False,
-        extra_env={
-            "STARLING_LOG_LEVEL": "WARNING",
-            # Every bench client comes from 127.0.0.1: no cap per address.
-            "STARLING_MAX_CONNECTIONS_PER_IP": "0",
-        },
-    )
+    launcher = starling_launcher(folder, nodes)
     return launcher, launcher.start()
 
 
@@ -165,18 +102,25 @@ def run_rounds(
             # Connecting only: read before the releases of the closed clients weigh.
             cpu.update({n: cpu_seconds(p) - before[n] for n, p in pids.items()})
 
-        res = uvloop.run(
-            connection_rate(port, args.clients, args.outstanding, not args.persistent, "", read_cpu)
-        )
+        async def one_round(read_cpu: Callable[[], None] = read_cpu) -> loadgen.ConnectRate:
+            res = await loadgen.connect_rate(
+                port, args.clients, args.outstanding, clean=not args.persistent
+            )
+            read_cpu()  # before the clients close: their releases are not connecting
+            res.close()
+            await asyncio.sleep(0.5)
+            return res
+
+        res = uvloop.run(one_round())
         for s in spies:
             s.wait()
         rates.append(res.rate)
         per = ", ".join(
-            f"{n} {1000 * c / max(res.received, 1):.2f}" for n, c in cpu.items() if c >= 0.01
+            f"{n} {1000 * c / max(res.connected, 1):.2f}" for n, c in cpu.items() if c >= 0.01
         )
         print(
-            f"{name} round {r + 1}: {res.received:,}/{res.sent:,} accepted in {res.seconds:.1f} s"
-            f" = {res.rate:,.0f} connects/s; CPU ms/connect: {per}",
+            f"{name} round {r + 1}: {res.connected:,}/{res.attempted:,} accepted in "
+            f"{res.seconds:.1f} s = {res.rate:,.0f} connects/s; CPU ms/connect: {per}",
             flush=True,
         )
     return rates
@@ -194,10 +138,7 @@ def main() -> int:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     started = time.perf_counter()
-    loop_s = time.perf_counter()
-    for _ in range(10_000_000):
-        pass
-    loop_s = time.perf_counter() - loop_s
+    loop_s = python_loop_seconds()
     print(f"calibration: 10M-step for loop {loop_s:.2f} s; load {os.getloadavg()}", flush=True)
     summary: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:

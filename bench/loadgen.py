@@ -433,10 +433,10 @@ class ConnectRate:
 
 
 async def connect_rate(
-    port: int, n: int, outstanding: int = 64, timeout_s: float = 30.0
+    port: int, n: int, outstanding: int = 64, timeout_s: float = 30.0, clean: bool = True
 ) -> ConnectRate:
-    """Open `n` clean-session MQTT 3.1.1 clients, at most `outstanding` of them between TCP
-    connect and CONNACK at any time; the clients stay open (`close()` them)."""
+    """Open `n` MQTT 3.1.1 clients (`clean`: clean session), at most `outstanding` of them
+    between TCP connect and CONNACK at any time; the clients stay open (`close()` them)."""
     loop = asyncio.get_running_loop()
     made: list[Client] = []
     sem = asyncio.Semaphore(outstanding)
@@ -448,7 +448,7 @@ async def connect_rate(
             proto: Client | None = None
             try:
                 _, proto = await loop.create_connection(
-                    lambda: Client(f"c-{tag}-{i}"), "127.0.0.1", port
+                    lambda: Client(f"c-{tag}-{i}", clean=clean), "127.0.0.1", port
                 )
                 ack = await asyncio.wait_for(proto.connack, timeout_s)
             except (OSError, TimeoutError, ConnectionError):

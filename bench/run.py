@@ -59,8 +59,9 @@ class Broker:
         return [self.pid, *self.others]
 
 
-def start_starling(folder: Path, nodes: int = 2, node_workers: int = 1) -> Broker:
-    launcher = Launcher(
+def starling_launcher(folder: Path, nodes: int = 2, node_workers: int = 1) -> Launcher:
+    """The mesh every bench runs: `starling up`'s services, quiet logs, no cap per IP."""
+    return Launcher(
         folder,
         nodes=nodes,
         mqtt_port=0,
@@ -73,6 +74,10 @@ def start_starling(folder: Path, nodes: int = 2, node_workers: int = 1) -> Broke
             "STARLING_MAX_CONNECTIONS_PER_IP": "0",
         },
     )
+
+
+def start_starling(folder: Path, nodes: int = 2, node_workers: int = 1) -> Broker:
+    launcher = starling_launcher(folder, nodes, node_workers)
     mesh = launcher.start()
     node = mesh.by_name("connection-0")
     return Broker(

@@ -39,7 +39,6 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -77,7 +76,10 @@ class MeshInterest:
         self._started = now
         self._trusted_from = now + 1.5 * STATE_EVERY_S
         self._nodes: dict[str, float] = {}  # other nodes -> last heard from
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tick_subject = subjects.mesh_interest_tick(node_id)
+        self._loop_task: asyncio.Task[None] | None = None
+        # At most one maintenance under way: many publishes of one loop turn find it due.
+        self._maintaining: asyncio.Future[None] | None = None
         self.skipped = 0  # messages not put on NATS (for tests and stats)
 
     @property
@@ -91,21 +93,22 @@ class MeshInterest:
         self._reconnects = self._nc.stats["reconnects"]
         self._started = time.monotonic()
         self._trusted_from = self._started + 1.5 * STATE_EVERY_S
-        self._tasks = [asyncio.create_task(self._maintain_loop(), name="interest")]
+        self._loop_task = asyncio.create_task(self._maintain_loop(), name="interest")
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
+        for t in (self._loop_task, self._maintaining):
+            if t is not None:
+                t.cancel()
 
     def wanted_elsewhere(self, tenant: str) -> bool:
         """May another node want this tenant's messages? (True when unsure.)"""
         if not self.enabled:
             return True
         now = time.monotonic()
-        if now - self._tick_at >= self._window / 4 or now - self._state_at >= STATE_EVERY_S:
+        due = now - self._tick_at >= self._window / 4 or now - self._state_at >= STATE_EVERY_S
+        if due and (self._maintaining is None or self._maintaining.done()):
             # Under load timers run late: the publishes themselves keep these going.
-            self._tasks.append(asyncio.ensure_future(self._maintain()))
-            self._tasks = [t for t in self._tasks if not t.done()]
+            self._maintaining = asyncio.ensure_future(self._maintain())
         if now - self._fresh_at >= self._window or now < self._trusted_from:
             return True
         return tenant in self._remote or tenant in self._shared
@@ -184,7 +187,7 @@ class MeshInterest:
 
     async def _on_message(self, msg: Msg) -> None:
         if msg.subject.startswith(subjects.MESH_INTEREST_TICK_PREFIX):
-            if msg.subject == subjects.mesh_interest_tick(self._node_id):
+            if msg.subject == self._tick_subject:
                 self._on_tick(msg.data)
             return
         try:
@@ -243,7 +246,7 @@ class MeshInterest:
         try:
             if tick:
                 body = f"{self._tick_sent} {now!r}".encode()
-                await self._nc.publish(subjects.mesh_interest_tick(self._node_id), body)
+                await self._nc.publish(self._tick_subject, body)
             if state:
                 full = json.dumps({"node": self._node_id, "tenants": self._tenants()})
                 await self._nc.publish(subjects.MESH_INTEREST_STATE, full.encode())
