@@ -291,8 +291,9 @@ class Node:
             self.subscriber.unsubscribe(conn, tuple(ch.subscriptions))
         if leftovers:
             self.ops.put(lambda: self.shared.redeliver(leftovers))
+        closing = None
         if conn.persistent is not None:
-            self.tasks.spawn(conn.persistent.close(), name="persistent-close")
+            closing = self.tasks.spawn(conn.persistent.close(), name="persistent-close")
         if conn.exactly_once is not None:
             self.tasks.spawn(conn.exactly_once.ended(), name="qos2-ended")
         if not conn.registered:
@@ -304,16 +305,26 @@ class Node:
             # Released only once its records are written: the next connection resumes a
             # session that knows every QoS 2 id this one took.
             self._qos2_pending[(ch.tenant, ch.client_id)] = eo  # before any kick reply
-            self.tasks.spawn(self._release_after_records(conn, eo), name="qos2-release-wait")
+        elif closing is None:
+            self.sessions.connection_ended(conn)
             return
-        self.sessions.connection_ended(conn)
+        self.tasks.spawn(self._release_when_settled(conn, eo, closing), name="release-wait")
 
-    async def _release_after_records(self, conn: Conn, eo: ExactlyOnceInbound) -> None:
+    async def _release_when_settled(
+        self, conn: Conn, eo: ExactlyOnceInbound | None, closing: asyncio.Task[None] | None
+    ) -> None:
+        """Release the session once this connection's queue reader has detached (so the
+        queue pushes nothing more to it: entries published after the client is seen gone
+        reach its next connection as first attempts, DUP=0) and its QoS 2 records are
+        written. Each wait is bounded: a lost dependency delays the release, never blocks it."""
         key = (conn.channel.tenant, conn.channel.client_id)
         try:
-            await eo.idle(QOS2_SETTLE_S)
+            if closing is not None:
+                await asyncio.wait((closing,), timeout=QOS2_SETTLE_S)
+            if eo is not None and eo.busy:
+                await eo.idle(QOS2_SETTLE_S)
         finally:
-            if self._qos2_pending.get(key) is eo:
+            if eo is not None and self._qos2_pending.get(key) is eo:
                 del self._qos2_pending[key]
         self.sessions.connection_ended(conn)
 

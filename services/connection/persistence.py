@@ -75,6 +75,9 @@ class PersistentDelivery:
         wrote: Callable[[], None],
     ) -> None:
         self.channel = channel
+        # Every PUBACK/PUBCOMP/PUBREC is reported (DeliveryProgress) so the queue is acked:
+        # set before anything can be delivered on this channel.
+        channel.outbound.track_completions = True
         self.wrote = wrote  # the channel has bytes to send
         self.queue = queue
         self.nc = nc
@@ -90,6 +93,9 @@ class PersistentDelivery:
         self.announced = 0  # highest seq a notice reported
         self.reader = uuid.uuid4().hex  # names this delivery to the queue (pushes go to it)
         self.closed = False
+        # No read before `start` has subscribed to the notices: a transport that drains
+        # (Conn.writable) or the sweeper's poll may call `pump` first.
+        self._started = False
         self._reading = False
         self._blocked_on = 0  # packet id in flight that the next entry to deliver needs
         self._ack_task: asyncio.Task[None] | None = None
@@ -100,10 +106,10 @@ class PersistentDelivery:
         self._sub: NatsSubscription | None = None
 
     async def start(self) -> None:
-        self.channel.outbound.track_completions = True
         self._sub = await self.nc.subscribe(
             subjects.queue_notice(self.tenant, self.queue_id), cb=self._on_notice
         )
+        self._started = True
         self.pump()
 
     async def _on_notice(self, msg: Msg) -> None:
@@ -132,7 +138,7 @@ class PersistentDelivery:
 
     def pump(self) -> None:
         """Read more if the client's window has room and the queue may have entries."""
-        if self.closed or self._reading or not self.more:
+        if self.closed or self._reading or not self.more or not self._started:
             return
         ob = self.channel.outbound
         if self._blocked_on:

@@ -428,3 +428,24 @@ async def test_pubrecs_that_come_during_a_mark_are_marked_in_one_call() -> None:
     assert calls == [[1], [2, 3, 4]]
     assert written(ch, dec) == [PubRel(pid_for(s)) for s in (1, 2, 3, 4)]  # type: ignore[arg-type]
     await pd.close()
+
+
+async def test_a_pump_before_start_reads_nothing_and_every_ack_still_reaches_the_queue() -> None:
+    # A drained transport (Conn.writable) or the sweeper's poll can call pump() while start()
+    # still waits behind other ordered operations. It once read and sent entries then, while
+    # the channel did not yet report completions: the client's PUBACKs were dropped, the
+    # queue was never acked, and every later connection got the same messages again.
+    queue = FakeQueue([_entry(1), _entry(2)])
+    pd, ch, dec = _delivery(queue)
+    pd.pump()
+    await _settle()
+    assert _publishes(ch, dec) == [] and queue.delivered_through == 0
+    await pd.start()
+    await _settle()
+    assert [pid for pid, _, _ in _publishes(ch, dec)] == [pid_for(1), pid_for(2)]
+    for seq in (1, 2):
+        actions = ch.receive(encode(PubAck(pid_for(seq)), 5), 0.0)  # type: ignore[attr-defined]
+        assert any(isinstance(a, DeliveryProgress) for a in actions)
+    pd.progress()
+    await pd.close()
+    assert queue.acked_through == 2
