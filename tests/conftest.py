@@ -172,7 +172,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
     folder = tmp_path_factory.mktemp("mesh")
     cert, key = make_cert(folder)
     env = {
-        "STARLING_ANONYMOUS_TENANTS": '["default", "open"]',
+        "STARLING_ANONYMOUS_TENANTS": '["default", "open", "traced"]',
+        # Every message of tenant "traced" is traced (tests/e2e/test_trace_files.py); the
+        # spans go to <data dir>/traces/<process>.jsonl (the launcher's default).
+        "STARLING_TRACE_SAMPLE_TENANTS": '{"traced": 1.0}',
         "STARLING_ADMIN_TOKEN": ADMIN_TOKEN,
         "STARLING_LOG_LEVEL": "INFO",
         "STARLING_MAX_QUEUED_MESSAGES": "100",

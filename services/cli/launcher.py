@@ -216,6 +216,9 @@ class Launcher:
         }
         if self.anonymous:
             env.setdefault("STARLING_ANONYMOUS_TENANTS", '["*"]')
+        # Sampled spans of the local mesh go to one JSON-lines file per process (nothing is
+        # sampled unless STARLING_TRACE_SAMPLE_RATIO or _TENANTS says so).
+        env.setdefault("STARLING_TRACE_FILE_DIR", str(self.data_dir / "traces"))
         env.update(self.extra_env)
         return env
 

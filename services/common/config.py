@@ -83,7 +83,24 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_file: Path | None = Field(default=None, description="Also log JSON lines here.")
     otlp_endpoint: str = Field(default="", description="OTLP gRPC endpoint; empty: no export.")
-    trace_sample_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    trace_sample_ratio: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of PUBLISHes (and CONNECTs) traced, for tenants not in "
+        "`trace_sample_tenants`; 0: none.",
+    )
+    trace_sample_tenants: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-tenant trace share overriding `trace_sample_ratio`, e.g. "
+        '`{"acme": 1.0}` traces every message of tenant acme and no other.',
+    )
+    trace_file_dir: Path | None = Field(
+        default=None,
+        description="Also write every finished span as one JSON line to "
+        "`<dir>/<node_id>.jsonl` (the local mesh's exporter; `starling up` sets "
+        "`<data dir>/traces`); unset: no file.",
+    )
     admin_auth: Literal["token", "disabled"] = Field(
         default="token",
         description="`token`: admin RPCs need the operator token or a tenant token; "
@@ -156,6 +173,19 @@ class ServiceSettings(BaseSettings):
     queue_addr: str = Field(default="127.0.0.1:7003", description="Queue service gRPC.")
     quota_addr: str = Field(default="127.0.0.1:7005", description="Quota service gRPC.")
     metrics_addr: str = Field(default="127.0.0.1:7006", description="Metrics service gRPC.")
+
+    @field_validator("trace_sample_tenants")
+    @classmethod
+    def _tenant_ratios_are_shares(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = sorted(t for t, r in value.items() if not 0.0 <= r <= 1.0)
+        if bad:
+            raise ValueError(f"ratios must be between 0 and 1 (tenants {', '.join(bad)})")
+        return value
+
+    @property
+    def tracing(self) -> bool:
+        """Whether any message may be traced (else no span is even started)."""
+        return self.trace_sample_ratio > 0 or any(self.trace_sample_tenants.values())
 
     @field_validator("cassandra_replication")
     @classmethod

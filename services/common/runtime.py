@@ -172,6 +172,8 @@ def run_service(
         metrics_port=settings.metrics_port,
         otlp_endpoint=settings.otlp_endpoint,
         sample_ratio=settings.trace_sample_ratio,
+        sample_tenants=settings.trace_sample_tenants,
+        trace_file_dir=settings.trace_file_dir,
     )
     log.info(
         "service_config",

@@ -13,7 +13,7 @@ from opentelemetry import trace
 
 from services.common.envelope import add_to_batch, to_envelope
 from services.common.message import Message
-from services.common.telemetry import inject
+from services.common.telemetry import TENANT_ATTRIBUTE, inject
 from services.common.topics import topic_to_subject
 from services.common.topics.delayed import DELAYED_PREFIX
 from services.connection.conn import Conn
@@ -107,11 +107,12 @@ class Ingress:
             attributes={
                 "mqtt.topic": msg.topic,
                 "starling.node": self._node_id,
-                "starling.tenant": msg.tenant,
+                TENANT_ATTRIBUTE: msg.tenant,  # the sampler decides by tenant
                 "mqtt.qos": msg.qos,
             },
-        ):
-            carrier = inject()
+        ) as span:
+            # Not sampled: no context at all, so no later process opens a span for it.
+            carrier = inject() if span.is_recording() else None
         if not carrier:
             return msg
         env.trace_context.update(carrier)

@@ -96,7 +96,7 @@ class ConnectionService:
             channel_config(s),
             nc,
             session,
-            tracing=s.trace_sample_ratio > 0,
+            tracing=s.tracing,
             nc_shared=nc_shared,
             router=router,
             queue=queue,

@@ -42,13 +42,17 @@ from collections.abc import Callable, Sequence
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from services.common.bus import subjects
 from services.common.tasks import TaskSet
+from services.common.telemetry import TENANT_ATTRIBUTE, extract
 from services.connection.channel import Channel
 from services.queue.client import Notice, QueueClient, QueueEntry, parse_notice
 
 log = logging.getLogger("starling.connection.persistence")
+tracer = trace.get_tracer("starling.connection")
 
 ACK_EVERY = 64
 # Entries per queue read: with the congestion check between reads, what one client that
@@ -215,7 +219,9 @@ class PersistentDelivery:
                 ob.completed.append(pid)
                 continue
             dup = e.seq <= delivered_before
-            if not ob.deliver_stored(msg, msg.qos, msg.retain, e.subscription_ids, pid, dup, now):
+            if msg.trace_context:  # sampled where it was published: this is its last hop
+                self._deliver_traced(e, pid, dup, now)
+            elif not ob.deliver_stored(msg, msg.qos, msg.retain, e.subscription_ids, pid, dup, now):
                 ob.completed.append(pid)  # expired or too large: done without sending
         if ob.completed:
             # Settled without an ack to wait for: no PUBACK will report them, so the queue
@@ -224,6 +230,25 @@ class PersistentDelivery:
         if self.channel.out:
             self.wrote()
         return stopped
+
+    def _deliver_traced(self, e: QueueEntry, pid: int, dup: bool, now: float) -> None:
+        msg, ob = e.message, self.channel.outbound
+        with tracer.start_as_current_span(
+            "mqtt.deliver",
+            context=extract(dict(msg.trace_context)),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "mqtt.topic": msg.topic,
+                TENANT_ATTRIBUTE: msg.tenant,
+                "mqtt.client_id": self.channel.client_id,
+                "starling.queue": self.queue_id,
+                "starling.seq": e.seq,
+                "mqtt.dup": dup,
+            },
+        ) as span:
+            if not ob.deliver_stored(msg, msg.qos, msg.retain, e.subscription_ids, pid, dup, now):
+                ob.completed.append(pid)  # expired or too large: done without sending
+                span.set_attribute("starling.sent", False)
 
     def progress(self) -> None:
         """The channel recorded PUBACK/PUBCOMP/PUBREC: ack the queue, read more."""

@@ -11,11 +11,14 @@ from contextlib import AsyncExitStack
 
 import grpc
 from nats.aio.client import Client
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from services.common.bus import subjects
 from services.common.rpc.errors import InvalidArgumentError
 from services.common.rpc.limits import BATCH_BYTES
 from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
+from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.queue.config import QueueSettings
 from services.queue.core import RouteVersions, expires_at_ms, owned, partition_of
 from services.queue.readers import Lease, Readers
@@ -24,6 +27,7 @@ from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 
 log = logging.getLogger("starling.queue")
+tracer = trace.get_tracer("starling.queue")
 
 _RESULT = {
     AppendOutcome.OK: pb.APPEND_RESULT_OK,
@@ -130,16 +134,32 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             return pb.AppendResponse()
         by_queue = _items_by_queue(request.entries)
         results = [pb.APPEND_RESULT_UNSPECIFIED] * len(request.entries)
-        pushes = {qid: self._push_to(tenant, qid, items) for qid, items in by_queue.items()}
-        reports = await self._append_to_queues(tenant, by_queue, pushes)
-        for (qid, items), report in zip(by_queue.items(), reports, strict=True):
-            for (i, _), outcome in zip(items, report.outcomes, strict=True):
-                results[i] = _RESULT[outcome]
-            lease = pushes[qid]
-            # Pushed only if the lease is still the one the append marked for: a reader that
-            # took the queue over meanwhile reads the entries (they were sent to no one).
-            pushed = lease is not None and lease is self.readers.get(tenant, qid)
-            await self._announce(tenant, qid, report, items if pushed else None, lease)
+        # Messages sampled where they were published carry their trace context.
+        traced = [(i, e) for i, e in enumerate(request.entries) if e.message.trace_context]
+        spans = message_spans(
+            tracer,
+            "queue.append",
+            (
+                (e.message.trace_context, {TENANT_ATTRIBUTE: tenant, "starling.queue": e.queue_id})
+                for _, e in traced
+            ),
+            SpanKind.SERVER,
+        )
+        try:
+            pushes = {qid: self._push_to(tenant, qid, items) for qid, items in by_queue.items()}
+            reports = await self._append_to_queues(tenant, by_queue, pushes)
+            for (qid, items), report in zip(by_queue.items(), reports, strict=True):
+                for (i, _), outcome in zip(items, report.outcomes, strict=True):
+                    results[i] = _RESULT[outcome]
+                lease = pushes[qid]
+                # Pushed only if the lease is still the one the append marked for: a reader that
+                # took the queue over meanwhile reads the entries (they were sent to no one).
+                pushed = lease is not None and lease is self.readers.get(tenant, qid)
+                await self._announce(tenant, qid, report, items if pushed else None, lease)
+        finally:
+            for span, (i, _) in zip(spans, traced, strict=True):
+                span.set_attribute("starling.append_result", pb.AppendResult.Name(results[i]))
+                span.end()
         return pb.AppendResponse(results=results)
 
     async def DirectAppend(

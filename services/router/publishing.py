@@ -9,11 +9,15 @@ import logging
 import time
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
 from services.common.bus import subjects
 from services.common.bus.large import Holder
 from services.common.refusals import Refusals
 from services.common.rpc.errors import ServiceError
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
+from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.common.topics import topic_to_subject
 from services.common.topics.delayed import DelayedTopic, parse_delayed
 from services.queue.client import AppendResult, QueueClient
@@ -26,6 +30,7 @@ from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 
 log = logging.getLogger("starling.router")
+tracer = trace.get_tracer("starling.router")
 # A tenant at a retained cap has its expired retained messages purged at most this often.
 PURGE_EVERY_MS = 1000
 
@@ -102,7 +107,23 @@ class Publisher:
             if m.retain and not await self._retain(m):
                 results[i] = RouteResult.QUOTA_EXCEEDED
             to_route.append((i, m))
-        queues = await self._route(to_route, results)
+        # Messages sampled where they were published carry their trace context.
+        traced = [(i, m) for i, m in to_route if m.trace_context]
+        spans = message_spans(
+            tracer,
+            "router.route",
+            (
+                (m.trace_context, {TENANT_ATTRIBUTE: m.tenant, "mqtt.topic": m.topic})
+                for _, m in traced
+            ),
+            SpanKind.SERVER,
+        )
+        try:
+            queues = await self._route(to_route, results)
+        finally:
+            for span, (i, _) in zip(spans, traced, strict=True):
+                span.set_attribute("starling.route_result", RouteResult(results[i]).name)
+                span.end()
         return results, queues
 
     async def _route(

@@ -132,3 +132,11 @@ def test_reuse_port_with_a_port_picked_by_the_kernel_is_refused(
         load_settings(ConnectionSettings)
     monkeypatch.setenv("STARLING_MQTT_PORT", "18830")
     assert load_settings(ConnectionSettings).reuse_port
+
+
+def test_a_tenant_trace_share_outside_0_to_1_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STARLING_TRACE_SAMPLE_TENANTS", '{"acme": 1.5, "ok": 0.5}')
+    with pytest.raises(ConfigError, match=r"trace_sample_tenants.*acme"):
+        load_settings(ConnectionSettings)
