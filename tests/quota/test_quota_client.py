@@ -17,8 +17,16 @@ from tests.inproc import ADMIN_TOKEN, serving
 
 
 @pytest.fixture(scope="module")
-async def address(redis_url: str) -> AsyncIterator[str]:
-    settings = QuotaSettings(redis_url=redis_url, metrics_port=-1, node_id="quota-t")
+async def address(
+    redis_url: str, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
+    settings = QuotaSettings(
+        redis_url=redis_url,
+        nats_url=nats_url,
+        metrics_port=-1,
+        node_id="quota-t",
+        data_dir=tmp_path_factory.mktemp("quota"),
+    )
     async with serving(QuotaService(settings)) as addr:
         yield addr
 
@@ -33,7 +41,7 @@ async def test_limits_and_leases(address: str) -> None:
     assert await admin.get_limits(tenant) == limits
 
     assert await quota.acquire_lease(tenant, "n1", "connections", 2) == Lease(
-        LeaseResult.GRANTED, 2, 1000
+        LeaseResult.GRANTED, 2, 1000, 3
     )
     partial = await quota.acquire_lease(tenant, "n1", "connections", 2)
     assert (partial.result, partial.granted) == (LeaseResult.GRANTED, 1)
