@@ -221,7 +221,10 @@ class Node:
             self._workers.spawn(self.routing.run(), name="node-routing")
 
     def kick_banned(self, bans: BanList) -> None:
-        """The ban list changed: disconnect every client it names now (0x8A Banned)."""
+        """The ban list changed: disconnect every client it names now. DISCONNECT 0x98
+        (Administrative action) with the ban's reason as Reason String: 0x8A (Banned) is a
+        CONNACK code only, not allowed in DISCONNECT [MQTT-3.14.2.1] (paho calls it a
+        protocol error); the client's next CONNECT gets CONNACK 0x8A."""
         if not len(bans):
             return
         now_ms = int(time.time() * 1000)
@@ -233,7 +236,8 @@ class Node:
             ban = bans.match(ch.tenant, ch.client_id, name, ch.peer, now_ms)
             if ban is not None:
                 self.refusals.count("banned", ch.tenant)
-                self.carry_out(conn, ch.disconnect(RC.BANNED, ban.reason or "banned"))
+                why = f"banned: {ban.reason}" if ban.reason else "banned"
+                self.carry_out(conn, ch.disconnect(RC.ADMINISTRATIVE_ACTION, why))
 
     def shed(self, reason: int, why: str) -> None:
         """Disconnect every client with `reason` (their wills follow as for any close)."""
