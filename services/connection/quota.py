@@ -99,14 +99,16 @@ class NodeQuota:
             if b.fallback:  # self-granted tokens end with the service's first answer
                 b.fallback, b.tokens, b.granted_window, b.expires = False, 0, 0, now
             if lease.limit == 0:
-                b.state, b.limit = UNLIMITED, 0
+                b.state = UNLIMITED
+                b.set_limit(0)
                 return
             if b.state != LIMITED or now >= b.expires:
                 # A new window: what the last one granted is the share "keep" reuses.
                 if b.state == LIMITED and b.granted_window:
                     b.keep_rate = b.granted_window
                 b.tokens, b.granted_window = 0, 0
-            b.state, b.limit = LIMITED, lease.limit
+            b.state = LIMITED
+            b.set_limit(lease.limit)
             b.tokens += lease.granted
             b.granted_window += lease.granted
             b.keep_rate = max(b.keep_rate, b.granted_window)
@@ -131,7 +133,8 @@ class NodeQuota:
         else:
             tokens = 0
         if b.state != LIMITED:
-            b.state, b.limit = LIMITED, max(b.limit, 1)
+            b.state = LIMITED
+            b.set_limit(max(b.limit, 1))
         b.tokens = tokens
 
     def limits_changed(self, tenant: str) -> None:

@@ -81,7 +81,8 @@ def test_without_gates_nothing_is_checked() -> None:
 
 def limited(tokens: int, key: str = "messages_per_s", expires: float = 10.0) -> Bucket:
     b = Bucket(("t", "", key), lambda b: None)
-    b.state, b.limit, b.tokens, b.expires = LIMITED, 100, tokens, expires
+    b.state, b.tokens, b.expires = LIMITED, tokens, expires
+    b.set_limit(100)
     return b
 
 
@@ -124,7 +125,7 @@ def test_unknown_budgets_admit_and_ask_once_unlimited_ones_never_ask() -> None:
 
 def test_ask_size_follows_demand_within_a_slice() -> None:
     b = limited(0)
-    b.limit = 200
+    b.set_limit(200)
     b.demand = 3
     assert b.ask_size(10) == 5  # at least a quarter of a slice: no call per message
     b.demand = 10_000
