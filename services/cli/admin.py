@@ -1,6 +1,6 @@
 """Admin subcommands (users, ACLs, clients, kick, routes, retained and delayed messages,
-stats, tenant admin tokens) over the services' typed admin clients; replies print as JSON
-(services/cli/render.py), failures as `starling <command>: <STATUS>: <message>`.
+stats, tenant admin tokens, quotas and bans) over the services' typed admin clients; replies
+print as JSON (services/cli/render.py), failures as `starling <command>: <STATUS>: <message>`.
 
 The admin token comes from STARLING_ADMIN_TOKEN or a file (`--token-file`, by default the one
 `starling up` writes under the data dir), never from the command line, where `ps` and shell
@@ -18,10 +18,12 @@ from typing import Any
 
 from services.cli.acl_file import rule_to_json, rules_from_json
 from services.cli.launcher import Mesh
+from services.cli.quota_cmd import add_quota_commands, quota_command
 from services.cli.render import to_json
 from services.cli.secrets import admin_token_file
 from services.common.rpc.errors import ServiceError
 from services.metrics.client import MetricsAdminClient
+from services.quota.client import QuotaAdminClient
 from services.router.client import RouterAdminClient
 from services.session.client import SessionAdminClient
 from services.session.token_client import TokenAdminClient
@@ -32,6 +34,7 @@ _DEFAULT_ADDRESSES = {
     "session": "127.0.0.1:7001",
     "router": "127.0.0.1:7002",
     "metrics": "127.0.0.1:7006",
+    "quota": "127.0.0.1:7005",
 }
 
 
@@ -139,6 +142,12 @@ async def _call(args: argparse.Namespace) -> object:
             return await _router(router, args)
         finally:
             await router.close()
+    if args.command in ("quota", "ban"):
+        quota = QuotaAdminClient(_address(args, "quota"), token)
+        try:
+            return await quota_command(quota, args)
+        finally:
+            await quota.close()
     if args.command == "stats":
         metrics = MetricsAdminClient(_address(args, "metrics"), token)
         try:
@@ -161,6 +170,7 @@ def add_admin_commands(sub: Any) -> None:
     _add_common_options(p)
     p.add_argument("--metrics-addr", help="metrics service gRPC address")
     _add_token_commands(sub)
+    add_quota_commands(sub, _add_common_options, parse_ttl)
 
 
 def _add_token_commands(sub: Any) -> None:

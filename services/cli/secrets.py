@@ -8,8 +8,8 @@ scripts keep working and the stores stay readable.
 - `admin-token`: the operator token alone, the file `starling <admin command>` reads by
   default (`--token-file`).
 
-NATS users get the subjects their service uses (`NATS_PERMISSIONS`); quota and metrics do not
-use NATS and have no user.
+NATS users get the subjects their service uses (`NATS_PERMISSIONS`); metrics does not use
+NATS and has no user.
 
 `starling secrets --out DIR` writes a fresh set as one file per secret (for Docker Compose
 secrets and `kubectl create secret --from-file`), with a complete nats.conf.
@@ -70,6 +70,7 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "svc.session.connects",
                 "svc.session.disconnect",
                 "ctl.session.changed",
+                "ctl.quota.bans",
             ]
         },
     },
@@ -105,6 +106,12 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
             ]
         },
     },
+    # ctl.quota.limits / ctl.quota.bans: limits and the ban list changed (to nodes and
+    # session services)
+    "quota": {
+        "publish": {"allow": ["ctl.quota.>", "_INBOX.>"]},
+        "subscribe": {"allow": ["_INBOX.>"]},
+    },
     "rules": {
         "publish": {"allow": ["$JS.API.>", "_INBOX.>"]},
         "subscribe": {"allow": ["ev.>", "_INBOX.>"]},
@@ -118,6 +125,7 @@ NATS_USER_OF = {
     "router": "router",
     "queue": "queue",
     "rules": "rules",
+    "quota": "quota",
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -164,6 +164,33 @@ class ConnectionSettings(ServiceSettings):
         description="Persistent subscriptions this node may copy from the router's route "
         "table, over all tenants, to send QoS>=1 publishes straight to the queues (a tenant "
         "beyond it is routed by the router); 0: every such publish goes through the router.",
+    )
+    quota_enabled: bool = Field(
+        default=True,
+        description="Enforce the tenant and user rate limits of the quota service (`starling "
+        "quota set`) on publishes: local token buckets filled by leases, no call per message "
+        "(docs/quota.md). false: no rate limits on this node.",
+    )
+    quota_unavailable: Literal["keep", "allow", "deny"] = Field(
+        default="keep",
+        description="While the quota service cannot be reached: `keep` grants each limited "
+        "budget, per second, this node's share of the last window it was granted (tenants "
+        "never answered for are admitted); `allow` admits every publish; `deny` refuses "
+        "the publishes of limited tenants and of tenants not known yet. Retried every second.",
+    )
+    quota_lease_slices: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="A node asks for at most 1/N of a tenant's per-second limit at a time "
+        "(less when its recent demand is lower), so nodes that all want more share each "
+        "window; more slices: fairer, more lease calls.",
+    )
+    ban_sync_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often the node re-reads the ban list from the quota service (each "
+        "change also comes at once over NATS); a lost announcement is late by at most this.",
     )
     stats_interval_s: float = Field(
         default=5.0, gt=0, description="How often the node reports its counters to metrics."

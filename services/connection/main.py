@@ -11,7 +11,7 @@ from aiohttp import web
 
 from services.common.bus.client import connect
 from services.common.mqtt.reason import ReasonCode as RC
-from services.common.refusals import register_refusal_metrics
+from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.topics import TopicLimits
 from services.connection.api import ConnectionAdminApi
@@ -19,10 +19,13 @@ from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
 from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
+from services.connection.quota import NodeQuota
 from services.connection.replica import CopyRouter, RouteCopies
 from services.connection.stats import register_metrics, report_stats
 from services.metrics.client import MetricsClient
 from services.queue.client import QueueClient
+from services.quota.client import QuotaClient
+from services.quota.watch import BanWatch
 from services.router.client import RouterClient
 from services.session.client import SessionClient
 from starling.connection.v1 import connection_pb2 as pb
@@ -64,6 +67,7 @@ class ConnectionService:
         self._runners: list[web.AppRunner] = []
         self._reporter: asyncio.Task[None] | None = None
         self._copies: RouteCopies | None = None
+        self._bans: BanWatch | None = None
         self.ports: dict[str, int] = {}
         self._stopping = False
         # Set when the node can no longer carry traffic (health turns NOT_SERVING); made in
@@ -92,6 +96,16 @@ class ConnectionService:
         # CONNECT and end of connection over NATS request/reply too.
         session = SessionClient(s.session_addr)
         session.use_bus(nc, s.session_subject)
+        refusals = Refusals()
+        quota = None
+        if s.quota_enabled:
+            quota = NodeQuota(
+                s.node_id,
+                QuotaClient(s.quota_addr, timeout_s=1.0),
+                refusals.count,
+                s.quota_unavailable,
+                s.quota_lease_slices,
+            )
         self.node = node = Node(
             channel_config(s),
             nc,
@@ -103,8 +117,15 @@ class ConnectionService:
             max_connections_per_ip=s.max_connections_per_ip,
             publish_router=CopyRouter(router, queue, self._copies),
             mesh_interest_window_s=s.mesh_interest_window_s,
+            quota=quota,
         )
+        node.refusals = refusals
         await node.start()
+        # Bans: already connected clients named by a new ban are kicked (the session
+        # service refuses their next CONNECT).
+        watch_client = QuotaClient(s.quota_addr, timeout_s=2.0)
+        self._bans = BanWatch(watch_client, s.ban_sync_s, node.kick_banned)
+        await self._bans.start(nc)
         register_metrics(node.stats)
         register_refusal_metrics(node.refusals, "starling.connection")
         self._reporter = asyncio.create_task(
@@ -161,6 +182,8 @@ class ConnectionService:
         self._stopping = True
         if self._reporter is not None:
             self._reporter.cancel()
+        if self._bans is not None:
+            await self._bans.stop()
         for srv in self._servers:
             srv.close()
         if self.node is not None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 
+from services.common.bans import BanList
 from services.common.bus import subjects
 from services.common.bus.large import Fetcher, Holder
 from services.common.connect import ConnectOutcome
@@ -57,6 +58,7 @@ from services.connection.interest import MeshInterest
 from services.connection.mesh import MeshPublisher, MessageIds
 from services.connection.ordered import OrderedOps
 from services.connection.peer_cert import PeerCert
+from services.connection.quota import NodeQuota
 from services.connection.registry import Registry
 from services.connection.retained import RetainedReplay
 from services.connection.routing import Router, RoutingPipeline
@@ -100,9 +102,11 @@ class Node:
         max_connections_per_ip: int = 0,
         publish_router: Router | None = None,
         mesh_interest_window_s: float = 0.0,
+        quota: NodeQuota | None = None,
     ) -> None:
         """`publish_router`: what QoS>=1 publishes are routed by (services/connection/
-        replica.py's CopyRouter); `router` by default."""
+        replica.py's CopyRouter); `router` by default. `quota`: the tenants' rate budgets
+        (None: no rate limits)."""
         self.config = config
         self.node_id = config.node_id
         self.nc = nc  # connected with no_echo: our own mesh publishes never come back
@@ -114,6 +118,7 @@ class Node:
         self.registry = Registry()
         self.per_address = PerAddress(max_connections_per_ip)
         self.refusals = Refusals()
+        self.quota = quota
         self.stats = NodeStats(self.registry.conns)
         self.writes = WriteBatcher(self._loop)
         self.subs: NodeSubscriptions[Conn] = NodeSubscriptions()
@@ -202,6 +207,8 @@ class Node:
         await self.holder.start(self.nc)
         await self.subscriber.listen_for_route_listings()
         await self.interest.start()
+        if self.quota is not None:
+            await self.quota.start(self.nc)
         # Before any client connects: the session service releases what an earlier life
         # of this node id held (after a crash and restart).
         await self.nc.publish(subjects.node_hello(self.node_id), self.node_id.encode())
@@ -212,6 +219,25 @@ class Node:
         self._workers.spawn(self.qos2_journal.run(), name="node-qos2-journal")
         if self.routing is not None:
             self._workers.spawn(self.routing.run(), name="node-routing")
+
+    def kick_banned(self, bans: BanList) -> None:
+        """The ban list changed: disconnect every client it names now. DISCONNECT 0x98
+        (Administrative action) with the ban's reason as Reason String: 0x8A (Banned) is a
+        CONNACK code only, not allowed in DISCONNECT [MQTT-3.14.2.1] (paho calls it a
+        protocol error); the client's next CONNECT gets CONNACK 0x8A."""
+        if not len(bans):
+            return
+        now_ms = int(time.time() * 1000)
+        for conn in list(self.registry.conns):
+            ch = conn.channel
+            if not conn.registered or conn.closed:
+                continue
+            name = ch.identity.partition("/")[2]
+            ban = bans.match(ch.tenant, ch.client_id, name, ch.peer, now_ms)
+            if ban is not None:
+                self.refusals.count("banned", ch.tenant)
+                why = f"banned: {ban.reason}" if ban.reason else "banned"
+                self.carry_out(conn, ch.disconnect(RC.ADMINISTRATIVE_ACTION, why))
 
     def shed(self, reason: int, why: str) -> None:
         """Disconnect every client with `reason` (their wills follow as for any close)."""
@@ -228,6 +254,8 @@ class Node:
         await self.tasks.wait(deadline - time.monotonic())
         await self._workers.cancel()
         await self.interest.stop()
+        if self.quota is not None:
+            await self.quota.stop()
         try:
             await self.nc.flush(timeout=1)
         except Exception:
@@ -235,7 +263,8 @@ class Node:
 
     def open(self, sink: Sink, peer: str, cert: PeerCert | None = None) -> Conn:
         now = time.time()
-        channel = Channel(self.config, peer, now, self._new_client_id, self.refusals.count)
+        gates = self.quota.gate if self.quota is not None else None
+        channel = Channel(self.config, peer, now, self._new_client_id, self.refusals.count, gates)
         conn = Conn(self, channel, sink, cert)
         self.registry.opened(conn)
         self.per_address.opened(peer)

@@ -1,14 +1,30 @@
-"""gRPC servicers of the quota service over Redis hashes and window counters."""
+"""gRPC servicers of the quota service: limits (Redis hashes), leases of rate budgets (Redis
+counters per one-second window), and the ban list (SQLite, `bans.BanStore`).
+
+Every change is announced on NATS so that holders of a copy act on it at once: limits
+(`ctl.quota.limits`, payload the tenant: nodes drop their leases of it and ask again) and the
+ban list (`ctl.quota.bans`, payload the whole list). Holders also re-read the list on their
+own every `ban_sync_s` (services/quota/watch.py), so a lost announcement costs a delay only.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 from redis.asyncio import Redis
 
+from services.common.bans import Ban, BanKind, normalized
+from services.common.bus import subjects
+from services.common.rpc.errors import InvalidArgumentError, ResourceExhaustedError
+from services.quota.bans import BanStore
+from services.quota.keys import limits_key
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
+
+log = logging.getLogger("starling.quota")
 
 _FIELDS = [f.name for f in pb.Limits.DESCRIPTOR.fields]
 # Resources counted per second window; the rest are totals.
@@ -19,50 +35,174 @@ _RATE_RESOURCES = {
 }
 _TOTAL_RESOURCES = {"connections": "max_connections", "sessions": "max_sessions"}
 
-# Grant min(amount, limit - used) atomically; 0 limit means unlimited.
+# One round trip: read the limit, grant min(amount, limit - used) of the window (or total)
+# atomically; 0 limit means unlimited (nothing counted). KEYS: limits hash, counter.
+# ARGV: limit field, amount, counter TTL (ms, 0: none). Returns {granted, limit}.
 _LEASE = """
-local limit = tonumber(ARGV[1]); local amount = tonumber(ARGV[2]); local ttl = tonumber(ARGV[3])
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-local grant = amount
-if limit > 0 then grant = math.max(0, math.min(amount, limit - used)) end
+local limit = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local amount = tonumber(ARGV[2]); local ttl = tonumber(ARGV[3])
+if limit <= 0 then return {amount, 0} end
+local used = tonumber(redis.call('GET', KEYS[2]) or '0')
+local grant = math.max(0, math.min(amount, limit - used))
 if grant > 0 then
-  redis.call('INCRBY', KEYS[1], grant)
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+  redis.call('INCRBY', KEYS[2], grant)
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
-return grant
+return {grant, limit}
 """
 
+Publish = Callable[[str, bytes], Awaitable[None]]
 
-def _limits_key(tenant: str) -> str:
-    return f"st:quota:{tenant}:limits"
+
+def _scope(tenant: str, user: str) -> str:
+    return f"st:quota:{tenant}:u:{user}" if user else f"st:quota:{tenant}"
+
+
+def ban_to_pb(b: Ban) -> pb.Ban:
+    return pb.Ban(
+        kind=int(b.kind),  # type: ignore[arg-type]
+        tenant=b.tenant,
+        value=b.value,
+        reason=b.reason,
+        expires_at_ms=b.expires_at_ms,
+        created_at_ms=b.created_at_ms,
+        source=b.source,
+    )
+
+
+def ban_from_pb(b: pb.Ban) -> Ban:
+    return Ban(
+        kind=BanKind(b.kind),
+        tenant=b.tenant,
+        value=b.value,
+        reason=b.reason,
+        expires_at_ms=b.expires_at_ms,
+        created_at_ms=b.created_at_ms,
+        source=b.source or "operator",
+    )
+
+
+def _kind(value: int, name: str) -> BanKind:
+    try:
+        return BanKind(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be CLIENT_ID, USERNAME or ADDRESS") from None
+
+
+class Bans:
+    """Add, remove and list bans; every change is announced with the whole list."""
+
+    def __init__(self, store: BanStore, publish: Publish, max_bans: int) -> None:
+        self._store = store
+        self._publish = publish
+        self._max = max_bans
+
+    async def add(self, request: pb.AddBanRequest, source: str) -> pb.AddBanResponse:
+        kind = _kind(request.ban.kind, "ban.kind")
+        now_ms = int(time.time() * 1000)
+        expires = request.ban.expires_at_ms
+        if request.duration_s:
+            expires = now_ms + request.duration_s * 1000
+        if expires and expires <= now_ms:
+            raise InvalidArgumentError("the ban would expire at once (expires_at_ms is past)")
+        try:
+            ban = normalized(
+                Ban(
+                    kind=kind,
+                    tenant=request.ban.tenant,
+                    value=request.ban.value,
+                    reason=request.ban.reason[:500],
+                    expires_at_ms=expires,
+                    created_at_ms=now_ms,
+                    source=request.ban.source or source,
+                )
+            )
+        except ValueError as exc:
+            raise InvalidArgumentError(f"ban: {exc}") from None
+        if not await self._store.put(ban, self._max):
+            raise ResourceExhaustedError(f"{self._max} bans are in force (setting max_bans)")
+        log.info(
+            "ban_added",
+            extra={"kind": kind.name, "tenant": ban.tenant, "value": ban.value, "by": ban.source},
+        )
+        await self._announce()
+        return pb.AddBanResponse(ban=ban_to_pb(ban))
+
+    async def remove(self, request: pb.RemoveBanRequest) -> pb.RemoveBanResponse:
+        kind = _kind(request.kind, "kind")
+        value = request.value
+        if kind is BanKind.ADDRESS:
+            try:
+                value = normalized(Ban(kind=kind, tenant="", value=value)).value
+            except ValueError as exc:
+                raise InvalidArgumentError(f"value: {exc}") from None
+        removed = await self._store.remove(kind, request.tenant, value)
+        if removed:
+            await self._announce()
+        return pb.RemoveBanResponse(removed=removed)
+
+    async def list(self) -> pb.ListBansResponse:
+        return pb.ListBansResponse(bans=[ban_to_pb(b) for b in await self._store.list()])
+
+    async def _announce(self) -> None:
+        try:
+            listed = await self.list()
+            await self._publish(subjects.QUOTA_BANS_CHANGED, listed.SerializeToString())
+        except Exception as exc:  # holders re-read the list every ban_sync_s anyway
+            log.warning("ban_announce_failed", extra={"error": type(exc).__name__})
 
 
 class QuotaAdminApi(pb_grpc.QuotaAdminServiceServicer):
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, bans: Bans, publish: Publish) -> None:
         self._redis = redis
+        self._bans = bans
+        self._publish = publish
 
     async def SetLimits(
         self, request: pb.SetLimitsRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetLimitsResponse:
         if not request.tenant:
-            raise ValueError("tenant is required")
+            raise InvalidArgumentError("tenant is required")
         mapping = {name: getattr(request.limits, name) for name in _FIELDS}
-        await self._redis.hset(_limits_key(request.tenant), mapping=mapping)  # type: ignore[misc]
+        await self._redis.hset(limits_key(request.tenant, request.user), mapping=mapping)  # type: ignore[misc]
+        log.info("limits_set", extra={"tenant": request.tenant, "user": request.user, **mapping})
+        try:
+            await self._publish(subjects.QUOTA_LIMITS_CHANGED, request.tenant.encode())
+        except Exception as exc:  # nodes still see the change at their next lease
+            log.warning("limits_announce_failed", extra={"error": type(exc).__name__})
         return pb.SetLimitsResponse()
 
     async def GetLimits(
         self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetLimitsResponse:
-        raw = await self._redis.hgetall(_limits_key(request.tenant))  # type: ignore[misc]
+        if not request.tenant:
+            raise InvalidArgumentError("tenant is required")
+        raw = await self._redis.hgetall(limits_key(request.tenant, request.user))  # type: ignore[misc]
         values = {k.decode(): int(v) for k, v in raw.items() if k.decode() in _FIELDS}
         return pb.GetLimitsResponse(limits=pb.Limits(**values))
 
+    async def AddBan(
+        self, request: pb.AddBanRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddBanResponse:
+        return await self._bans.add(request, "operator")
+
+    async def ListBans(
+        self, request: pb.ListBansRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListBansResponse:
+        return await self._bans.list()
+
+    async def RemoveBan(
+        self, request: pb.RemoveBanRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RemoveBanResponse:
+        return await self._bans.remove(request)
+
 
 class QuotaApi(pb_grpc.QuotaServiceServicer):
-    def __init__(self, redis: Redis, lease_ttl_ms: int) -> None:
+    def __init__(self, redis: Redis, lease_ttl_ms: int, bans: Bans) -> None:
         self._redis = redis
         self._ttl = lease_ttl_ms
         self._script = redis.register_script(_LEASE)
+        self._bans = bans
 
     async def AcquireLease(
         self, request: pb.AcquireLeaseRequest, context: grpc.aio.ServicerContext
@@ -71,15 +211,35 @@ class QuotaApi(pb_grpc.QuotaServiceServicer):
         field = _RATE_RESOURCES.get(res) or _TOTAL_RESOURCES.get(res)
         if field is None:
             known = sorted([*_RATE_RESOURCES, *_TOTAL_RESOURCES])
-            raise ValueError(f"unknown resource {res!r}; expected one of {known}")
-        raw = await self._redis.hget(_limits_key(request.tenant), field)  # type: ignore[misc]
-        limit = int(raw or 0)
+            raise InvalidArgumentError(f"unknown resource {res!r}; expected one of {known}")
+        if not request.tenant:
+            raise InvalidArgumentError("tenant is required")
+        scope = _scope(request.tenant, request.user)
+        ttl_ms = self._ttl
         if res in _RATE_RESOURCES:
-            key = f"st:quota:{request.tenant}:{res}:{int(time.time())}"
-            ttl = 2000
+            # The budget of the current one-second window: a grant is good until it ends.
+            now_ms = time.time_ns() // 1_000_000
+            key = f"{scope}:{res}:{now_ms // 1000}"
+            counter_ttl = 2000
+            ttl_ms = 1000 - now_ms % 1000
         else:
-            key = f"st:quota:{request.tenant}:{res}"
-            ttl = 0
-        granted = int(await self._script(keys=[key], args=[limit, request.amount, ttl]))
+            key = f"{scope}:{res}"
+            counter_ttl = 0
+        granted, limit = await self._script(
+            keys=[limits_key(request.tenant, request.user), key],
+            args=[field, request.amount, counter_ttl],
+        )
         result = pb.LEASE_RESULT_GRANTED if granted > 0 else pb.LEASE_RESULT_EXCEED_LIMIT
-        return pb.AcquireLeaseResponse(result=result, granted=granted, ttl_ms=self._ttl)
+        return pb.AcquireLeaseResponse(
+            result=result, granted=int(granted), ttl_ms=ttl_ms, limit=int(limit)
+        )
+
+    async def ListBans(
+        self, request: pb.ListBansRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListBansResponse:
+        return await self._bans.list()
+
+    async def AddBan(
+        self, request: pb.AddBanRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddBanResponse:
+        return await self._bans.add(request, "mesh")

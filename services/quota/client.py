@@ -1,12 +1,15 @@
-"""Typed clients of the quota service: `QuotaClient` for nodes (leases of a tenant's budgets)
-and `QuotaAdminClient` for operators (a tenant's limits)."""
+"""Typed clients of the quota service: `QuotaClient` for nodes and session services (leases
+of a tenant's budgets, the ban list, automatic bans) and `QuotaAdminClient` for operators
+(limits and bans)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import IntEnum
 
+from services.common.bans import Ban, BanKind
 from services.common.rpc.client import LazyStub
+from services.quota.api import ban_from_pb, ban_to_pb
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
 
@@ -23,12 +26,13 @@ class LeaseResult(IntEnum):
 class Lease:
     result: LeaseResult
     granted: int
-    ttl_ms: int  # ask again after this
+    ttl_ms: int  # use the grant within this (rates: the rest of the one-second window)
+    limit: int = 0  # the limit it came from; 0: unlimited
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """A tenant's limits; 0 means unlimited."""
+    """A tenant's (or a user's) limits; 0 means unlimited."""
 
     max_connections: int = 0
     max_sessions: int = 0
@@ -42,18 +46,34 @@ class Limits:
 _LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
 
 
+def _add_request(ban: Ban, duration_s: int) -> pb.AddBanRequest:
+    return pb.AddBanRequest(ban=ban_to_pb(ban), duration_s=duration_s)
+
+
 class QuotaClient:
     def __init__(self, address: str, timeout_s: float = 5.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.QuotaServiceStub, timeout_s=timeout_s)
 
-    async def acquire_lease(self, tenant: str, node_id: str, resource: str, amount: int) -> Lease:
+    async def acquire_lease(
+        self, tenant: str, node_id: str, resource: str, amount: int, user: str = ""
+    ) -> Lease:
         """Take up to `amount` of a budget ("connections", "sessions", "messages_per_s",
-        "bytes_in_per_s", "bytes_out_per_s"); an unknown resource is `InvalidArgumentError`."""
+        "bytes_in_per_s", "bytes_out_per_s") of the tenant, or of its `user`; an unknown
+        resource is `InvalidArgumentError`."""
         req = pb.AcquireLeaseRequest(
-            tenant=tenant, node_id=node_id, resource=resource, amount=amount
+            tenant=tenant, node_id=node_id, resource=resource, amount=amount, user=user
         )
         resp = await self._rpc.call(self._rpc.stub.AcquireLease, req)
-        return Lease(LeaseResult(resp.result), resp.granted, resp.ttl_ms)
+        return Lease(LeaseResult(resp.result), resp.granted, resp.ttl_ms, resp.limit)
+
+    async def list_bans(self) -> list[Ban]:
+        resp = await self._rpc.call(self._rpc.stub.ListBans, pb.ListBansRequest())
+        return [ban_from_pb(b) for b in resp.bans]
+
+    async def add_ban(self, ban: Ban, duration_s: int = 0) -> Ban:
+        """A ban decided inside the mesh (flapping)."""
+        resp = await self._rpc.call(self._rpc.stub.AddBan, _add_request(ban, duration_s))
+        return ban_from_pb(resp.ban)
 
     async def close(self) -> None:
         await self._rpc.close()
@@ -65,14 +85,30 @@ class QuotaAdminClient:
             address, pb_grpc.QuotaAdminServiceStub, timeout_s=timeout_s, token=token
         )
 
-    async def set_limits(self, tenant: str, limits: Limits) -> None:
+    async def set_limits(self, tenant: str, limits: Limits, user: str = "") -> None:
         values = {name: getattr(limits, name) for name in _LIMIT_FIELDS}
-        req = pb.SetLimitsRequest(tenant=tenant, limits=pb.Limits(**values))
+        req = pb.SetLimitsRequest(tenant=tenant, limits=pb.Limits(**values), user=user)
         await self._rpc.call(self._rpc.stub.SetLimits, req)
 
-    async def get_limits(self, tenant: str) -> Limits:
-        resp = await self._rpc.call(self._rpc.stub.GetLimits, pb.GetLimitsRequest(tenant=tenant))
+    async def get_limits(self, tenant: str, user: str = "") -> Limits:
+        req = pb.GetLimitsRequest(tenant=tenant, user=user)
+        resp = await self._rpc.call(self._rpc.stub.GetLimits, req)
         return Limits(**{name: getattr(resp.limits, name) for name in _LIMIT_FIELDS})
+
+    async def add_ban(self, ban: Ban, duration_s: int = 0) -> Ban:
+        """Add (or replace) a ban; `duration_s` > 0 sets its expiry from now. Returns the ban
+        as stored (its value in canonical form)."""
+        resp = await self._rpc.call(self._rpc.stub.AddBan, _add_request(ban, duration_s))
+        return ban_from_pb(resp.ban)
+
+    async def list_bans(self) -> list[Ban]:
+        resp = await self._rpc.call(self._rpc.stub.ListBans, pb.ListBansRequest())
+        return [ban_from_pb(b) for b in resp.bans]
+
+    async def remove_ban(self, kind: BanKind, tenant: str, value: str) -> bool:
+        req = pb.RemoveBanRequest(kind=int(kind), tenant=tenant, value=value)  # type: ignore[arg-type]
+        resp = await self._rpc.call(self._rpc.stub.RemoveBan, req)
+        return bool(resp.removed)
 
     async def close(self) -> None:
         await self._rpc.close()

@@ -12,4 +12,16 @@ from services.common.config import ServiceSettings
 class QuotaSettings(ServiceSettings):
     service_name: ClassVar[str] = "quota"
     grpc_port: int = Field(default=7005, ge=0, le=65535, description="gRPC port; 0 picks one.")
-    lease_ttl_ms: int = Field(default=1000, gt=0, le=60_000)
+    lease_ttl_ms: int = Field(
+        default=1000,
+        gt=0,
+        le=60_000,
+        description="How long a lease of a total (connections, sessions) is good for; rate "
+        "leases are good until the end of their one-second window.",
+    )
+    max_bans: int = Field(
+        default=100_000,
+        ge=1,
+        description="Bans in force at once (operator and automatic); one more is refused "
+        "with RESOURCE_EXHAUSTED. Every node and session service holds the whole list.",
+    )

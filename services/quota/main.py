@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import grpc
+from nats.aio.client import Client
 from redis.asyncio import Redis
 
+from services.common.bus.client import connect
 from services.common.runtime import run_service
-from services.quota.api import QuotaAdminApi, QuotaApi
+from services.quota.api import Bans, QuotaAdminApi, QuotaApi
+from services.quota.bans import BanStore
 from services.quota.config import QuotaSettings
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
+
+log = logging.getLogger("starling.quota")
 
 
 class QuotaService:
@@ -20,18 +26,34 @@ class QuotaService:
         self._redis = Redis.from_url(
             settings.redis_url, password=settings.redis_password.get_secret_value() or None
         )
+        self._store = BanStore(settings.data_dir / "quota" / "bans.sqlite3")
+        self._nc: Client | None = None
+        self._bans = Bans(self._store, self._publish, settings.max_bans)
+
+    async def _publish(self, subject: str, data: bytes) -> None:
+        """Announce a change; without NATS, holders learn it at their next sync."""
+        if self._nc is not None and self._nc.is_connected:
+            await self._nc.publish(subject, data)
+            await self._nc.flush(timeout=2)
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QuotaServiceServicer_to_server(
-            QuotaApi(self._redis, self._settings.lease_ttl_ms), server
+            QuotaApi(self._redis, self._settings.lease_ttl_ms, self._bans), server
         )
-        pb_grpc.add_QuotaAdminServiceServicer_to_server(QuotaAdminApi(self._redis), server)
+        pb_grpc.add_QuotaAdminServiceServicer_to_server(
+            QuotaAdminApi(self._redis, self._bans, self._publish), server
+        )
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
         await self._redis.ping()  # type: ignore[misc]
+        s = self._settings
+        self._nc = await connect(s.nats_url, s.node_id, **s.nats_credentials())
 
     async def stop(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.drain()
+        await self._store.close()
         await self._redis.aclose()
 
 

@@ -27,6 +27,7 @@ from services.session.credentials import check_kinds
 from services.session.enhanced import CONTINUE
 from services.session.events import Events
 from services.session.fence import announce_loss, reclaimed_holder
+from services.session.gatekeeper import Gatekeeper
 from services.session.locks import KeyedLocks
 from services.session.login import Login
 from services.session.registry import Holder, Registry
@@ -98,6 +99,7 @@ _RESULTS = {
     RC.SERVER_BUSY: pb.CONNECT_RESULT_SERVER_BUSY,
     RC.SERVER_UNAVAILABLE: pb.CONNECT_RESULT_SERVER_UNAVAILABLE,
     RC.BAD_AUTHENTICATION_METHOD: pb.CONNECT_RESULT_BAD_AUTH_METHOD,
+    RC.BANNED: pb.CONNECT_RESULT_BANNED,
 }
 
 
@@ -118,8 +120,10 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         max_connections_per_tenant: int = 0,
         shared_client_id_tenants: list[str] | None = None,
         refusals: Refusals | None = None,
+        gatekeeper: Gatekeeper | None = None,
     ) -> None:
         self._auth = auth
+        self._gatekeeper = gatekeeper
         self._login = login
         self._registry = registry
         self._nc = nc
@@ -147,6 +151,13 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             return pb.ConnectResponse(
                 result=pb.CONNECT_RESULT_CLIENT_ID_INVALID, reason="client id required"
             )
+        if self._gatekeeper is not None:
+            refused = await self._gatekeeper.check(
+                tenant, request.client_id, name, request.peer_address
+            )
+            if refused:
+                self.refusals.count("banned", tenant)
+                return pb.ConnectResponse(result=pb.CONNECT_RESULT_BANNED, reason=refused)
         # Whom the session belongs to: the authenticated user, or "" for an anonymous client
         # (whatever user name it gave).
         owner = name if admission.authenticated else ""
@@ -275,13 +286,17 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             return self._not_owner(tenant)
         epoch = claim.epoch
         if claim.full:
-            self.refusals.count("connections_per_tenant", tenant)
-            await self._events.emit(
-                tenant, client_id, "quota_exceeded", limit="connections_per_tenant"
+            # The setting's cap or the tenant's quota (`starling quota set`), the lower one.
+            limit = (
+                "connections_per_tenant"
+                if self._max_connections and claim.cap == self._max_connections
+                else "max_connections"
             )
+            self.refusals.count(limit, tenant)
+            await self._events.emit(tenant, client_id, "quota_exceeded", limit=limit)
             return pb.ConnectResponse(
                 result=pb.CONNECT_RESULT_QUOTA_EXCEEDED,
-                reason=f"the tenant has {self._max_connections} clients connected",
+                reason=f"the tenant has {claim.cap} clients connected",
             )
         if not claim.won:
             return pb.ConnectResponse(

@@ -58,6 +58,31 @@ class SessionSettings(ServiceSettings):
         description="Connected clients per tenant, mesh-wide; a CONNECT with a new client id "
         "beyond it gets CONNACK 0x97 (3.1.1: 3). 0: no cap.",
     )
+    ban_sync_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often the ban list is re-read from the quota service (each change "
+        "also comes at once over NATS); a lost announcement is late by at most this.",
+    )
+    flapping_enabled: bool = Field(
+        default=True,
+        description="Ban clients that connect too often (docs/quota.md): the same client id "
+        "from the same address more than flapping_max_connects times in flapping_window_s.",
+    )
+    flapping_max_connects: int = Field(
+        default=15, ge=1, description="CONNECTs of one client id from one address per window."
+    )
+    flapping_max_connects_per_address: int = Field(
+        default=0,
+        ge=0,
+        description="CONNECTs from one address per window, whatever the client id (catches "
+        "clients that change their id); more: the address is banned. 0: off (behind NAT or "
+        "a load balancer many clients share an address).",
+    )
+    flapping_window_s: float = Field(default=60.0, gt=0, description="Flapping window.")
+    flapping_ban_s: int = Field(
+        default=300, ge=1, description="How long a flapping client (or address) is banned."
+    )
     shared_client_id_tenants: list[str] = Field(
         default_factory=list,
         description="Tenants whose users may take over one another's client ids (sessions); "

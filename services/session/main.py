@@ -27,6 +27,8 @@ from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
 from services.queue.client import QueueClient
+from services.quota.client import QuotaClient
+from services.quota.watch import BanWatch
 from services.router.client import RouterClient
 from services.session.api import SessionAdminApi, SessionApi
 from services.session.auth import Authenticator
@@ -39,6 +41,8 @@ from services.session.config import SessionSettings
 from services.session.enhanced import EnhancedAuth
 from services.session.events import Events
 from services.session.fence import watch_generation
+from services.session.flapping import FlapDetector
+from services.session.gatekeeper import Gatekeeper
 from services.session.liveness import NodeLiveness
 from services.session.login import Login
 from services.session.registry import Registry
@@ -110,6 +114,21 @@ class SessionService:
         register_refusal_metrics(self._refusals, "starling.session")
         self._api: SessionApi | None = None
         self._servers: list[UnaryServer] = []
+        # The ban list (a copy, kept current) and flapping detection, checked at CONNECT.
+        self._quota = QuotaClient(settings.quota_addr, timeout_s=2.0)
+        self._ban_watch = BanWatch(
+            QuotaClient(settings.quota_addr, timeout_s=2.0), settings.ban_sync_s
+        )
+        flapping = None
+        if settings.flapping_enabled:
+            flapping = FlapDetector(
+                settings.flapping_max_connects,
+                settings.flapping_window_s,
+                settings.flapping_max_connects_per_address,
+            )
+        self._gatekeeper = Gatekeeper(
+            self._ban_watch.bans, self._quota, flapping, settings.flapping_ban_s
+        )
 
     def _build_login(self, s: SessionSettings) -> Login:
         """The authenticators the tenants' chains name, and the back-off in front of them."""
@@ -179,6 +198,7 @@ class SessionService:
             self._settings.max_connections_per_tenant,
             self._settings.shared_client_id_tenants,
             self._refusals,
+            self._gatekeeper,
         )
         pb_grpc.add_SessionServiceServicer_to_server(self._api, server)
         pb_grpc.add_SessionAdminServiceServicer_to_server(
@@ -215,6 +235,7 @@ class SessionService:
         self._watcher = asyncio.create_task(self._liveness.run())
         self._fence = asyncio.create_task(watch_generation(self._registry, self._nats.nc))
         await self._watch_auth_changes(self._nats.nc)
+        await self._ban_watch.start(self._nats.nc)
         # The nodes' CONNECTs and ends of connections come over NATS request/reply
         # (services/common/bus/unary.py); the same servicer answers gRPC callers.
         if self._api is not None:
@@ -254,6 +275,8 @@ class SessionService:
         await self._sessions.stop(min(2.0, self._settings.shutdown_grace_s / 2))
         await self._router.close()
         await self._queues.close()
+        await self._ban_watch.stop()
+        await self._quota.close()
         if self._nats.nc is not None:
             await self._nats.nc.drain()
         if self._http_auth is not None:

@@ -32,11 +32,14 @@ from dataclasses import dataclass, fields, replace
 
 from redis.asyncio import Redis
 
+from services.quota.keys import limits_key as quota_limits_key
 from services.session.pipelined import PipelinedScript
 
 # One round trip per CONNECT: the owner check of the installed connection, the claim, and
 # which node holds the client, in one atomic script.
-# KEYS: tenant hash, generation sentinel, the node's set of clients, the set of nodes.
+# KEYS: tenant hash, generation sentinel, the node's set of clients, the set of nodes, the
+# tenant's limits hash of the quota service (its `max_connections`, 0 or absent: none, caps
+# the tenant too; the lower cap wins).
 # ARGV: client id, epoch, holder JSON, cap, mode ('connect': an installed epoch at or above
 # ours asks for a higher one; 'reclaim': only a higher installed epoch refuses ours, an equal
 # one is this connection's entry, kept as it is), new generation, owner of the claim, '1' to
@@ -44,8 +47,8 @@ from services.session.pipelined import PipelinedScript
 # null: unknown, anyone may), member of the node's set, node id.
 # Epochs are microseconds (< 2^53): exact as Lua numbers.
 # Returns {code, previous holder JSON, generation written ('' if the sentinel was there)};
-# code 0 refused, 1 installed, 2 tenant at its cap, 3 retry above the installed epoch,
-# 4 the installed connection is another owner's.
+# code 0 refused, 1 installed, 2 tenant at its cap (the cap in the second slot), 3 retry
+# above the installed epoch, 4 the installed connection is another owner's.
 _CLAIM = """
 local fresh = ''
 if redis.call('SET', KEYS[2], ARGV[6], 'NX') then fresh = ARGV[6] end
@@ -63,8 +66,13 @@ if cur then
     if installed >= mine then return {3, cur, fresh} end
   elseif installed > mine then return {0, cur, fresh}
   elseif installed == mine then install = false end
-elseif tonumber(ARGV[4]) > 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then
-  return {2, '', fresh}
+else
+  local cap = tonumber(ARGV[4])
+  if ARGV[5] == 'connect' then
+    local q = tonumber(redis.call('HGET', KEYS[5], 'max_connections') or '0') or 0
+    if q > 0 and (cap <= 0 or q < cap) then cap = q end
+  end
+  if cap > 0 and redis.call('HLEN', KEYS[1]) >= cap then return {2, tostring(cap), fresh} end
 end
 if install then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
 redis.call('SADD', KEYS[3], ARGV[9])
@@ -107,6 +115,7 @@ class ClaimResult:
     won: bool
     previous: Holder | None
     full: bool = False  # refused: a new client id and the tenant at its connection cap
+    cap: int = 0  # the cap that refused it (the setting's or the quota service's limit)
     # refused: the installed connection belongs to another owner (nothing was installed)
     not_owner: bool = False
     epoch: int = 0  # the epoch installed (a CONNECT's may be above the one it asked for)
@@ -177,7 +186,7 @@ class Registry:
         else:
             raise RuntimeError(f"claim of {holder.client_id!r} kept meeting higher epochs")
         if code == 2:
-            return ClaimResult(False, None, full=True, generation=generation)
+            return ClaimResult(False, None, full=True, cap=int(prev), generation=generation)
         if code == 4:
             return ClaimResult(False, _decode(prev), not_owner=True, generation=generation)
         return ClaimResult(
@@ -197,7 +206,13 @@ class Registry:
     ) -> tuple[int, bytes | str, str]:
         # The node's set: which clients each node holds, what to release if the node dies.
         code, prev, fresh = await self._claim(
-            keys=[_key(holder.tenant), GENERATION, _node_key(holder.node_id), _NODES],
+            keys=[
+                _key(holder.tenant),
+                GENERATION,
+                _node_key(holder.node_id),
+                _NODES,
+                quota_limits_key(holder.tenant),
+            ],
             args=[
                 holder.client_id,
                 holder.epoch,

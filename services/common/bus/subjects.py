@@ -17,6 +17,10 @@ EVENTS_WILDCARD = "ev.>"
 REGISTRY_LOST = "ctl.nodes.reassert"
 # A user or an ACL changed: every session service instance drops its in-process copy.
 AUTH_CHANGED = "ctl.session.changed"
+# From the quota service: a tenant's (or user's) limits changed (payload: the tenant), and the
+# ban list changed (payload: the whole list, a ListBansResponse).
+QUOTA_LIMITS_CHANGED = "ctl.quota.limits"
+QUOTA_BANS_CHANGED = "ctl.quota.bans"
 
 
 def node_control(node_id: str) -> str:
@@ -75,6 +79,8 @@ __all__ = [
     "MESH_INTEREST_ALL",
     "MESH_INTEREST_STATE",
     "MESH_INTEREST_TICK_PREFIX",
+    "QUOTA_BANS_CHANGED",
+    "QUOTA_LIMITS_CHANGED",
     "REGISTRY_LOST",
     "ROUTE_CHANGES",
     "event",

@@ -93,6 +93,9 @@ V3_CONNACK_CODE: dict[int, int] = {
     ReasonCode.NOT_AUTHORIZED: 5,
 }
 V5_FROM_V3_CONNACK: dict[int, int] = {v: k for k, v in V3_CONNACK_CODE.items()}
+# 3.1.1 has no "banned": the client is not authorized (added after the inverse map, which
+# keeps 5 -> Not authorized).
+V3_CONNACK_CODE[ReasonCode.BANNED] = 5
 
 
 def v3_connack_code(reason: int) -> int:

@@ -85,7 +85,7 @@ from services.connection.channel.control import (
 )
 from services.connection.channel.enhanced_auth import AuthExchange
 from services.connection.channel.handshake import Handshake
-from services.connection.channel.inbound import InboundPublishes
+from services.connection.channel.inbound import InboundPublishes, PublishGate
 from services.connection.channel.outbound import Outbound
 from services.connection.channel.problems import Problems, describe
 from services.connection.channel.subscriptions import ClientSubscriptions
@@ -115,6 +115,7 @@ class Channel:
     __slots__ = (
         "_auth",
         "_decoder",
+        "_gates",
         "_handshake",
         "_inbound",
         "_keepalive",
@@ -147,8 +148,12 @@ class Channel:
         now: float,
         new_client_id: Callable[[], str],
         on_limit: Callable[[str, str], None] = _uncounted,
+        gates: Callable[[str, str], PublishGate | None] | None = None,
     ) -> None:
+        """`gates(tenant, user)`: the publish budgets of an accepted connection (None: no
+        rate limits)."""
         self.config = config
+        self._gates = gates
         self._on_limit = on_limit
         self.peer = peer
         self.state = State.AWAIT_CONNECT
@@ -187,6 +192,11 @@ class Channel:
         self._subscriptions = ClientSubscriptions(config, self.out, self.acl, problems, self._limit)
         self._keepalive = KeepAlive(now)
         self._auth = AuthExchange()
+
+    @property
+    def identity(self) -> str:
+        """`tenant/name` the connection authenticated as ("" before, or anonymous)."""
+        return self._auth.identity
 
     @property
     def subscriptions(self) -> dict[str, int | None]:
@@ -416,6 +426,7 @@ class Channel:
             acl,
             self.persistent,
             outcome.awaiting_release if outcome.session_present else (),
+            self._gates(self.tenant, outcome.identity.partition("/")[2]) if self._gates else None,
         )
         self._subscriptions.start(self.level, acl, outcome.subscriptions)
 

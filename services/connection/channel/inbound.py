@@ -17,16 +17,23 @@ Invariants:
   one more is a protocol violation, 0x93 [MQTT-3.3.4-9].
 - `$SYS` topics belong to the server: a publish to one is refused (0x87) or, on 3.1/3.1.1,
   acknowledged and dropped.
+- A publish over the tenant's (or user's) rate budget (`PublishGate`, a local token-bucket
+  check, services/connection/budget.py) is not routed: QoS 0 is dropped (the gate counts it),
+  MQTT 5 QoS 1/2 get PUBACK/PUBREC 0x97, and a 3.1/3.1.1 client's QoS 1/2 publish closes
+  the connection, since its acks cannot say "refused" and an ack is a promise to deliver
+  (docs/quota.md).
 - Anything the client got wrong raises `MqttError` with the reason code to close with; the
   channel turns it into DISCONNECT.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from services.common.acl import AclChecker
 from services.common.message import Message, message_properties
 from services.common.mqtt.encoder import encode
-from services.common.mqtt.errors import MqttError, ProtocolViolationError
+from services.common.mqtt.errors import MqttError, ProtocolViolationError, QuotaExceededError
 from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
 from services.common.mqtt.primitives import check_utf8
 from services.common.mqtt.properties import EMPTY, Properties
@@ -35,6 +42,12 @@ from services.common.topics import validate_topic_name
 from services.connection.channel.actions import ReleaseQos2
 from services.connection.channel.config import ChannelConfig
 from services.connection.channel.problems import Problems, describe
+
+
+class PublishGate(Protocol):
+    """A connection's publish budgets (services/connection/budget.py)."""
+
+    def admit(self, nbytes: int) -> bool: ...
 
 
 class OwedAck:
@@ -108,6 +121,7 @@ class InboundPublishes:
         "_awaiting_rel",
         "_client_id",
         "_config",
+        "_gate",
         "_level",
         "_out",
         "_persistent",
@@ -135,6 +149,7 @@ class InboundPublishes:
         # the message id it was recorded under.
         self._unconfirmed: dict[int, str] = {}
         self._releasing: set[int] = set()  # PUBREL taken, its PUBCOMP waits for `released`
+        self._gate: PublishGate | None = None
 
     def start(
         self,
@@ -144,9 +159,12 @@ class InboundPublishes:
         acl: AclChecker,
         persistent: bool = False,
         awaiting: tuple[tuple[int, str, bool], ...] = (),
+        gate: PublishGate | None = None,
     ) -> None:
         """Who publishes: fixed for the life of the connection; a persistent session's
-        QoS 2 publishes awaiting PUBREL (packet id, message id, stored)."""
+        QoS 2 publishes awaiting PUBREL (packet id, message id, stored); the budgets its
+        publishes draw on (None: no rate limits)."""
+        self._gate = gate
         self._level = level
         self._tenant = tenant
         self._client_id = client_id
@@ -192,6 +210,11 @@ class InboundPublishes:
         elif props.payload_format_indicator == 1 and not _is_utf8(p.payload):
             code = RC.PAYLOAD_FORMAT_INVALID
             text = "payload is not valid UTF-8"
+        elif self._gate is not None and not self._gate.admit(len(p.payload) + len(topic)):
+            if qos and level < 5:
+                raise QuotaExceededError("publish rate quota exceeded")
+            code = RC.QUOTA_EXCEEDED
+            text = "publish rate quota exceeded"
         else:
             defer = qos > 0 and self._config.defer_publish_acks
             if props is EMPTY:  # the common case: nothing to copy

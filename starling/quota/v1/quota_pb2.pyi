@@ -3,8 +3,10 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -35,6 +37,27 @@ LEASE_RESULT_GRANTED: LeaseResult.ValueType  # 1
 LEASE_RESULT_EXCEED_LIMIT: LeaseResult.ValueType  # 2
 LEASE_RESULT_TRY_LATER: LeaseResult.ValueType  # 3
 Global___LeaseResult: _TypeAlias = LeaseResult  # noqa: Y015
+
+class _BanKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BanKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BanKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BAN_KIND_UNSPECIFIED: _BanKind.ValueType  # 0
+    BAN_KIND_CLIENT_ID: _BanKind.ValueType  # 1
+    BAN_KIND_USERNAME: _BanKind.ValueType  # 2
+    BAN_KIND_ADDRESS: _BanKind.ValueType  # 3
+    """An IP address or CIDR block (IPv4-mapped IPv6 peers match their IPv4 bans)."""
+
+class BanKind(_BanKind, metaclass=_BanKindEnumTypeWrapper): ...
+
+BAN_KIND_UNSPECIFIED: BanKind.ValueType  # 0
+BAN_KIND_CLIENT_ID: BanKind.ValueType  # 1
+BAN_KIND_USERNAME: BanKind.ValueType  # 2
+BAN_KIND_ADDRESS: BanKind.ValueType  # 3
+"""An IP address or CIDR block (IPv4-mapped IPv6 peers match their IPv4 bans)."""
+Global___BanKind: _TypeAlias = BanKind  # noqa: Y015
 
 @_typing.final
 class Limits(_message.Message):
@@ -81,11 +104,14 @@ class AcquireLeaseRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     RESOURCE_FIELD_NUMBER: _builtins.int
     AMOUNT_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     node_id: _builtins.str
     resource: _builtins.str
     """Which budget, e.g. "connections", "messages_per_s"."""
     amount: _builtins.int
+    user: _builtins.str
+    """Non-empty: the budget of this user of the tenant (per-user limits), not the tenant's."""
     def __init__(
         self,
         *,
@@ -93,10 +119,11 @@ class AcquireLeaseRequest(_message.Message):
         node_id: _builtins.str = ...,
         resource: _builtins.str = ...,
         amount: _builtins.int = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "node_id", b"node_id", "resource", b"resource", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "node_id", b"node_id", "resource", b"resource", "tenant", b"tenant", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -109,19 +136,24 @@ class AcquireLeaseResponse(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     GRANTED_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
     result: Global___LeaseResult.ValueType
     granted: _builtins.int
     ttl_ms: _builtins.int
+    """Use the grant within this many ms (rates: what is left of the one-second window)."""
+    limit: _builtins.int
+    """The limit the grant was taken from (0: unlimited, ask no more until limits change)."""
     def __init__(
         self,
         *,
         result: Global___LeaseResult.ValueType = ...,
         granted: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
+        limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["granted", b"granted", "result", b"result", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["granted", b"granted", "limit", b"limit", "result", b"result", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -133,7 +165,10 @@ class SetLimitsRequest(_message.Message):
 
     TENANT_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
+    user: _builtins.str
+    """Non-empty: limits of this user of the tenant (rates only), on top of the tenant's."""
     @_builtins.property
     def limits(self) -> Global___Limits: ...
     def __init__(
@@ -141,10 +176,11 @@ class SetLimitsRequest(_message.Message):
         *,
         tenant: _builtins.str = ...,
         limits: Global___Limits | None = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "tenant", b"tenant", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -170,15 +206,18 @@ class GetLimitsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
+    user: _builtins.str
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -203,3 +242,168 @@ class GetLimitsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetLimitsResponse: _TypeAlias = GetLimitsResponse  # noqa: Y015
+
+@_typing.final
+class Ban(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    kind: Global___BanKind.ValueType
+    tenant: _builtins.str
+    """Client id and user bans belong to one tenant; an address ban with no tenant applies to
+    every tenant.
+    """
+    value: _builtins.str
+    reason: _builtins.str
+    expires_at_ms: _builtins.int
+    """0: until removed."""
+    created_at_ms: _builtins.int
+    source: _builtins.str
+    """"operator" or "flapping"."""
+    def __init__(
+        self,
+        *,
+        kind: Global___BanKind.ValueType = ...,
+        tenant: _builtins.str = ...,
+        value: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        expires_at_ms: _builtins.int = ...,
+        created_at_ms: _builtins.int = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "expires_at_ms", b"expires_at_ms", "kind", b"kind", "reason", b"reason", "source", b"source", "tenant", b"tenant", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Ban: _TypeAlias = Ban  # noqa: Y015
+
+@_typing.final
+class AddBanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BAN_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    duration_s: _builtins.int
+    """Alternative to ban.expires_at_ms: this many seconds from now."""
+    @_builtins.property
+    def ban(self) -> Global___Ban: ...
+    def __init__(
+        self,
+        *,
+        ban: Global___Ban | None = ...,
+        duration_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ban", b"ban"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ban", b"ban", "duration_s", b"duration_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddBanRequest: _TypeAlias = AddBanRequest  # noqa: Y015
+
+@_typing.final
+class AddBanResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BAN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ban(self) -> Global___Ban: ...
+    def __init__(
+        self,
+        *,
+        ban: Global___Ban | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ban", b"ban"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ban", b"ban"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddBanResponse: _TypeAlias = AddBanResponse  # noqa: Y015
+
+@_typing.final
+class ListBansRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBansRequest: _TypeAlias = ListBansRequest  # noqa: Y015
+
+@_typing.final
+class ListBansResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BANS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def bans(self) -> _containers.RepeatedCompositeFieldContainer[Global___Ban]: ...
+    def __init__(
+        self,
+        *,
+        bans: _abc.Iterable[Global___Ban] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bans", b"bans"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBansResponse: _TypeAlias = ListBansResponse  # noqa: Y015
+
+@_typing.final
+class RemoveBanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    kind: Global___BanKind.ValueType
+    tenant: _builtins.str
+    value: _builtins.str
+    def __init__(
+        self,
+        *,
+        kind: Global___BanKind.ValueType = ...,
+        tenant: _builtins.str = ...,
+        value: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "tenant", b"tenant", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveBanRequest: _TypeAlias = RemoveBanRequest  # noqa: Y015
+
+@_typing.final
+class RemoveBanResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    removed: _builtins.bool
+    def __init__(
+        self,
+        *,
+        removed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveBanResponse: _TypeAlias = RemoveBanResponse  # noqa: Y015

@@ -40,6 +40,16 @@ class QuotaServiceStub:
                 request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.AcquireLeaseRequest.SerializeToString,
                 response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.AcquireLeaseResponse.FromString,
                 _registered_method=True)
+        self.ListBans = channel.unary_unary(
+                '/starling.quota.v1.QuotaService/ListBans',
+                request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.ListBansRequest.SerializeToString,
+                response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.ListBansResponse.FromString,
+                _registered_method=True)
+        self.AddBan = channel.unary_unary(
+                '/starling.quota.v1.QuotaService/AddBan',
+                request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.SerializeToString,
+                response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.FromString,
+                _registered_method=True)
 
 
 class QuotaServiceServicer:
@@ -52,6 +62,20 @@ class QuotaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBans(self, request, context):
+        """Every ban in force (nodes and session services keep a copy; changes also come on NATS).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddBan(self, request, context):
+        """A ban decided inside the mesh (flapping detection of the session service).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QuotaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +83,16 @@ def add_QuotaServiceServicer_to_server(servicer, server):
                     servicer.AcquireLease,
                     request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.AcquireLeaseRequest.FromString,
                     response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.AcquireLeaseResponse.SerializeToString,
+            ),
+            'ListBans': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBans,
+                    request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.ListBansRequest.FromString,
+                    response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.ListBansResponse.SerializeToString,
+            ),
+            'AddBan': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddBan,
+                    request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.FromString,
+                    response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -99,6 +133,60 @@ class QuotaService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ListBans(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.quota.v1.QuotaService/ListBans',
+            starling_dot_quota_dot_v1_dot_quota__pb2.ListBansRequest.SerializeToString,
+            starling_dot_quota_dot_v1_dot_quota__pb2.ListBansResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddBan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.quota.v1.QuotaService/AddBan',
+            starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.SerializeToString,
+            starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class QuotaAdminServiceStub:
     """Missing associated documentation comment in .proto file."""
@@ -119,6 +207,21 @@ class QuotaAdminServiceStub:
                 request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.SerializeToString,
                 response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.FromString,
                 _registered_method=True)
+        self.AddBan = channel.unary_unary(
+                '/starling.quota.v1.QuotaAdminService/AddBan',
+                request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.SerializeToString,
+                response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.FromString,
+                _registered_method=True)
+        self.ListBans = channel.unary_unary(
+                '/starling.quota.v1.QuotaAdminService/ListBans',
+                request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.ListBansRequest.SerializeToString,
+                response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.ListBansResponse.FromString,
+                _registered_method=True)
+        self.RemoveBan = channel.unary_unary(
+                '/starling.quota.v1.QuotaAdminService/RemoveBan',
+                request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.RemoveBanRequest.SerializeToString,
+                response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.RemoveBanResponse.FromString,
+                _registered_method=True)
 
 
 class QuotaAdminServiceServicer:
@@ -136,6 +239,24 @@ class QuotaAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddBan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBans(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveBan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QuotaAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +269,21 @@ def add_QuotaAdminServiceServicer_to_server(servicer, server):
                     servicer.GetLimits,
                     request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.FromString,
                     response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.SerializeToString,
+            ),
+            'AddBan': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddBan,
+                    request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.FromString,
+                    response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.SerializeToString,
+            ),
+            'ListBans': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBans,
+                    request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.ListBansRequest.FromString,
+                    response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.ListBansResponse.SerializeToString,
+            ),
+            'RemoveBan': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveBan,
+                    request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.RemoveBanRequest.FromString,
+                    response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.RemoveBanResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -204,6 +340,87 @@ class QuotaAdminService:
             '/starling.quota.v1.QuotaAdminService/GetLimits',
             starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.SerializeToString,
             starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddBan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.quota.v1.QuotaAdminService/AddBan',
+            starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.SerializeToString,
+            starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBans(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.quota.v1.QuotaAdminService/ListBans',
+            starling_dot_quota_dot_v1_dot_quota__pb2.ListBansRequest.SerializeToString,
+            starling_dot_quota_dot_v1_dot_quota__pb2.ListBansResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveBan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.quota.v1.QuotaAdminService/RemoveBan',
+            starling_dot_quota_dot_v1_dot_quota__pb2.RemoveBanRequest.SerializeToString,
+            starling_dot_quota_dot_v1_dot_quota__pb2.RemoveBanResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,10 @@ class QuotaServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> QuotaServiceAsyncStub: ...
     AcquireLease: _grpc.UnaryUnaryMultiCallable[_quota_pb2.AcquireLeaseRequest, _quota_pb2.AcquireLeaseResponse]
+    ListBans: _grpc.UnaryUnaryMultiCallable[_quota_pb2.ListBansRequest, _quota_pb2.ListBansResponse]
+    """Every ban in force (nodes and session services keep a copy; changes also come on NATS)."""
+    AddBan: _grpc.UnaryUnaryMultiCallable[_quota_pb2.AddBanRequest, _quota_pb2.AddBanResponse]
+    """A ban decided inside the mesh (flapping detection of the session service)."""
 
 @_typing.type_check_only
 class QuotaServiceAsyncStub(QuotaServiceStub):
@@ -41,6 +45,10 @@ class QuotaServiceAsyncStub(QuotaServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     AcquireLease: _aio.UnaryUnaryMultiCallable[_quota_pb2.AcquireLeaseRequest, _quota_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
+    ListBans: _aio.UnaryUnaryMultiCallable[_quota_pb2.ListBansRequest, _quota_pb2.ListBansResponse]  # type: ignore[assignment]
+    """Every ban in force (nodes and session services keep a copy; changes also come on NATS)."""
+    AddBan: _aio.UnaryUnaryMultiCallable[_quota_pb2.AddBanRequest, _quota_pb2.AddBanResponse]  # type: ignore[assignment]
+    """A ban decided inside the mesh (flapping detection of the session service)."""
 
 class QuotaServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal: nodes take leases of per-tenant budgets."""
@@ -52,6 +60,22 @@ class QuotaServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_quota_pb2.AcquireLeaseResponse, _abc.Awaitable[_quota_pb2.AcquireLeaseResponse]]: ...
 
+    @_abc_1.abstractmethod
+    def ListBans(
+        self,
+        request: _quota_pb2.ListBansRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quota_pb2.ListBansResponse, _abc.Awaitable[_quota_pb2.ListBansResponse]]:
+        """Every ban in force (nodes and session services keep a copy; changes also come on NATS)."""
+
+    @_abc_1.abstractmethod
+    def AddBan(
+        self,
+        request: _quota_pb2.AddBanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quota_pb2.AddBanResponse, _abc.Awaitable[_quota_pb2.AddBanResponse]]:
+        """A ban decided inside the mesh (flapping detection of the session service)."""
+
 def add_QuotaServiceServicer_to_server(servicer: QuotaServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class QuotaAdminServiceStub:
@@ -61,12 +85,18 @@ class QuotaAdminServiceStub:
     def __new__(cls, channel: _aio.Channel) -> QuotaAdminServiceAsyncStub: ...
     SetLimits: _grpc.UnaryUnaryMultiCallable[_quota_pb2.SetLimitsRequest, _quota_pb2.SetLimitsResponse]
     GetLimits: _grpc.UnaryUnaryMultiCallable[_quota_pb2.GetLimitsRequest, _quota_pb2.GetLimitsResponse]
+    AddBan: _grpc.UnaryUnaryMultiCallable[_quota_pb2.AddBanRequest, _quota_pb2.AddBanResponse]
+    ListBans: _grpc.UnaryUnaryMultiCallable[_quota_pb2.ListBansRequest, _quota_pb2.ListBansResponse]
+    RemoveBan: _grpc.UnaryUnaryMultiCallable[_quota_pb2.RemoveBanRequest, _quota_pb2.RemoveBanResponse]
 
 @_typing.type_check_only
 class QuotaAdminServiceAsyncStub(QuotaAdminServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     SetLimits: _aio.UnaryUnaryMultiCallable[_quota_pb2.SetLimitsRequest, _quota_pb2.SetLimitsResponse]  # type: ignore[assignment]
     GetLimits: _aio.UnaryUnaryMultiCallable[_quota_pb2.GetLimitsRequest, _quota_pb2.GetLimitsResponse]  # type: ignore[assignment]
+    AddBan: _aio.UnaryUnaryMultiCallable[_quota_pb2.AddBanRequest, _quota_pb2.AddBanResponse]  # type: ignore[assignment]
+    ListBans: _aio.UnaryUnaryMultiCallable[_quota_pb2.ListBansRequest, _quota_pb2.ListBansResponse]  # type: ignore[assignment]
+    RemoveBan: _aio.UnaryUnaryMultiCallable[_quota_pb2.RemoveBanRequest, _quota_pb2.RemoveBanResponse]  # type: ignore[assignment]
 
 class QuotaAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -82,5 +112,26 @@ class QuotaAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _quota_pb2.GetLimitsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_quota_pb2.GetLimitsResponse, _abc.Awaitable[_quota_pb2.GetLimitsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AddBan(
+        self,
+        request: _quota_pb2.AddBanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quota_pb2.AddBanResponse, _abc.Awaitable[_quota_pb2.AddBanResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListBans(
+        self,
+        request: _quota_pb2.ListBansRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quota_pb2.ListBansResponse, _abc.Awaitable[_quota_pb2.ListBansResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveBan(
+        self,
+        request: _quota_pb2.RemoveBanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quota_pb2.RemoveBanResponse, _abc.Awaitable[_quota_pb2.RemoveBanResponse]]: ...
 
 def add_QuotaAdminServiceServicer_to_server(servicer: QuotaAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

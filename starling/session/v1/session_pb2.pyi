@@ -76,6 +76,8 @@ class _ConnectResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Connect
     """Enhanced authentication goes on: send AUTH 0x18 with auth_data, keep auth_state."""
     CONNECT_RESULT_BAD_AUTH_METHOD: _ConnectResult.ValueType  # 9
     CONNECT_RESULT_SERVER_UNAVAILABLE: _ConnectResult.ValueType  # 10
+    CONNECT_RESULT_BANNED: _ConnectResult.ValueType  # 11
+    """The ban list names its client id, user or address: CONNACK 0x8A (3.1.1: 5)."""
 
 class ConnectResult(_ConnectResult, metaclass=_ConnectResultEnumTypeWrapper): ...
 
@@ -92,6 +94,8 @@ CONNECT_RESULT_CONTINUE: ConnectResult.ValueType  # 8
 """Enhanced authentication goes on: send AUTH 0x18 with auth_data, keep auth_state."""
 CONNECT_RESULT_BAD_AUTH_METHOD: ConnectResult.ValueType  # 9
 CONNECT_RESULT_SERVER_UNAVAILABLE: ConnectResult.ValueType  # 10
+CONNECT_RESULT_BANNED: ConnectResult.ValueType  # 11
+"""The ban list names its client id, user or address: CONNACK 0x8A (3.1.1: 5)."""
 Global___ConnectResult: _TypeAlias = ConnectResult  # noqa: Y015
 
 class _Qos2Change:

@@ -1,0 +1,155 @@
+"""Token buckets of a node's share of tenant (and user) rate limits: the per-publish check.
+
+Pure bookkeeping, no I/O (the leases that fill the buckets are services/connection/quota.py's):
+- a `Bucket` is one budget of one scope ("messages_per_s" or "bytes_in_per_s" of a tenant, or
+  of one user of a tenant). Its tokens are what the quota service granted this node for the
+  current one-second window; they expire with the window (`expires`), so the grants of every
+  node together never exceed the limit in any window.
+- a bucket whose limit is not known yet (no answer so far) admits everything and asks: the
+  first publishes of a tenant are never held up by a round trip. One whose limit is 0
+  (unlimited) admits everything and asks nothing until the limits change.
+- a bucket below its low-water mark (or empty) marks itself `wanted`; the lease loop tops up
+  the wanted ones, sized by recent demand. The publish path never waits for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+UNKNOWN, UNLIMITED, LIMITED = 0, 1, 2
+
+
+class Bucket:
+    __slots__ = (
+        "asking",
+        "demand",
+        "expires",
+        "fallback",
+        "granted_window",
+        "keep_rate",
+        "key",
+        "limit",
+        "low",
+        "not_before",
+        "refused",
+        "renew_at",
+        "state",
+        "tokens",
+        "want",
+    )
+
+    def __init__(self, key: tuple[str, str, str], want: Callable[[Bucket], None]) -> None:
+        self.key = key  # (tenant, user or "", resource)
+        self.state = UNKNOWN
+        self.limit = 0
+        self.low = 1  # ask for more below this many tokens (low_water(), kept current)
+        self.tokens = 0
+        self.expires = 0.0  # monotonic time the tokens lapse (end of their window)
+        self.demand = 0  # units asked for (admitted or not) since the last lease
+        self.refused = 0  # publishes refused for want of tokens (counted, per bucket)
+        self.asking = False  # a lease request is under way
+        self.not_before = 0.0  # no request before this (the window's budget is spent)
+        self.granted_window = 0  # granted in the current window (what "keep" reuses)
+        self.keep_rate = 0  # the last full window's grants: the share kept if quota is down
+        # Tokens the node granted itself (quota service unreachable): ask again at renew_at.
+        self.fallback = False
+        self.renew_at = 0.0
+        self.want = want
+
+    def reset(self) -> None:
+        """The limits changed: forget what was known; the next use asks again."""
+        self.state = UNKNOWN
+        self.tokens = 0
+        self.not_before = 0.0
+        self.fallback = False
+
+    def has(self, n: int, now: float) -> bool:
+        """`n` units could be taken now (asks for more when running low)."""
+        state = self.state
+        if state == UNLIMITED:
+            return True
+        self.demand += n
+        # The common case, in as few steps as possible: tokens to spare in a live window.
+        if state == LIMITED and self.tokens - n >= self.low and now < self.expires:
+            return True
+        return self._check(n, now)
+
+    def _check(self, n: int, now: float) -> bool:
+        if self.state == UNKNOWN:
+            if not self.asking:
+                self.want(self)
+            return True
+        if now >= self.expires:
+            self.tokens = 0
+        tokens = self.tokens
+        if (
+            not self.asking
+            and now >= self.not_before
+            and (tokens - n < self.low or (self.fallback and now >= self.renew_at))
+        ):
+            self.want(self)
+        return tokens >= n
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        self.low = self.low_water()
+
+    def low_water(self) -> int:
+        return max(1, self.slice_size() // 2)
+
+    def slice_size(self, slices: int = 10) -> int:
+        """The most one request asks for: a tenth of the limit, so that nodes that all want
+        more share a window rather than the first one taking it all."""
+        return max(1, self.limit // slices)
+
+    def ask_size(self, slices: int) -> int:
+        """What to ask for: the recent demand, within a quarter to a whole slice."""
+        cap = self.slice_size(slices)
+        return min(cap, max(max(1, cap // 4), self.demand))
+
+
+class PublishGate:
+    """The budgets one connection's publishes draw on (its tenant's and its user's, those
+    that are limited or not known yet), checked together: a publish takes from all of them
+    or from none."""
+
+    __slots__ = ("_buckets", "_clock", "_flat", "_on_refused", "tenant")
+
+    def __init__(
+        self,
+        tenant: str,
+        buckets: tuple[tuple[Bucket, Bucket], ...],
+        clock: Callable[[], float],
+        on_refused: Callable[[str, str], None],
+    ) -> None:
+        self.tenant = tenant
+        self._buckets = buckets  # (messages, bytes) per scope
+        self._flat = tuple(b for pair in buckets for b in pair)
+        self._clock = clock
+        self._on_refused = on_refused
+
+    def admit(self, nbytes: int) -> bool:
+        """One publish of `nbytes` (payload and topic): True if within every budget (and
+        taken from them); False counts a refusal of the budget that ran out."""
+        for b in self._flat:  # most tenants have no limits: a few reads, no call
+            if b.state != UNLIMITED:
+                return self._admit(nbytes)
+        return True
+
+    def _admit(self, nbytes: int) -> bool:
+        now = self._clock()
+        for msgs, size in self._buckets:
+            if not msgs.has(1, now):
+                msgs.refused += 1
+                self._on_refused(msgs.key[2], self.tenant)
+                return False
+            if not size.has(nbytes, now):
+                size.refused += 1
+                self._on_refused(size.key[2], self.tenant)
+                return False
+        for msgs, size in self._buckets:  # Bucket.take, inlined: this is per publish
+            if msgs.state == LIMITED:
+                msgs.tokens -= 1
+            if size.state == LIMITED:
+                size.tokens -= nbytes
+        return True

@@ -1,0 +1,162 @@
+"""A node's leases of tenant and user rate budgets (services/connection/budget.py holds the
+buckets): it tops up the buckets that ask, one request per bucket at a time, and acts on
+limit changes the quota service announces (`ctl.quota.limits`: the tenant's buckets forget
+their limit and ask again).
+
+When the quota service cannot be reached, `quota_unavailable` decides:
+- "keep" (default): a bucket whose limit is known keeps granting itself, per one-second
+  window, what the service granted this node in its last full window (its share then; the
+  cluster stays near the limit while every node does the same); one never answered admits.
+- "allow": every publish is admitted until the service answers again.
+- "deny": publishes of limited (or not yet known) budgets are refused meanwhile.
+A failed request is retried after `RETRY_S`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.common.bus import subjects
+from services.common.tasks import TaskSet
+from services.connection.budget import LIMITED, UNKNOWN, UNLIMITED, Bucket, PublishGate
+from services.quota.client import QuotaClient
+
+log = logging.getLogger("starling.connection.quota")
+
+RESOURCES = ("messages_per_s", "bytes_in_per_s")
+RETRY_S = 1.0
+Unavailable = Literal["keep", "allow", "deny"]
+
+
+class NodeQuota:
+    def __init__(
+        self,
+        node_id: str,
+        client: QuotaClient | None,
+        on_refused: Callable[[str, str], None],
+        unavailable: Unavailable = "keep",
+        slices: int = 10,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._node_id = node_id
+        self._client = client
+        self._on_refused = on_refused
+        self._unavailable = unavailable
+        self._slices = slices
+        self._clock = clock
+        self._buckets: dict[tuple[str, str, str], Bucket] = {}
+        self._tasks = TaskSet()
+        self.available = True  # the last request reached the quota service
+
+    def gate(self, tenant: str, user: str) -> PublishGate | None:
+        """The budgets a connection of `user` in `tenant` publishes under (None: no quota
+        service configured)."""
+        if self._client is None:
+            return None
+        scopes = [(tenant, "")]
+        if user:
+            scopes.append((tenant, user))
+        pairs = tuple(
+            (self._bucket((t, u, RESOURCES[0])), self._bucket((t, u, RESOURCES[1])))
+            for t, u in scopes
+        )
+        return PublishGate(tenant, pairs, self._clock, self._on_refused)
+
+    def _bucket(self, key: tuple[str, str, str]) -> Bucket:
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = Bucket(key, self._want)
+        return b
+
+    def _want(self, bucket: Bucket) -> None:
+        bucket.asking = True
+        self._tasks.spawn(self._lease(bucket), name="quota-lease")
+
+    async def _lease(self, b: Bucket) -> None:
+        tenant, user, resource = b.key
+        try:
+            amount = b.ask_size(self._slices) if b.state == LIMITED else 1
+            assert self._client is not None
+            try:
+                lease = await self._client.acquire_lease(
+                    tenant, self._node_id, resource, amount, user
+                )
+            except Exception as exc:
+                if self.available:
+                    log.warning("quota_unavailable", extra={"error": type(exc).__name__})
+                self.available = False
+                self._fallback(b)
+                return
+            self.available = True
+            now = self._clock()
+            b.demand = 0
+            if b.fallback:  # self-granted tokens end with the service's first answer
+                b.fallback, b.tokens, b.granted_window, b.expires = False, 0, 0, now
+            if lease.limit == 0:
+                b.state = UNLIMITED
+                b.set_limit(0)
+                return
+            if b.state != LIMITED or now >= b.expires:
+                # A new window: what the last one granted is the share "keep" reuses.
+                if b.state == LIMITED and b.granted_window:
+                    b.keep_rate = b.granted_window
+                b.tokens, b.granted_window = 0, 0
+            b.state = LIMITED
+            b.set_limit(lease.limit)
+            b.tokens += lease.granted
+            b.granted_window += lease.granted
+            b.keep_rate = max(b.keep_rate, b.granted_window)
+            b.expires = now + lease.ttl_ms / 1000
+            if not lease.granted:
+                b.not_before = b.expires  # the window's budget is spent: ask in the next
+        finally:
+            b.asking = False
+
+    def _fallback(self, b: Bucket) -> None:
+        """The quota service did not answer: apply `quota_unavailable` for RETRY_S, then
+        ask again (the tokens last a little longer, so the retry does not leave a gap)."""
+        now = self._clock()
+        b.fallback = True
+        b.not_before = b.renew_at = now + RETRY_S
+        b.expires = now + RETRY_S * 1.5
+        mode = self._unavailable
+        if mode == "allow" or (mode == "keep" and b.state == UNKNOWN):
+            tokens = 1 << 62
+        elif mode == "keep":
+            tokens = b.keep_rate
+        else:
+            tokens = 0
+        if b.state != LIMITED:
+            b.state = LIMITED
+            b.set_limit(max(b.limit, 1))
+        b.tokens = tokens
+
+    def limits_changed(self, tenant: str) -> None:
+        for key, b in self._buckets.items():
+            if key[0] == tenant:
+                b.reset()
+
+    async def on_limits_changed(self, msg: Msg) -> None:
+        self.limits_changed(msg.data.decode())
+
+    async def start(self, nc: Client) -> None:
+        if self._client is not None:
+            await nc.subscribe(subjects.QUOTA_LIMITS_CHANGED, cb=self.on_limits_changed)
+
+    async def stop(self) -> None:
+        await self._tasks.cancel()
+        if self._client is not None:
+            await self._client.close()
+
+    def refused(self) -> dict[tuple[str, str, str], int]:
+        """Publishes refused per budget (tenant, user, resource) since the node started."""
+        return {k: b.refused for k, b in self._buckets.items() if b.refused}
+
+
+__all__ = ["UNLIMITED", "NodeQuota"]

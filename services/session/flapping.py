@@ -1,0 +1,74 @@
+"""Flapping detection: a client that connects too often in a window is banned for a while.
+
+Keyed on the client id AND the address together: each CONNECT counts against its
+(tenant, client id, address) and, when `max_per_address` is set, against its address alone,
+so a client that changes its client id on every reconnect is caught by the second count.
+The first count bans the client id (for its tenant); the second bans the address. Counts are
+this session service instance's (each instance sees the CONNECTs the nodes send it); the ban
+is cluster-wide (the quota service's list).
+
+Sliding windows kept as the times of the last connects, at most `max + 1` per key; at most
+`max_tracked` keys (the oldest dropped), so a flood of new ids cannot grow it without bound.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from services.common.bans import peer_ip
+
+
+@dataclass(frozen=True, slots=True)
+class Flap:
+    """A client found flapping: ban `client_id` in `tenant`, or (`client_id` empty) the
+    address."""
+
+    tenant: str
+    client_id: str
+    address: str
+    connects: int
+
+
+class FlapDetector:
+    def __init__(
+        self,
+        max_connects: int,
+        window_s: float,
+        max_per_address: int = 0,
+        max_tracked: int = 100_000,
+    ) -> None:
+        self._max = max_connects
+        self._max_address = max_per_address
+        self._window = window_s
+        self._max_tracked = max_tracked
+        self._seen: OrderedDict[tuple[str, str, str], deque[float]] = OrderedDict()
+
+    def _count(self, key: tuple[str, str, str], limit: int, now: float) -> int:
+        times = self._seen.get(key)
+        if times is None:
+            times = self._seen[key] = deque(maxlen=limit + 1)
+            if len(self._seen) > self._max_tracked:
+                self._seen.popitem(last=False)
+        else:
+            self._seen.move_to_end(key)
+        times.append(now)
+        while times and now - times[0] > self._window:
+            times.popleft()
+        return len(times)
+
+    def connected(self, tenant: str, client_id: str, peer: str, now: float) -> Flap | None:
+        """Count one CONNECT; a `Flap` when it is one too many within the window (the count
+        starts over, so the next ban comes only after as many again)."""
+        ip = peer_ip(peer)
+        address = str(ip) if ip is not None else peer
+        n = self._count((tenant, client_id, address), self._max, now)
+        if n > self._max:
+            self._seen.pop((tenant, client_id, address), None)
+            return Flap(tenant, client_id, address, n)
+        if self._max_address:
+            n = self._count(("", "", address), self._max_address, now)
+            if n > self._max_address:
+                self._seen.pop(("", "", address), None)
+                return Flap(tenant, "", address, n)
+        return None

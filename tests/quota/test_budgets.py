@@ -1,0 +1,140 @@
+"""The per-publish quota check without I/O: the channel's answers to a publish over its
+budget (MQTT 5 PUBACK/PUBREC 0x97, QoS 0 dropped, 3.1.1 QoS 1/2 closed), and the buckets'
+bookkeeping (tokens of a window lapse with it; a publish takes from every budget or none)."""
+
+from __future__ import annotations
+
+from services.common.connect import ConnectOutcome
+from services.common.mqtt import EMPTY, Connect, Decoder, PubAck, Publish, PubRec, encode
+from services.connection.budget import LIMITED, UNLIMITED, Bucket, PublishGate
+from services.connection.channel import Channel, Close, Route, State
+from tests.connection.harness import PLAIN, kinds, written
+
+
+class FixedGate:
+    """Admits the first `n` publishes."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.sizes: list[int] = []
+
+    def admit(self, nbytes: int) -> bool:
+        self.sizes.append(nbytes)
+        self.left -= 1
+        return self.left >= 0
+
+
+def gated(
+    level: int, gate: FixedGate, acl_allow: bool = True
+) -> tuple[Channel, Decoder, list[tuple[str, str]]]:
+    asked: list[tuple[str, str]] = []
+
+    def gates(tenant: str, user: str) -> FixedGate:
+        asked.append((tenant, user))
+        return gate
+
+    ch = Channel(PLAIN, "peer", 0.0, lambda: "auto", gates=gates)
+    ch.receive(encode(Connect("c", level, keepalive_s=10, properties=EMPTY), level), 0.0)
+    outcome = ConnectOutcome(tenant="t", epoch=1, identity="t/alice", acl_default_allow=acl_allow)
+    ch.authenticated(outcome, 0.0)
+    assert ch.state is State.CONNECTED
+    ch.out.clear()
+    return ch, Decoder(level), asked
+
+
+def test_mqtt5_publishes_over_the_budget_get_0x97_and_are_not_routed() -> None:
+    gate = FixedGate(1)
+    ch, dec, asked = gated(5, gate)
+    assert asked == [("t", "alice")]  # the tenant's and the user's budgets
+    data = encode(Publish("a/b", b"12345", 1, packet_id=1), 5)
+    data += encode(Publish("a/b", b"x", 1, packet_id=2), 5)
+    data += encode(Publish("a/b", b"y", 2, packet_id=3), 5)
+    data += encode(Publish("a/b", b"z", 0), 5)
+    actions = ch.receive(data, 1.0)
+    (route,) = actions
+    assert isinstance(route, Route)
+    assert [m.payload for m in route.messages] == [b"12345"]  # only the admitted one
+    assert gate.sizes[0] == len(b"12345") + len("a/b")
+    # Acks not deferred in this config: the admitted one is 0, the others 0x97.
+    assert written(ch, dec) == [PubAck(1), PubAck(2, 0x97), PubRec(3, 0x97)]
+    assert ch.state is State.CONNECTED
+
+
+def test_mqtt311_qos0_over_the_budget_is_dropped_and_qos1_closes() -> None:
+    gate = FixedGate(0)
+    ch, dec, _ = gated(4, gate)
+    assert ch.receive(encode(Publish("a", b"x", 0), 4), 1.0) == []  # dropped, no answer
+    actions = ch.receive(encode(Publish("a", b"x", 1, packet_id=5), 4), 1.0)
+    # No ack: an ack would promise delivery. The connection closes (3.1.1 has no code).
+    assert kinds(actions) == ["Close"]
+    assert isinstance(actions[0], Close) and actions[0].reason_code == 0x97
+    assert written(ch, dec) == []
+
+
+def test_without_gates_nothing_is_checked() -> None:
+    ch = Channel(PLAIN, "peer", 0.0, lambda: "auto")
+    ch.receive(encode(Connect("c", 5, keepalive_s=10, properties=EMPTY), 5), 0.0)
+    ch.authenticated(ConnectOutcome(tenant="t", epoch=1), 0.0)
+    (route,) = ch.receive(encode(Publish("a", b"x", 0), 5), 1.0)
+    assert isinstance(route, Route)
+
+
+def limited(tokens: int, key: str = "messages_per_s", expires: float = 10.0) -> Bucket:
+    b = Bucket(("t", "", key), lambda b: None)
+    b.state, b.tokens, b.expires = LIMITED, tokens, expires
+    b.set_limit(100)
+    return b
+
+
+def test_a_publish_takes_from_every_budget_or_from_none() -> None:
+    refused: list[tuple[str, str]] = []
+    msgs, size = limited(5), limited(10, "bytes_in_per_s")
+    gate = PublishGate("t", ((msgs, size),), lambda: 1.0, lambda r, t: refused.append((r, t)))
+    assert gate.admit(6)
+    assert (msgs.tokens, size.tokens) == (4, 4)
+    assert not gate.admit(6)  # bytes short: the message budget keeps its token
+    assert (msgs.tokens, size.tokens) == (4, 4)
+    assert refused == [("bytes_in_per_s", "t")]
+    assert size.refused == 1
+
+
+def test_tokens_lapse_with_their_window_and_an_empty_bucket_asks() -> None:
+    wanted: list[Bucket] = []
+    b = limited(50, expires=2.0)
+    b.want = wanted.append
+    assert b.has(1, 1.5)
+    assert not wanted
+    assert not b.has(1, 2.0)  # the window ended: its tokens are gone
+    assert wanted == [b]
+
+
+def test_unknown_budgets_admit_and_ask_once_unlimited_ones_never_ask() -> None:
+    wanted: list[Bucket] = []
+
+    def want(b: Bucket) -> None:
+        b.asking = True
+        wanted.append(b)
+
+    b = Bucket(("t", "", "messages_per_s"), want)
+    assert b.has(1, 0.0) and b.has(1, 0.0)
+    assert wanted == [b]
+    b.asking, b.state = False, UNLIMITED
+    assert b.has(1000, 0.0)
+    assert wanted == [b]
+
+
+def test_ask_size_follows_demand_within_a_slice() -> None:
+    b = limited(0)
+    b.set_limit(200)
+    b.demand = 3
+    assert b.ask_size(10) == 5  # at least a quarter of a slice: no call per message
+    b.demand = 10_000
+    assert b.ask_size(10) == 20  # at most a slice: nodes share a window
+
+
+def test_acl_checker_still_runs_before_the_budget() -> None:
+    gate = FixedGate(10)
+    ch, dec, _ = gated(5, gate, acl_allow=False)  # no rule: every publish is denied
+    ch.receive(encode(Publish("a", b"x", 1, packet_id=1), 5), 1.0)
+    assert written(ch, dec) == [PubAck(1, 0x87)]
+    assert gate.sizes == []  # a refused publish spends no budget

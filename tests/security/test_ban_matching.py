@@ -1,0 +1,90 @@
+"""Attacks on the ban list's matching and on flapping detection (no I/O): an address ban
+cannot be dodged by the form of the address (IPv4-mapped IPv6, WebSocket peers, a CIDR
+member), a tenant's ban does not reach another tenant, and a client that changes its id on
+every reconnect is caught by the per-address count."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.bans import Ban, BanKind, BanList, normalized
+from services.session.flapping import FlapDetector
+
+
+def ban(kind: BanKind, value: str, tenant: str = "", expires: int = 0) -> Ban:
+    return normalized(Ban(kind=kind, tenant=tenant, value=value, expires_at_ms=expires))
+
+
+@pytest.mark.parametrize(
+    "peer",
+    [
+        "10.1.2.3:5000",
+        "::ffff:10.1.2.3:5000",
+        "[::ffff:10.1.2.3]:5000",
+        "ws:10.1.2.3",
+        "ws:::ffff:10.1.2.3",
+    ],
+)
+def test_a_cidr_ban_catches_every_form_of_a_member_address(peer: str) -> None:
+    bans = BanList([ban(BanKind.ADDRESS, "10.0.0.0/8")])
+    assert bans.match("t", "c", "u", peer, 0) is not None
+
+
+def test_a_mapped_ban_value_is_the_ipv4_ban() -> None:
+    b = ban(BanKind.ADDRESS, "::ffff:192.0.2.1")
+    assert b.value == "192.0.2.1/32"
+    assert BanList([b]).match("t", "c", "", "192.0.2.1:1", 0) is not None
+
+
+def test_ipv6_bans_and_neighbours() -> None:
+    bans = BanList([ban(BanKind.ADDRESS, "2001:db8::/32")])
+    assert bans.match("t", "c", "", "2001:db8::1:443", 0) is not None
+    assert bans.match("t", "c", "", "2001:db9::1:443", 0) is None
+    assert bans.match("t", "c", "", "11.0.0.1:1", 0) is None
+
+
+def test_tenant_scoped_bans_stay_in_their_tenant_and_expire() -> None:
+    bans = BanList(
+        [
+            ban(BanKind.CLIENT_ID, "dev-1", "acme"),
+            ban(BanKind.USERNAME, "mallory", "acme", expires=1000),
+            ban(BanKind.ADDRESS, "192.0.2.0/24", "acme"),
+        ]
+    )
+    assert bans.match("acme", "dev-1", "", "x", 0) is not None
+    assert bans.match("other", "dev-1", "", "x", 0) is None
+    assert bans.match("acme", "d", "mallory", "x", 999) is not None
+    assert bans.match("acme", "d", "mallory", "x", 1000) is None  # expired
+    assert bans.match("acme", "d", "", "192.0.2.9:1", 0) is not None
+    assert bans.match("other", "d", "", "192.0.2.9:1", 0) is None
+
+
+def test_a_client_id_or_user_ban_needs_a_tenant_and_an_address_must_parse() -> None:
+    with pytest.raises(ValueError, match="tenant"):
+        ban(BanKind.CLIENT_ID, "c")
+    with pytest.raises(ValueError):
+        ban(BanKind.ADDRESS, "not-an-ip")
+
+
+def test_flapping_of_one_client_id_from_one_address() -> None:
+    d = FlapDetector(max_connects=3, window_s=10)
+    assert [d.connected("t", "c", "192.0.2.1:1", float(i)) for i in range(3)] == [None] * 3
+    flap = d.connected("t", "c", "192.0.2.1:2", 3.0)
+    assert flap is not None and (flap.client_id, flap.address) == ("c", "192.0.2.1")
+    # Spread over the window: never flapping.
+    d2 = FlapDetector(max_connects=3, window_s=10)
+    assert all(d2.connected("t", "c", "192.0.2.1:1", i * 4.0) is None for i in range(10))
+
+
+def test_changing_the_client_id_does_not_evade_the_address_count() -> None:
+    d = FlapDetector(max_connects=3, window_s=10, max_per_address=5)
+    flaps = [d.connected("t", f"id-{i}", "::ffff:192.0.2.7:9", float(i) / 10) for i in range(6)]
+    assert flaps[:5] == [None] * 5
+    assert flaps[5] is not None and flaps[5].client_id == "" and flaps[5].address == "192.0.2.7"
+
+
+def test_flapping_memory_is_bounded() -> None:
+    d = FlapDetector(max_connects=3, window_s=10, max_tracked=100)
+    for i in range(1000):
+        d.connected("t", f"id-{i}", "192.0.2.1:1", 0.0)
+    assert len(d._seen) <= 100
