@@ -1,7 +1,7 @@
 """Settings of rule actions: retries, back-pressure, batching defaults and dead-letter bounds.
 
 `ActionSettings` is a mixin of the rules service's settings model (`class RulesSettings(
-ActionSettings, ServiceSettings)`), so these are `STARLING_*` settings like every other and
+ServiceSettings, ActionSettings)`), so these are `STARLING_*` settings like every other and
 appear in docs/configuration.md. `retry_policy`, `dead_letter_limits` and `open_dead_letters`
 turn them into what `Delivery` and the dead-letter stores take.
 """

@@ -23,7 +23,8 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from services.rules.actions.base import Action, Output, PermanentActionError
@@ -152,6 +153,12 @@ class Delivery:
     async def send_with_retries(self, outputs: Sequence[Output]) -> int:
         """Send `outputs` through the action with the retry policy; the number of tries.
         Raises the last error once the policy gives up (or at once for a permanent one)."""
+        attempts, error = await self._send_retrying(outputs)
+        if error is not None:
+            raise error
+        return attempts
+
+    async def _send_retrying(self, outputs: Sequence[Output]) -> tuple[int, Exception | None]:
         attempts = 0
 
         def count(state: RetryCallState) -> None:
@@ -160,19 +167,24 @@ class Delivery:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retry.max_attempts)
             | stop_after_delay(self.retry.max_retry_s),
-            wait=wait_exponential_jitter(
-                initial=self.retry.initial_backoff_s, max=self.retry.max_backoff_s
-            ),
+            # Doubling waits with jitter so many rules retrying one target spread out.
+            wait=wait_exponential(
+                multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s
+            )
+            + wait_random(0, self.retry.initial_backoff_s),
             retry=retry_if_exception(_retryable),
             before_sleep=count,
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                attempts += 1
-                async with asyncio.timeout(self.retry.attempt_timeout_s):
-                    await self._send_chunks(outputs)
-        return attempts
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    async with asyncio.timeout(self.retry.attempt_timeout_s):
+                        await self._send_chunks(outputs)
+        except Exception as exc:
+            return attempts, exc
+        return attempts, None
 
     async def _send_chunks(self, outputs: Sequence[Output]) -> None:
         size = self.batching.max_outputs
@@ -230,32 +242,28 @@ class Delivery:
             self._room.notify_all()
 
     async def _deliver_batch(self, outputs: list[Output]) -> DeliveryOutcome:
-        attempts = 0
-        try:
-            attempts = await self.send_with_retries(outputs)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            attempts = max(attempts, 1)
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning(
-                "action_failed",
-                extra={
-                    "tenant": self.tenant,
-                    "rule_id": self.rule_id,
-                    "action": self.action_name,
-                    "outputs": len(outputs),
-                    "error": error[:300],
-                },
-            )
-            # Written before the outputs count as handled: the caller acks after this.
-            self.stats.dropped += await self.dead_letters.add(
-                self.tenant, self.rule_id, self.action_name, outputs, error, attempts
-            )
-            self.stats.dead_lettered += len(outputs)
-            return DeliveryOutcome(False, attempts, error)
-        self.stats.sent += len(outputs)
-        return DeliveryOutcome(True, attempts)
+        attempts, exc = await self._send_retrying(outputs)
+        if exc is None:
+            self.stats.sent += len(outputs)
+            return DeliveryOutcome(True, attempts)
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning(
+            "action_failed",
+            extra={
+                "tenant": self.tenant,
+                "rule_id": self.rule_id,
+                "action": self.action_name,
+                "outputs": len(outputs),
+                "attempts": attempts,
+                "error": error[:300],
+            },
+        )
+        # Written before the outputs count as handled: the caller acks after this returns.
+        self.stats.dropped += await self.dead_letters.add(
+            self.tenant, self.rule_id, self.action_name, outputs, error, attempts
+        )
+        self.stats.dead_lettered += len(outputs)
+        return DeliveryOutcome(False, attempts, error)
 
     async def close(self, drain_s: float = 5.0) -> None:
         """Stop taking outputs, give those held up to `drain_s` to finish, then fail the rest
