@@ -89,16 +89,29 @@ def mosquitto(folder: Path) -> Mosquitto:
 class Rabbit:
     url: str
     proc: subprocess.Popen[bytes]
+    epmd: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        for proc in (self.proc, self.epmd):
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
 
 def rabbitmq(folder: Path) -> Rabbit:
     """Debian's rabbitmq-server in `folder` on free ports (its own epmd port too)."""
-    binary = shutil.which("rabbitmq-server") or (
-        "/usr/sbin/rabbitmq-server" if os.path.exists("/usr/sbin/rabbitmq-server") else None
+    # The script itself, not Debian's wrapper in /usr/sbin (which switches to the rabbitmq
+    # user, who cannot read a pytest temp folder).
+    binary = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+    epmd_binary = shutil.which("epmd") or next(
+        iter(sorted(Path("/usr/lib/erlang").glob("erts-*/bin/epmd"))), None
     )
-    if binary is None:
+    if not os.path.exists(binary) or epmd_binary is None:
         pytest.skip("rabbitmq-server is not installed (scripts/setup.sh installs it)")
-    port, dist, epmd = free_port(), free_port(), free_port()
+    port, dist, epmd_port = free_port(), free_port(), free_port()
     name = f"starling{port}@localhost"
     env = {
         **os.environ,
@@ -106,7 +119,7 @@ def rabbitmq(folder: Path) -> Rabbit:
         "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
         "RABBITMQ_NODE_PORT": str(port),
         "RABBITMQ_DIST_PORT": str(dist),
-        "ERL_EPMD_PORT": str(epmd),
+        "ERL_EPMD_PORT": str(epmd_port),
         "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
         "RABBITMQ_LOG_BASE": str(folder / "log"),
         "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq"),
@@ -118,8 +131,20 @@ def rabbitmq(folder: Path) -> Rabbit:
     (folder / "rabbitmq.conf").write_text(
         "loopback_users = none\ndefault_user = starling\ndefault_pass = rabbit-password\n"
     )
+    # Our own epmd in the foreground on its own port, so the test owns it and stops it (the
+    # node would otherwise start a daemon that outlives the test).
+    epmd = subprocess.Popen(
+        [str(epmd_binary), "-port", str(epmd_port), "-address", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_port(epmd_port, epmd, "epmd")
     proc = subprocess.Popen(
         [binary], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder
     )
-    wait_port(port, proc, "rabbitmq-server", within_s=90)
-    return Rabbit(f"amqp://starling:rabbit-password@127.0.0.1:{port}/", proc)
+    try:
+        wait_port(port, proc, "rabbitmq-server", within_s=90)
+    except BaseException:
+        Rabbit("", proc, epmd).stop()
+        raise
+    return Rabbit(f"amqp://starling:rabbit-password@127.0.0.1:{port}/", proc, epmd)
