@@ -81,7 +81,8 @@ class _Entry:
 
 
 def _retryable(exc: BaseException) -> bool:
-    return not isinstance(exc, PermanentActionError)
+    # Not a cancellation (the delivery is closing) nor a failure retrying cannot fix.
+    return isinstance(exc, Exception) and not isinstance(exc, PermanentActionError)
 
 
 class Delivery:

@@ -32,6 +32,8 @@ class RepublishAction:
             topic = self._topic.render(o)
             try:
                 validate_topic_name(topic)
+                if topic.startswith("$"):  # e.g. `${topic}` of a `$events/...` source
+                    raise TopicNameInvalidError("a $ topic is the broker's own")
             except TopicNameInvalidError as exc:
                 raise PermanentActionError(f"topic: rendered {topic!r}: {exc}") from None
             qos = o.qos if self._qos is None else self._qos
@@ -48,7 +50,7 @@ class RepublishAction:
 
 def build(p: Params, ctx: ActionContext) -> RepublishAction:
     topic = Template(p.text("topic"), "topic")
-    if topic.text.startswith("$"):
+    if topic.text.startswith("$") and not topic.text.startswith("${"):
         raise ValueError("topic: cannot republish into a $ topic")
     for bad in "+#":
         if bad in topic.text.replace("${", "").replace("}", ""):
