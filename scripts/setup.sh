@@ -28,4 +28,10 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v 
   apt-get install -y -q mosquitto mosquitto-clients >/dev/null 2>&1 || \
     echo "setup: mosquitto not installed (optional)"
 fi
+# RabbitMQ is optional: the rules engine's RabbitMQ action tests start it (and skip without it).
+if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get install -y -q rabbitmq-server >/dev/null 2>&1) || \
+    (apt-get update -q >/dev/null && apt-get install -y -q rabbitmq-server >/dev/null 2>&1) || \
+    echo "setup: rabbitmq-server not installed (optional)"
+fi
 echo "setup: ready"
