@@ -28,6 +28,7 @@ from services.router.core import RouteTable
 from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
+from services.router.retained_log import RetainedLogging
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
 
@@ -39,7 +40,8 @@ class RouterService:
     def __init__(self, settings: RouterSettings) -> None:
         self._s = settings
         self._store = open_session_store(settings)
-        self._router_store = open_router_store(settings)
+        # Retained writes are recorded in the event log too (services/router/retained_log.py).
+        self._router_store = RetainedLogging(open_router_store(settings), self._store)
         self._table = RouteTable()
         self._retained = RetainedIndex()
         self._queues = QueueClient(settings.queue_addr)
