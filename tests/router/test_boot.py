@@ -110,6 +110,7 @@ async def test_exact_while_subscriptions_change_during_compaction_and_boot(
     for _ in range(200):
         await _change(store, rng)
     stop = asyncio.Event()
+    progress = asyncio.Event()
     changes = 0
 
     async def writer() -> None:
@@ -117,21 +118,23 @@ async def test_exact_while_subscriptions_change_during_compaction_and_boot(
         while not stop.is_set():
             await _change(store, rng)
             changes += 1
-            await asyncio.sleep(0)
+            progress.set()
+
+    async def until(n: int) -> None:
+        while changes < n:
+            progress.clear()
+            await progress.wait()
 
     task = asyncio.create_task(writer())
     try:
         # Let changes flow, compact in the middle of them, then boot in the middle of them.
-        while changes < 50:
-            await asyncio.sleep(0.01)
+        await until(50)
         await compact(store)
         seen = changes
-        while changes < seen + 50:
-            await asyncio.sleep(0.01)
+        await until(seen + 50)
         table = RouteTable()
         report = await load_routes(store, table)
-        while changes < seen + 100:  # and more after the boot read the tail
-            await asyncio.sleep(0.01)
+        await until(seen + 100)  # and more after the boot read the tail
     finally:
         stop.set()
         await task
