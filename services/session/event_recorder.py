@@ -42,16 +42,17 @@ def log_event(subject: str, data: bytes) -> LogEvent | None:
 
 
 class EventRecorder:
-    def __init__(self, nc: Client, store: EventLog, batch: int) -> None:
+    def __init__(self, nc: Client, store: EventLog, batch: int, durable: str = DURABLE) -> None:
         self._nc = nc
         self._store = store
         self._batch = batch
+        self._durable = durable
         self.recorded = 0  # events appended (for tests and metrics)
 
     async def run(self) -> None:
         js = self._nc.jetstream()
         sub = await js.pull_subscribe(
-            subjects.EVENTS_WILDCARD, DURABLE, stream=subjects.EVENTS_STREAM
+            subjects.EVENTS_WILDCARD, self._durable, stream=subjects.EVENTS_STREAM
         )
         while True:
             try:
