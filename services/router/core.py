@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 from services.common.store.ports import SubscriptionRecord
 from services.common.topics import TopicTrie
@@ -45,17 +46,48 @@ def _client_of(key: SessionKey) -> str:
     return key[0]
 
 
+class RouteGrant(NamedTuple):
+    """What the table keeps per subscription (the rest of the record is its place in the
+    table): a tuple, so a snapshot makes a million of them without a Python call each, and
+    equal ones without an identifier are shared."""
+
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    retain_handling: int
+    subscription_identifier: int
+    sub_ids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, rec: SubscriptionRecord) -> RouteGrant:
+        g = cls(
+            rec.qos,
+            rec.no_local,
+            rec.retain_as_published,
+            rec.retain_handling,
+            rec.subscription_identifier,
+            rec.sub_ids,
+        )
+        return _SHARED.setdefault(g, g) if not rec.subscription_identifier else g
+
+
+# Grants without an identifier: at most 3 x 2 x 2 x 3 of them.
+_SHARED: dict[RouteGrant, RouteGrant] = {}
+
+SessionFilters = dict[tuple[str, str, int], set[str]]
+
+
 class RouteTable:
     def __init__(self) -> None:
-        self._tries: dict[str, TopicTrie[SessionKey, SubscriptionRecord]] = {}
-        self._filters: dict[tuple[str, str, int], set[str]] = {}
+        self._tries: dict[str, TopicTrie[SessionKey, RouteGrant]] = {}
+        self._filters: SessionFilters = {}
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._tries.values())
 
     def add(self, rec: SubscriptionRecord) -> None:
         trie = self._tries.setdefault(rec.tenant, TopicTrie())
-        trie.add(rec.topic_filter, (rec.client_id, rec.incarnation), rec)
+        trie.add(rec.topic_filter, (rec.client_id, rec.incarnation), RouteGrant.of(rec))
         self._filters.setdefault((rec.tenant, rec.client_id, rec.incarnation), set()).add(
             rec.topic_filter
         )
@@ -69,6 +101,28 @@ class RouteTable:
     def drop(self, tenant: str, client_id: str, incarnation: int) -> None:
         for f in self._filters.pop((tenant, client_id, incarnation), set()):
             self.remove(tenant, client_id, incarnation, f)
+
+    def tenants(self) -> list[str]:
+        return list(self._tries)
+
+    def trie(self, tenant: str) -> TopicTrie[SessionKey, RouteGrant] | None:
+        """The tenant's trie (for a snapshot of it: services/router/snapshot.py)."""
+        return self._tries.get(tenant)
+
+    def adopt(
+        self, tenant: str, trie: TopicTrie[SessionKey, RouteGrant], filters: SessionFilters
+    ) -> None:
+        """Take a tenant's trie and its sessions' filters as loaded from a snapshot, in
+        place of whatever the table held for it."""
+        if tenant in self._tries:  # never at boot: the walk is over every session
+            for key in [k for k in self._filters if k[0] == tenant]:
+                del self._filters[key]
+        self._tries[tenant] = trie
+        self._filters.update(filters)
+
+    def session_filters(self, tenant: str) -> list[tuple[tuple[str, str, int], set[str]]]:
+        """Each session of the tenant with its filters."""
+        return [(k, f) for k, f in self._filters.items() if k[0] == tenant and f]
 
     def count(self, tenant: str) -> int:
         """Subscriptions of one tenant."""
@@ -100,8 +154,24 @@ class RouteTable:
         filters = sorted(self._filters.get((tenant, client_id, incarnation), set()))
         if trie is None:
             return []
-        out = [trie.get(f, (client_id, incarnation)) for f in filters]
-        return [r for r in out if r is not None]
+        out: list[SubscriptionRecord] = []
+        for f in filters:
+            g = trie.get(f, (client_id, incarnation))
+            if g is not None:
+                out.append(
+                    SubscriptionRecord(
+                        tenant,
+                        client_id,
+                        incarnation,
+                        f,
+                        g.qos,
+                        g.no_local,
+                        g.retain_as_published,
+                        g.retain_handling,
+                        g.subscription_identifier,
+                    )
+                )
+        return out
 
     def targets(
         self,

@@ -23,11 +23,13 @@ from services.common.store.open import open_router_store, open_session_store
 from services.queue.client import QueueClient
 from services.router.admin import RouterAdminApi
 from services.router.api import RouterApi
+from services.router.boot import BootReport, load_routes
 from services.router.config import RouterSettings
 from services.router.core import RouteTable
 from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
+from services.router.retained_log import RetainedLogging
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
 
@@ -39,7 +41,8 @@ class RouterService:
     def __init__(self, settings: RouterSettings) -> None:
         self._s = settings
         self._store = open_session_store(settings)
-        self._router_store = open_router_store(settings)
+        # Retained writes are recorded in the event log too (services/router/retained_log.py).
+        self._router_store = RetainedLogging(open_router_store(settings), self._store)
         self._table = RouteTable()
         self._retained = RetainedIndex()
         self._queues = QueueClient(settings.queue_addr)
@@ -69,6 +72,7 @@ class RouterService:
             settings.queue_qos0_offline,
         )
         self._servers: list[UnaryServer] = []
+        self.boot: BootReport | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_RouterServiceServicer_to_server(self._api, server)
@@ -88,12 +92,18 @@ class RouterService:
         holder = Holder(self._s.node_id, HOLD_MESSAGES * max_message_bytes())
         await holder.start(self._nats.nc)
         self._publisher.holder = holder
-        for rec in await self._store.all_subscriptions():
-            self._table.add(rec)
+        # The latest routing snapshot and the events after its checkpoint (or a scan).
+        self.boot = await load_routes(self._store, self._table)
         await self._publisher.load()
         log.info(
             "route_table_loaded",
-            extra={"subscriptions": len(self._table), "delayed": len(self._publisher.schedule)},
+            extra={
+                "subscriptions": len(self._table),
+                "delayed": len(self._publisher.schedule),
+                "source": self.boot.source,
+                "replayed": self.boot.replayed,
+                "seconds": round(self.boot.seconds, 3),
+            },
         )
         self._scheduler = asyncio.create_task(self._publisher.run_scheduler())
         # The persistent publish path: routes over NATS once the table is loaded, appends too.

@@ -22,6 +22,13 @@ class SessionSettings(ServiceSettings):
         default="allow", description="Decision when no ACL rule matches."
     )
     auth_cache_ttl_s: int = Field(default=300, ge=0, description="Redis cache of users/ACLs.")
+    event_log_batch_max: int = Field(
+        default=500,
+        ge=1,
+        le=10_000,
+        description="EVENTS-stream events the event-log recorder appends in one store write "
+        "(docs/analytics.md).",
+    )
     redis_max_connections: int = Field(
         default=100,
         ge=1,

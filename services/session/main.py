@@ -39,6 +39,7 @@ from services.session.authenticators.jwt_auth import JwtAuthenticator, JwtConfig
 from services.session.authenticators.password import PasswordAuthenticator
 from services.session.config import SessionSettings
 from services.session.enhanced import EnhancedAuth
+from services.session.event_recorder import EventRecorder
 from services.session.events import Events
 from services.session.fence import watch_generation
 from services.session.flapping import FlapDetector
@@ -110,6 +111,7 @@ class SessionService:
         self._liveness = NodeLiveness(self._registry, self._sessions, settings.node_timeout_s)
         self._watcher: asyncio.Task[None] | None = None
         self._fence: asyncio.Task[None] | None = None
+        self._recording: asyncio.Task[None] | None = None
         self._refusals = Refusals()
         register_refusal_metrics(self._refusals, "starling.session")
         self._api: SessionApi | None = None
@@ -233,6 +235,10 @@ class SessionService:
         )
         await self._liveness.start(self._nats.nc)
         self._watcher = asyncio.create_task(self._liveness.run())
+        self._recorder = EventRecorder(
+            self._nats.nc, self._session_store, self._settings.event_log_batch_max
+        )
+        self._recording = asyncio.create_task(self._recorder.run())
         self._fence = asyncio.create_task(watch_generation(self._registry, self._nats.nc))
         await self._watch_auth_changes(self._nats.nc)
         await self._ban_watch.start(self._nats.nc)
@@ -269,7 +275,7 @@ class SessionService:
     async def stop(self) -> None:
         for server in self._servers:
             await server.stop()
-        for task in (self._sweeper, self._watcher, self._fence):
+        for task in (self._sweeper, self._watcher, self._fence, self._recording):
             if task is not None:
                 task.cancel()
         await self._sessions.stop(min(2.0, self._settings.shutdown_grace_s / 2))

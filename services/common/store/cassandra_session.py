@@ -5,7 +5,9 @@ before owners were stored; the column is added to older keyspaces by migration 2
 session_expiry ((shard), expires_at_ms, tenant, client_id) so expired sessions are found per
 shard in time order without a full scan;
 subscriptions ((tenant, client_id, incarnation), topic_filter);
-inbound_qos2 ((tenant, client_id, incarnation), packet_id): QoS 2 publishes awaiting PUBREL.
+inbound_qos2 ((tenant, client_id, incarnation), packet_id): QoS 2 publishes awaiting PUBREL;
+the event log and routing snapshots (cassandra_eventlog.py, migration 4): a subscription
+change and its log rows go in one logged batch, so the log holds every durable change.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from services.common.store.cassandra import CassandraBase
+from services.common.store.cassandra_eventlog import MIGRATION as LOG_MIGRATION
+from services.common.store.cassandra_eventlog import CassandraEventLog
 from services.common.store.cassandra_schema import AddColumn, Migration
+from services.common.store.eventlog import EventKind, LogEvent, subscribed
 from services.common.store.ports import (
     InboundQos2,
     Qos2Change,
@@ -56,6 +60,7 @@ MIGRATIONS = [
              PRIMARY KEY ((tenant, client_id, incarnation), packet_id))""",
         ),
     ),
+    LOG_MIGRATION,
 ]
 
 
@@ -63,11 +68,12 @@ def _shard(tenant: str, client_id: str) -> int:
     return zlib.crc32(f"{tenant}/{client_id}".encode()) % SHARDS
 
 
-class CassandraSessionStore(CassandraBase):
+class CassandraSessionStore(CassandraEventLog):
     component = "session"
     migrations = MIGRATIONS
 
     def prepare(self) -> None:
+        self.prepare_log()
         p = self._session.prepare
         self._get = p(
             "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, "
@@ -183,28 +189,36 @@ class CassandraSessionStore(CassandraBase):
                 break
         return out[:limit]
 
-    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> None:
+    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> int:
+        statements, last = self.log_statements([subscribed(s) for s in subs])
         for s in subs:
-            await self._exec(
-                self._sub_put,
-                (
-                    s.tenant,
-                    s.client_id,
-                    s.incarnation,
-                    s.topic_filter,
-                    s.qos,
-                    s.no_local,
-                    s.retain_as_published,
-                    s.retain_handling,
-                    s.subscription_identifier,
-                ),
+            args = (
+                s.tenant,
+                s.client_id,
+                s.incarnation,
+                s.topic_filter,
+                s.qos,
+                s.no_local,
+                s.retain_as_published,
+                s.retain_handling,
+                s.subscription_identifier,
             )
+            statements.append((self._sub_put, args))
+        if subs:
+            await self.run_batch(statements)
+        return last
 
     async def delete_subscriptions(
         self, tenant: str, client_id: str, incarnation: int, filters: list[str]
-    ) -> None:
-        for f in filters:
-            await self._exec(self._sub_del, (tenant, client_id, incarnation, f))
+    ) -> int:
+        events = [
+            LogEvent(tenant, EventKind.UNSUBSCRIBED, client_id, incarnation, f) for f in filters
+        ]
+        statements, last = self.log_statements(events)
+        statements += [(self._sub_del, (tenant, client_id, incarnation, f)) for f in filters]
+        if filters:
+            await self.run_batch(statements)
+        return last
 
     @staticmethod
     def _rec(r: Any) -> SubscriptionRecord:
@@ -230,8 +244,18 @@ class CassandraSessionStore(CassandraBase):
         # Every page, each fetched off the event loop; this runs once, when a router starts.
         return [self._rec(r) for r in await self._exec(self._sub_all)]
 
-    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None:
-        await self._exec(self._sub_drop, (tenant, client_id, incarnation))
+    async def subscriptions_as_of(self) -> tuple[int, list[SubscriptionRecord]]:
+        # The stable position before the scan: every change at or below it is in the rows
+        # read; later ones may be too, and replaying them again sets the same rows.
+        position = await self.stable_position()
+        return position, await self.all_subscriptions()
+
+    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> int:
+        event = LogEvent(tenant, EventKind.SESSION_DROPPED, client_id, incarnation)
+        statements, last = self.log_statements([event])
+        statements.append((self._sub_drop, (tenant, client_id, incarnation)))
+        await self.run_batch(statements)
+        return last
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         # In order, one statement each: a session's changes come from the one node that

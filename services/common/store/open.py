@@ -4,12 +4,12 @@ otherwise the embedded SQLite files under `data_dir`."""
 from __future__ import annotations
 
 from services.common.config import ServiceSettings
+from services.common.store.eventlog import LoggedSessionStore
 from services.common.store.ports import (
     AdminTokenStore,
     AuthStore,
     QueueStore,
     RouterStore,
-    SessionStore,
 )
 
 
@@ -34,7 +34,7 @@ def open_auth_store(s: ServiceSettings) -> AuthStore:
     return SqliteStore(s.data_dir / "auth.db")
 
 
-def open_session_store(s: ServiceSettings) -> SessionStore:
+def open_session_store(s: ServiceSettings) -> LoggedSessionStore:
     if s.cassandra_contact_points:
         from services.common.store.cassandra_session import CassandraSessionStore
 

@@ -141,11 +141,13 @@ class SessionStore(Protocol):
 
     async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]: ...
 
-    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> None: ...
+    # The three subscription changes log themselves in the event log in the same durable
+    # write (services/common/store/eventlog.py) and return the last log position they took.
+    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> int: ...
 
     async def delete_subscriptions(
         self, tenant: str, client_id: str, incarnation: int, filters: list[str]
-    ) -> None: ...
+    ) -> int: ...
 
     async def list_subscriptions(
         self, tenant: str, client_id: str, incarnation: int
@@ -153,7 +155,12 @@ class SessionStore(Protocol):
 
     async def all_subscriptions(self) -> list[SubscriptionRecord]: ...
 
-    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None: ...
+    async def subscriptions_as_of(self) -> tuple[int, list[SubscriptionRecord]]:
+        """Every subscription, and a log position P such that replaying the logged changes
+        above P over them gives the current subscriptions (the changes at or below P are in
+        them)."""
+
+    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> int: ...
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         """Apply `updates` (of any sessions) in order, durably, before returning."""

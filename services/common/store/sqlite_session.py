@@ -1,5 +1,7 @@
 """Embedded `SessionStore`: session records, persistent subscriptions and the QoS 2 receiver
-state of persistent sessions in SQLite."""
+state of persistent sessions in SQLite, with the event log (sqlite_eventlog.py) in the same
+file: every subscription change writes its log row in the transaction that changes the
+subscriptions table, so the log holds exactly the durable changes."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from services.common.store.eventlog import EventKind, LogEvent, subscribed
 from services.common.store.ports import (
     NEVER_EXPIRES,
     InboundQos2,
@@ -15,7 +18,8 @@ from services.common.store.ports import (
     SessionRecord,
     SubscriptionRecord,
 )
-from services.common.store.sqlite_base import SqliteDb
+from services.common.store.sqlite_eventlog import SCHEMA as LOG_SCHEMA
+from services.common.store.sqlite_eventlog import SqliteEventLog, log_in_tx
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -56,9 +60,9 @@ _SESSION_COLS = (
 )
 
 
-class SqliteSessionStore(SqliteDb):
+class SqliteSessionStore(SqliteEventLog):
     def __init__(self, path: Path) -> None:
-        super().__init__(path, _SCHEMA)
+        super().__init__(path, _SCHEMA + LOG_SCHEMA)
         # Files created before sessions had owners: add the column (NULL: owner unknown).
         cols = {row[1] for row in self.db.execute("PRAGMA table_info(sessions)")}
         if "owner" not in cols:
@@ -115,42 +119,47 @@ class SqliteSessionStore(SqliteDb):
         )
         return [SessionRecord(t, c, i, e, False, d, o) for t, c, i, e, d, o in rows]
 
-    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> None:
-        await self.run(
-            lambda: self.tx(
-                lambda db: db.executemany(
-                    f"INSERT OR REPLACE INTO subscriptions ({_SUB_COLS}) "
-                    "VALUES (?,?,?,?,?,?,?,?,?)",
-                    [
-                        (
-                            s.tenant,
-                            s.client_id,
-                            s.incarnation,
-                            s.topic_filter,
-                            s.qos,
-                            int(s.no_local),
-                            int(s.retain_as_published),
-                            s.retain_handling,
-                            s.subscription_identifier,
-                        )
-                        for s in subs
-                    ],
-                )
+    async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> int:
+        def write(db: sqlite3.Connection) -> int:
+            db.executemany(
+                f"INSERT OR REPLACE INTO subscriptions ({_SUB_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        s.tenant,
+                        s.client_id,
+                        s.incarnation,
+                        s.topic_filter,
+                        s.qos,
+                        int(s.no_local),
+                        int(s.retain_as_published),
+                        s.retain_handling,
+                        s.subscription_identifier,
+                    )
+                    for s in subs
+                ],
             )
-        )
+            return log_in_tx(db, [subscribed(s) for s in subs])
+
+        return await self.run(lambda: self.tx(write))
 
     async def delete_subscriptions(
         self, tenant: str, client_id: str, incarnation: int, filters: list[str]
-    ) -> None:
-        await self.run(
-            lambda: self.tx(
-                lambda db: db.executemany(
-                    "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=? "
-                    "AND topic_filter=?",
-                    [(tenant, client_id, incarnation, f) for f in filters],
-                )
+    ) -> int:
+        def write(db: sqlite3.Connection) -> int:
+            db.executemany(
+                "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=? "
+                "AND topic_filter=?",
+                [(tenant, client_id, incarnation, f) for f in filters],
             )
-        )
+            return log_in_tx(
+                db,
+                [
+                    LogEvent(tenant, EventKind.UNSUBSCRIBED, client_id, incarnation, f)
+                    for f in filters
+                ],
+            )
+
+        return await self.run(lambda: self.tx(write))
 
     async def list_subscriptions(
         self, tenant: str, client_id: str, incarnation: int
@@ -170,13 +179,31 @@ class SqliteSessionStore(SqliteDb):
         )
         return [_sub(r) for r in rows]
 
-    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> None:
-        await self.run(
-            lambda: self.db.execute(
+    async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> int:
+        def write(db: sqlite3.Connection) -> int:
+            db.execute(
                 "DELETE FROM subscriptions WHERE tenant=? AND client_id=? AND incarnation=?",
                 (tenant, client_id, incarnation),
             )
-        )
+            event = LogEvent(tenant, EventKind.SESSION_DROPPED, client_id, incarnation)
+            return log_in_tx(db, [event])
+
+        return await self.run(lambda: self.tx(write))
+
+    async def subscriptions_as_of(self) -> tuple[int, list[SubscriptionRecord]]:
+        """Every subscription and the log position they are as of (one read transaction:
+        exactly the changes logged at or below that position)."""
+
+        def read() -> tuple[int, list[SubscriptionRecord]]:
+            self.db.execute("BEGIN")
+            try:
+                row = self.db.execute("SELECT position FROM log_head WHERE id = 0").fetchone()
+                subs = self.db.execute(f"SELECT {_SUB_COLS} FROM subscriptions").fetchall()
+            finally:
+                self.db.execute("COMMIT")
+            return (int(row[0]) if row else 0), [_sub(r) for r in subs]
+
+        return await self.run(read)
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         def apply(db: sqlite3.Connection) -> None:

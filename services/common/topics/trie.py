@@ -9,7 +9,7 @@ frontier of nodes; a `#` child contributes at every step (it also matches its pa
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -123,6 +123,44 @@ class TopicTrie(Generic[K, V]):
                 stack.append(
                     (f"{prefix}/{level}" if prefix or node is not self._root else level, child)
                 )
+
+    def shape(self) -> tuple[list[str], list[int], list[tuple[int, dict[K, V]]]]:
+        """The trie as flat columns, for a snapshot that loads without splitting a filter:
+        every node but the root in pre-order as its level and its parent's index (the root is
+        0, the first node 1), and (node index, subscribers) of the nodes that have some."""
+        levels: list[str] = []
+        parents: list[int] = []
+        subs: list[tuple[int, dict[K, V]]] = []
+        stack: list[tuple[int, _Node[K, V]]] = [(0, self._root)]
+        if self._root.subs:
+            subs.append((0, self._root.subs))
+        while stack:
+            index, node = stack.pop()
+            for level, child in node.children.items():
+                levels.append(level)
+                parents.append(index)
+                mine = len(levels)
+                if child.subs:
+                    subs.append((mine, child.subs))
+                stack.append((mine, child))
+        return levels, parents, subs
+
+    @classmethod
+    def from_shape(
+        cls, levels: list[str], parents: list[int], subs: Iterable[tuple[int, dict[K, V]]]
+    ) -> TopicTrie[K, V]:
+        """The trie `shape()` described (the subscriber dicts are adopted, not copied)."""
+        trie: TopicTrie[K, V] = cls()
+        nodes: list[_Node[K, V]] = [trie._root]
+        nodes += [_Node() for _ in levels]
+        for child, level, parent in zip(nodes[1:], levels, parents, strict=True):
+            nodes[parent].children[level] = child
+        count = 0
+        for index, members in subs:
+            nodes[index].subs = members
+            count += len(members)
+        trie._count = count
+        return trie
 
 
 _MISSING = object()

@@ -1,0 +1,86 @@
+"""How a route table is filled at start: from the latest routing snapshot plus the events
+logged after its checkpoint, or (no snapshot yet) from a scan of the subscriptions table plus
+the events logged after the scan's position. The router (services/router/main.py) boots with
+it; services/router/compaction.py and the `routes-snapshot` Spark job write the snapshots.
+
+Replaying is exact because a subscription event sets its row's whole state (a subscription
+with its options, or its absence): replayed in position order over a table that holds every
+change up to the checkpoint (and maybe some after it), the table ends as the subscriptions
+table is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from services.common.store.eventlog import EventKind, LogEvent, LoggedSessionStore, subscription_of
+from services.router.core import RouteTable
+from services.router.snapshot import load_tenant
+
+log = logging.getLogger("starling.router.boot")
+PAGE = 10_000  # events read per store call while replaying
+
+
+@dataclass(slots=True)
+class BootReport:
+    source: str  # "snapshot" or "scan"
+    checkpoint: int  # the snapshot's checkpoint, or the scan's position
+    position: int  # every event at or below it is in the table
+    replayed: int = 0
+    seconds: float = 0.0
+    # Each tenant's last route event the table holds (tenants with none after the
+    # checkpoint: absent).
+    tenant_positions: dict[str, int] = field(default_factory=dict)
+
+
+def apply(table: RouteTable, e: LogEvent) -> None:
+    """One route event onto the table (other kinds leave it alone)."""
+    if e.kind == EventKind.SUBSCRIBED:
+        table.add(subscription_of(e))
+    elif e.kind == EventKind.UNSUBSCRIBED:
+        table.remove(e.tenant, e.client_id, e.incarnation, e.topic)
+    elif e.kind == EventKind.SESSION_DROPPED:
+        table.drop(e.tenant, e.client_id, e.incarnation)
+
+
+async def replay(
+    store: LoggedSessionStore,
+    table: RouteTable,
+    after: int,
+    tenant: str | None = None,
+    report: BootReport | None = None,
+) -> int:
+    """Apply every route event above `after` (of one tenant, or all); the last position
+    applied (`after` when there was none)."""
+    while True:
+        events = await store.read_events(after, PAGE, tenant)
+        for e in events:
+            apply(table, e)
+            if report is not None:
+                report.tenant_positions[e.tenant] = e.position
+        if report is not None:
+            report.replayed += len(events)
+        if events:
+            after = events[-1].position
+        if len(events) < PAGE:
+            return after
+
+
+async def load_routes(store: LoggedSessionStore, table: RouteTable) -> BootReport:
+    """Fill an empty `table` (see the module docstring)."""
+    started = time.perf_counter()
+    manifest = await store.latest_snapshot()
+    if manifest is None:
+        position, subs = await store.subscriptions_as_of()
+        for rec in subs:
+            table.add(rec)
+        report = BootReport("scan", position, position)
+    else:
+        for tenant in manifest.tenants:
+            load_tenant(table, tenant, await store.snapshot_parts(manifest.snapshot_id, tenant))
+        report = BootReport("snapshot", manifest.checkpoint, manifest.checkpoint)
+    report.position = await replay(store, table, report.checkpoint, report=report)
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,75 @@
+"""Records the EVENTS stream (`ev.<tenant>.<type>`: connections, take-overs, expiries, quota
+refusals, queue drops) in the store's event log, for the data pipeline.
+
+A durable JetStream pull consumer shared by every session service instance: each event is
+taken by one instance, appended in a batch, and acknowledged only after the append committed.
+At least once: an instance that dies between the two leaves the batch to be delivered again
+(the row's `data` is the Event as published, so a reader can tell a repeat by its content).
+Subscription changes are not taken from here: the router's store writes log them with the
+subscription rows themselves (services/common/store/eventlog.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeout
+
+from services.common.bus import subjects
+from services.common.store.eventlog import STREAM_KINDS, EventLog, LogEvent
+from starling.common.v1 import event_pb2
+
+log = logging.getLogger("starling.session.events")
+DURABLE = "eventlog"
+RETRY_S = 1.0  # after a failed append or fetch, before trying again
+
+
+def log_event(subject: str, data: bytes) -> LogEvent | None:
+    """The log row of one EVENTS message; None for one that is not an event (or of a kind
+    the log does not keep)."""
+    kind = subject.rsplit(".", 1)[-1]
+    if kind not in STREAM_KINDS:
+        return None
+    try:
+        ev = event_pb2.Event.FromString(data)
+    except Exception:  # only Starling's services publish here (NATS permissions)
+        return None
+    if not ev.tenant:
+        return None
+    return LogEvent(ev.tenant, kind, ev.client_id, data=data)
+
+
+class EventRecorder:
+    def __init__(self, nc: Client, store: EventLog, batch: int, durable: str = DURABLE) -> None:
+        self._nc = nc
+        self._store = store
+        self._batch = batch
+        self._durable = durable
+        self.recorded = 0  # events appended (for tests and metrics)
+
+    async def run(self) -> None:
+        js = self._nc.jetstream()
+        sub = await js.pull_subscribe(
+            subjects.EVENTS_WILDCARD, self._durable, stream=subjects.EVENTS_STREAM
+        )
+        while True:
+            try:
+                msgs = await sub.fetch(self._batch, timeout=1.0)
+            except (TimeoutError, NatsTimeout):
+                continue
+            except Exception as exc:
+                log.warning("event_fetch_failed", extra={"error": repr(exc)})
+                await asyncio.sleep(RETRY_S)
+                continue
+            events = [e for e in (log_event(m.subject, m.data) for m in msgs) if e is not None]
+            try:
+                await self._store.append_events(events)
+            except Exception as exc:  # not acked: JetStream delivers them again
+                log.warning("event_log_append_failed", extra={"error": repr(exc)})
+                await asyncio.sleep(RETRY_S)
+                continue
+            self.recorded += len(events)
+            for m in msgs:
+                await m.ack()
