@@ -374,12 +374,43 @@ def table_lines(table: dict[str, dict[str, Cell]], names: list[str]) -> list[str
     return lines
 
 
+# Starling-only scenarios, each its own process (python -m MODULE) printing a markdown table:
+# (section title, module). BENCH_EXTRAS=0 skips them.
+EXTRAS = [
+    ("Router boot: routing snapshot versus scan and full replay", "bench.boot"),
+]
+
+
+def run_extras() -> list[str]:
+    """The extra scenarios' own reports, one section each (their stdout, as printed)."""
+    if os.environ.get("BENCH_EXTRAS", "1") == "0":
+        return []
+    lines: list[str] = []
+    for title, module in EXTRAS:
+        print(f"{title} (python -m {module})", flush=True)
+        began = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", module],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
+        out = done.stdout.strip() if done.returncode == 0 else f"failed: {done.stderr[-500:]}"
+        print(out, flush=True)
+        lines += ["", f"## {title}", "", f"`python -m {module}`, {time.monotonic() - began:.0f} s:"]
+        lines += ["", out]
+    return lines
+
+
 def write_report(
     machine: Machine,
     calibration: Calibration,
     micro_rates: dict[str, float],
     table: dict[str, dict[str, Cell]],
     names: list[str],
+    extras: list[str],
 ) -> None:
     lines = [
         "# Benchmarks",
@@ -420,6 +451,7 @@ def write_report(
         "## End to end, side by side",
         "",
         *table_lines(table, names),
+        *extras,
     ]
     notes = ROOT / "docs" / "benchmarks-notes.md"
     if notes.exists():
@@ -458,7 +490,8 @@ def main() -> int:
             for b in brokers:
                 b.stop()
     names = [b.name for b in brokers]
-    write_report(machine, calibration, micro_rates, table, names)
+    extras = run_extras()
+    write_report(machine, calibration, micro_rates, table, names, extras)
     print()
     print(calibration.line())
     print("\n".join(table_lines(table, names)))
