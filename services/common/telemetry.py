@@ -113,7 +113,9 @@ def setup_telemetry(
     )
     sampler = ParentBased(TenantSampler(sample_ratio, sample_tenants or {}))
     tp = TracerProvider(resource=resource, sampler=sampler)
-    if trace_file_dir is not None:
+    # Nothing can be sampled: no exporter (and no export thread) at all.
+    sampling = sample_ratio > 0 or any((sample_tenants or {}).values())
+    if trace_file_dir is not None and sampling:
         exporter = JsonLinesExporter(trace_file_dir / f"{node_id}.jsonl")
         tp.add_span_processor(
             BatchSpanProcessor(exporter, schedule_delay_millis=_FILE_EXPORT_DELAY_MS)
