@@ -28,4 +28,11 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v 
   apt-get install -y -q mosquitto mosquitto-clients >/dev/null 2>&1 || \
     echo "setup: mosquitto not installed (optional)"
 fi
+# Headless Chromium is optional: the tenant report's rendering test opens the HTML in it
+# (skipped, saying why, without it).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get install -y -q chromium >/dev/null 2>&1 || \
+    (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null 2>&1) || \
+    echo "setup: chromium not installed (optional)"
+fi
 echo "setup: ready"
