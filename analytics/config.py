@@ -38,7 +38,6 @@ class AnalyticsSettings(ServiceSettings):
     )
 
 
-
 def load_analytics_settings(**overrides: Any) -> AnalyticsSettings:
     """Build and validate the settings; `ConfigError` naming the first bad setting. Unlike the
     services' loader it does not require the admin token: the jobs serve no admin API."""

@@ -59,65 +59,69 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def candidates(ctx: JobContext, now_ms: int) -> dict[str, DataFrame]:
-    """One DataFrame of candidate keys per category (one row per queue for queue entries)."""
+    """Candidates in one scan of each table: `queues` has one row per queue (entries, the
+    acked and expired ones with their seq bounds, whether its session incarnation is over);
+    `retained` and `msgids` one row per key."""
     from pyspark.sql import functions as f
 
     entries = ctx.table("queue_entries", ["tenant", "queue_id", "seq", "expires_at_ms"])
     state = ctx.table("queue_state", ["tenant", "queue_id", "acked_through"])
     sessions = ctx.table("sessions", ["tenant", "client_id", "incarnation", "expires_at_ms"])
-    with_ack = entries.join(state, ["tenant", "queue_id"], "left")
-    per_queue = [f.min("seq").alias("lo"), f.max("seq").alias("hi"), f.count("*").alias("rows")]
-    acked = (
-        with_ack.where(f.col("seq") <= f.col("acked_through"))
-        .groupBy("tenant", "queue_id")
-        .agg(*per_queue)
+    # Full join: a queue with state but no entries left can still be a dead session's.
+    both = entries.join(state, ["tenant", "queue_id"], "full")
+    seq, acked_through = f.col("seq"), f.col("acked_through")
+    is_acked = seq <= acked_through
+    is_expired = (
+        (f.col("expires_at_ms") > 0)
+        & (f.col("expires_at_ms") < now_ms)
+        & (acked_through.isNull() | (seq > acked_through))
     )
-    expired = (
-        with_ack.where(
-            (f.col("expires_at_ms") > 0)
-            & (f.col("expires_at_ms") < now_ms)
-            & (f.col("acked_through").isNull() | (f.col("seq") > f.col("acked_through")))
-        )
-        .groupBy("tenant", "queue_id")
-        .agg(*per_queue, f.collect_list("seq").alias("seqs"))
-    )
+    aggs = [
+        f.count(seq).alias("rows"),
+        f.count(f.when(is_acked, 1)).alias("acked_rows"),
+        f.min(f.when(is_acked, seq)).alias("acked_lo"),
+        f.max(f.when(is_acked, seq)).alias("acked_hi"),
+        f.count(f.when(is_expired, 1)).alias("expired_rows"),
+        f.min(f.when(is_expired, seq)).alias("expired_lo"),
+        f.max(f.when(is_expired, seq)).alias("expired_hi"),
+    ]
+    if ctx.store.cassandra:  # deleted by key there (collect_list skips the nulls)
+        aggs.append(f.collect_list(f.when(is_expired, seq)).alias("seqs"))
+    per_queue = both.groupBy("tenant", "queue_id").agg(*aggs)
     # queue_id is "<client_id>#<incarnation>" (services/queue/core.py); client ids may hold '#'.
-    queues = state.select(
-        "tenant",
-        "queue_id",
-        f.regexp_extract("queue_id", r"^(.*)#(\d+)$", 1).alias("client_id"),
-        f.regexp_extract("queue_id", r"^(.*)#(\d+)$", 2).cast("long").alias("inc"),
-    ).where(f.col("inc").isNotNull())
+    per_queue = per_queue.withColumn(
+        "client_id", f.regexp_extract("queue_id", r"^(.*)#(\d+)$", 1)
+    ).withColumn("inc", f.regexp_extract("queue_id", r"^(.*)#(\d+)$", 2).cast("long"))
     s = sessions.select(
         "tenant",
         "client_id",
         f.col("incarnation").alias("current_inc"),
         f.col("expires_at_ms").alias("session_expires_at_ms"),
     )
-    over = queues.join(s, ["tenant", "client_id"]).where(
-        (f.col("current_inc") > f.col("inc"))
-        | (f.col("session_expires_at_ms").isNotNull() & (f.col("session_expires_at_ms") <= now_ms))
+    over = (f.col("current_inc") > f.col("inc")) | (
+        f.col("session_expires_at_ms").isNotNull() & (f.col("session_expires_at_ms") <= now_ms)
     )
-    sizes = entries.groupBy("tenant", "queue_id").agg(f.count("*").alias("rows"))
-    session_queues = over.join(sizes, ["tenant", "queue_id"], "left").select(
-        "tenant", "queue_id", "client_id", "inc", f.coalesce("rows", f.lit(0)).alias("rows")
+    queues = per_queue.join(s, ["tenant", "client_id"], "left").withColumn(
+        "over", f.coalesce(over & f.col("inc").isNotNull(), f.lit(False))
     )
     # Cassandra keys a retained message by ((tenant, bucket), topic).
     key = ["tenant", "bucket", "topic"] if ctx.store.cassandra else ["tenant", "topic"]
     retained = ctx.table("retained", [*key, "expires_at_ms"]).where(
         (f.col("expires_at_ms") > 0) & (f.col("expires_at_ms") < now_ms)
     )
-    out = {
-        "acked": acked,
-        "expired": expired,
-        "session_queues": session_queues,
-        "retained": retained,
-    }
+    out = {"queues": queues, "retained": retained}
     if not ctx.store.cassandra:  # Cassandra's de-duplication rows expire by TTL
         out["msgids"] = ctx.table(
             "queue_msgids", ["tenant", "queue_id", "message_id", "created_at_ms"]
         ).where(f.col("created_at_ms") < now_ms - MSGID_RETENTION_MS)
     return out
+
+
+def plan_queue(r: Any) -> dict[str, int]:
+    """The rows each category would remove from this queue (a row of `queues`)."""
+    if r.over:
+        return {"session_queues": r.rows}
+    return {"acked": r.acked_rows, "expired": r.expired_rows}
 
 
 # ---- deletes ------------------------------------------------------------------------------
@@ -152,38 +156,57 @@ def _open(path: Path) -> sqlite3.Connection:
     return db
 
 
-def _rows_of(row: Any) -> int:
-    """Entries a candidate row stands for (one per key where it is not a queue summary)."""
-    return int(row["rows"]) if "rows" in row.__fields__ else 1
+class Tally:
+    """Rows removed and candidates seen, per category (and tenant for removals), and the
+    queue entries the scan saw."""
+
+    def __init__(self) -> None:
+        self.removed: dict[str, Counter[str]] = {c: Counter() for c in CATEGORIES}
+        self.planned: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.scanned = 0
+
+    def plan(self, category: str, n: int) -> None:
+        self.planned[category] += n
 
 
-def delete_sqlite(
-    ctx: JobContext, found: dict[str, DataFrame], now_ms: int
-) -> tuple[dict[str, Counter[str]], dict[str, int]]:
+def scan_only(found: dict[str, DataFrame]) -> Tally:
+    """A dry run: count the candidates, delete nothing."""
+    tally = Tally()
+    for r in found["queues"].toLocalIterator(prefetchPartitions=True):
+        tally.scanned += r.rows
+        for category, n in plan_queue(r).items():
+            tally.plan(category, n)
+    for name in ("retained", "msgids"):
+        if name in found:
+            tally.plan(name, found[name].count())
+    return tally
+
+
+def delete_sqlite(ctx: JobContext, found: dict[str, DataFrame], now_ms: int) -> Tally:
     """Run the conditional deletes for every candidate, batch by batch, from the driver (one
-    writer per SQLite file anyway). Returns the rows removed and the candidates seen."""
-    removed: dict[str, Counter[str]] = {c: Counter() for c in CATEGORIES}
-    planned = dict.fromkeys(found, 0)
+    writer per SQLite file anyway)."""
+    tally = Tally()
+    removed = tally.removed
     data = ctx.store.sqlite or ""
     size = ctx.settings.analytics_delete_batch
     qdb = _open(sqlite_file(data, "queue_entries"))
     qdb.execute("ATTACH DATABASE ? AS s", (str(sqlite_file(data, "sessions")),))
     try:
-        # Whole queues first: their entries are then not counted again as acked or expired.
-        def sessions(batch: list[Any]) -> None:
-            for r in batch:
-                n = compact_session_queue(qdb, "s", r.tenant, r.client_id, r.inc, now_ms)
-                if n >= 0:
-                    removed["session_queues"][r.tenant] += n
 
-        def acked(batch: list[Any]) -> None:
+        def queues(batch: list[Any]) -> None:
             for r in batch:
-                removed["acked"][r.tenant] += compact_acked(qdb, r.tenant, r.queue_id, r.hi)
-
-        def expired(batch: list[Any]) -> None:
-            for r in batch:
-                n = compact_expired(qdb, r.tenant, r.queue_id, r.lo, r.hi, now_ms)
-                removed["expired"][r.tenant] += n
+                t = r.tenant
+                if r.over:  # the whole queue, and nothing of it counted as acked or expired
+                    n = compact_session_queue(qdb, "s", t, r.client_id, r.inc, now_ms)
+                    if n >= 0:
+                        removed["session_queues"][t] += n
+                        continue
+                if r.acked_rows:
+                    removed["acked"][t] += compact_acked(qdb, t, r.queue_id, r.acked_hi)
+                if r.expired_rows:
+                    removed["expired"][t] += compact_expired(
+                        qdb, t, r.queue_id, r.expired_lo, r.expired_hi, now_ms
+                    )
 
         def msgids(batch: list[Any]) -> None:
             before = now_ms - MSGID_RETENTION_MS
@@ -191,13 +214,23 @@ def delete_sqlite(
                 key = (r.tenant, r.queue_id, r.message_id)
                 removed["msgids"][r.tenant] += compact_msgids(qdb, [key], before)
 
-        steps = [("session_queues", sessions), ("acked", acked), ("expired", expired)]
-        steps.append(("msgids", msgids))
-        for name, fn in steps:
-            rows = found[name].drop("seqs") if name == "expired" else found[name]
-            for batch in _batches(rows.toLocalIterator(prefetchPartitions=True), size):
-                planned[name] += sum(_rows_of(r) for r in batch)
-                _tx(qdb, fn, batch)
+        todo: list[Any] = []
+        for r in found["queues"].toLocalIterator(prefetchPartitions=True):
+            tally.scanned += r.rows
+            planned = plan_queue(r)
+            if any(planned.values()) or r.over:
+                for category, n in planned.items():
+                    tally.plan(category, n)
+                todo.append(r)
+            if len(todo) >= size:
+                _tx(qdb, queues, todo)
+                todo = []
+        if todo:
+            _tx(qdb, queues, todo)
+        if "msgids" in found:
+            for batch in _batches(found["msgids"].toLocalIterator(prefetchPartitions=True), size):
+                tally.plan("msgids", len(batch))
+                _tx(qdb, msgids, batch)
     finally:
         qdb.close()
     rdb = _open(sqlite_file(data, "retained"))
@@ -208,16 +241,14 @@ def delete_sqlite(
                 removed["retained"][r.tenant] += compact_retained(rdb, r.tenant, r.topic, now_ms)
 
         for batch in _batches(found["retained"].toLocalIterator(), size):
-            planned["retained"] += len(batch)
+            tally.plan("retained", len(batch))
             _tx(rdb, retained, batch)
     finally:
         rdb.close()
-    return removed, planned
+    return tally
 
 
-def delete_cassandra(
-    ctx: JobContext, found: dict[str, DataFrame], now_ms: int
-) -> tuple[dict[str, Counter[str]], dict[str, int]]:
+def delete_cassandra(ctx: JobContext, found: dict[str, DataFrame], now_ms: int) -> Tally:
     """Run the conditional deletes in the executors, each partition with its own driver
     session (synchronous calls: an executor task has nothing else to do meanwhile)."""
     from analytics.source import CassandraTarget
@@ -225,49 +256,58 @@ def delete_cassandra(
     target = CassandraTarget(ctx.store.cassandra, ctx.store.port, ctx.store.keyspace, "")
     ks = ctx.store.keyspace
 
-    def work(category: str) -> Any:
-        def part(rows: Iterator[Any]) -> Iterator[tuple[str, int, int]]:
-            from services.common.store import cassandra_queue as cq
+    def queue_part(rows: Iterator[Any]) -> Iterator[tuple[str, str, int, int]]:
+        """(tenant, category, removed, candidates) per queue and category."""
+        from services.common.store import cassandra_queue as cq
 
-            cluster, session = target.session()
-            try:
-                for r in rows:
-                    if category == "session_queues":
-                        ok = cq.cassandra_compact_session_queue(
-                            session, ks, r.tenant, r.client_id, r.inc, now_ms
-                        )
-                        yield r.tenant, r.rows if ok else 0, r.rows
-                    elif category == "acked":
-                        through = cq.cassandra_compact_acked(
-                            session, ks, r.tenant, r.queue_id, r.lo, r.hi
-                        )
-                        yield r.tenant, r.rows if through >= r.hi else 0, r.rows
-                    elif category == "expired":
-                        yield (
-                            r.tenant,
-                            cq.cassandra_compact_expired(
-                                session, ks, r.tenant, r.queue_id, list(r.seqs)
-                            ),
-                        )
-                    else:  # retained: a compare-and-set on the expiry the scan saw
-                        applied = session.execute(
-                            f"DELETE FROM {ks}.retained WHERE tenant=%s AND bucket=%s "
-                            "AND topic=%s IF expires_at_ms=%s",
-                            (r.tenant, r.bucket, r.topic, r.expires_at_ms),
-                        ).one()[0]
-                        yield r.tenant, int(bool(applied)), 1
-            finally:
-                cluster.shutdown()
+        cluster, session = target.session()
+        try:
+            for r in rows:
+                yield r.tenant, "scanned", 0, r.rows
+                if r.over:
+                    ok = cq.cassandra_compact_session_queue(
+                        session, ks, r.tenant, r.client_id, r.inc, now_ms
+                    )
+                    yield r.tenant, "session_queues", r.rows if ok else 0, r.rows
+                    if ok:
+                        continue
+                if r.acked_rows:
+                    through = cq.cassandra_compact_acked(
+                        session, ks, r.tenant, r.queue_id, r.acked_lo, r.acked_hi
+                    )
+                    done = r.acked_rows if through >= r.acked_hi else 0
+                    yield r.tenant, "acked", done, r.acked_rows
+                if r.expired_rows:
+                    n = cq.cassandra_compact_expired(
+                        session, ks, r.tenant, r.queue_id, list(r.seqs)
+                    )
+                    yield r.tenant, "expired", n, r.expired_rows
+        finally:
+            cluster.shutdown()
 
-        return part
+    def retained_part(rows: Iterator[Any]) -> Iterator[tuple[str, str, int, int]]:
+        cluster, session = target.session()
+        try:
+            for r in rows:  # a compare-and-set on the expiry the scan saw
+                applied = session.execute(
+                    f"DELETE FROM {ks}.retained WHERE tenant=%s AND bucket=%s "
+                    "AND topic=%s IF expires_at_ms=%s",
+                    (r.tenant, r.bucket, r.topic, r.expires_at_ms),
+                ).one()[0]
+                yield r.tenant, "retained", int(bool(applied)), 1
+        finally:
+            cluster.shutdown()
 
-    removed: dict[str, Counter[str]] = {c: Counter() for c in CATEGORIES}
-    planned = dict.fromkeys(found, 0)
-    for category in ("session_queues", "acked", "expired", "retained"):
-        for tenant, n, seen in found[category].rdd.mapPartitions(work(category)).collect():
-            removed[category][tenant] += n
-            planned[category] += seen
-    return removed, planned
+    tally = Tally()
+    results = found["queues"].rdd.mapPartitions(queue_part).collect()
+    results += found["retained"].rdd.mapPartitions(retained_part).collect()
+    for tenant, category, n, seen in results:
+        if category == "scanned":
+            tally.scanned += seen
+            continue
+        tally.removed[category][tenant] += n
+        tally.plan(category, seen)
+    return tally
 
 
 # ---- the job ------------------------------------------------------------------------------
@@ -277,30 +317,21 @@ def run(ctx: JobContext, args: argparse.Namespace) -> dict[str, Any]:
     now_ms = int(getattr(args, "now_ms", None) or time.time() * 1000)
     started = time.monotonic()
     found = candidates(ctx, now_ms)
-    scanned = ctx.table("queue_entries", ["tenant"]).count()
     if getattr(args, "dry_run", False):
-        removed: dict[str, Counter[str]] = {c: Counter() for c in CATEGORIES}
-        planned = {k: _count(v) for k, v in found.items()}
+        tally = scan_only(found)
     elif ctx.store.cassandra:
-        removed, planned = delete_cassandra(ctx, found, now_ms)
+        tally = delete_cassandra(ctx, found, now_ms)
     else:
-        removed, planned = delete_sqlite(ctx, found, now_ms)
+        tally = delete_sqlite(ctx, found, now_ms)
     wall = time.monotonic() - started
+    removed = tally.removed
     tenants = sorted({t for c in removed.values() for t in c})
     return {
         "now_ms": now_ms,
-        "entries_scanned": scanned,
-        "rows_per_s": round(scanned / wall) if wall else 0,
-        "candidates": planned,
+        "entries_scanned": tally.scanned,
+        "rows_per_s": round(tally.scanned / wall) if wall else 0,
+        "candidates": tally.planned,
         "removed": {c: dict(sorted(removed[c].items())) for c in CATEGORIES},
         "removed_total": {c: sum(removed[c].values()) for c in CATEGORIES},
         "by_tenant": {t: {c: removed[c][t] for c in CATEGORIES} for t in tenants},
     }
-
-
-def _count(df: DataFrame) -> int:
-    from pyspark.sql import functions as f
-
-    if "rows" in df.columns:
-        return int(df.agg(f.coalesce(f.sum("rows"), f.lit(0))).first()[0])
-    return df.count()

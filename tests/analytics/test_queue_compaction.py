@@ -95,8 +95,10 @@ def test_compaction_removes_dead_rows_only(spark: SparkSession, data: Path) -> N
     # Between the scan and the delete, r/replaced gets a new retained message: it must stay.
     with sqlite3.connect(data / "router.db") as db:
         db.execute("UPDATE retained SET expires_at_ms=0, data=x'79' WHERE topic='r/replaced'")
-    removed, seen = queue_compaction.delete_sqlite(ctx, found, NOW)
-    assert seen["retained"] == 2 and seen["expired"] == 3  # r/replaced was a candidate
+    tally = queue_compaction.delete_sqlite(ctx, found, NOW)
+    removed = tally.removed
+    assert tally.planned["retained"] == 2  # r/replaced was a candidate
+    assert tally.planned["expired"] == 3 and tally.planned["session_queues"] == 8
     assert dict(removed["acked"]) == {"t1": 1}
     assert dict(removed["expired"]) == {"t1": 2, "t2": 1}
     assert dict(removed["session_queues"]) == {"t2": 5 + 3}
