@@ -140,3 +140,23 @@ def test_dry_run_deletes_nothing(spark: SparkSession, data: Path) -> None:
     out = queue_compaction.run(ctx, argparse.Namespace(now_ms=NOW, dry_run=True))
     assert out["candidates"]["session_queues"] == 8 and out["candidates"]["expired"] == 3
     assert _rows(data, "SELECT count(*) FROM queue_entries") == [(10 + 1 - 4 + 5 + 3 + 2 + 4,)]
+
+
+def test_starling_analytics_command(data: Path) -> None:
+    """The command a cron entry runs: its own Spark (local mode), the summary printed and
+    kept as last-run.json."""
+    import json
+    import subprocess
+    import sys
+
+    out = data / "cli-out"
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "analytics", "queue-compaction",
+         "--master", "local[1]", "--data-dir", str(data), "--output", str(out), "--dry-run"],
+        capture_output=True, text=True, timeout=120, check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    kept = json.loads((out / "queue-compaction" / "last-run.json").read_text())
+    assert kept["job"] == "queue-compaction" and kept["candidates"]["session_queues"] == 8
+    assert json.loads(done.stdout[done.stdout.index("{") :]) == kept
+    assert sum(kept["removed_total"].values()) == 0  # a dry run
