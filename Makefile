@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint types protos fmt setup clean
+.PHONY: run test bench lint types protos fmt setup clean analytics
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
@@ -19,6 +19,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# make analytics JOB=queue-compaction [ARGS="--dry-run"]
+analytics: $(STAMP)
+	$(VENV)/bin/starling analytics $(JOB) $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check services tests bench analytics scripts

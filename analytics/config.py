@@ -36,9 +36,6 @@ class AnalyticsSettings(ServiceSettings):
         description="Candidate keys per conditional-delete transaction of queue compaction "
         "(each batch holds the store's write lock once).",
     )
-    analytics_top_topics: int = Field(
-        default=10, ge=1, le=1000, description="Topics per tenant in the tenant report."
-    )
 
 
 def load_analytics_settings(**overrides: Any) -> AnalyticsSettings:

@@ -163,13 +163,20 @@ def spark_parallelism(spark: SparkSession) -> int:
 
 
 def read(
-    spark: SparkSession, store: StoreConf, table: str, partitions: int | None = None
+    spark: SparkSession,
+    store: StoreConf,
+    table: str,
+    partitions: int | None = None,
+    columns: Sequence[str] = (),
 ) -> DataFrame:
-    """`table` of `store` as a DataFrame, split into `partitions` (default: 1 + 2 x the
-    session's default parallelism)."""
+    """`table` of `store` as a DataFrame (only `columns`, if named), split into `partitions`
+    (default: 1 + 2 x the session's default parallelism)."""
     register(spark)
     n = partitions or default_partitions(spark_parallelism(spark))
-    return spark.read.format(FORMAT).options(**store.options(table), partitions=str(n)).load()
+    opts = {**store.options(table), "partitions": str(n)}
+    if columns:
+        opts["columns"] = ",".join(columns)
+    return spark.read.format(FORMAT).options(**opts).load()
 
 
 # ---- schema -------------------------------------------------------------------------------
@@ -242,6 +249,19 @@ def _arrow_type(t: DataType) -> pa.DataType:
 # ---- filters ------------------------------------------------------------------------------
 
 
+def _project(fields: list[StructField], columns: list[str], table: str) -> list[StructField]:
+    """Only `columns` (option `columns`, in that order), or every column when none is named.
+    Python data sources get no column pruning from Spark; naming the columns keeps a scan
+    from copying blobs it does not need."""
+    if not columns:
+        return fields
+    by_name = {f.name: f for f in fields}
+    missing = [c for c in columns if c not in by_name]
+    if missing:
+        raise ValueError(f"table {table!r} has no column(s) {', '.join(missing)}")
+    return [by_name[c] for c in columns]
+
+
 @dataclass(frozen=True)
 class Pushed:
     """A filter the reader applies itself: column, operator (= in > >= < <=) and value(s)."""
@@ -310,7 +330,8 @@ def _apply(batch: pa.RecordBatch, pushed: Sequence[Pushed]) -> pa.RecordBatch:
 
 class StarlingDataSource(DataSource):
     """Format `starling`. Options: `table` (required); `sqlite` (data dir or file) or
-    `cassandra` (comma-separated contact points) with `port` and `keyspace`; `partitions`
+    `cassandra` (comma-separated contact points) with `port` and `keyspace`; `columns`
+    (comma-separated; default all); `partitions`
     (default 1 + 2 x the CPUs of the planning machine; `read()` passes 1 + 2 x Spark's
     default parallelism)."""
 
@@ -331,6 +352,9 @@ class StarlingDataSource(DataSource):
             raise ValueError("format starling needs option 'sqlite' or 'cassandra'")
         self.port = int(options.get("port") or 9042)
         self.keyspace = str(options.get("keyspace") or "starling")
+        self.columns = [
+            c.strip() for c in str(options.get("columns") or "").split(",") if c.strip()
+        ]
         self.partitions = int(options.get("partitions") or default_partitions(os.cpu_count() or 1))
         if self.partitions < 1:
             raise ValueError("option 'partitions' must be at least 1")
@@ -340,13 +364,15 @@ class StarlingDataSource(DataSource):
             cols = _cassandra_columns(self._cassandra_target())
             if not cols:
                 raise ValueError(f"keyspace {self.keyspace} has no table {self.table!r}")
-            return StructType([StructField(n, _CQL_TYPES.get(t, StringType())) for n, t in cols])
-        path = sqlite_file(str(self.sqlite), self.table)
-        with _connect(path) as db:
-            cols = _sqlite_columns(db, self.table)
-        if not cols:
-            raise ValueError(f"{path} has no table {self.table!r}")
-        return StructType([StructField(n, _sqlite_type(t)) for n, t in cols])
+            fields = [StructField(n, _CQL_TYPES.get(t, StringType())) for n, t in cols]
+        else:
+            path = sqlite_file(str(self.sqlite), self.table)
+            with _connect(path) as db:
+                cols = _sqlite_columns(db, self.table)
+            if not cols:
+                raise ValueError(f"{path} has no table {self.table!r}")
+            fields = [StructField(n, _sqlite_type(t)) for n, t in cols]
+        return StructType(_project(fields, self.columns, self.table))
 
     def _cassandra_target(self) -> CassandraTarget:
         return CassandraTarget(self.cassandra, self.port, self.keyspace, self.table)

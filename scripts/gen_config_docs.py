@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic.fields import FieldInfo
 
+from analytics.config import AnalyticsSettings
 from services.common.config import ServiceSettings
 from services.connection.config import ConnectionSettings
 from services.metrics.config import MetricsSettings
@@ -27,6 +28,7 @@ MODELS: list[type[ServiceSettings]] = [
     RulesSettings,
     QuotaSettings,
     MetricsSettings,
+    AnalyticsSettings,
 ]
 
 

@@ -34,4 +34,11 @@ if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] && [ "$(id -u)" = "0" ] && com
     (apt-get update -q >/dev/null && apt-get install -y -q rabbitmq-server >/dev/null 2>&1) || \
     echo "setup: rabbitmq-server not installed (optional)"
 fi
+# Headless Chromium is optional: the tenant report's rendering test opens the HTML in it
+# (skipped, saying why, without it).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get install -y -q chromium >/dev/null 2>&1 || \
+    (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null 2>&1) || \
+    echo "setup: chromium not installed (optional)"
+fi
 echo "setup: ready"

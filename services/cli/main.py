@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="folder for the files (created 0700)")
     add_admin_commands(sub)
+    from analytics.cli import add_analytics_command
+
+    add_analytics_command(sub)
     return parser
 
 
@@ -62,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         from services.cli.status import run_status
 
         return run_status(Path(args.data_dir))
+    if args.command == "analytics":
+        from analytics.cli import run_analytics
+
+        return run_analytics(args)
     return run_admin(args)
 
 

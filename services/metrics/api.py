@@ -6,14 +6,18 @@ import time
 
 import grpc
 
+from services.common.store.sqlite_usage import SqliteUsageStore
 from services.metrics.core import ClusterStats, TenantCounts
+from services.metrics.usage import UsageTracker
 from starling.metrics.v1 import metrics_pb2 as pb
 from starling.metrics.v1 import metrics_pb2_grpc as pb_grpc
 
 
 class MetricsApi(pb_grpc.MetricsServiceServicer):
-    def __init__(self, stats: ClusterStats) -> None:
+    def __init__(self, stats: ClusterStats, usage: SqliteUsageStore | None = None) -> None:
         self._stats = stats
+        self._usage = usage
+        self._tracker = UsageTracker()
 
     async def ReportNodeStats(
         self, request: pb.ReportNodeStatsRequest, context: grpc.aio.ServicerContext
@@ -25,6 +29,10 @@ class MetricsApi(pb_grpc.MetricsServiceServicer):
             for t in request.tenants
         }
         self._stats.report(request.node_id, time.monotonic(), tenants)
+        if self._usage is not None:
+            # Written before the answer: a report the node saw answered is in the usage table.
+            now_ms = int(time.time() * 1000)
+            await self._usage.add(self._tracker.deltas(request.node_id, now_ms, tenants))
         return pb.ReportNodeStatsResponse()
 
 

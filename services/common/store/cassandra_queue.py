@@ -400,3 +400,91 @@ class CassandraQueueStore(CassandraBase):
         for bucket in range(0, (st.last_seq >> BUCKET_BITS) + 1):
             await self._exec(self._drop_bucket, (tenant, queue_id, bucket))
         await self._exec(self._drop_state, (tenant, queue_id))
+
+
+# ---- Compaction (analytics/jobs/queue_compaction.py) ---------------------------------------
+# Synchronous driver calls, made from Spark executors with their own `cassandra.cluster`
+# session. The job proposes keys from a token-range scan; each function re-reads what its
+# condition depends on right before deleting. As on SQLite every condition only goes from
+# false to true, so a row that passed can never be needed again. Depth is left alone: here an
+# ack lowers it by seq arithmetic (through - acked_through), which already counts every entry
+# up to the ack, removed by compaction or not.
+
+
+def cassandra_compact_acked(
+    session: Any, keyspace: str, tenant: str, queue_id: str, lo_seq: int, through_seq: int
+) -> int:
+    """Range-delete the queue's entries in [lo_seq, min(through_seq, acked_through read
+    now)] (left behind when an ack's deletes did not all land). Returns the bound used, or
+    -1 when nothing is acknowledged in range."""
+    rows = list(
+        session.execute(
+            f"SELECT acked_through FROM {keyspace}.queue_state WHERE tenant=%s AND queue_id=%s",
+            (tenant, queue_id),
+        )
+    )
+    if not rows:
+        return -1
+    through = min(through_seq, rows[0][0])  # rows in SELECT order (any row factory)
+    if through < lo_seq:
+        return -1
+    for bucket in range(lo_seq >> BUCKET_BITS, (through >> BUCKET_BITS) + 1):
+        session.execute(
+            f"DELETE FROM {keyspace}.queue_entries WHERE tenant=%s AND queue_id=%s AND "
+            "bucket=%s AND seq<=%s",
+            (tenant, queue_id, bucket, through),
+        )
+    return int(through)
+
+
+def cassandra_compact_expired(
+    session: Any, keyspace: str, tenant: str, queue_id: str, seqs: list[int]
+) -> int:
+    """Delete expired entries by key. An entry is never rewritten and its expiry is fixed at
+    append, so one seen expired stays expired: the scan's observation is the re-check."""
+    for seq in seqs:
+        session.execute(
+            f"DELETE FROM {keyspace}.queue_entries WHERE tenant=%s AND queue_id=%s AND "
+            "bucket=%s AND seq=%s",
+            (tenant, queue_id, seq >> BUCKET_BITS, seq),
+        )
+    return len(seqs)
+
+
+def cassandra_compact_session_queue(
+    session: Any, keyspace: str, tenant: str, client_id: str, incarnation: int, now_ms: int
+) -> bool:
+    """Drop the queue of a session incarnation that is over (its record, read now, expired
+    or belongs to a later incarnation); False when the re-check kept it."""
+    rows = list(
+        session.execute(
+            f"SELECT incarnation, expires_at_ms FROM {keyspace}.sessions "
+            "WHERE tenant=%s AND client_id=%s",
+            (tenant, client_id),
+        )
+    )
+    if not rows:
+        return False
+    inc, expires = rows[0][0], rows[0][1]
+    if not (inc > incarnation or (expires is not None and expires <= now_ms)):
+        return False
+    qid = f"{client_id}#{incarnation}"
+    state = list(
+        session.execute(
+            f"SELECT last_seq FROM {keyspace}.queue_state WHERE tenant=%s AND queue_id=%s",
+            (tenant, qid),
+        )
+    )
+    last = state[0][0] if state else 0
+    for bucket in range(0, (last >> BUCKET_BITS) + 1):
+        session.execute(
+            f"DELETE FROM {keyspace}.queue_entries WHERE tenant=%s AND queue_id=%s AND bucket=%s",
+            (tenant, qid, bucket),
+        )
+    session.execute(
+        f"DELETE FROM {keyspace}.queue_msgids WHERE tenant=%s AND queue_id=%s", (tenant, qid)
+    )
+    session.execute(
+        f"DELETE FROM {keyspace}.queue_state WHERE tenant=%s AND queue_id=%s", (tenant, qid)
+    )
+    return True

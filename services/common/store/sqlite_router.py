@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from services.common.store.ports import DelayedRecord, RetainedRecord
@@ -66,3 +67,19 @@ class SqliteRouterStore(SqliteDb):
             ).fetchall()
         )
         return [DelayedRecord(i, t, d, data) for i, t, d, data in rows]
+
+
+# ---- Compaction (analytics/jobs/queue_compaction.py) ---------------------------------------
+
+
+def compact_retained(db: sqlite3.Connection, tenant: str, topic: str, now_ms: int) -> bool:
+    """Delete the topic's retained message if it has expired (0: never), re-checked now: a
+    message retained since the job looked replaces the row and stays."""
+    return (
+        db.execute(
+            "DELETE FROM retained WHERE tenant=? AND topic=? AND expires_at_ms>0 "
+            "AND expires_at_ms<?",
+            (tenant, topic, now_ms),
+        ).rowcount
+        > 0
+    )

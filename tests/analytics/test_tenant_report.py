@@ -1,0 +1,136 @@
+"""Tenant report against the shared mesh: clients do a known amount of work in a fresh
+tenant; the report's totals for that tenant equal what they did and the metrics service's
+counters for the same window; headless Chromium renders the report's charts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sqlite3
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from analytics.config import load_analytics_settings
+from analytics.jobs import tenant_report
+from analytics.jobs.context import JobContext
+from analytics.source import StoreConf
+from services.metrics.client import MetricsAdminClient
+from tests.conftest import ADMIN_TOKEN, MeshInfo
+from tests.e2e.admin import Admin
+from tests.e2e.clients import Paho
+
+MESSAGES = 25
+
+
+def _poll(fn: Any, what: str, timeout_s: float = 30) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _usage(data: Path, tenant: str) -> tuple[int, int] | None:
+    with sqlite3.connect(data / "usage.db") as db:
+        row = db.execute(
+            "SELECT sum(messages_in), sum(messages_out) FROM usage WHERE tenant=?", (tenant,)
+        ).fetchone()
+    return row if row and row[0] is not None else None
+
+
+def _connection_ms(data: Path, tenant: str) -> int:
+    with sqlite3.connect(data / "usage.db") as db:
+        row = db.execute("SELECT sum(connection_ms) FROM usage WHERE tenant=?", (tenant,))
+        return int(row.fetchone()[0] or 0)
+
+
+def _cluster(mesh: MeshInfo, tenant: str) -> Any:
+    async def get() -> Any:
+        client = MetricsAdminClient(mesh.addr("metrics"), ADMIN_TOKEN)
+        try:
+            totals = await client.cluster_stats()
+        finally:
+            await client.close()
+        return next((t for t in totals.tenants if t.tenant == tenant), None)
+
+    return asyncio.run(get())
+
+
+@pytest.fixture(scope="module")
+def report(
+    mesh: MeshInfo, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, dict[str, Any], Any]:
+    tenant = f"rep{uuid.uuid4().hex[:8]}"
+    Admin(mesh).user(tenant, "u", "pw")
+    since = int(time.time() * 1000) // 3_600_000 * 3_600_000
+    sub = Paho(mesh.node(0), username=f"{tenant}/u", password="pw")
+    sub.connect()
+    sub.subscribe("r/#", 1)
+    pub = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
+    pub.connect()
+    for i in range(MESSAGES):
+        assert pub.publish(f"r/{i % 3}", b"x" * 10, 1) is not None
+    assert len(sub.expect(MESSAGES)) == MESSAGES
+    data = Path(mesh.mesh.data_dir) / "data"
+    # Both stay connected until the nodes' reports have seen them open for a while.
+    _poll(lambda: getattr(_cluster(mesh, tenant), "connections", 0) == 2, "2 connections")
+    _poll(lambda: _connection_ms(data, tenant) > 0, "connection time")
+    sub.close()
+    pub.close()
+    # The nodes report every 0.5 s here; wait until the usage table has everything.
+    _poll(lambda: _usage(data, tenant) == (MESSAGES, MESSAGES), "usage rows")
+    counters = _cluster(mesh, tenant)
+    out = tmp_path_factory.mktemp("report")
+    settings = load_analytics_settings(
+        data_dir=data, analytics_output_dir=out, analytics_partitions=3
+    )
+    ctx = JobContext(spark, StoreConf(sqlite=str(data)), settings, out)
+    args = argparse.Namespace(since_ms=since, until_ms=0, tenant=[])
+    return tenant, tenant_report.run(ctx, args), counters
+
+
+def test_report_totals_equal_the_work_and_the_metrics_service(
+    report: tuple[str, dict[str, Any], Any], spark: SparkSession
+) -> None:
+    tenant, summary, counters = report
+    mine = summary["totals"][tenant]
+    assert mine["messages_in"] == MESSAGES and mine["messages_out"] == MESSAGES
+    assert mine["dropped"] == 0 and mine["connections_peak"] == 2
+    assert mine["connection_minutes"] > 0
+    assert counters is not None
+    assert (mine["messages_in"], mine["messages_out"], mine["dropped"]) == (
+        counters.messages_in,
+        counters.messages_out,
+        counters.messages_dropped,
+    )
+    # The Parquet output holds the same figures.
+    df = spark.read.parquet(summary["parquet"]).where(f"tenant = '{tenant}'")
+    row = df.groupBy().sum("messages_in", "messages_out").first()
+    assert tuple(row) == (MESSAGES, MESSAGES)
+
+
+def test_report_renders_its_charts_in_headless_chromium(
+    report: tuple[str, dict[str, Any], Any],
+) -> None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (scripts/setup.sh installs `chromium`)")
+    tenant, summary, _ = report
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+         "--dump-dom", Path(summary["html"]).as_uri()],
+        capture_output=True, text=True, timeout=90, check=True,
+    ).stdout  # fmt: skip
+    # Plotly draws into SVG: the main plot surface, one bar trace group per chart.
+    assert 'class="main-svg"' in dom
+    assert dom.count('class="trace bars"') >= len(tenant_report.FIGURES)
+    assert tenant in dom  # the legend names the tenant

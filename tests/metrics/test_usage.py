@@ -1,0 +1,31 @@
+"""Usage deltas from the nodes' cumulative reports: differences per report, connection time
+from the previous report's open connections, a restarted node counted from zero, the hour of
+the report."""
+
+from __future__ import annotations
+
+from services.metrics.core import TenantCounts
+from services.metrics.usage import HOUR_MS, UsageTracker
+
+T0 = 1_000 * HOUR_MS  # the start of an hour
+
+
+def test_deltas_between_reports_and_connection_time() -> None:
+    u = UsageTracker()
+    first = u.deltas("n1", T0 + 1000, {"a": TenantCounts(2, 5, 4, 0), "": TenantCounts(1)})
+    assert [(d.tenant, d.messages_in, d.messages_out, d.connection_ms) for d in first] == [
+        ("a", 5, 4, 0)
+    ]  # the first report of a node brings no connection time; "" is no tenant
+    second = u.deltas("n1", T0 + 3000, {"a": TenantCounts(1, 7, 10, 1)})
+    (d,) = second
+    assert (d.messages_in, d.messages_out, d.dropped) == (2, 6, 1)
+    assert d.connection_ms == 2 * 2000 and d.connections == 1 and d.hour_ms == T0
+
+
+def test_a_restarted_node_counts_from_zero_and_nodes_are_apart() -> None:
+    u = UsageTracker()
+    u.deltas("n1", T0, {"a": TenantCounts(0, 50, 50, 0)})
+    u.deltas("n2", T0, {"a": TenantCounts(0, 7, 0, 0)})
+    (d,) = u.deltas("n1", T0 + HOUR_MS + 5, {"a": TenantCounts(0, 3, 2, 0)})
+    assert (d.messages_in, d.messages_out, d.hour_ms) == (3, 2, T0 + HOUR_MS)
+    assert u.deltas("n2", T0 + 10, {"a": TenantCounts(0, 7, 0, 0)}) == []  # nothing new
