@@ -20,10 +20,12 @@ from services.connection.config import ConnectionSettings
 from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
 from services.connection.replica import CopyRouter, RouteCopies
+from services.connection.rules_tap import RulesRouter
 from services.connection.stats import register_metrics, report_stats
 from services.metrics.client import MetricsClient
 from services.queue.client import QueueClient
 from services.router.client import RouterClient
+from services.rules.client import RuleFeed
 from services.session.client import SessionClient
 from starling.connection.v1 import connection_pb2 as pb
 from starling.connection.v1 import connection_pb2_grpc as pb_grpc
@@ -64,6 +66,7 @@ class ConnectionService:
         self._runners: list[web.AppRunner] = []
         self._reporter: asyncio.Task[None] | None = None
         self._copies: RouteCopies | None = None
+        self._rule_feed: RuleFeed | None = None
         self.ports: dict[str, int] = {}
         self._stopping = False
         # Set when the node can no longer carry traffic (health turns NOT_SERVING); made in
@@ -92,6 +95,9 @@ class ConnectionService:
         # CONNECT and end of connection over NATS request/reply too.
         session = SessionClient(s.session_addr)
         session.use_bus(nc, s.session_subject)
+        # Which messages the rules read, known before the first client connects.
+        self._rule_feed = feed = RuleFeed(nc, s.rule_filters_resync_s)
+        await feed.start()
         self.node = node = Node(
             channel_config(s),
             nc,
@@ -101,8 +107,9 @@ class ConnectionService:
             router=router,
             queue=queue,
             max_connections_per_ip=s.max_connections_per_ip,
-            publish_router=CopyRouter(router, queue, self._copies),
+            publish_router=RulesRouter(CopyRouter(router, queue, self._copies), feed),
             mesh_interest_window_s=s.mesh_interest_window_s,
+            rule_feed=feed,
         )
         await node.start()
         register_metrics(node.stats)
@@ -169,6 +176,8 @@ class ConnectionService:
             await runner.cleanup()
         if self._copies is not None:
             await self._copies.stop()
+        if self._rule_feed is not None:
+            await self._rule_feed.stop()
         if self.node is not None:
             for nc in {self.node.nc, self.node.nc_shared}:
                 if not nc.is_closed:

@@ -7,9 +7,7 @@ from services.common.store.cassandra import CassandraBase
 from services.common.store.cassandra_schema import Migration
 from services.common.store.ports import RuleRecord
 
-_COLUMNS = (
-    "tenant, rule_id, sql, actions_json, enabled, created_at_ms, updated_at_ms, description"
-)
+_COLUMNS = "tenant, rule_id, sql, actions_json, enabled, created_at_ms, updated_at_ms, description"
 
 MIGRATIONS = [
     Migration(

@@ -13,9 +13,7 @@ CREATE TABLE IF NOT EXISTS rules (
   enabled INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, updated_at_ms INTEGER NOT NULL,
   description TEXT NOT NULL, PRIMARY KEY (tenant, rule_id));
 """
-_COLUMNS = (
-    "tenant, rule_id, sql, actions_json, enabled, created_at_ms, updated_at_ms, description"
-)
+_COLUMNS = "tenant, rule_id, sql, actions_json, enabled, created_at_ms, updated_at_ms, description"
 _Row = tuple[str, str, str, str, int, int, int, str]
 
 

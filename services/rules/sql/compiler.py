@@ -385,13 +385,13 @@ class _Compiler:
             if len(rest) == 1:
                 key = rest[0]
                 if type(key) is str:
-                    return lambda v: (d.get(key) if type(d := v.json()) is dict else None)
+                    return lambda v: d.get(key) if type(d := v.json()) is dict else None
             return lambda v: _walk(v.json(), rest)
         if root == "topic" and rest:
             if len(rest) != 1 or type(rest[0]) is not int or rest[0] < 1:
                 raise self._refuse(node, "topic levels are topic[1], topic[2], ... (1-based)")
             i = rest[0] - 1
-            return lambda v: (s[i] if i < len(s := v.segments()) else None)
+            return lambda v: s[i] if i < len(s := v.segments()) else None
         if root == "user_properties" and rest:
             if len(rest) != 1 or type(rest[0]) is not str:
                 raise self._refuse(node, "a user property is user_properties['name']")
@@ -532,9 +532,7 @@ class _Compiler:
             (self._compile(i.this), self._compile(i.args["true"])) for i in node.args["ifs"]
         ]
         default = self._compile(node.args["default"]) if node.args.get("default") else None
-        const = all(c and tc for (_, c), (_, tc) in branches) and (
-            subject is None or subject[1]
-        )
+        const = all(c and tc for (_, c), (_, tc) in branches) and (subject is None or subject[1])
         if default is not None:
             const = const and default[1]
         conds = [(cond, val) for (cond, _), (val, _) in branches]

@@ -141,7 +141,7 @@ def _round(x: object, digits: object = 0) -> int | float:
     v, d = _num(x, "round"), _int(digits, "round")
     if abs(d) > 32:
         raise EvalError("round: digits out of range -32..32")
-    return round(v, d) if d else int(round(v))
+    return round(v, d) if d else round(v)
 
 
 def _power(x: object, y: object) -> float:
@@ -310,7 +310,7 @@ def _to_number(v: object) -> int | float:
         except ValueError:
             raise EvalError(f"to_number: {s!r} is not a number") from None
         if not math.isfinite(f):
-            raise EvalError(f"to_number: {s!r} is not finite")
+            raise EvalError(f"to_number: {s!r} is not finite") from None
         return f
 
 
@@ -349,9 +349,13 @@ FUNCTIONS: dict[str, Function] = {
     "concat": Function(_concat, 1, 64, nullable=True),
     "substr": Function(_substr, 2, 3),
     "substring": Function(_substr, 2, 3),
-    "replace": Function(lambda s, a, b: _str(s, "replace").replace(_str(a, "replace"), _str(b, "replace")), 3, 3),
+    "replace": Function(
+        lambda s, a, b: _str(s, "replace").replace(_str(a, "replace"), _str(b, "replace")), 3, 3
+    ),
     "split": Function(_split, 2, 2),
-    "starts_with": Function(lambda s, p: _str(s, "starts_with").startswith(_str(p, "starts_with")), 2, 2),
+    "starts_with": Function(
+        lambda s, p: _str(s, "starts_with").startswith(_str(p, "starts_with")), 2, 2
+    ),
     "ends_with": Function(lambda s, p: _str(s, "ends_with").endswith(_str(p, "ends_with")), 2, 2),
     "contains": Function(lambda s, p: _str(p, "contains") in _str(s, "contains"), 2, 2),
     "lpad": Function(_pad(True), 2, 3),

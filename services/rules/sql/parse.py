@@ -111,7 +111,9 @@ def parse_rule(sql: str, limits: SqlLimits) -> ParsedRule:
     except ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         desc = str(first.get("description") or exc).split("\n")[0]
-        raise RuleSyntaxError(desc, int(first.get("line") or 1), int(first.get("col") or 1)) from None
+        raise RuleSyntaxError(
+            desc, int(first.get("line") or 1), int(first.get("col") or 1)
+        ) from None
     except TokenError as exc:
         raise RuleSyntaxError(f"cannot read the rule: {exc}", 1, 1) from None
     except RecursionError:
@@ -121,7 +123,7 @@ def parse_rule(sql: str, limits: SqlLimits) -> ParsedRule:
         raise RuleSyntaxError("expected exactly one SELECT statement", 1, 1)
     select = statements[0]
     if not isinstance(select, exp.Select):
-        raise refuse(sql, select, "a rule is one SELECT ... FROM \"topic/filter\" [WHERE ...]")
+        raise refuse(sql, select, 'a rule is one SELECT ... FROM "topic/filter" [WHERE ...]')
     for key, value in select.args.items():
         if value in (None, [], False) or key in _ALLOWED_SELECT_ARGS:
             continue
@@ -147,7 +149,7 @@ def _filters(sql: str, select: exp.Select, limits: SqlLimits) -> tuple[str, ...]
     tables = [src.this]
     for join in select.args.get("joins") or []:
         if any(join.args.get(k) for k in ("on", "using", "kind", "side", "method")):
-            raise refuse(sql, join, 'FROM takes topic filters separated by commas, no JOIN')
+            raise refuse(sql, join, "FROM takes topic filters separated by commas, no JOIN")
         tables.append(join.this)
     out: list[str] = []
     for table in tables:
