@@ -1,0 +1,77 @@
+"""Shared pieces of the action tests: outputs, a recording republisher, polling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.rules.actions.base import Output
+
+
+def output(
+    i: int = 0,
+    columns: dict[str, Any] | None = None,
+    topic: str = "sensors/a/temp",
+    tenant: str = "t1",
+    rule_id: str = "r1",
+    qos: int = 1,
+    clientid: str = "dev-1",
+) -> Output:
+    cols = {"t": 30 + i, "i": i} if columns is None else columns
+    return Output(
+        tenant=tenant,
+        rule_id=rule_id,
+        topic=topic,
+        columns=cols,
+        payload=json.dumps(cols, default=str).encode(),
+        qos=qos,
+        message_id=f"m{i}",
+        published_at_ms=1_700_000_000_000 + i,
+        user_properties=(("k", "v"),),
+        clientid=clientid,
+    )
+
+
+@dataclass
+class Published:
+    tenant: str
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    user_properties: tuple[tuple[str, str], ...]
+
+
+@dataclass
+class RecordingRepublisher:
+    """What the rules service's republisher received (part A's real one publishes into the
+    mesh; its mesh-level tests cover that path)."""
+
+    published: list[Published] = field(default_factory=list)
+
+    async def publish(
+        self,
+        tenant: str,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        user_properties: tuple[tuple[str, str], ...],
+    ) -> None:
+        self.published.append(Published(tenant, topic, payload, qos, retain, user_properties))
+
+
+async def eventually(check: Callable[[], Any], within_s: float = 15.0, what: str = "") -> Any:
+    """Poll `check` until it returns a truthy value."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        await asyncio.sleep(0.02)
