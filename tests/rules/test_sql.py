@@ -215,7 +215,7 @@ def test_impure_functions_are_evaluated_per_message() -> None:
         ('SELECT lower(1, 2) FROM "a"', 1, 18, "arguments"),
         ('SELECT sha256(1, 2) FROM "a"', 1, 8, "sha256() takes 1 arguments, got 2"),
         ('SELECT topic FROM "a/#/b"', 1, 19, "bad topic filter"),
-        ('SELECT topic FROM a', 1, 19, "quoted topic filters"),
+        ("SELECT topic FROM a", 1, 19, "quoted topic filters"),
         ('SELECT topic\nFROM "a"\nWHERE payload.t >', 3, 17, "expression"),
         ('SELECT topic FROM "a" GROUP BY topic', 1, 32, "GROUP"),
         ('SELECT topic FROM "a" ORDER BY topic', 1, 32, "ORDER"),
@@ -226,7 +226,7 @@ def test_impure_functions_are_evaluated_per_message() -> None:
         ('SELECT topic FROM "$share/g/a"', 1, 19, "$share"),
         ('SELECT topic FROM "a", "a"', 1, 24, "listed twice"),
         ('SELECT topic[0] FROM "a"', 1, 8, "1-based"),
-        ("SELECT topic FROM \"a\" WHERE clientid LIKE clientid", 1, 29, "constant string"),
+        ('SELECT topic FROM "a" WHERE clientid LIKE clientid', 1, 29, "constant string"),
         ('SELECT topic FROM "a"; SELECT qos FROM "b"', 1, 1, "exactly one"),
         ("", 1, 1, "empty"),
         ('DELETE FROM "a"', 1, 13, "SELECT"),
@@ -266,7 +266,9 @@ def test_like_agrees_with_a_regex_reference(pattern: str, text: str) -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 
@@ -278,7 +280,7 @@ def test_any_payload_either_evaluates_or_fails_cleanly(doc: object) -> None:
     rule = compile_rule(
         "SELECT payload.a + 1 AS n, upper(payload.b) AS u, payload.c[0].d AS d, "
         "concat(payload.a, payload.b) AS c, json_encode(payload) AS j "
-        'FROM "#" WHERE payload.a > 0 OR payload.b LIKE \'%x%\' OR payload IS NOT NULL'
+        "FROM \"#\" WHERE payload.a > 0 OR payload.b LIKE '%x%' OR payload IS NOT NULL"
     )
     v = view({"a": doc, "b": doc, "c": [doc]})
     try:

@@ -35,9 +35,9 @@ def test_huge_rule_is_refused_before_parsing() -> None:
 @pytest.mark.parametrize(
     "sql",
     [
-        'SELECT ' + "(" * 5000 + "1" + ")" * 5000 + ' FROM "a"',
-        'SELECT ' + "lower(" * 3000 + "'a'" + ")" * 3000 + ' FROM "a"',
-        'SELECT payload' + "[0]" * 3000 + ' FROM "a"',
+        "SELECT " + "(" * 5000 + "1" + ")" * 5000 + ' FROM "a"',
+        "SELECT " + "lower(" * 3000 + "'a'" + ")" * 3000 + ' FROM "a"',
+        "SELECT payload" + "[0]" * 3000 + ' FROM "a"',
     ],
 )
 def test_deep_nesting_is_refused_without_recursion(sql: str) -> None:
@@ -73,9 +73,7 @@ def test_string_growth_is_bounded_per_message() -> None:
 def test_power_and_integer_growth_are_bounded() -> None:
     err = refused('SELECT power(10, 1000000) AS x FROM "a"')  # folded at creation: overflow
     assert "power" in str(err)
-    rule = compile_rule(
-        "SELECT " + " * ".join(["payload.n"] * 30) + ' AS x FROM "a"'
-    )
+    rule = compile_rule("SELECT " + " * ".join(["payload.n"] * 30) + ' AS x FROM "a"')
     v = MessageView("t", "a", json.dumps({"n": 10**300}).encode())
 
     def attempt() -> None:
