@@ -5,13 +5,23 @@ Every instance pulls from the same durable consumer, so JetStream splits the mes
 instances without duplicates in steady state. A batch is acknowledged once every output of it
 was accepted by its action or dead-lettered; a batch whose outputs could not be handed over
 is not acknowledged (negatively: redelivered at once), and neither is one whose instance dies,
-which JetStream redelivers after `ack_wait`: at least once, never lost."""
+which JetStream redelivers after `ack_wait`: at least once, never lost. While a batch's
+outputs are being delivered (retries can take longer than `ack_wait`) its messages are marked
+in progress every third of `ack_wait`, so a slow target does not cause redeliveries (and
+duplicates) to another instance; only a dead instance's batches come back.
+
+A message no installed rule matches is acknowledged without outputs -- but first, the tenant's
+rules are read again from the store unless that was done after the message was published: a
+rule created through another instance (which this one has not heard of yet), or whose install
+failed here, then still gets the messages nodes stored for it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -107,6 +117,7 @@ class StreamConsumer:
         ack_wait_s: float,
         max_age_s: float,
         max_bytes: int,
+        refresh: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
@@ -116,15 +127,22 @@ class StreamConsumer:
         self._max_age_s = max_age_s
         self._max_bytes = max_bytes
         self._tasks: list[asyncio.Task[None]] = []
+        self._refresh = refresh
+        self._refreshed_ms: dict[str, int] = {}  # tenant -> wall time of its last refresh
         self.processed = 0
 
-    async def start(self) -> None:
-        js = self._js
+    async def prepare(self) -> None:
+        """Create (or update) the RULES stream; nodes store into it once they learn a filter."""
         cfg = rules_stream_config(self._max_age_s, self._max_bytes)
         try:
-            await js.add_stream(cfg)
+            await self._js.add_stream(cfg)
         except Exception:
-            await js.update_stream(cfg)
+            await self._js.update_stream(cfg)
+
+    async def start(self) -> None:
+        """Start consuming: only once the rules are installed (a message pulled before would
+        be acknowledged without reaching its rules)."""
+        js = self._js
         consumer = ConsumerConfig(
             durable_name=DURABLE,
             ack_policy=AckPolicy.EXPLICIT,
@@ -181,11 +199,20 @@ class StreamConsumer:
                 log.warning("rules_fetch_failed", extra={"error": type(exc).__name__})
                 await asyncio.sleep(0.5)
                 continue
-            await handle(msgs)  # type: ignore[operator]
+            try:
+                await handle(msgs)  # type: ignore[operator]
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # E.g. the connection dropped while acknowledging: what was not acknowledged
+                # comes back after ack_wait; the loop must go on.
+                log.exception("rules_batch_failed")
+                await asyncio.sleep(0.5)
 
     async def _messages(self, msgs: list[Msg]) -> None:
         pending: dict[Delivery, list[Output]] = {}
         engine = self._engine
+        unmatched: list[RoutedMessage] = []
         for m in msgs:
             try:
                 env = RoutedMessage.FromString(m.data)
@@ -195,7 +222,37 @@ class StreamConsumer:
             rules = engine.match(env.tenant, env.topic)
             if rules:
                 engine.evaluate(view_of(env), rules, pending)
+            else:
+                unmatched.append(env)
+        if unmatched and self._refresh is not None:
+            again = await self._refreshed(unmatched)
+            if again is None:
+                await self._nak(msgs)
+                return
+            for env in again:
+                rules = engine.match(env.tenant, env.topic)
+                if rules:
+                    engine.evaluate(view_of(env), rules, pending)
         await self._settle(msgs, pending)
+
+    async def _refreshed(self, unmatched: list[RoutedMessage]) -> list[RoutedMessage] | None:
+        """Re-read the rules of each tenant of `unmatched` not refreshed since (a second
+        before, for clock skew between nodes and this instance) its messages were published;
+        the messages of those tenants, to be matched again; None if the store failed."""
+        assert self._refresh is not None
+        latest: dict[str, int] = {}
+        for env in unmatched:
+            latest[env.tenant] = max(latest.get(env.tenant, 0), env.published_at_ms)
+        stale = {t for t, ms in latest.items() if self._refreshed_ms.get(t, 0) < ms + 1000}
+        for tenant in stale:
+            self._refreshed_ms[tenant] = int(time.time() * 1000)
+            try:
+                await self._refresh(tenant)
+            except Exception as exc:  # the store failed: the batch is pulled again later
+                log.warning("rules_refresh_failed", extra={"error": type(exc).__name__})
+                self._refreshed_ms.pop(tenant, None)
+                return None
+        return [env for env in unmatched if env.tenant in stale]
 
     async def _events(self, msgs: list[Msg]) -> None:
         pending: dict[Delivery, list[Output]] = {}
@@ -214,12 +271,32 @@ class StreamConsumer:
 
     async def _settle(self, msgs: list[Msg], pending: dict[Delivery, list[Output]]) -> None:
         try:
-            await self._engine.deliver(pending)
+            if pending:
+                await self._delivered(msgs, pending)
         except Exception as exc:
             log.warning("rules_delivery_failed", extra={"error": type(exc).__name__})
-            for m in msgs:
-                await m.nak(delay=1.0)
+            await self._nak(msgs)
             return
         for m in msgs:
             await m.ack()
         self.processed += len(msgs)
+
+    @staticmethod
+    async def _nak(msgs: list[Msg]) -> None:
+        """Give a batch back (pulled again after a second, by any instance)."""
+        for m in msgs:
+            await m.nak(delay=1.0)
+
+    async def _delivered(self, msgs: list[Msg], pending: dict[Delivery, list[Output]]) -> None:
+        """Deliver `pending`, marking `msgs` in progress while it takes."""
+        delivery = asyncio.ensure_future(self._engine.deliver(pending))
+        try:
+            while not delivery.done():
+                await asyncio.wait({delivery}, timeout=self._ack_wait_s / 3)
+                if not delivery.done():
+                    for m in msgs:
+                        await m.in_progress()
+        except BaseException:
+            delivery.cancel()
+            raise
+        delivery.result()

@@ -80,10 +80,14 @@ class RulesService:
             ack_wait_s=s.rules_ack_wait_s,
             max_age_s=s.rules_stream_max_age_s,
             max_bytes=s.rules_stream_max_bytes,
+            refresh=self.registry.reload,
         )
-        # The stream exists before any node learns a filter (nodes store into it only then).
-        await self.consumer.start()
+        # The stream exists before any node learns a filter (nodes store into it only then),
+        # and the rules are installed before the first message is pulled (one pulled before
+        # would match nothing and be acknowledged: lost for its rules).
+        await self.consumer.prepare()
         await self.registry.start(nc)
+        await self.consumer.start()
         register_rule_metrics(
             lambda: [(r.record.tenant, r.record.rule_id, r.counters) for r in self.engine.rules()]
         )

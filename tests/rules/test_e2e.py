@@ -4,13 +4,14 @@ rules instance SIGKILLed mid-stream loses nothing a publisher got PUBACK for."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 
 import grpc
+import nats
 import pytest
 import redis
 
@@ -128,12 +129,34 @@ def test_test_rule_runs_sql_against_a_sample(rules: pb_grpc.RulesAdminServiceStu
     assert out.matched and out.passed and json.loads(out.output) == {"n": "X"}
 
 
-@pytest.mark.timeout(400)
+def stream_state(mesh: MeshInfo) -> str:
+    """The RULES stream's and its consumer's counts (for a failure's message)."""
+
+    async def read() -> str:
+        nc = await nats.connect(mesh.nats_url)
+        try:
+            js = nc.jetstream()
+            si = await js.stream_info("RULES")
+            ci = await js.consumer_info("RULES", "rules")
+            return (
+                f"stream msgs={si.state.messages} first={si.state.first_seq} "
+                f"last={si.state.last_seq}; consumer pending={ci.num_pending} "
+                f"ack_pending={ci.num_ack_pending} redelivered={ci.num_redelivered} "
+                f"delivered={ci.delivered.stream_seq} ack_floor={ci.ack_floor.stream_seq}"
+            )
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+@pytest.mark.timeout(180)
 def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
     mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub
 ) -> None:
     """10,000 QoS 1 messages through a rule into Redis Streams; the rules service is SIGKILLed
-    once a tenth arrived and restarted: every message arrives at least once."""
+    once a tenth arrived and restarted: every message that got its PUBACK arrives at least
+    once (counted by distinct payload, each a distinct number)."""
     n = 10_000
     tag = uuid.uuid4().hex[:6]
     redis_port = mesh.mesh.by_name("redis").port
@@ -153,30 +176,42 @@ def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
         metadata=MD,
     )
     r = redis.Redis.from_url(url)
+    pub = client(mesh, 0)
+    # The rule applies once the node heard of it (docs/rules.md, Known gaps): a probe that
+    # arrives shows it has; the guarantee is about what is published from then on.
+    # Probes (payload -1, maybe several) are left out of the count.
+
+    def probe_arrived() -> bool:
+        pub.c.publish(f"load/{tag}/probe", b"-1", qos=1)
+        return r.xlen(stream_key) > 0
+
+    wait_until(probe_arrived)
 
     def arrived() -> set[int]:
-        return {int(f[b"payload"]) for _, f in r.xrange(stream_key)}
+        return {int(f[b"payload"]) for _, f in r.xrange(stream_key)} - {-1}
 
-    pub = client(mesh, 0)
-    killed = threading.Event()
-
-    def kill_mid_stream() -> None:
-        wait_until(lambda: r.xlen(stream_key) > n // 10, 120)
-        mesh.launcher.kill("rules")
-        killed.set()
-        mesh.launcher.restart("rules")
-
-    killer = threading.Thread(target=kill_mid_stream)
-    killer.start()
+    # paho queues what exceeds its in-flight window: publishing goes on while this thread
+    # kills and restarts the rules service (restart from this thread: the child dies with
+    # the thread that spawned it, services/cli/launcher.py).
     infos = [pub.c.publish(f"load/{tag}/x", str(i).encode(), qos=1) for i in range(n)]
+    wait_until(lambda: r.xlen(stream_key) > n // 10, 60)
+    mesh.launcher.kill("rules")
+    killed_at = len(arrived())
+    mesh.launcher.restart("rules")
     for info in infos:
-        info.wait_for_publish(120)  # PUBACK: every one is promised
-    killer.join(150)
-    assert killed.is_set()
-    wait_until(lambda: r.xlen(stream_key) >= n and len(arrived()) == n, 120)
+        info.wait_for_publish(60)  # PUBACK: every one is promised
+    assert killed_at < n  # the kill happened mid-stream
+    try:
+        wait_until(lambda: len(arrived()) == n, 60)
+    except AssertionError:
+        got = arrived()
+        metrics = rules.GetRule(pb.GetRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
+        raise AssertionError(
+            f"{len(got)} of {n} arrived ({r.xlen(stream_key)} entries); "
+            f"first missing {sorted(set(range(n)) - got)[:10]}; "
+            f"metrics {metrics.metrics}; {stream_state(mesh)}"
+        ) from None
     assert arrived() == set(range(n))
-    with grpc.insecure_channel(mesh.addr("rules")) as ch:
-        stub = pb_grpc.RulesAdminServiceStub(ch)
-        stub.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
+    rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
     r.delete(stream_key)
     pub.close()
