@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from services.cli.admin import add_admin_commands, run_admin
+from services.cli.rules import add_rules_commands
 
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="folder for the files (created 0700)")
     add_admin_commands(sub)
+    add_rules_commands(sub)
     return parser
 
 

@@ -1,6 +1,7 @@
 """The rules admin API (RulesAdminService): rules per tenant, validated before they are
 stored (SQL errors with their position, action params by name), pushed to every rules
-instance and node on change, shown with the metrics every instance reports."""
+instance and node on change, shown with the metrics every instance reports; and each rule's
+dead letters (list, replay through the rule's actions, purge)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from services.common.rpc.errors import (
 from services.common.store.ports import RuleRecord, RuleStore
 from services.common.topics.rules import topic_matches
 from services.rules.actions import ActionContext, build_action
+from services.rules.actions.dead_letters import DeadLetterStore
+from services.rules.actions.delivery import replay
 from services.rules.engine import ActionSpec, Engine, decode_actions, encode_actions
 from services.rules.metrics import merge
 from services.rules.registry import Registry
@@ -30,6 +33,7 @@ from starling.rules.v1 import rules_pb2_grpc as pb_grpc
 
 METRICS_SUBJECT = "svc.rules.metrics"
 _RULE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MAX_LETTERS_PER_PAGE = 1000
 
 
 def to_proto(rec: RuleRecord) -> pb.Rule:
@@ -54,8 +58,10 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
         check_context: ActionContext,
         max_rules_per_tenant: int,
         max_actions_per_rule: int,
+        dead_letters: DeadLetterStore,
     ) -> None:
         self._store = store
+        self._dead_letters = dead_letters
         self._engine = engine
         self._registry = registry
         self._check_ctx = check_context
@@ -198,6 +204,62 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
         return pb.TestRuleResponse(
             matched=matched, passed=True, output=compiled.encode(columns, view)
         )
+
+    # ---- dead letters -------------------------------------------------------------------
+
+    async def ListDeadLetters(
+        self, request: pb.ListDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListDeadLettersResponse:
+        self._ids(request.tenant, request.rule_id)
+        if request.limit > MAX_LETTERS_PER_PAGE:
+            raise InvalidArgumentError(f"limit: at most {MAX_LETTERS_PER_PAGE}")
+        letters = await self._dead_letters.list(
+            request.tenant, request.rule_id, after_id=request.after_id, limit=request.limit or 100
+        )
+        stats = await self._dead_letters.stats(request.tenant, request.rule_id)
+        return pb.ListDeadLettersResponse(
+            letters=[
+                pb.DeadLetter(
+                    id=d.id,
+                    action=d.action,
+                    topic=d.output.topic,
+                    payload=d.output.payload,
+                    message_id=d.output.message_id,
+                    error=d.error,
+                    attempts=d.attempts,
+                    failed_at_ms=d.failed_at_ms,
+                )
+                for d in letters
+            ],
+            count=stats.count,
+            bytes=stats.bytes,
+        )
+
+    async def ReplayDeadLetters(
+        self, request: pb.ReplayDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReplayDeadLettersResponse:
+        self._ids(request.tenant, request.rule_id)
+        rule = self._engine.get(request.tenant, request.rule_id)
+        if rule is None:
+            raise InvalidArgumentError(
+                f"rule {request.rule_id!r} is not running here (missing or disabled): enable it "
+                "to replay its dead letters",
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+        deliveries = {d.action_name: d for d in rule.deliveries}
+        result = await replay(
+            self._dead_letters, request.tenant, request.rule_id, list(request.ids), deliveries
+        )
+        return pb.ReplayDeadLettersResponse(
+            delivered=result.delivered, failed=result.failed, errors=result.errors
+        )
+
+    async def PurgeDeadLetters(
+        self, request: pb.PurgeDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PurgeDeadLettersResponse:
+        self._ids(request.tenant, request.rule_id)
+        purged = await self._dead_letters.purge(request.tenant, request.rule_id)
+        return pb.PurgeDeadLettersResponse(purged=purged)
 
     # ---- metrics over every instance ----------------------------------------------------
 

@@ -50,6 +50,7 @@ class RulesService:
             ActionContext(republisher=_NoRepublish(), nats=None, data_dir=s.data_dir),
             s.rules_max_per_tenant,
             s.rules_max_actions,
+            self._dead_letters,
         )
         self.consumer: StreamConsumer | None = None
 

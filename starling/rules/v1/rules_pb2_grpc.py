@@ -66,6 +66,21 @@ class RulesAdminServiceStub:
                 request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleRequest.SerializeToString,
                 response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleResponse.FromString,
                 _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/ListDeadLetters',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.ReplayDeadLetters = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/ReplayDeadLetters',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.PurgeDeadLetters = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/PurgeDeadLetters',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.FromString,
+                _registered_method=True)
 
 
 class RulesAdminServiceServicer:
@@ -113,6 +128,30 @@ class RulesAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDeadLetters(self, request, context):
+        """A rule's dead letters (outputs its actions failed to deliver after their retries), oldest
+        first, on the instance that answers (each instance keeps its own unless the store is
+        Cassandra).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplayDeadLetters(self, request, context):
+        """Hands dead letters (`ids`, or all) back to the rule's current actions; a letter leaves
+        the store once its action accepted it. FAILED_PRECONDITION when the rule is not installed
+        (disabled) on the answering instance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeDeadLetters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RulesAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +184,21 @@ def add_RulesAdminServiceServicer_to_server(servicer, server):
                     servicer.TestRule,
                     request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleRequest.FromString,
                     response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleResponse.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'ReplayDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayDeadLetters,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersResponse.SerializeToString,
+            ),
+            'PurgeDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeDeadLetters,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +365,87 @@ class RulesAdminService:
             '/starling.rules.v1.RulesAdminService/TestRule',
             starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleRequest.SerializeToString,
             starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/ListDeadLetters',
+            starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/ReplayDeadLetters',
+            starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/PurgeDeadLetters',
+            starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

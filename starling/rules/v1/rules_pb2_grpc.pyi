@@ -46,6 +46,17 @@ class RulesAdminServiceStub:
     SetRuleEnabled: _grpc.UnaryUnaryMultiCallable[_rules_pb2.SetRuleEnabledRequest, _rules_pb2.SetRuleEnabledResponse]
     TestRule: _grpc.UnaryUnaryMultiCallable[_rules_pb2.TestRuleRequest, _rules_pb2.TestRuleResponse]
     """Runs a rule's SQL (a stored rule's, or `sql`) against a sample message; no action runs."""
+    ListDeadLetters: _grpc.UnaryUnaryMultiCallable[_rules_pb2.ListDeadLettersRequest, _rules_pb2.ListDeadLettersResponse]
+    """A rule's dead letters (outputs its actions failed to deliver after their retries), oldest
+    first, on the instance that answers (each instance keeps its own unless the store is
+    Cassandra).
+    """
+    ReplayDeadLetters: _grpc.UnaryUnaryMultiCallable[_rules_pb2.ReplayDeadLettersRequest, _rules_pb2.ReplayDeadLettersResponse]
+    """Hands dead letters (`ids`, or all) back to the rule's current actions; a letter leaves
+    the store once its action accepted it. FAILED_PRECONDITION when the rule is not installed
+    (disabled) on the answering instance.
+    """
+    PurgeDeadLetters: _grpc.UnaryUnaryMultiCallable[_rules_pb2.PurgeDeadLettersRequest, _rules_pb2.PurgeDeadLettersResponse]
 
 @_typing.type_check_only
 class RulesAdminServiceAsyncStub(RulesAdminServiceStub):
@@ -65,6 +76,17 @@ class RulesAdminServiceAsyncStub(RulesAdminServiceStub):
     SetRuleEnabled: _aio.UnaryUnaryMultiCallable[_rules_pb2.SetRuleEnabledRequest, _rules_pb2.SetRuleEnabledResponse]  # type: ignore[assignment]
     TestRule: _aio.UnaryUnaryMultiCallable[_rules_pb2.TestRuleRequest, _rules_pb2.TestRuleResponse]  # type: ignore[assignment]
     """Runs a rule's SQL (a stored rule's, or `sql`) against a sample message; no action runs."""
+    ListDeadLetters: _aio.UnaryUnaryMultiCallable[_rules_pb2.ListDeadLettersRequest, _rules_pb2.ListDeadLettersResponse]  # type: ignore[assignment]
+    """A rule's dead letters (outputs its actions failed to deliver after their retries), oldest
+    first, on the instance that answers (each instance keeps its own unless the store is
+    Cassandra).
+    """
+    ReplayDeadLetters: _aio.UnaryUnaryMultiCallable[_rules_pb2.ReplayDeadLettersRequest, _rules_pb2.ReplayDeadLettersResponse]  # type: ignore[assignment]
+    """Hands dead letters (`ids`, or all) back to the rule's current actions; a letter leaves
+    the store once its action accepted it. FAILED_PRECONDITION when the rule is not installed
+    (disabled) on the answering instance.
+    """
+    PurgeDeadLetters: _aio.UnaryUnaryMultiCallable[_rules_pb2.PurgeDeadLettersRequest, _rules_pb2.PurgeDeadLettersResponse]  # type: ignore[assignment]
 
 class RulesAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Admin API of the rule engine (docs/rules.md). Every request names its tenant: a tenant
@@ -117,5 +139,34 @@ class RulesAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rules_pb2.TestRuleResponse, _abc.Awaitable[_rules_pb2.TestRuleResponse]]:
         """Runs a rule's SQL (a stored rule's, or `sql`) against a sample message; no action runs."""
+
+    @_abc_1.abstractmethod
+    def ListDeadLetters(
+        self,
+        request: _rules_pb2.ListDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.ListDeadLettersResponse, _abc.Awaitable[_rules_pb2.ListDeadLettersResponse]]:
+        """A rule's dead letters (outputs its actions failed to deliver after their retries), oldest
+        first, on the instance that answers (each instance keeps its own unless the store is
+        Cassandra).
+        """
+
+    @_abc_1.abstractmethod
+    def ReplayDeadLetters(
+        self,
+        request: _rules_pb2.ReplayDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.ReplayDeadLettersResponse, _abc.Awaitable[_rules_pb2.ReplayDeadLettersResponse]]:
+        """Hands dead letters (`ids`, or all) back to the rule's current actions; a letter leaves
+        the store once its action accepted it. FAILED_PRECONDITION when the rule is not installed
+        (disabled) on the answering instance.
+        """
+
+    @_abc_1.abstractmethod
+    def PurgeDeadLetters(
+        self,
+        request: _rules_pb2.PurgeDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.PurgeDeadLettersResponse, _abc.Awaitable[_rules_pb2.PurgeDeadLettersResponse]]: ...
 
 def add_RulesAdminServiceServicer_to_server(servicer: RulesAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
