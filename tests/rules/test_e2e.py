@@ -19,6 +19,7 @@ from starling.rules.v1 import rules_pb2 as pb
 from starling.rules.v1 import rules_pb2_grpc as pb_grpc
 from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.clients import Paho
+from tests.rules.webhook import Webhook
 
 MD = [("authorization", f"Bearer {ADMIN_TOKEN}")]
 TENANT = "open"  # anonymous in the test mesh
@@ -215,3 +216,42 @@ def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
     rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
     r.delete(stream_key)
     pub.close()
+
+
+def test_event_rule_posts_client_connected_to_a_webhook(
+    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub, webhook: Webhook
+) -> None:
+    """`FROM "$events/client_connected"` into an HTTP webhook: one rule, a POST per connect
+    carrying the client's id and user name."""
+    rid = f"ev-{uuid.uuid4().hex[:6]}"
+    rules.CreateRule(
+        pb.CreateRuleRequest(
+            rule=pb.Rule(
+                tenant=TENANT,
+                rule_id=rid,
+                sql="SELECT clientid, username, event, payload.clean_start AS clean "
+                'FROM "$events/client_connected"',
+                enabled=True,
+                actions=[pb.Action(kind="http", params={"url": webhook.url})],
+            )
+        ),
+        metadata=MD,
+    )
+    c = client(mesh, 1)
+
+    def posted() -> list[dict[str, object]]:
+        bodies = [json.loads(b) for b in list(webhook.bodies)]
+        return [b for b in bodies if b.get("clientid") == c.client_id]
+
+    wait_until(lambda: len(posted()) == 1)
+    got = posted()[0]
+    assert got["event"] == "connected" and got["clean"] is True
+    assert str(got["username"]).startswith("dev-")  # the tenant prefix is not the name
+    c.close()  # a disconnect is not a connect: nothing more for this client
+    other = client(mesh, 0)
+    wait_until(
+        lambda: any(json.loads(b).get("clientid") == other.client_id for b in webhook.bodies)
+    )
+    assert len(posted()) == 1
+    rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
+    other.close()
