@@ -181,6 +181,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
         "STARLING_MAX_QUEUED_MESSAGES": "100",
         "STARLING_RECEIVE_MAXIMUM": "20",
         "STARLING_STATS_INTERVAL_S": "0.5",
+        # A killed rules instance's unacknowledged batch comes back after this (tests/rules).
+        "STARLING_RULES_ACK_WAIT_S": "5",
         # Server redirection (tests/conformance): tenants served by another server.
         "STARLING_REDIRECTS": '{"moved": {"server_reference": "new.example:1883", "moved": true},'
         ' "busy": {"server_reference": "other.example:1883"}}',

@@ -35,6 +35,7 @@ _DEFAULT_ADDRESSES = {
     "router": "127.0.0.1:7002",
     "metrics": "127.0.0.1:7006",
     "quota": "127.0.0.1:7005",
+    "rules": "127.0.0.1:7004",
 }
 
 
@@ -130,6 +131,10 @@ async def _session(c: SessionAdminClient, args: argparse.Namespace) -> object:
 
 async def _call(args: argparse.Namespace) -> object:
     token = _token(args)
+    if args.command == "rules":
+        from services.cli.rules import run_rules
+
+        return await run_rules(args, _address(args, "rules"), token)
     if args.command == "admin":
         tokens = TokenAdminClient(_address(args, "session"), token)
         try:
@@ -271,7 +276,7 @@ async def admin_command(args: argparse.Namespace) -> tuple[int, str]:
         return 2, f"starling {args.command}: {exc}"
     except ServiceError as exc:
         return 1, f"starling {args.command}: {exc.code.name}: {exc.details}"
-    except (OSError, ValueError) as exc:  # the ACL file: unreadable or not JSON
+    except (OSError, ValueError) as exc:  # an input file: unreadable or not JSON
         return 1, f"starling {args.command}: {exc}"
     return 0, to_json(reply)
 

@@ -168,7 +168,9 @@ class Launcher:
         write_private(
             conf,
             f'listen: "127.0.0.1:{comp.port}"\n'
-            f'jetstream {{ store_dir: "{store}" }}\n'
+            # sync_interval always: a stream's acknowledgement (the RULES stream's, which
+            # releases a PUBACK) means the message is on disk, not in the page cache.
+            f'jetstream {{ store_dir: "{store}", sync_interval: always }}\n'
             + nats_limits()
             + nats_authorization(self.secrets),
         )

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from services.cli.admin import add_admin_commands, run_admin
+from services.cli.rules import add_rules_commands
 
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
 
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     from analytics.cli import add_analytics_command
 
     add_analytics_command(sub)
+
+    add_rules_commands(sub)
     return parser
 
 

@@ -113,8 +113,20 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
         "subscribe": {"allow": ["_INBOX.>"]},
     },
     "rules": {
-        "publish": {"allow": ["$JS.API.>", "_INBOX.>"]},
-        "subscribe": {"allow": ["ev.>", "_INBOX.>"]},
+        # mq.>/mqd.>: republished messages to online subscribers; ctl.rules.>/svc.rules.>:
+        # rule changes, the nodes' filter requests and metrics among instances.
+        "publish": {
+            "allow": [
+                "$JS.API.>",
+                "$JS.ACK.>",
+                "_INBOX.>",
+                "mq.>",
+                "mqd.>",
+                "ctl.rules.>",
+                "svc.rules.>",
+            ]
+        },
+        "subscribe": {"allow": ["ev.>", "_INBOX.>", "ctl.rules.>", "svc.rules.>"]},
     },
     "operator": {},  # no restriction: tools and tests
 }
@@ -212,7 +224,8 @@ def write_secret_files(out: Path, s: MeshSecrets, nats_listen: str = "0.0.0.0:42
         "starling_mesh_secret": s.mesh_secret,
         "starling_redis_password": s.redis_password,
         **{f"starling_nats_{user}_password": pw for user, pw in s.nats.items()},
-        "nats.conf": f'listen: "{nats_listen}"\njetstream {{ store_dir: "/data" }}\n'
+        "nats.conf": f'listen: "{nats_listen}"\n'
+        + 'jetstream { store_dir: "/data", sync_interval: always }\n'
         + nats_limits()
         + nats_authorization(s),
     }

@@ -158,6 +158,14 @@ class ConnectionSettings(ServiceSettings):
         "it, or after this window (plus 10%) at most. Below 4 s (twice the 2 s state "
         "period); 0: every message goes on NATS.",
     )
+    rule_filters_resync_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How often the node asks the rules service for every tenant's rule "
+        "filters again (changes also arrive as they happen): a change the node missed, or a "
+        "node started while no rules instance answered, is caught up within this period "
+        "(docs/rules.md, Guarantees).",
+    )
     route_copy_max_subscriptions: int = Field(
         default=100_000,
         ge=0,

@@ -4,7 +4,9 @@ For each message, in order: a `$delayed/` publish goes only to the router (it pu
 due); every other one joins the NATS batch of its subject (for other nodes), is delivered to
 this node's own subscribers straight from the trie (one hop: the NATS connection is
 `no_echo`, so it never comes back here), and, at QoS >= 1 or retained, goes to the router,
-whose answer releases the publisher's PUBACK/PUBREC (`RoutingPipeline`).
+whose answer releases the publisher's PUBACK/PUBREC (`RoutingPipeline`). A QoS 0 message
+some rule of its tenant reads goes to the RULES stream without waiting (`rules`; QoS >= 1 ones
+go there from the routing pipeline, services/connection/rules_tap.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from services.connection.mesh import MeshPublisher, MessageIds
 from services.connection.routing import RoutingPipeline
 from services.connection.stats import NodeStats
 from services.connection.subscriptions import NodeSubscriptions
+from services.rules.client import RuleFeed
 from starling.common.v1.message_pb2 import RoutedMessage
 
 tracer = trace.get_tracer("starling.connection")
@@ -42,6 +45,7 @@ class Ingress:
         ids: MessageIds,
         tracing: bool,
         interest: MeshInterest | None = None,
+        rules: RuleFeed | None = None,
     ) -> None:
         self._node_id = node_id
         self._subs = subs
@@ -53,6 +57,7 @@ class Ingress:
         self._ids = ids
         self._tracing = tracing
         self._interest = interest
+        self._rules = rules
 
     def publish(self, msgs: list[Message], conn: Conn | None = None) -> None:
         """Messages of one tenant, in the order the client sent them (`conn` None: a will)."""
@@ -83,6 +88,8 @@ class Ingress:
                 env = to_envelope(msg, node_id, msg.message_id or self._ids.next())
             if self._tracing and env is not None:
                 msg = self._start_trace(msg, env)
+            if not msg.qos and self._rules is not None and self._rules.wanted(tenant, msg.topic):
+                self._rules.offer(env or to_envelope(msg, node_id, self._ids.next()))
             if trie is not None:
                 if msg.topic != last_topic:
                     last_topic = msg.topic

@@ -21,12 +21,14 @@ from services.connection.listener import TcpKeepalive, server_ssl_context, start
 from services.connection.node import Node
 from services.connection.quota import NodeQuota
 from services.connection.replica import CopyRouter, RouteCopies
+from services.connection.rules_tap import RulesRouter
 from services.connection.stats import register_metrics, report_stats
 from services.metrics.client import MetricsClient
 from services.queue.client import QueueClient
 from services.quota.client import QuotaClient
 from services.quota.watch import BanWatch
 from services.router.client import RouterClient
+from services.rules.client import RuleFeed
 from services.session.client import SessionClient
 from starling.connection.v1 import connection_pb2 as pb
 from starling.connection.v1 import connection_pb2_grpc as pb_grpc
@@ -68,6 +70,8 @@ class ConnectionService:
         self._reporter: asyncio.Task[None] | None = None
         self._copies: RouteCopies | None = None
         self._bans: BanWatch | None = None
+
+        self._rule_feed: RuleFeed | None = None
         self.ports: dict[str, int] = {}
         self._stopping = False
         # Set when the node can no longer carry traffic (health turns NOT_SERVING); made in
@@ -106,6 +110,10 @@ class ConnectionService:
                 s.quota_unavailable,
                 s.quota_lease_slices,
             )
+
+        # Which messages the rules read, known before the first client connects.
+        self._rule_feed = feed = RuleFeed(nc, s.rule_filters_resync_s)
+        await feed.start()
         self.node = node = Node(
             channel_config(s),
             nc,
@@ -115,9 +123,10 @@ class ConnectionService:
             router=router,
             queue=queue,
             max_connections_per_ip=s.max_connections_per_ip,
-            publish_router=CopyRouter(router, queue, self._copies),
+            publish_router=RulesRouter(CopyRouter(router, queue, self._copies), feed),
             mesh_interest_window_s=s.mesh_interest_window_s,
             quota=quota,
+            rule_feed=feed,
         )
         node.refusals = refusals
         await node.start()
@@ -192,6 +201,8 @@ class ConnectionService:
             await runner.cleanup()
         if self._copies is not None:
             await self._copies.stop()
+        if self._rule_feed is not None:
+            await self._rule_feed.stop()
         if self.node is not None:
             for nc in {self.node.nc, self.node.nc_shared}:
                 if not nc.is_closed:

@@ -72,6 +72,7 @@ from services.connection.wills import Wills
 from services.connection.writes import WriteBatcher
 from services.queue.client import QueueClient
 from services.router.client import RouterClient, RouteResult
+from services.rules.client import RuleFeed
 from services.session.client import SessionClient
 
 log = logging.getLogger("starling.connection")
@@ -103,11 +104,14 @@ class Node:
         publish_router: Router | None = None,
         mesh_interest_window_s: float = 0.0,
         quota: NodeQuota | None = None,
+        rule_feed: RuleFeed | None = None,
     ) -> None:
         """`publish_router`: what QoS>=1 publishes are routed by (services/connection/
         replica.py's CopyRouter); `router` by default. `quota`: the tenants' rate budgets
-        (None: no rate limits)."""
+        (None: no rate limits). `rule_feed`: where QoS 0 messages the rules read go (QoS>=1
+        ones go through `publish_router`, services/connection/rules_tap.py)."""
         self.config = config
+        self.rule_feed = rule_feed
         self.node_id = config.node_id
         self.nc = nc  # connected with no_echo: our own mesh publishes never come back
         self.nc_shared = nc_shared or nc  # queue groups, so NATS picks among our members too
@@ -194,6 +198,7 @@ class Node:
             self.ids,
             tracing,
             self.interest,
+            self.rule_feed,
         )
 
     # ---- life cycle ---------------------------------------------------------------------

@@ -43,6 +43,20 @@ def node_hello(node_id: str) -> str:
     return f"hello.node.{escape_token(node_id)}"
 
 
+# Rules (services/rules): the durable stream nodes feed with the messages of tenants that have
+# rules (`rl.<tenant>`), the rule filters every node holds (request: all tenants' snapshot;
+# push: one tenant's full set after a change, also heard by every rules instance).
+RULES_STREAM = "RULES"
+RULES_WILDCARD = "rl.>"
+RULE_FILTERS_REQUEST = "svc.rules.filters"
+RULE_FILTERS_CHANGED = "ctl.rules.filters"
+
+
+def rules_stream(tenant: str) -> str:
+    """`rl.<tenant>`: a tenant's messages for its rules, on the RULES stream."""
+    return f"rl.{escape_token(tenant)}"
+
+
 ROUTE_LISTING = "rt.list"  # request: tenant name; every node replies with its filters
 ROUTE_CHANGES = "rt.routes.*"  # every tenant's RouteChange events
 # Mesh interest per tenant (services/connection/interest.py): announcements, full states and

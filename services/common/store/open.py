@@ -10,6 +10,7 @@ from services.common.store.ports import (
     AuthStore,
     QueueStore,
     RouterStore,
+    RuleStore,
 )
 
 
@@ -72,3 +73,13 @@ def open_token_store(s: ServiceSettings) -> AdminTokenStore:
     from services.common.store.sqlite_tokens import SqliteTokenStore
 
     return SqliteTokenStore(s.data_dir / "admin_tokens.db")
+
+
+def open_rule_store(s: ServiceSettings) -> RuleStore:
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra_rules import CassandraRuleStore
+
+        return CassandraRuleStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite_rules import SqliteRuleStore
+
+    return SqliteRuleStore(s.data_dir / "rules.db")

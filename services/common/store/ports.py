@@ -319,3 +319,33 @@ class RouterStore(Protocol):
     async def all_delayed(self) -> list[DelayedRecord]: ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuleRecord:
+    """A tenant's rule as stored (issue 17): its SQL and actions, compiled by each rules
+    service instance that loads it. `actions_json` is a JSON list of {"kind", "params"}."""
+
+    tenant: str
+    rule_id: str
+    sql: str
+    actions_json: str
+    enabled: bool
+    created_at_ms: int
+    updated_at_ms: int
+    description: str = ""
+
+
+class RuleStore(Protocol):
+    """Rules per tenant, kept by the rules service."""
+
+    async def put_rule(self, record: RuleRecord) -> None: ...
+
+    async def get_rule(self, tenant: str, rule_id: str) -> RuleRecord | None: ...
+
+    async def list_rules(self, tenant: str | None = None) -> list[RuleRecord]:
+        """Every rule, or those of `tenant`, ordered by (tenant, rule_id)."""
+
+    async def delete_rule(self, tenant: str, rule_id: str) -> bool: ...
+
+    async def close(self) -> None: ...

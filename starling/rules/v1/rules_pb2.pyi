@@ -27,11 +27,17 @@ class Rule(_message.Message):
     SQL_FIELD_NUMBER: _builtins.int
     ACTIONS_FIELD_NUMBER: _builtins.int
     ENABLED_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_MS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     rule_id: _builtins.str
     sql: _builtins.str
     """SELECT ... FROM "t/#" WHERE ..."""
     enabled: _builtins.bool
+    description: _builtins.str
+    created_at_ms: _builtins.int
+    updated_at_ms: _builtins.int
     @_builtins.property
     def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Action]: ...
     def __init__(
@@ -42,10 +48,13 @@ class Rule(_message.Message):
         sql: _builtins.str = ...,
         actions: _abc.Iterable[Global___Action] | None = ...,
         enabled: _builtins.bool = ...,
+        description: _builtins.str = ...,
+        created_at_ms: _builtins.int = ...,
+        updated_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "enabled", b"enabled", "rule_id", b"rule_id", "sql", b"sql", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "created_at_ms", b"created_at_ms", "description", b"description", "enabled", b"enabled", "rule_id", b"rule_id", "sql", b"sql", "tenant", b"tenant", "updated_at_ms", b"updated_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -78,7 +87,7 @@ class Action(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """"republish", "http", "mqtt_bridge", "nats", "redis", "kafka", "rabbitmq", "store" """
+    """"republish", "http", "mqtt_bridge", "nats", "redis", "kafka", "rabbitmq" """
     @_builtins.property
     def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -94,6 +103,76 @@ class Action(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Action: _TypeAlias = Action  # noqa: Y015
+
+@_typing.final
+class ActionMetrics(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    SUCCESS_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    success: _builtins.int
+    failure: _builtins.int
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        success: _builtins.int = ...,
+        failure: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "kind", b"kind", "success", b"success"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActionMetrics: _TypeAlias = ActionMetrics  # noqa: Y015
+
+@_typing.final
+class RuleMetrics(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCHED_FIELD_NUMBER: _builtins.int
+    PASSED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    LATENCY_AVG_US_FIELD_NUMBER: _builtins.int
+    LATENCY_MAX_US_FIELD_NUMBER: _builtins.int
+    INSTANCES_FIELD_NUMBER: _builtins.int
+    matched: _builtins.int
+    """Messages whose topic matched FROM; of those, WHERE kept `passed`, and `failed` could not
+    be evaluated (a type error, a bound).
+    """
+    passed: _builtins.int
+    failed: _builtins.int
+    latency_avg_us: _builtins.float
+    """Evaluation time per matched message, microseconds."""
+    latency_max_us: _builtins.float
+    instances: _builtins.int
+    """Rules instances whose counters are summed here."""
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ActionMetrics]:
+        """Per action, in the rule's order: output batches delivered / dead-lettered."""
+
+    def __init__(
+        self,
+        *,
+        matched: _builtins.int = ...,
+        passed: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        actions: _abc.Iterable[Global___ActionMetrics] | None = ...,
+        latency_avg_us: _builtins.float = ...,
+        latency_max_us: _builtins.float = ...,
+        instances: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "failed", b"failed", "instances", b"instances", "latency_avg_us", b"latency_avg_us", "latency_max_us", b"latency_max_us", "matched", b"matched", "passed", b"passed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuleMetrics: _TypeAlias = RuleMetrics  # noqa: Y015
 
 @_typing.final
 class CreateRuleRequest(_message.Message):
@@ -214,3 +293,459 @@ class ListRulesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRulesResponse: _TypeAlias = ListRulesResponse  # noqa: Y015
+
+@_typing.final
+class GetRuleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RULE_ID_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    rule_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        rule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule_id", b"rule_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRuleRequest: _TypeAlias = GetRuleRequest  # noqa: Y015
+
+@_typing.final
+class GetRuleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rule(self) -> Global___Rule: ...
+    @_builtins.property
+    def metrics(self) -> Global___RuleMetrics: ...
+    def __init__(
+        self,
+        *,
+        rule: Global___Rule | None = ...,
+        metrics: Global___RuleMetrics | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRuleResponse: _TypeAlias = GetRuleResponse  # noqa: Y015
+
+@_typing.final
+class SetRuleEnabledRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RULE_ID_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    rule_id: _builtins.str
+    enabled: _builtins.bool
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        rule_id: _builtins.str = ...,
+        enabled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "rule_id", b"rule_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRuleEnabledRequest: _TypeAlias = SetRuleEnabledRequest  # noqa: Y015
+
+@_typing.final
+class SetRuleEnabledResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rule(self) -> Global___Rule: ...
+    def __init__(
+        self,
+        *,
+        rule: Global___Rule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRuleEnabledResponse: _TypeAlias = SetRuleEnabledResponse  # noqa: Y015
+
+@_typing.final
+class SampleMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class UserPropertiesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    RETAIN_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
+    USER_PROPERTIES_FIELD_NUMBER: _builtins.int
+    PUBLISHED_AT_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    payload: _builtins.bytes
+    qos: _builtins.int
+    retain: _builtins.bool
+    client_id: _builtins.str
+    username: _builtins.str
+    published_at_ms: _builtins.int
+    @_builtins.property
+    def user_properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        payload: _builtins.bytes = ...,
+        qos: _builtins.int = ...,
+        retain: _builtins.bool = ...,
+        client_id: _builtins.str = ...,
+        username: _builtins.str = ...,
+        user_properties: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        published_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "payload", b"payload", "published_at_ms", b"published_at_ms", "qos", b"qos", "retain", b"retain", "topic", b"topic", "user_properties", b"user_properties", "username", b"username"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SampleMessage: _TypeAlias = SampleMessage  # noqa: Y015
+
+@_typing.final
+class TestRuleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RULE_ID_FIELD_NUMBER: _builtins.int
+    SQL_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    rule_id: _builtins.str
+    """A stored rule, or ad-hoc SQL when rule_id is empty."""
+    sql: _builtins.str
+    @_builtins.property
+    def message(self) -> Global___SampleMessage: ...
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        rule_id: _builtins.str = ...,
+        sql: _builtins.str = ...,
+        message: Global___SampleMessage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "rule_id", b"rule_id", "sql", b"sql", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TestRuleRequest: _TypeAlias = TestRuleRequest  # noqa: Y015
+
+@_typing.final
+class TestRuleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCHED_FIELD_NUMBER: _builtins.int
+    PASSED_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    matched: _builtins.bool
+    """Whether a FROM filter matches the sample's topic."""
+    passed: _builtins.bool
+    """Whether WHERE kept it."""
+    output: _builtins.bytes
+    """The output payload the actions would get (JSON of the columns, or the raw payload)."""
+    error: _builtins.str
+    """Why evaluation failed ("" when it did not)."""
+    def __init__(
+        self,
+        *,
+        matched: _builtins.bool = ...,
+        passed: _builtins.bool = ...,
+        output: _builtins.bytes = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "matched", b"matched", "output", b"output", "passed", b"passed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TestRuleResponse: _TypeAlias = TestRuleResponse  # noqa: Y015
+
+@_typing.final
+class TenantFilters(_message.Message):
+    """Internal: what every connection node needs to send a tenant's messages to the RULES
+    stream (docs/rules.md "Guarantees"); kept in the RULE_FILTERS key-value bucket.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    FILTERS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    @_builtins.property
+    def filters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        filters: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filters", b"filters", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantFilters: _TypeAlias = TenantFilters  # noqa: Y015
+
+@_typing.final
+class FilterSnapshot(_message.Message):
+    """Internal: every tenant's filters, the answer to a node's `svc.rules.filters` request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantFilters]: ...
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[Global___TenantFilters] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FilterSnapshot: _TypeAlias = FilterSnapshot  # noqa: Y015
+
+@_typing.final
+class DeadLetter(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    FAILED_AT_MS_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    action: _builtins.str
+    """The index of the rule's action that failed ("0", "1", ...)."""
+    topic: _builtins.str
+    payload: _builtins.bytes
+    message_id: _builtins.str
+    error: _builtins.str
+    attempts: _builtins.int
+    failed_at_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        action: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        payload: _builtins.bytes = ...,
+        message_id: _builtins.str = ...,
+        error: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        failed_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempts", b"attempts", "error", b"error", "failed_at_ms", b"failed_at_ms", "id", b"id", "message_id", b"message_id", "payload", b"payload", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeadLetter: _TypeAlias = DeadLetter  # noqa: Y015
+
+@_typing.final
+class ListDeadLettersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RULE_ID_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    rule_id: _builtins.str
+    after_id: _builtins.int
+    """Letters with a larger id than this (paging); 0: from the oldest."""
+    limit: _builtins.int
+    """At most this many (0: 100; at most 1000)."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        rule_id: _builtins.str = ...,
+        after_id: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "limit", b"limit", "rule_id", b"rule_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDeadLettersRequest: _TypeAlias = ListDeadLettersRequest  # noqa: Y015
+
+@_typing.final
+class ListDeadLettersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LETTERS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    """The rule's letters and their bytes on the answering instance."""
+    bytes: _builtins.int
+    @_builtins.property
+    def letters(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeadLetter]: ...
+    def __init__(
+        self,
+        *,
+        letters: _abc.Iterable[Global___DeadLetter] | None = ...,
+        count: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "count", b"count", "letters", b"letters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDeadLettersResponse: _TypeAlias = ListDeadLettersResponse  # noqa: Y015
+
+@_typing.final
+class ReplayDeadLettersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RULE_ID_FIELD_NUMBER: _builtins.int
+    IDS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    rule_id: _builtins.str
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Empty: every letter of the rule."""
+
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        rule_id: _builtins.str = ...,
+        ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids", "rule_id", b"rule_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayDeadLettersRequest: _TypeAlias = ReplayDeadLettersRequest  # noqa: Y015
+
+@_typing.final
+class ReplayDeadLettersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
+    delivered: _builtins.int
+    failed: _builtins.int
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        delivered: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        errors: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered", b"delivered", "errors", b"errors", "failed", b"failed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayDeadLettersResponse: _TypeAlias = ReplayDeadLettersResponse  # noqa: Y015
+
+@_typing.final
+class PurgeDeadLettersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RULE_ID_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    rule_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        rule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule_id", b"rule_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PurgeDeadLettersRequest: _TypeAlias = PurgeDeadLettersRequest  # noqa: Y015
+
+@_typing.final
+class PurgeDeadLettersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PURGED_FIELD_NUMBER: _builtins.int
+    purged: _builtins.int
+    def __init__(
+        self,
+        *,
+        purged: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["purged", b"purged"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PurgeDeadLettersResponse: _TypeAlias = PurgeDeadLettersResponse  # noqa: Y015

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class RulesAdminServiceStub:
-    """Admin API of the rule engine.
+    """Admin API of the rule engine (docs/rules.md). Every request names its tenant: a tenant
+    admin token may only name its own.
     """
 
     def __init__(self, channel):
@@ -50,14 +51,47 @@ class RulesAdminServiceStub:
                 request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListRulesRequest.SerializeToString,
                 response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListRulesResponse.FromString,
                 _registered_method=True)
+        self.GetRule = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/GetRule',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.GetRuleRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.GetRuleResponse.FromString,
+                _registered_method=True)
+        self.SetRuleEnabled = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/SetRuleEnabled',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.SetRuleEnabledRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.SetRuleEnabledResponse.FromString,
+                _registered_method=True)
+        self.TestRule = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/TestRule',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleResponse.FromString,
+                _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/ListDeadLetters',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.ReplayDeadLetters = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/ReplayDeadLetters',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.PurgeDeadLetters = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/PurgeDeadLetters',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.FromString,
+                _registered_method=True)
 
 
 class RulesAdminServiceServicer:
-    """Admin API of the rule engine.
+    """Admin API of the rule engine (docs/rules.md). Every request names its tenant: a tenant
+    admin token may only name its own.
     """
 
     def CreateRule(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Validates the SQL and the actions; INVALID_ARGUMENT with "sql: line L, column C: ..."
+        for a bad rule, ALREADY_EXISTS for a taken id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -69,6 +103,50 @@ class RulesAdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListRules(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRule(self, request, context):
+        """The rule with its metrics summed over every rules instance that answered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRuleEnabled(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TestRule(self, request, context):
+        """Runs a rule's SQL (a stored rule's, or `sql`) against a sample message; no action runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDeadLetters(self, request, context):
+        """A rule's dead letters (outputs its actions failed to deliver after their retries), oldest
+        first, on the instance that answers (each instance keeps its own unless the store is
+        Cassandra).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplayDeadLetters(self, request, context):
+        """Hands dead letters (`ids`, or all) back to the rule's current actions; a letter leaves
+        the store once its action accepted it. FAILED_PRECONDITION when the rule is not installed
+        (disabled) on the answering instance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeDeadLetters(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -92,6 +170,36 @@ def add_RulesAdminServiceServicer_to_server(servicer, server):
                     request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListRulesRequest.FromString,
                     response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListRulesResponse.SerializeToString,
             ),
+            'GetRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRule,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.GetRuleRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.GetRuleResponse.SerializeToString,
+            ),
+            'SetRuleEnabled': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRuleEnabled,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.SetRuleEnabledRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.SetRuleEnabledResponse.SerializeToString,
+            ),
+            'TestRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.TestRule,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleResponse.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'ReplayDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayDeadLetters,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersResponse.SerializeToString,
+            ),
+            'PurgeDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeDeadLetters,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'starling.rules.v1.RulesAdminService', rpc_method_handlers)
@@ -101,7 +209,8 @@ def add_RulesAdminServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RulesAdminService:
-    """Admin API of the rule engine.
+    """Admin API of the rule engine (docs/rules.md). Every request names its tenant: a tenant
+    admin token may only name its own.
     """
 
     @staticmethod
@@ -175,6 +284,168 @@ class RulesAdminService:
             '/starling.rules.v1.RulesAdminService/ListRules',
             starling_dot_rules_dot_v1_dot_rules__pb2.ListRulesRequest.SerializeToString,
             starling_dot_rules_dot_v1_dot_rules__pb2.ListRulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/GetRule',
+            starling_dot_rules_dot_v1_dot_rules__pb2.GetRuleRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.GetRuleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRuleEnabled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/SetRuleEnabled',
+            starling_dot_rules_dot_v1_dot_rules__pb2.SetRuleEnabledRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.SetRuleEnabledResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TestRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/TestRule',
+            starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.TestRuleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/ListDeadLetters',
+            starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/ReplayDeadLetters',
+            starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.ReplayDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/PurgeDeadLetters',
+            starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

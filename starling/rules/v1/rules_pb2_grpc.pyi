@@ -27,34 +27,81 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class RulesAdminServiceStub:
-    """Admin API of the rule engine."""
+    """Admin API of the rule engine (docs/rules.md). Every request names its tenant: a tenant
+    admin token may only name its own.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RulesAdminServiceAsyncStub: ...
     CreateRule: _grpc.UnaryUnaryMultiCallable[_rules_pb2.CreateRuleRequest, _rules_pb2.CreateRuleResponse]
+    """Validates the SQL and the actions; INVALID_ARGUMENT with "sql: line L, column C: ..."
+    for a bad rule, ALREADY_EXISTS for a taken id.
+    """
     DeleteRule: _grpc.UnaryUnaryMultiCallable[_rules_pb2.DeleteRuleRequest, _rules_pb2.DeleteRuleResponse]
     ListRules: _grpc.UnaryUnaryMultiCallable[_rules_pb2.ListRulesRequest, _rules_pb2.ListRulesResponse]
+    GetRule: _grpc.UnaryUnaryMultiCallable[_rules_pb2.GetRuleRequest, _rules_pb2.GetRuleResponse]
+    """The rule with its metrics summed over every rules instance that answered."""
+    SetRuleEnabled: _grpc.UnaryUnaryMultiCallable[_rules_pb2.SetRuleEnabledRequest, _rules_pb2.SetRuleEnabledResponse]
+    TestRule: _grpc.UnaryUnaryMultiCallable[_rules_pb2.TestRuleRequest, _rules_pb2.TestRuleResponse]
+    """Runs a rule's SQL (a stored rule's, or `sql`) against a sample message; no action runs."""
+    ListDeadLetters: _grpc.UnaryUnaryMultiCallable[_rules_pb2.ListDeadLettersRequest, _rules_pb2.ListDeadLettersResponse]
+    """A rule's dead letters (outputs its actions failed to deliver after their retries), oldest
+    first, on the instance that answers (each instance keeps its own unless the store is
+    Cassandra).
+    """
+    ReplayDeadLetters: _grpc.UnaryUnaryMultiCallable[_rules_pb2.ReplayDeadLettersRequest, _rules_pb2.ReplayDeadLettersResponse]
+    """Hands dead letters (`ids`, or all) back to the rule's current actions; a letter leaves
+    the store once its action accepted it. FAILED_PRECONDITION when the rule is not installed
+    (disabled) on the answering instance.
+    """
+    PurgeDeadLetters: _grpc.UnaryUnaryMultiCallable[_rules_pb2.PurgeDeadLettersRequest, _rules_pb2.PurgeDeadLettersResponse]
 
 @_typing.type_check_only
 class RulesAdminServiceAsyncStub(RulesAdminServiceStub):
-    """Admin API of the rule engine."""
+    """Admin API of the rule engine (docs/rules.md). Every request names its tenant: a tenant
+    admin token may only name its own.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateRule: _aio.UnaryUnaryMultiCallable[_rules_pb2.CreateRuleRequest, _rules_pb2.CreateRuleResponse]  # type: ignore[assignment]
+    """Validates the SQL and the actions; INVALID_ARGUMENT with "sql: line L, column C: ..."
+    for a bad rule, ALREADY_EXISTS for a taken id.
+    """
     DeleteRule: _aio.UnaryUnaryMultiCallable[_rules_pb2.DeleteRuleRequest, _rules_pb2.DeleteRuleResponse]  # type: ignore[assignment]
     ListRules: _aio.UnaryUnaryMultiCallable[_rules_pb2.ListRulesRequest, _rules_pb2.ListRulesResponse]  # type: ignore[assignment]
+    GetRule: _aio.UnaryUnaryMultiCallable[_rules_pb2.GetRuleRequest, _rules_pb2.GetRuleResponse]  # type: ignore[assignment]
+    """The rule with its metrics summed over every rules instance that answered."""
+    SetRuleEnabled: _aio.UnaryUnaryMultiCallable[_rules_pb2.SetRuleEnabledRequest, _rules_pb2.SetRuleEnabledResponse]  # type: ignore[assignment]
+    TestRule: _aio.UnaryUnaryMultiCallable[_rules_pb2.TestRuleRequest, _rules_pb2.TestRuleResponse]  # type: ignore[assignment]
+    """Runs a rule's SQL (a stored rule's, or `sql`) against a sample message; no action runs."""
+    ListDeadLetters: _aio.UnaryUnaryMultiCallable[_rules_pb2.ListDeadLettersRequest, _rules_pb2.ListDeadLettersResponse]  # type: ignore[assignment]
+    """A rule's dead letters (outputs its actions failed to deliver after their retries), oldest
+    first, on the instance that answers (each instance keeps its own unless the store is
+    Cassandra).
+    """
+    ReplayDeadLetters: _aio.UnaryUnaryMultiCallable[_rules_pb2.ReplayDeadLettersRequest, _rules_pb2.ReplayDeadLettersResponse]  # type: ignore[assignment]
+    """Hands dead letters (`ids`, or all) back to the rule's current actions; a letter leaves
+    the store once its action accepted it. FAILED_PRECONDITION when the rule is not installed
+    (disabled) on the answering instance.
+    """
+    PurgeDeadLetters: _aio.UnaryUnaryMultiCallable[_rules_pb2.PurgeDeadLettersRequest, _rules_pb2.PurgeDeadLettersResponse]  # type: ignore[assignment]
 
 class RulesAdminServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Admin API of the rule engine."""
+    """Admin API of the rule engine (docs/rules.md). Every request names its tenant: a tenant
+    admin token may only name its own.
+    """
 
     @_abc_1.abstractmethod
     def CreateRule(
         self,
         request: _rules_pb2.CreateRuleRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_rules_pb2.CreateRuleResponse, _abc.Awaitable[_rules_pb2.CreateRuleResponse]]: ...
+    ) -> _typing.Union[_rules_pb2.CreateRuleResponse, _abc.Awaitable[_rules_pb2.CreateRuleResponse]]:
+        """Validates the SQL and the actions; INVALID_ARGUMENT with "sql: line L, column C: ..."
+        for a bad rule, ALREADY_EXISTS for a taken id.
+        """
 
     @_abc_1.abstractmethod
     def DeleteRule(
@@ -69,5 +116,57 @@ class RulesAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _rules_pb2.ListRulesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_rules_pb2.ListRulesResponse, _abc.Awaitable[_rules_pb2.ListRulesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetRule(
+        self,
+        request: _rules_pb2.GetRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.GetRuleResponse, _abc.Awaitable[_rules_pb2.GetRuleResponse]]:
+        """The rule with its metrics summed over every rules instance that answered."""
+
+    @_abc_1.abstractmethod
+    def SetRuleEnabled(
+        self,
+        request: _rules_pb2.SetRuleEnabledRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.SetRuleEnabledResponse, _abc.Awaitable[_rules_pb2.SetRuleEnabledResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TestRule(
+        self,
+        request: _rules_pb2.TestRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.TestRuleResponse, _abc.Awaitable[_rules_pb2.TestRuleResponse]]:
+        """Runs a rule's SQL (a stored rule's, or `sql`) against a sample message; no action runs."""
+
+    @_abc_1.abstractmethod
+    def ListDeadLetters(
+        self,
+        request: _rules_pb2.ListDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.ListDeadLettersResponse, _abc.Awaitable[_rules_pb2.ListDeadLettersResponse]]:
+        """A rule's dead letters (outputs its actions failed to deliver after their retries), oldest
+        first, on the instance that answers (each instance keeps its own unless the store is
+        Cassandra).
+        """
+
+    @_abc_1.abstractmethod
+    def ReplayDeadLetters(
+        self,
+        request: _rules_pb2.ReplayDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.ReplayDeadLettersResponse, _abc.Awaitable[_rules_pb2.ReplayDeadLettersResponse]]:
+        """Hands dead letters (`ids`, or all) back to the rule's current actions; a letter leaves
+        the store once its action accepted it. FAILED_PRECONDITION when the rule is not installed
+        (disabled) on the answering instance.
+        """
+
+    @_abc_1.abstractmethod
+    def PurgeDeadLetters(
+        self,
+        request: _rules_pb2.PurgeDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.PurgeDeadLettersResponse, _abc.Awaitable[_rules_pb2.PurgeDeadLettersResponse]]: ...
 
 def add_RulesAdminServiceServicer_to_server(servicer: RulesAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

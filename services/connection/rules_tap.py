@@ -1,0 +1,36 @@
+"""The node's hand-off to the rules engine (issue 17): a stand-in for the router of QoS>=1
+publishes that also stores, concurrently, each message some rule of its tenant reads in the
+durable RULES stream (services/rules/client.py), so the publisher's PUBACK/PUBREC waits for
+both. A message the stream did not acknowledge comes back as TRY_LATER: the routing pipeline
+retries it with the same message id, which the router, the queues and the stream all
+de-duplicate on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from services.connection.routing import Router
+from services.router.client import RouteResult
+from services.rules.client import RuleFeed
+from starling.common.v1.message_pb2 import RoutedMessage
+
+
+class RulesRouter:
+    def __init__(self, inner: Router, feed: RuleFeed) -> None:
+        self._inner = inner
+        self._feed = feed
+
+    async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
+        wanted = self._feed.wanted
+        picked = [i for i, m in enumerate(messages) if wanted(m.tenant, m.topic)]
+        if not picked:
+            return await self._inner.route(messages)
+        routed, stored = await asyncio.gather(
+            self._inner.route(messages), self._feed.store([messages[i] for i in picked])
+        )
+        results = list(routed)
+        for i, ok in zip(picked, stored, strict=True):
+            if not ok:
+                results[i] = RouteResult.TRY_LATER
+        return results

@@ -1,0 +1,119 @@
+"""What a connection node uses of the rules service: which topics of which tenants the rules
+read (`RuleFeed.wanted`), and the RULES stream those messages go to (`RuleFeed.store` waits
+for the stream's acknowledgement, `RuleFeed.offer` does not).
+
+Theory of operation: the filters come as a snapshot of every tenant at start (request on
+`svc.rules.filters`, answered by any rules instance), then as one tenant's full set after each
+change (`ctl.rules.filters`), and again as a snapshot every `resync_s` (a push lost while the
+node was disconnected, or two changes racing, heal there). A message is stored with its
+message id as `Nats-Msg-Id`: a node retrying a batch after a lost answer does not store it
+twice (the stream's duplicate window)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.errors import NoStreamResponseError
+
+from services.common.bus import subjects
+from services.common.topics.trie import TopicTrie
+from starling.common.v1.message_pb2 import RoutedMessage
+from starling.rules.v1 import rules_pb2 as pb
+
+log = logging.getLogger("starling.rules.client")
+
+
+class RuleFeed:
+    def __init__(self, nc: Client, resync_s: float = 30.0, ack_timeout_s: float = 5.0) -> None:
+        self._nc = nc
+        self._js = nc.jetstream(timeout=ack_timeout_s)
+        self._resync_s = resync_s
+        self._tries: dict[str, TopicTrie[str, None]] = {}
+        self._sub: Subscription | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[object]] = set()
+
+    # ---- filters ------------------------------------------------------------------------
+
+    def wanted(self, tenant: str, topic: str) -> bool:
+        """Whether any rule of `tenant` reads `topic`."""
+        trie = self._tries.get(tenant)
+        return trie is not None and bool(trie.match(topic))
+
+    def set_filters(self, tenant: str, filters: Sequence[str]) -> None:
+        if not filters:
+            self._tries.pop(tenant, None)
+            return
+        trie: TopicTrie[str, None] = TopicTrie()
+        for f in filters:
+            trie.add(f, f, None)
+        self._tries[tenant] = trie
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(subjects.RULE_FILTERS_CHANGED, cb=self._on_change)
+        await self.resync()
+        self._task = asyncio.create_task(self._resync_loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    async def resync(self) -> bool:
+        """Replace every tenant's filters with a rules instance's snapshot; False when none
+        answered (no rules service: the node keeps what it had)."""
+        try:
+            reply = await self._nc.request(subjects.RULE_FILTERS_REQUEST, b"", timeout=2.0)
+        except Exception as exc:  # no rules instance running, or slow: try again later
+            log.info("rule_filters_unavailable", extra={"error": type(exc).__name__})
+            return False
+        snap = pb.FilterSnapshot.FromString(reply.data)
+        self._tries = {}
+        for t in snap.tenants:
+            self.set_filters(t.tenant, t.filters)
+        return True
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._resync_s)
+            await self.resync()
+
+    async def _on_change(self, msg: Msg) -> None:
+        t = pb.TenantFilters.FromString(msg.data)
+        self.set_filters(t.tenant, t.filters)
+
+    # ---- the stream ---------------------------------------------------------------------
+
+    async def store(self, envs: Sequence[RoutedMessage]) -> list[bool]:
+        """Store each message in the RULES stream; True where the stream acknowledged it."""
+        results = await asyncio.gather(*(self._store_one(e) for e in envs))
+        return list(results)
+
+    async def _store_one(self, env: RoutedMessage) -> bool:
+        try:
+            await self._js.publish(
+                subjects.rules_stream(env.tenant),
+                env.SerializeToString(),
+                headers={"Nats-Msg-Id": env.message_id} if env.message_id else None,
+            )
+            return True
+        except NoStreamResponseError:
+            log.warning("rules_stream_missing")
+            return False
+        except Exception as exc:
+            log.warning("rules_stream_store_failed", extra={"error": type(exc).__name__})
+            return False
+
+    def offer(self, env: RoutedMessage) -> None:
+        """A QoS 0 message: into the stream without waiting for its acknowledgement."""
+        task = asyncio.ensure_future(
+            self._nc.publish(subjects.rules_stream(env.tenant), env.SerializeToString())
+        )
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)

@@ -1,0 +1,257 @@
+"""The rules engine through a running mesh: rules created through the admin API act on the
+messages clients publish (republish action), bad rules are refused with their position, and a
+rules instance SIGKILLed mid-stream loses nothing a publisher got PUBACK for."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterator
+
+import grpc
+import nats
+import pytest
+import redis
+
+from starling.rules.v1 import rules_pb2 as pb
+from starling.rules.v1 import rules_pb2_grpc as pb_grpc
+from tests.conftest import ADMIN_TOKEN, MeshInfo
+from tests.e2e.clients import Paho
+from tests.rules.webhook import Webhook
+
+MD = [("authorization", f"Bearer {ADMIN_TOKEN}")]
+TENANT = "open"  # anonymous in the test mesh
+
+
+@pytest.fixture
+def rules(mesh: MeshInfo) -> Iterator[pb_grpc.RulesAdminServiceStub]:
+    with grpc.insecure_channel(mesh.addr("rules")) as ch:
+        yield pb_grpc.RulesAdminServiceStub(ch)
+
+
+def create(stub: pb_grpc.RulesAdminServiceStub, sql: str, topic: str, qos: str = "1") -> str:
+    rule_id = f"r-{uuid.uuid4().hex[:8]}"
+    stub.CreateRule(
+        pb.CreateRuleRequest(
+            rule=pb.Rule(
+                tenant=TENANT,
+                rule_id=rule_id,
+                sql=sql,
+                enabled=True,
+                actions=[pb.Action(kind="republish", params={"topic": topic, "qos": qos})],
+            )
+        ),
+        metadata=MD,
+    )
+    return rule_id
+
+
+def client(mesh: MeshInfo, node: int = 0) -> Paho:
+    c = Paho(mesh.node(node), username=f"{TENANT}/dev-{uuid.uuid4().hex[:6]}")
+    c.connect()
+    return c
+
+
+def wait_until(cond: object, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_rule_with_republish_transforms_and_filters(
+    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    rid = create(
+        rules,
+        f'SELECT payload.temp AS t, clientid, topic[3] AS room FROM "sensors/{tag}/#" '
+        "WHERE payload.temp > 30",
+        f"alerts/{tag}/${{room}}",
+    )
+    sub = client(mesh, 1)
+    sub.subscribe(f"alerts/{tag}/#", qos=1)
+    pub = client(mesh, 0)
+    pub.publish(f"sensors/{tag}/kitchen", json.dumps({"temp": 20}), qos=1)  # filtered out
+    pub.publish(f"sensors/{tag}/kitchen", json.dumps({"temp": 35}), qos=1)
+    pub.publish(f"sensors/{tag}/hall", json.dumps({"temp": 31.5}), qos=0)
+    got = {m.topic: json.loads(m.payload) for m in sub.expect(2)}
+    assert got == {
+        f"alerts/{tag}/kitchen": {"t": 35, "clientid": pub.client_id, "room": "kitchen"},
+        f"alerts/{tag}/hall": {"t": 31.5, "clientid": pub.client_id, "room": "hall"},
+    }
+    sub.nothing()
+
+    def counted() -> bool:
+        m = rules.GetRule(pb.GetRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD).metrics
+        return m.matched == 3 and m.passed == 2 and m.actions[0].success == 2
+
+    wait_until(counted)
+    # Disabled: nothing more; the node stops feeding the stream once told.
+    rules.SetRuleEnabled(
+        pb.SetRuleEnabledRequest(tenant=TENANT, rule_id=rid, enabled=False), metadata=MD
+    )
+    pub.publish(f"sensors/{tag}/kitchen", json.dumps({"temp": 99}), qos=1)
+    sub.nothing()
+    listed = rules.ListRules(pb.ListRulesRequest(tenant=TENANT), metadata=MD).rules
+    assert [r.enabled for r in listed if r.rule_id == rid] == [False]
+    assert rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD).deleted
+    pub.close()
+    sub.close()
+
+
+def test_bad_rule_is_refused_with_its_position(rules: pb_grpc.RulesAdminServiceStub) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        create(rules, 'SELECT payload.t\nFROM "a/#"\nWHERE nope(payload.t) > 1', "x")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "line 3, column 7" in (err.value.details() or "")
+    with pytest.raises(grpc.RpcError) as err:
+        create(rules, 'SELECT topic FROM "a"', "bad/+/topic")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "actions[0]" in (err.value.details() or "")
+    with pytest.raises(grpc.RpcError) as err:
+        rules.ListRules(pb.ListRulesRequest(tenant=TENANT))  # no admin token
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_test_rule_runs_sql_against_a_sample(rules: pb_grpc.RulesAdminServiceStub) -> None:
+    out = rules.TestRule(
+        pb.TestRuleRequest(
+            tenant=TENANT,
+            sql='SELECT upper(payload.name) AS n FROM "a/+" WHERE qos = 1',
+            message=pb.SampleMessage(topic="a/b", payload=b'{"name": "x"}', qos=1),
+        ),
+        metadata=MD,
+    )
+    assert out.matched and out.passed and json.loads(out.output) == {"n": "X"}
+
+
+def stream_state(mesh: MeshInfo) -> str:
+    """The RULES stream's and its consumer's counts (for a failure's message)."""
+
+    async def read() -> str:
+        nc = await nats.connect(mesh.nats_url)
+        try:
+            js = nc.jetstream()
+            si = await js.stream_info("RULES")
+            ci = await js.consumer_info("RULES", "rules")
+            return (
+                f"stream msgs={si.state.messages} first={si.state.first_seq} "
+                f"last={si.state.last_seq}; consumer pending={ci.num_pending} "
+                f"ack_pending={ci.num_ack_pending} redelivered={ci.num_redelivered} "
+                f"delivered={ci.delivered.stream_seq} ack_floor={ci.ack_floor.stream_seq}"
+            )
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+@pytest.mark.timeout(180)
+def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
+    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub
+) -> None:
+    """10,000 QoS 1 messages through a rule into Redis Streams; the rules service is SIGKILLed
+    once a tenth arrived and restarted: every message that got its PUBACK arrives at least
+    once (counted by distinct payload, each a distinct number)."""
+    n = 10_000
+    tag = uuid.uuid4().hex[:6]
+    redis_port = mesh.mesh.by_name("redis").port
+    url = f"redis://:{mesh.launcher.secrets.redis_password}@127.0.0.1:{redis_port}/0"
+    stream_key = f"rules-sink-{tag}"
+    rid = f"r-{tag}"
+    rules.CreateRule(
+        pb.CreateRuleRequest(
+            rule=pb.Rule(
+                tenant=TENANT,
+                rule_id=rid,
+                sql=f'SELECT payload FROM "load/{tag}/#"',
+                enabled=True,
+                actions=[pb.Action(kind="redis", params={"url": url, "stream": stream_key})],
+            )
+        ),
+        metadata=MD,
+    )
+    r = redis.Redis.from_url(url)
+    pub = client(mesh, 0)
+    # The rule applies once the node heard of it (docs/rules.md, Known gaps): a probe that
+    # arrives shows it has; the guarantee is about what is published from then on.
+    # Probes (payload -1, maybe several) are left out of the count.
+
+    def probe_arrived() -> bool:
+        pub.c.publish(f"load/{tag}/probe", b"-1", qos=1)
+        return r.xlen(stream_key) > 0
+
+    wait_until(probe_arrived)
+
+    def arrived() -> set[int]:
+        return {int(f[b"payload"]) for _, f in r.xrange(stream_key)} - {-1}
+
+    # paho queues what exceeds its in-flight window: publishing goes on while this thread
+    # kills and restarts the rules service (restart from this thread: the child dies with
+    # the thread that spawned it, services/cli/launcher.py).
+    infos = [pub.c.publish(f"load/{tag}/x", str(i).encode(), qos=1) for i in range(n)]
+    wait_until(lambda: r.xlen(stream_key) > n // 10, 60)
+    mesh.launcher.kill("rules")
+    killed_at = len(arrived())
+    mesh.launcher.restart("rules")
+    for info in infos:
+        info.wait_for_publish(60)  # PUBACK: every one is promised
+    assert killed_at < n  # the kill happened mid-stream
+    try:
+        wait_until(lambda: len(arrived()) == n, 60)
+    except AssertionError:
+        got = arrived()
+        metrics = rules.GetRule(pb.GetRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
+        raise AssertionError(
+            f"{len(got)} of {n} arrived ({r.xlen(stream_key)} entries); "
+            f"first missing {sorted(set(range(n)) - got)[:10]}; "
+            f"metrics {metrics.metrics}; {stream_state(mesh)}"
+        ) from None
+    assert arrived() == set(range(n))
+    rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
+    r.delete(stream_key)
+    pub.close()
+
+
+def test_event_rule_posts_client_connected_to_a_webhook(
+    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub, webhook: Webhook
+) -> None:
+    """`FROM "$events/client_connected"` into an HTTP webhook: one rule, a POST per connect
+    carrying the client's id and user name."""
+    rid = f"ev-{uuid.uuid4().hex[:6]}"
+    rules.CreateRule(
+        pb.CreateRuleRequest(
+            rule=pb.Rule(
+                tenant=TENANT,
+                rule_id=rid,
+                sql="SELECT clientid, username, event, payload.clean_start AS clean "
+                'FROM "$events/client_connected"',
+                enabled=True,
+                actions=[pb.Action(kind="http", params={"url": webhook.url})],
+            )
+        ),
+        metadata=MD,
+    )
+    c = client(mesh, 1)
+
+    def posted() -> list[dict[str, object]]:
+        bodies = [json.loads(b) for b in list(webhook.bodies)]
+        return [b for b in bodies if b.get("clientid") == c.client_id]
+
+    wait_until(lambda: len(posted()) == 1)
+    got = posted()[0]
+    assert got["event"] == "connected" and got["clean"] is True
+    assert str(got["username"]).startswith("dev-")  # the tenant prefix is not the name
+    c.close()  # a disconnect is not a connect: nothing more for this client
+    other = client(mesh, 0)
+    wait_until(
+        lambda: any(json.loads(b).get("clientid") == other.client_id for b in webhook.bodies)
+    )
+    assert len(posted()) == 1
+    rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
+    other.close()
