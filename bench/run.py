@@ -378,6 +378,8 @@ def table_lines(table: dict[str, dict[str, Cell]], names: list[str]) -> list[str
 # (section title, module). BENCH_EXTRAS=0 skips them.
 EXTRAS = [
     ("Router boot: routing snapshot versus scan and full replay", "bench.boot"),
+    ("Spark over the embedded store: scan rate and queue compaction", "bench.analytics"),
+    ("Rules engine: one process, 10 versus 1,000 rules", "bench.rules"),
 ]
 
 
