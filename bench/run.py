@@ -29,6 +29,7 @@ from bench import loadgen, micro
 from bench.machine import Machine, cpu_seconds, python_loop_seconds, this_machine
 from services.cli.launcher import Launcher
 from services.cli.ports import free_port, port_open
+from services.quota.client import Limits, QuotaAdminClient
 
 ROOT = Path(__file__).resolve().parent.parent
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
@@ -53,6 +54,8 @@ class Broker:
     stop: Callable[[], None]
     second_port: int = 0  # another node of the same mesh (Starling only)
     others: list[int] = field(default_factory=list)  # every other process of the broker
+    # Starling only: set the bench tenant's publish limits (msg/s, bytes/s; 0 lifts them).
+    set_limits: Callable[[int, int], Awaitable[None]] | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -80,6 +83,13 @@ def start_starling(folder: Path, nodes: int = 2, node_workers: int = 1) -> Broke
     launcher = starling_launcher(folder, nodes, node_workers)
     mesh = launcher.start()
     node = mesh.by_name("connection-0")
+    quota_addr = f"127.0.0.1:{mesh.by_name('quota').grpc_port}"
+
+    async def set_limits(messages_per_s: int, bytes_per_s: int) -> None:
+        client = QuotaAdminClient(quota_addr, launcher.secrets.admin_token)
+        limits = Limits(max_messages_per_s=messages_per_s, max_bytes_in_per_s=bytes_per_s)
+        await client.set_limits(BENCH_TENANT, limits)
+
     return Broker(
         "Starling",
         node.port,
@@ -87,6 +97,7 @@ def start_starling(folder: Path, nodes: int = 2, node_workers: int = 1) -> Broke
         launcher.stop,
         mesh.by_name("connection-1").port if nodes > 1 else 0,
         [c.pid for c in mesh.components if c.pid and c.pid != node.pid],
+        set_limits,
     )
 
 
@@ -245,6 +256,34 @@ async def persistent(b: Broker) -> Rows:
     }
 
 
+BENCH_TENANT = "default"  # where the load generator's anonymous clients land
+
+
+async def quotas_on(b: Broker) -> Rows:
+    """Starling only: the closed-loop pairs again with the tenant under publish limits far
+    above what it sends, so every publish goes through the node's token buckets (issue 16:
+    within 10% of the same rows without limits)."""
+    rows: Rows = {}
+    names = [
+        f"8 pairs, QoS {q}, closed loop ({WINDOW} in flight per pair), quota limits on"
+        for q in (0, 1)
+    ]
+    if b.set_limits is None:
+        return {name: Cell("n/a (no quotas)") for name in names}
+    await b.set_limits(100_000_000, 100_000_000_000)
+    try:
+        await asyncio.sleep(1)  # the nodes drop their buckets and ask for leases
+        for qos, name in zip((0, 1), names, strict=True):
+            r = await loadgen.throughput(
+                b.port, 8, 8, "pairs", qos, SECONDS, window=WINDOW, cpu_pids=b.pids
+            )
+            rows[name] = rate_cell(r)
+            rows[f"{name}: broker CPU per message"] = cpu_cell(b, r)
+    finally:
+        await b.set_limits(0, 0)
+    return rows
+
+
 async def cross(b: Broker) -> Rows:
     rows: Rows = {}
     for qos in (0, 1):
@@ -295,6 +334,7 @@ SCENARIOS: list[Scenario] = [
     latency("latency at 5,000 msg/s, QoS 0", 0),
     latency("latency at 5,000 msg/s, QoS 1", 1),
     persistent,
+    quotas_on,
     cross,
     workers,
 ]

@@ -79,16 +79,22 @@ class Bucket:
             if not self.asking:
                 self.want(self)
             return True
-        if now >= self.expires:
-            self.tokens = 0
+        if now >= self.expires and self.tokens > 0:
+            self.tokens = 0  # the window's tokens lapse (a debt stays, see below)
         tokens = self.tokens
+        spent = now < self.not_before  # this window's budget is used up cluster-wide
         if (
             not self.asking
-            and now >= self.not_before
+            and not spent
             and (tokens - n < self.low or (self.fallback and now >= self.renew_at))
         ):
             self.want(self)
-        return tokens >= n
+        if tokens >= n:
+            return True
+        # Out of tokens while a lease is on its way (every new one-second window starts so):
+        # go on credit, at most `low` units, paid back from that lease. Refusing instead
+        # dropped every publish at each window's start, even far below the limit.
+        return self.asking and not spent and tokens - n >= -self.low
 
     def set_limit(self, limit: int) -> None:
         self.limit = limit

@@ -106,7 +106,8 @@ class NodeQuota:
                 # A new window: what the last one granted is the share "keep" reuses.
                 if b.state == LIMITED and b.granted_window:
                     b.keep_rate = b.granted_window
-                b.tokens, b.granted_window = 0, 0
+                # Lapsed tokens go, a debt (publishes on credit) is paid from this grant.
+                b.tokens, b.granted_window = min(b.tokens, 0), 0
             b.state = LIMITED
             b.set_limit(lease.limit)
             b.tokens += lease.granted

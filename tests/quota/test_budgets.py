@@ -108,6 +108,31 @@ def test_tokens_lapse_with_their_window_and_an_empty_bucket_asks() -> None:
     assert wanted == [b]
 
 
+def test_a_new_window_goes_on_credit_until_its_lease_comes_and_the_lease_pays_it() -> None:
+    # Far below its limit (100/s, low water 5), a publisher must never be refused: every
+    # window starts with no tokens, and the lease for it takes a round trip. (Refusing there
+    # dropped the first publishes of every second; at a high limit, flat out, everything.)
+    b = limited(50, expires=2.0)
+
+    def want(bucket: Bucket) -> None:
+        bucket.asking = True
+
+    b.want = want
+    for i in range(b.low):
+        assert b.has(1, 2.0 + i / 1000), i  # on credit while the lease is under way
+        b.tokens -= 1  # taken (PublishGate inlines Bucket.take)
+    assert b.tokens == -b.low
+    assert not b.has(1, 2.01)  # the credit is bounded by the low water
+    # The lease for the new window pays the debt first (services/connection/quota.py).
+    b.asking = False
+    b.tokens = min(b.tokens, 0) + 20
+    b.expires = 3.0
+    assert b.tokens == 20 - b.low
+    # A window whose budget is spent cluster-wide gives no credit.
+    b.tokens, b.not_before, b.expires, b.asking = 0, 4.0, 4.0, True
+    assert not b.has(1, 3.5)
+
+
 def test_unknown_budgets_admit_and_ask_once_unlimited_ones_never_ask() -> None:
     wanted: list[Bucket] = []
 
