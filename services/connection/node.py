@@ -299,8 +299,14 @@ class Node:
                 self.sessions.reauthenticate(conn, action)
             elif isinstance(action, Close):
                 conn.flush()
-                conn.sink.close()
-                self.cleanup(conn)
+                detaching = self.cleanup(conn)
+                if detaching is None:
+                    conn.sink.close()
+                else:
+                    # The socket closes once the queue reader detached (bounded): a message
+                    # published after the client saw its connection end must reach its next
+                    # connection as a first attempt (DUP=0), not be pushed to this one.
+                    self.tasks.spawn(self._close_after(conn, detaching), name="close-after")
         if conn.channel.out and not conn.closed:
             self.writes.mark(conn)
 
@@ -308,11 +314,11 @@ class Node:
         if not conn.closed:
             self.writes.mark(conn)
 
-    def cleanup(self, conn: Conn) -> None:
+    def cleanup(self, conn: Conn) -> asyncio.Task[None] | None:
         """Exactly once per connection: forget its subscriptions, publish its will, release
-        its session."""
+        its session. Returns the detach of its queue reader (a persistent session), if any."""
         if conn.closed:
-            return
+            return None
         conn.closed = True
         self.registry.closed(conn, time.monotonic())
         self.per_address.closed(conn.channel.peer)
@@ -331,7 +337,7 @@ class Node:
         if conn.exactly_once is not None:
             self.tasks.spawn(conn.exactly_once.ended(), name="qos2-ended")
         if not conn.registered:
-            return
+            return closing
         self.stats.connection_ended(conn)
         self.wills.connection_ended(ch)
         eo = conn.exactly_once
@@ -341,8 +347,16 @@ class Node:
             self._qos2_pending[(ch.tenant, ch.client_id)] = eo  # before any kick reply
         elif closing is None:
             self.sessions.connection_ended(conn)
-            return
+            return None
         self.tasks.spawn(self._release_when_settled(conn, eo, closing), name="release-wait")
+        return closing
+
+    @staticmethod
+    async def _close_after(conn: Conn, detaching: asyncio.Task[None]) -> None:
+        try:
+            await asyncio.wait((detaching,), timeout=QOS2_SETTLE_S)
+        finally:
+            conn.sink.close()
 
     async def _release_when_settled(
         self, conn: Conn, eo: ExactlyOnceInbound | None, closing: asyncio.Task[None] | None

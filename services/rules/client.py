@@ -63,7 +63,10 @@ class RuleFeed:
         if self._task is not None:
             self._task.cancel()
         if self._sub is not None:
-            await self._sub.unsubscribe()
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # the NATS connection is already closed (a lost bus)
+                log.debug("rule_filters_unsubscribe_failed")
 
     async def resync(self) -> bool:
         """Replace every tenant's filters with a rules instance's snapshot; False when none

@@ -47,7 +47,7 @@ SERVED: dict[str, list[FileDescriptor]] = {
     "connection-0": [connection_pb2.DESCRIPTOR],
     "connection-1": [connection_pb2.DESCRIPTOR],
 }
-REGISTERED = {"rules": False}  # the rules service registers no servicer yet
+REGISTERED: dict[str, bool] = {}  # a service that registers no servicer: UNIMPLEMENTED
 
 
 def _bearer(token: str) -> list[tuple[str, str]]:
