@@ -43,7 +43,9 @@ log = logging.getLogger("starling.runtime")
 class Service(Protocol):
     """What `run_service` runs. A service that can lose the ability to serve while it runs
     (its bus, say) may also have `unhealthy: asyncio.Future[str]`: once it has a result (the
-    reason), health checks answer NOT_SERVING for good."""
+    reason), health checks answer NOT_SERVING for good. One that may end its own work (a
+    drained node) may have `finished: asyncio.Future[None]`: once resolved, the process stops
+    as on SIGTERM."""
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         """Add gRPC servicers; return their full service names."""
@@ -97,6 +99,9 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
             await set_not_serving(health, names)
 
         watcher = asyncio.create_task(watch(unhealthy))
+    finished: asyncio.Future[None] | None = getattr(service, "finished", None)
+    if finished is not None:
+        finished.add_done_callback(lambda _: stop.set())
     # Everything built during start-up lives for the whole process: move it out of the
     # collector's sight so full collections stay short (tail latency on the hot path).
     gc.collect()
