@@ -175,6 +175,7 @@ def run_service(
         name,
         settings.node_id,
         metrics_port=settings.metrics_port,
+        metrics_host=settings.metrics_host,
         otlp_endpoint=settings.otlp_endpoint,
         sample_ratio=settings.trace_sample_ratio,
         sample_tenants=settings.trace_sample_tenants,
