@@ -12,7 +12,7 @@ from aiohttp import web
 from services.common.bus.client import connect
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals, register_refusal_metrics
-from services.common.runtime import run_service
+from services.common.runtime import DRAINING, run_service
 from services.common.topics import TopicLimits
 from services.connection.api import ConnectionAdminApi
 from services.connection.channel import ChannelConfig
@@ -182,7 +182,7 @@ class ConnectionService:
         other workers sharing the ports) and report NOT_SERVING (load balancers move away).
         The open connections stay: the drain closes them at its pace."""
         if self.unhealthy is not None and not self.unhealthy.done():
-            self.unhealthy.set_result("draining")
+            self.unhealthy.set_result(DRAINING)
         for srv in self._servers:
             srv.close()
         for runner in self._runners:

@@ -41,6 +41,8 @@ from services.common.mqtt import (
     Will,
 )
 from services.common.mqtt.reason import ReasonCode as RC
+from services.common.rpc.server import check_health
+from services.common.runtime import LIVENESS
 from services.connection.client import ConnectionAdminClient, DrainProgress
 from tests.e2e.clients import Paho, Raw
 
@@ -246,6 +248,9 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
     # Load balancers move away: health NOT_SERVING while the clients are being closed.
     state = _poll(lambda: (s := component_status(launcher.mesh.by_name(A))) != "SERVING" and s)
     assert state == "NOT_SERVING"
+    # ... but alive: a liveness probe must not kill the process mid-drain.
+    grpc_a = f"127.0.0.1:{launcher.mesh.by_name(A).grpc_port}"
+    assert asyncio.run(check_health(grpc_a, service=LIVENESS)) in ("SERVING", "UNREACHABLE")
     assert _poll(lambda: _refused(port_a))  # new connections are refused
 
     # The process exits once empty (status 0: a drain is a normal end).
