@@ -1,6 +1,7 @@
 """Admin subcommands (users, ACLs, clients, kick, routes, retained and delayed messages,
-stats, tenant admin tokens, quotas and bans) over the services' typed admin clients; replies
-print as JSON (services/cli/render.py), failures as `starling <command>: <STATUS>: <message>`.
+stats, tenant admin tokens, node drain, quotas and bans) over the services' typed admin
+clients; replies print as JSON (services/cli/render.py), failures as
+`starling <command>: <STATUS>: <message>`.
 
 The admin token comes from STARLING_ADMIN_TOKEN or a file (`--token-file`, by default the one
 `starling up` writes under the data dir), never from the command line, where `ps` and shell
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from services.cli.acl_file import rule_to_json, rules_from_json
+from services.cli.drain_cmd import NodeNotFoundError, add_drain_command, drain_command
 from services.cli.launcher import Mesh
 from services.cli.quota_cmd import add_quota_commands, quota_command
 from services.cli.render import to_json
@@ -153,6 +155,8 @@ async def _call(args: argparse.Namespace) -> object:
             return await quota_command(quota, args)
         finally:
             await quota.close()
+    if args.command == "drain":
+        return await drain_command(args, token)
     if args.command == "stats":
         metrics = MetricsAdminClient(_address(args, "metrics"), token)
         try:
@@ -175,6 +179,7 @@ def add_admin_commands(sub: Any) -> None:
     _add_common_options(p)
     p.add_argument("--metrics-addr", help="metrics service gRPC address")
     _add_token_commands(sub)
+    add_drain_command(sub, _add_common_options)
     add_quota_commands(sub, _add_common_options, parse_ttl)
 
 
@@ -272,7 +277,7 @@ async def admin_command(args: argparse.Namespace) -> tuple[int, str]:
     """Run one admin command: (exit status, what to print)."""
     try:
         reply = await _call(args)
-    except TokenError as exc:
+    except (TokenError, NodeNotFoundError) as exc:
         return 2, f"starling {args.command}: {exc}"
     except ServiceError as exc:
         return 1, f"starling {args.command}: {exc.code.name}: {exc.details}"

@@ -238,10 +238,12 @@ class Launcher:
         redis: Component,
         mqtt_port: int = 0,
         ports_of: Component | None = None,
+        elsewhere: str = "",
     ) -> Component:
         """Start one service process. A connection node listens on `mqtt_port` and on WS /
         TLS / WSS ports of its own, or, given `ports_of` (another worker of the same node),
-        on that one's ports."""
+        on that one's ports; `elsewhere` is where its clients go when it drains (the other
+        nodes' MQTT addresses)."""
         comp = Component(
             name,
             "service",
@@ -253,6 +255,8 @@ class Launcher:
             comp.port = mqtt_port
             env["STARLING_MQTT_PORT"] = str(mqtt_port)
             env["STARLING_MQTT_HOST"] = env.get("STARLING_MQTT_HOST", "127.0.0.1")
+            if "STARLING_DRAIN_SERVER_REFERENCE" not in self.extra_env:
+                env["STARLING_DRAIN_SERVER_REFERENCE"] = elsewhere
             if self.node_workers > 1:
                 # Every worker of a node binds the same ports; without it the second fails.
                 env["STARLING_REUSE_PORT"] = "true"
@@ -294,14 +298,18 @@ class Launcher:
         for comp in list(self.mesh.components):
             if comp.name in BACK_OFFICE:
                 _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
+        # Port 0: each node's port is picked here, once, so that every worker binds the same
+        # one and every node knows the others' (the Server Reference of a drain).
+        ports = [self.mqtt_port + i if self.mqtt_port else free_port() for i in range(self.nodes)]
         for i in range(self.nodes):
-            # Port 0: the port is picked here, once, so that every worker binds the same one.
+            others = " ".join(f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != i)
             first = self.start_service(
                 node_worker_name(i, 0),
                 "connection",
                 nats,
                 redis,
-                mqtt_port=self.mqtt_port + i if self.mqtt_port else free_port(),
+                mqtt_port=ports[i],
+                elsewhere=others,
             )
             for w in range(1, self.node_workers):
                 self.start_service(
@@ -311,6 +319,7 @@ class Launcher:
                     redis,
                     mqtt_port=first.port,
                     ports_of=first,
+                    elsewhere=others,
                 )
         self.mesh.save()
         for comp in self.mesh.components:

@@ -225,6 +225,8 @@ def write_secret_files(out: Path, s: MeshSecrets, nats_listen: str = "0.0.0.0:42
         "starling_redis_password": s.redis_password,
         **{f"starling_nats_{user}_password": pw for user, pw in s.nats.items()},
         "nats.conf": f'listen: "{nats_listen}"\n'
+        # Every write on disk before JetStream acknowledges it (by default it syncs every
+        # two minutes: a power cut loses what was acknowledged since).
         + 'jetstream { store_dir: "/data", sync_interval: always }\n'
         + nats_limits()
         + nats_authorization(s),

@@ -11,6 +11,7 @@ error into `ConfigError` whose message names the setting and its env variable.
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -60,15 +61,26 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
     service_name: ClassVar[str] = "service"
 
-    node_id: str = Field(default="", description="Instance name; defaults to <service>-<pid>.")
+    node_id: str = Field(
+        default="",
+        description="Instance name; defaults to <service>-<host>-<pid>. Give each "
+        "connection node a stable one (a restarted node releases its earlier life's sessions).",
+    )
     grpc_host: str = Field(default="127.0.0.1", description="Address the gRPC server binds.")
     grpc_port: int = Field(default=0, ge=0, le=65535, description="gRPC port; 0 picks one.")
     metrics_port: int = Field(
         default=0, ge=-1, le=65535, description="Prometheus port; 0 picks one, -1 disables."
     )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Address the Prometheus endpoint binds; `0.0.0.0` to be scraped from "
+        "outside the host or pod (containers, Kubernetes).",
+    )
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
-        description="NATS server URL (credentials in it are accepted, and redacted in logs).",
+        description="NATS server URL, or several comma-separated (the servers of a cluster; "
+        "the others are learnt from the first one reached). Credentials in it are accepted, "
+        "and redacted in logs.",
     )
     nats_user: str = Field(default="", description="NATS user of this service; empty: none.")
     nats_password: SecretStr = Field(default=SecretStr(""), description="NATS password.")
@@ -278,5 +290,6 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
     # The process's gRPC channels and servers are sized from the mesh's largest packet.
     rpc_limits.configure(settings.max_packet_size_bytes)
     if not settings.node_id:
-        settings.node_id = f"{cls.service_name}-{os.getpid()}"
+        # The host too: in containers every process is pid 1.
+        settings.node_id = f"{cls.service_name}-{socket.gethostname()}-{os.getpid()}"
     return settings

@@ -29,6 +29,8 @@ from services.common.redact import register_secrets
 from services.common.rpc.admin_auth import CachedTokenResolver, TokenResolver
 from services.common.rpc.credentials import set_mesh_secret
 from services.common.rpc.server import (
+    NOT_SERVING,
+    SERVING,
     ServerAuth,
     create_server,
     set_not_serving,
@@ -38,12 +40,21 @@ from services.common.rpc.server import (
 from services.common.telemetry import setup_telemetry
 
 log = logging.getLogger("starling.runtime")
+# gRPC health service name of liveness probes: SERVING while the process is worth keeping.
+# It stays SERVING while the service drains (NOT_SERVING on "" and the service names sends
+# load balancers away, but the orchestrator must not kill the process mid-drain); it turns
+# NOT_SERVING, for good, when the service can no longer carry traffic for any other reason.
+LIVENESS = "liveness"
+# The `unhealthy` reason of a service taking itself out of service on purpose.
+DRAINING = "draining"
 
 
 class Service(Protocol):
     """What `run_service` runs. A service that can lose the ability to serve while it runs
     (its bus, say) may also have `unhealthy: asyncio.Future[str]`: once it has a result (the
-    reason), health checks answer NOT_SERVING for good."""
+    reason), health checks answer NOT_SERVING for good. One that may end its own work (a
+    drained node) may have `finished: asyncio.Future[None]`: once resolved, the process stops
+    as on SIGTERM."""
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         """Add gRPC servicers; return their full service names."""
@@ -79,6 +90,7 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
     # whoever polls health (the launcher, an orchestrator) sends clients to listeners that
     # are not bound yet.
     await set_not_serving(health, names)
+    await health.set(LIVENESS, SERVING)
     await server.start()
     try:
         await service.start()
@@ -93,10 +105,17 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
 
         async def watch(f: asyncio.Future[str]) -> None:
             reason = await f
-            log.error("service_not_serving", extra={"service": name, "reason": reason})
+            if reason == DRAINING:
+                log.warning("service_not_serving", extra={"service": name, "reason": reason})
+            else:
+                log.error("service_not_serving", extra={"service": name, "reason": reason})
+                await health.set(LIVENESS, NOT_SERVING)
             await set_not_serving(health, names)
 
         watcher = asyncio.create_task(watch(unhealthy))
+    finished: asyncio.Future[None] | None = getattr(service, "finished", None)
+    if finished is not None:
+        finished.add_done_callback(lambda _: stop.set())
     # Everything built during start-up lives for the whole process: move it out of the
     # collector's sight so full collections stay short (tail latency on the hot path).
     gc.collect()
@@ -170,6 +189,7 @@ def run_service(
         name,
         settings.node_id,
         metrics_port=settings.metrics_port,
+        metrics_host=settings.metrics_host,
         otlp_endpoint=settings.otlp_endpoint,
         sample_ratio=settings.trace_sample_ratio,
         sample_tenants=settings.trace_sample_tenants,

@@ -101,6 +101,7 @@ def setup_telemetry(
     node_id: str,
     *,
     metrics_port: int,
+    metrics_host: str = "127.0.0.1",
     otlp_endpoint: str = "",
     sample_ratio: float = 0.0,
     sample_tenants: Mapping[str, float] | None = None,
@@ -135,7 +136,7 @@ def setup_telemetry(
         from prometheus_client import start_http_server
 
         readers.append(PrometheusMetricReader())
-        server, _thread = start_http_server(metrics_port, addr="127.0.0.1")
+        server, _thread = start_http_server(metrics_port, addr=metrics_host)
         port = int(server.server_port)
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from services.common.rpc.errors import InvalidArgumentError, ServiceError
 from starling.connection.v1 import connection_pb2 as pb
 from starling.connection.v1 import connection_pb2_grpc as pb_grpc
 
@@ -13,9 +14,34 @@ if TYPE_CHECKING:
     from services.connection.main import ConnectionService
 
 
+# A Server Reference goes into DISCONNECT and CONNACK packets: short, one line.
+MAX_SERVER_REFERENCE = 1024
+
+
 class ConnectionAdminApi(pb_grpc.ConnectionAdminServiceServicer):
     def __init__(self, service: ConnectionService) -> None:
         self._service = service
+
+    async def Drain(
+        self, request: pb.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrainResponse:
+        drain = self._service.drain
+        node = self._service.node
+        if drain is None or node is None:
+            raise ServiceError("node is not started", grpc.StatusCode.FAILED_PRECONDITION)
+        ref = request.server_reference
+        if len(ref) > MAX_SERVER_REFERENCE or not ref.isprintable():
+            raise InvalidArgumentError(
+                f"server_reference: at most {MAX_SERVER_REFERENCE} printable characters"
+            )
+        status = drain.begin(ref)
+        return pb.DrainResponse(
+            node_id=node.node_id,
+            started=status.started,
+            connections=status.connections,
+            server_reference=status.server_reference,
+            remaining_s=status.remaining_s,
+        )
 
     async def GetNodeStats(
         self, request: pb.GetNodeStatsRequest, context: grpc.aio.ServicerContext

@@ -220,6 +220,29 @@ class ConnectionSettings(ServiceSettings):
         'JSON in the env, e.g. `{"acme": {"server_reference": "b.example:1883"}}`.',
     )
 
+    drain_server_reference: str = Field(
+        default="",
+        max_length=1024,
+        description="Where MQTT 5 clients of a draining node (`starling drain`) are sent: the "
+        "Server Reference of their DISCONNECT 0x9C, e.g. the load balancer's `mqtt.example:"
+        "1883`. A drain request may name another; empty and none named: 0x9C without one.",
+    )
+    drain_rate_per_s: int = Field(
+        default=500,
+        ge=1,
+        le=1_000_000,
+        description="Connections a draining node closes per second (MQTT 5 first): the "
+        "reconnect wave the other nodes and the session service take.",
+    )
+    drain_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="A draining node closes whatever is still open this long after the "
+        "drain began, then exits. Keep it above connections / drain_rate_per_s (and "
+        "Kubernetes' terminationGracePeriodSeconds above it).",
+    )
+
     @field_validator("response_information")
     @classmethod
     def _response_information(cls, template: str) -> str:

@@ -12,11 +12,12 @@ from aiohttp import web
 from services.common.bus.client import connect
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals, register_refusal_metrics
-from services.common.runtime import run_service
+from services.common.runtime import DRAINING, run_service
 from services.common.topics import TopicLimits
 from services.connection.api import ConnectionAdminApi
 from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
+from services.connection.drain import Drain
 from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
 from services.connection.quota import NodeQuota
@@ -77,6 +78,9 @@ class ConnectionService:
         # Set when the node can no longer carry traffic (health turns NOT_SERVING); made in
         # `start`, on the loop that runs the service.
         self.unhealthy: asyncio.Future[str] | None = None
+        # Resolved when a drain is done: the runtime then stops the process as on SIGTERM.
+        self.finished: asyncio.Future[None] | None = None
+        self.drain: Drain | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_ConnectionAdminServiceServicer_to_server(ConnectionAdminApi(self), server)
@@ -84,7 +88,9 @@ class ConnectionService:
 
     async def start(self) -> None:
         s = self._s
-        self.unhealthy = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.unhealthy = loop.create_future()
+        self.finished = loop.create_future()
         creds = s.nats_credentials()
         nc = await connect(s.nats_url, s.node_id, no_echo=True, on_closed=self._bus_closed, **creds)
         nc_shared = await connect(
@@ -130,6 +136,14 @@ class ConnectionService:
         )
         node.refusals = refusals
         await node.start()
+        self.drain = Drain(
+            node,
+            s.drain_rate_per_s,
+            s.drain_timeout_s,
+            s.drain_server_reference,
+            self._stop_accepting,
+            self.finished,
+        )
         # Bans: already connected clients named by a new ban are kicked (the session
         # service refuses their next CONNECT).
         watch_client = QuotaClient(s.quota_addr, timeout_s=2.0)
@@ -171,6 +185,18 @@ class ConnectionService:
             )
             self.ports["wss"] = s.wss_port
         log.info("mqtt_listening", extra={"ports": self.ports, "node": s.node_id})
+
+    async def _stop_accepting(self) -> None:
+        """A drain began: close the listeners (new connections are refused, or go to the
+        other workers sharing the ports) and report NOT_SERVING (load balancers move away).
+        The open connections stay: the drain closes them at its pace."""
+        if self.unhealthy is not None and not self.unhealthy.done():
+            self.unhealthy.set_result(DRAINING)
+        for srv in self._servers:
+            srv.close()
+        for runner in self._runners:
+            for site in list(runner.sites):
+                await site.stop()  # the listening socket only, not the WebSockets open
 
     async def _bus_closed(self) -> None:
         """A NATS connection closed for good: this node can no longer reach the mesh. Stop

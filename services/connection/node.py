@@ -159,6 +159,9 @@ class Node:
         self._qos2_pending: dict[tuple[str, str], ExactlyOnceInbound] = {}
         self.sessions.settle_first = self._qos2_settled
         self.sweeper = Sweeper(self.node_id, self.registry, nc, self.carry_out, self.mark_dirty)
+        # Set while the node drains (services/connection/drain.py): the Server Reference a
+        # CONNECT that still reaches it is refused with.
+        self.drain_reference: str | None = None
 
     def _build_message_path(self, router: RouterClient | None, tracing: bool) -> None:
         """Fan-out, shared dispatch, subscribing, flow control and ingress: the modules a
@@ -252,11 +255,7 @@ class Node:
     async def shutdown(self, grace_s: float = 2.0) -> None:
         """Tell every client 0x8B, publish their wills, drain the mesh."""
         self.shed(RC.SERVER_SHUTTING_DOWN, "shutdown")
-        deadline = time.monotonic() + grace_s
-        # Polling is fine here: it runs once, on the way out, for at most `grace_s`.
-        while (self.mesh.queued or not self.ops.empty()) and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        await self.tasks.wait(deadline - time.monotonic())
+        await self.settle(grace_s)
         await self._workers.cancel()
         await self.interest.stop()
         if self.quota is not None:
@@ -265,6 +264,15 @@ class Node:
             await self.nc.flush(timeout=1)
         except Exception:
             log.warning("nats_flush_failed_on_shutdown")
+
+    async def settle(self, grace_s: float) -> None:
+        """Wait (at most `grace_s`) for what ended connections left under way: mesh
+        publishes, ordered operations, session releases and wills."""
+        deadline = time.monotonic() + grace_s
+        # Polling is fine here: it runs once, on the way out, for at most `grace_s`.
+        while (self.mesh.queued or not self.ops.empty()) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        await self.tasks.wait(deadline - time.monotonic())
 
     def open(self, sink: Sink, peer: str, cert: PeerCert | None = None) -> Conn:
         now = time.time()
@@ -383,7 +391,13 @@ class Node:
             await eo.idle(QOS2_SETTLE_S)
 
     def _admit(self, conn: Conn, action: Authenticate) -> None:
-        """Authenticate the CONNECT unless its address holds too many connections here."""
+        """Authenticate the CONNECT unless its address holds too many connections here or
+        the node drains (then: elsewhere, CONNACK 0x9C with the Server Reference)."""
+        if self.drain_reference is not None:
+            self.refusals.count("draining")
+            ref = self.drain_reference
+            self.carry_out(conn, conn.channel.disconnect(RC.USE_ANOTHER_SERVER, "draining", ref))
+            return
         if self.per_address.over(conn.channel.peer):
             self.refusals.count("connections_per_ip")
             refused = ConnectOutcome(reason_code=RC.QUOTA_EXCEEDED)

@@ -54,7 +54,7 @@ async def connect(
     ):
         with attempt:
             return await nats.connect(
-                url,
+                [u.strip() for u in url.split(",")],
                 name=name,
                 connect_timeout=2,
                 max_reconnect_attempts=-1,

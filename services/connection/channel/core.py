@@ -65,6 +65,7 @@ from services.common.mqtt.packets import (
     Unsubscribe,
     Will,
 )
+from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.topics import validate_topic_name
 from services.connection.channel.actions import (
@@ -93,6 +94,7 @@ from services.connection.channel.subscriptions import ClientSubscriptions
 _PROGRESS = DeliveryProgress()  # it carries nothing: one instance serves every channel
 _V3_UNACCEPTABLE_PROTOCOL = b"\x20\x02\x00\x01"  # CONNACK with 3.1.1 return code 1
 _V3_CLOSE_ONLY = frozenset({RC.MALFORMED_PACKET, RC.PROTOCOL_ERROR})
+_REDIRECTS = frozenset({RC.USE_ANOTHER_SERVER, RC.SERVER_MOVED})
 # Decoder limit names -> the settings that set them (what `on_limit` reports).
 _DECODER_LIMITS = {"max_topic_filters": "max_filters_per_subscribe"}
 
@@ -273,11 +275,18 @@ class Channel:
         if self.state is State.CONNECTED:
             self.outbound.deliver(msg, qos, retain, sub_ids, now)
 
-    def disconnect(self, code: int, reason: str) -> list[Action]:
-        """Server-initiated close: DISCONNECT(code) on MQTT 5, then close."""
+    def disconnect(self, code: int, reason: str, server_reference: str = "") -> list[Action]:
+        """Server-initiated close: DISCONNECT(code) on MQTT 5, then close. With
+        `server_reference` (0x9C Use another server, 0x9D Server moved) the DISCONNECT names
+        where to go [MQTT-3.14.2.2.5]; a client still authenticating gets it in its CONNACK."""
         if self.state is State.CLOSED:
             return []
-        return [self._shut(code, reason)]
+        if self.state is State.AUTHENTICATING and code in _REDIRECTS:
+            # Refused before it began: CONNACK naming the server (3.1.1: return code 3).
+            self._handshake.server_reference = server_reference
+            self.will = None  # a refused connection leaves no will
+            return [self._refuse(code)]
+        return [self._shut(code, reason, server_reference)]
 
     def tick(self, now: float) -> list[Action]:
         """Close a client silent for too long, one that never sent CONNECT, or one that has
@@ -472,13 +481,14 @@ class Channel:
         except MqttError as exc:
             self._count_limit(exc)
 
-    def _shut(self, code: int, reason: str) -> Close:
+    def _shut(self, code: int, reason: str, server_reference: str = "") -> Close:
         """Tell an MQTT 5 client why (DISCONNECT, or CONNACK before the session exists),
         then close. Not for a CLOSED channel."""
         if self.level == 5:
             problems = self._problems
             if self.state is State.CONNECTED:
-                self.out += problems.encode(Disconnect(code), reason, always=True)
+                props = Properties(server_reference=server_reference) if server_reference else EMPTY
+                self.out += problems.encode(Disconnect(code, props), reason, always=True)
             elif self.state is State.AUTHENTICATING and code >= 0x80:
                 self.out += problems.encode(self._handshake.refused(code), reason, always=True)
         return self._close(code, reason)

@@ -178,6 +178,63 @@ class NodeStats(_message.Message):
 Global___NodeStats: _TypeAlias = NodeStats  # noqa: Y015
 
 @_typing.final
+class DrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_REFERENCE_FIELD_NUMBER: _builtins.int
+    server_reference: _builtins.str
+    """Server Reference for MQTT 5 clients (DISCONNECT 0x9C); empty: the node's
+    drain_server_reference setting. Ignored by a node already draining.
+    """
+    def __init__(
+        self,
+        *,
+        server_reference: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server_reference", b"server_reference"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainRequest: _TypeAlias = DrainRequest  # noqa: Y015
+
+@_typing.final
+class DrainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    CONNECTIONS_FIELD_NUMBER: _builtins.int
+    SERVER_REFERENCE_FIELD_NUMBER: _builtins.int
+    REMAINING_S_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    started: _builtins.bool
+    """True when this request started the drain; false when it was already under way."""
+    connections: _builtins.int
+    """Connections still open on the node (closed at drain_rate_per_s)."""
+    server_reference: _builtins.str
+    """The Server Reference the clients are given (empty: none)."""
+    remaining_s: _builtins.float
+    """Seconds left before the node closes whatever remains and exits."""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        started: _builtins.bool = ...,
+        connections: _builtins.int = ...,
+        server_reference: _builtins.str = ...,
+        remaining_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connections", b"connections", "node_id", b"node_id", "remaining_s", b"remaining_s", "server_reference", b"server_reference", "started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainResponse: _TypeAlias = DrainResponse  # noqa: Y015
+
+@_typing.final
 class GetNodeStatsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -40,6 +40,11 @@ class ConnectionAdminServiceStub:
                 request_serializer=starling_dot_connection_dot_v1_dot_connection__pb2.GetNodeStatsRequest.SerializeToString,
                 response_deserializer=starling_dot_connection_dot_v1_dot_connection__pb2.GetNodeStatsResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/starling.connection.v1.ConnectionAdminService/Drain',
+                request_serializer=starling_dot_connection_dot_v1_dot_connection__pb2.DrainRequest.SerializeToString,
+                response_deserializer=starling_dot_connection_dot_v1_dot_connection__pb2.DrainResponse.FromString,
+                _registered_method=True)
 
 
 class ConnectionAdminServiceServicer:
@@ -52,6 +57,15 @@ class ConnectionAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Take the node out of service (rolling upgrades): no new connections, clients sent
+        elsewhere, then the process exits. Idempotent: asking a draining node again starts
+        nothing new and answers how far it got. Operator token only (it names no tenant).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConnectionAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +73,11 @@ def add_ConnectionAdminServiceServicer_to_server(servicer, server):
                     servicer.GetNodeStats,
                     request_deserializer=starling_dot_connection_dot_v1_dot_connection__pb2.GetNodeStatsRequest.FromString,
                     response_serializer=starling_dot_connection_dot_v1_dot_connection__pb2.GetNodeStatsResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=starling_dot_connection_dot_v1_dot_connection__pb2.DrainRequest.FromString,
+                    response_serializer=starling_dot_connection_dot_v1_dot_connection__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +108,33 @@ class ConnectionAdminService:
             '/starling.connection.v1.ConnectionAdminService/GetNodeStats',
             starling_dot_connection_dot_v1_dot_connection__pb2.GetNodeStatsRequest.SerializeToString,
             starling_dot_connection_dot_v1_dot_connection__pb2.GetNodeStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.connection.v1.ConnectionAdminService/Drain',
+            starling_dot_connection_dot_v1_dot_connection__pb2.DrainRequest.SerializeToString,
+            starling_dot_connection_dot_v1_dot_connection__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

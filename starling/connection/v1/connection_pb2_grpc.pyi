@@ -34,6 +34,11 @@ class ConnectionAdminServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ConnectionAdminServiceAsyncStub: ...
     GetNodeStats: _grpc.UnaryUnaryMultiCallable[_connection_pb2.GetNodeStatsRequest, _connection_pb2.GetNodeStatsResponse]
+    Drain: _grpc.UnaryUnaryMultiCallable[_connection_pb2.DrainRequest, _connection_pb2.DrainResponse]
+    """Take the node out of service (rolling upgrades): no new connections, clients sent
+    elsewhere, then the process exits. Idempotent: asking a draining node again starts
+    nothing new and answers how far it got. Operator token only (it names no tenant).
+    """
 
 @_typing.type_check_only
 class ConnectionAdminServiceAsyncStub(ConnectionAdminServiceStub):
@@ -41,6 +46,11 @@ class ConnectionAdminServiceAsyncStub(ConnectionAdminServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetNodeStats: _aio.UnaryUnaryMultiCallable[_connection_pb2.GetNodeStatsRequest, _connection_pb2.GetNodeStatsResponse]  # type: ignore[assignment]
+    Drain: _aio.UnaryUnaryMultiCallable[_connection_pb2.DrainRequest, _connection_pb2.DrainResponse]  # type: ignore[assignment]
+    """Take the node out of service (rolling upgrades): no new connections, clients sent
+    elsewhere, then the process exits. Idempotent: asking a draining node again starts
+    nothing new and answers how far it got. Operator token only (it names no tenant).
+    """
 
 class ConnectionAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Admin API of a connection node."""
@@ -51,5 +61,16 @@ class ConnectionAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _connection_pb2.GetNodeStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_connection_pb2.GetNodeStatsResponse, _abc.Awaitable[_connection_pb2.GetNodeStatsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Drain(
+        self,
+        request: _connection_pb2.DrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_connection_pb2.DrainResponse, _abc.Awaitable[_connection_pb2.DrainResponse]]:
+        """Take the node out of service (rolling upgrades): no new connections, clients sent
+        elsewhere, then the process exits. Idempotent: asking a draining node again starts
+        nothing new and answers how far it got. Operator token only (it names no tenant).
+        """
 
 def add_ConnectionAdminServiceServicer_to_server(servicer: ConnectionAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
