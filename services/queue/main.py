@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import grpc
 
-from services.common.bus.client import LateClient, connect
+from services.common.bus.client import LateClient, connect, drain
 from services.common.bus.unary import (
     ACK_SUBJECT,
     APPEND_SUBJECT,
@@ -64,7 +64,7 @@ class QueueService:
         for server in self._servers:
             await server.stop()
         if self._nats.nc is not None:
-            await self._nats.nc.drain()
+            await drain(self._nats.nc)
         await self._store.close()
 
 

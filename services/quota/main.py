@@ -9,7 +9,7 @@ import grpc
 from nats.aio.client import Client
 from redis.asyncio import Redis
 
-from services.common.bus.client import connect
+from services.common.bus.client import connect, drain
 from services.common.runtime import run_service
 from services.quota.api import Bans, QuotaAdminApi, QuotaApi
 from services.quota.bans import BanStore
@@ -52,7 +52,7 @@ class QuotaService:
 
     async def stop(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
-            await self._nc.drain()
+            await drain(self._nc)
         await self._store.close()
         await self._redis.aclose()
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import grpc
 
-from services.common.bus.client import LateClient, connect
+from services.common.bus.client import LateClient, connect, drain
 from services.common.bus.large import Holder
 from services.common.bus.unary import (
     ROUTE_SUBJECT,
@@ -124,7 +124,7 @@ class RouterService:
         if self._scheduler is not None:
             self._scheduler.cancel()
         if self._nats.nc is not None:
-            await self._nats.nc.drain()
+            await drain(self._nats.nc)
         await self._queues.close()
         await self._store.close()
         await self._router_store.close()

@@ -8,7 +8,7 @@ from functools import partial
 import grpc
 from nats.aio.client import Client
 
-from services.common.bus.client import connect
+from services.common.bus.client import connect, drain
 from services.common.runtime import run_service
 from services.common.store.open import open_rule_store
 from services.router.client import RouterClient
@@ -98,7 +98,7 @@ class RulesService:
             await self.consumer.stop()
         await self.registry.stop()
         if self._nc is not None:
-            await self._nc.drain()
+            await drain(self._nc)
         await self._router.close()
         await self._dead_letters.close()
         await self._store.close()

@@ -15,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.bus import subjects
-from services.common.bus.client import LateClient, connect
+from services.common.bus.client import LateClient, connect, drain
 from services.common.bus.unary import (
     CONNECT_MANY_SUFFIX,
     CONNECT_SUFFIX,
@@ -284,7 +284,7 @@ class SessionService:
         await self._ban_watch.stop()
         await self._quota.close()
         if self._nats.nc is not None:
-            await self._nats.nc.drain()
+            await drain(self._nats.nc)
         if self._http_auth is not None:
             await self._http_auth.close()
         self._gate.close()

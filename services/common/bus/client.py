@@ -6,6 +6,7 @@ raises; nothing here retries forever.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -107,3 +108,15 @@ def parse(msg: Msg, message_type: type[M]) -> M:
     out = message_type()
     out.ParseFromString(msg.data)
     return out
+
+
+async def drain(nc: Client, timeout_s: float = 1.0) -> None:
+    """Drain `nc` (handlers under way finish, buffered publishes leave), but for at most
+    `timeout_s`: a pull subscription of a JetStream consumer can hold a drain for nats-py's
+    30 s default, which kept stopping services past their grace period. Then close."""
+    try:
+        await asyncio.wait_for(nc.drain(), timeout_s)
+    except Exception as exc:  # timed out, or the connection was already gone
+        log.info("nats_drain_cut_short", extra={"error": type(exc).__name__})
+    if not nc.is_closed:
+        await nc.close()
