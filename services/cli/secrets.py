@@ -57,6 +57,9 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "ctl.session.changed",
                 "ev.>",
                 "$JS.API.>",
+                # Acks of the EVENTS stream's durable consumer that records the event log
+                # (services/session/event_recorder.py); denied, every event came back.
+                "$JS.ACK.EVENTS.>",
                 "_INBOX.>",
             ]
         },

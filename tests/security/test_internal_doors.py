@@ -477,3 +477,30 @@ def test_no_secret_in_logs_or_command_lines(mesh: MeshInfo) -> None:
         cmdline = Path(f"/proc/{comp.pid}/cmdline").read_bytes().decode(errors="replace")
         for secret in secrets:
             assert secret not in cmdline, f"a secret is on {comp.name}'s command line"
+
+
+async def test_the_session_service_may_acknowledge_the_events_it_records(mesh: MeshInfo) -> None:
+    """Its NATS user holds exactly the subjects it needs, acks of the event log's consumer
+    included: without them every event came back after the ack wait, for ever."""
+    import asyncio
+    import time
+
+    from services.session.event_recorder import DURABLE
+    from tests.e2e.clients import Paho
+
+    client = Paho(mesh.node(0))
+    client.connect()  # a connected event on EVENTS
+    client.close()
+    nc = await nats.connect(mesh.nats_url)
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + 15
+        while True:
+            info = await js.consumer_info("EVENTS", DURABLE)
+            if info.num_ack_pending == 0 and info.num_pending == 0:
+                break
+            assert time.monotonic() < deadline, f"events not acknowledged: {info}"
+            await asyncio.sleep(0.2)
+        assert info.num_redelivered == 0
+    finally:
+        await nc.close()
