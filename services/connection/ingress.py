@@ -66,6 +66,8 @@ class Ingress:
         node_id = self._node_id
         routing = self._routing
         trie = self._subs.tries.get(tenant)
+        rules = self._rules
+        rule_filters = rules.filters_of(tenant) if rules is not None else None
         # No other node listens to this tenant: no NATS batch (most of the per-message cost).
         mesh = self._interest is None or self._interest.wanted_elsewhere(tenant)
         last_topic = None
@@ -88,8 +90,9 @@ class Ingress:
                 env = to_envelope(msg, node_id, msg.message_id or self._ids.next())
             if self._tracing and env is not None:
                 msg = self._start_trace(msg, env)
-            if not msg.qos and self._rules is not None and self._rules.wanted(tenant, msg.topic):
-                self._rules.offer(env or to_envelope(msg, node_id, self._ids.next()))
+            if rule_filters is not None and not msg.qos and rule_filters.match(msg.topic):
+                assert rules is not None  # rule_filters came from it
+                rules.offer(env or to_envelope(msg, node_id, self._ids.next()))
             if trie is not None:
                 if msg.topic != last_topic:
                     last_topic = msg.topic

@@ -117,6 +117,9 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self._drop_oldest = settings.depth_policy == "drop_oldest"
         self._nats = nats
         self._push_max_bytes = settings.notice_max_bytes
+        # No message carries a trace context unless some process samples (the same settings
+        # on every service): then no per-entry look for one.
+        self._tracing = settings.tracing
         self.readers = Readers()
         self.routes = RouteVersions()
 
@@ -135,7 +138,11 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         by_queue = _items_by_queue(request.entries)
         results = [pb.APPEND_RESULT_UNSPECIFIED] * len(request.entries)
         # Messages sampled where they were published carry their trace context.
-        traced = [(i, e) for i, e in enumerate(request.entries) if e.message.trace_context]
+        traced = (
+            [(i, e) for i, e in enumerate(request.entries) if e.message.trace_context]
+            if self._tracing
+            else []
+        )
         spans = message_spans(
             tracer,
             "queue.append",

@@ -61,6 +61,7 @@ class RouterService:
             self._fence,
             self._refusals,
         )
+        self._publisher.tracing = settings.tracing
         self._scheduler: asyncio.Task[None] | None = None
         self._api = RouterApi(
             self._table,

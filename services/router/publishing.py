@@ -71,6 +71,9 @@ class Publisher:
         self._qos0 = queue_qos0
         self.fence = fence
         self.refusals = refusals or Refusals()
+        # Set from the settings by services/router/main.py: with no sampling anywhere no
+        # message carries a trace context, so none is looked for.
+        self.tracing = True
         self.schedule = Schedule()
         self.delayed: dict[tuple[str, str], DelayedRecord] = {}
         # Pending `$delayed` messages per tenant (delayed wills, one per client id, are not
@@ -108,7 +111,7 @@ class Publisher:
                 results[i] = RouteResult.QUOTA_EXCEEDED
             to_route.append((i, m))
         # Messages sampled where they were published carry their trace context.
-        traced = [(i, m) for i, m in to_route if m.trace_context]
+        traced = [(i, m) for i, m in to_route if m.trace_context] if self.tracing else []
         spans = message_spans(
             tracer,
             "router.route",

@@ -45,6 +45,11 @@ class RuleFeed:
         trie = self._tries.get(tenant)
         return trie is not None and bool(trie.match(topic))
 
+    def filters_of(self, tenant: str) -> TopicTrie[str, None] | None:
+        """The trie of `tenant`'s rule filters; None: no rule reads its messages (looked up
+        once per batch of a tenant's messages, not once per message)."""
+        return self._tries.get(tenant)
+
     def set_filters(self, tenant: str, filters: Sequence[str]) -> None:
         if not filters:
             self._tries.pop(tenant, None)
