@@ -62,8 +62,11 @@ class Broker:
         return [self.pid, *self.others]
 
 
-def starling_launcher(folder: Path, nodes: int = 2, node_workers: int = 1) -> Launcher:
-    """The mesh every bench runs: `starling up`'s services, quiet logs, no cap per IP."""
+def starling_launcher(
+    folder: Path, nodes: int = 2, node_workers: int = 1, env: dict[str, str] | None = None
+) -> Launcher:
+    """The mesh every bench runs: `starling up`'s services, quiet logs, no cap per IP;
+    `env`: further settings (STARLING_...)."""
     return Launcher(
         folder,
         nodes=nodes,
@@ -75,12 +78,15 @@ def starling_launcher(folder: Path, nodes: int = 2, node_workers: int = 1) -> La
             "STARLING_MAX_QUEUED_MESSAGES": "100000",
             # Every bench client comes from 127.0.0.1: no cap per address.
             "STARLING_MAX_CONNECTIONS_PER_IP": "0",
+            **(env or {}),
         },
     )
 
 
-def start_starling(folder: Path, nodes: int = 2, node_workers: int = 1) -> Broker:
-    launcher = starling_launcher(folder, nodes, node_workers)
+def start_starling(
+    folder: Path, nodes: int = 2, node_workers: int = 1, env: dict[str, str] | None = None
+) -> Broker:
+    launcher = starling_launcher(folder, nodes, node_workers, env)
     mesh = launcher.start()
     node = mesh.by_name("connection-0")
     quota_addr = f"127.0.0.1:{mesh.by_name('quota').grpc_port}"
@@ -420,6 +426,7 @@ EXTRAS = [
     ("Router boot: routing snapshot versus scan and full replay", "bench.boot"),
     ("Spark over the embedded store: scan rate and queue compaction", "bench.analytics"),
     ("Rules engine: one process, 10 versus 1,000 rules", "bench.rules"),
+    ("Persistent path: fsync per commit versus store_sync=normal", "bench.persistent"),
 ]
 
 

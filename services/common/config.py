@@ -153,6 +153,14 @@ class ServiceSettings(BaseSettings):
     cassandra_contact_points: list[str] = Field(
         default_factory=list, description="Empty: the embedded SQLite store under data_dir."
     )
+    store_sync: Literal["full", "normal"] = Field(
+        default="full",
+        description="Embedded store durability of a commit (and so of every PUBACK/PUBREC "
+        "for a persistent session): `full` fsyncs each group commit (survives a killed "
+        "process and a power cut); `normal` leaves the fsync to WAL checkpoints (survives a "
+        "killed process, a power cut or OS crash can lose the last commits; lower latency "
+        "on slow disks). docs/failure-behaviour.md.",
+    )
     cassandra_port: int = Field(default=9042, ge=1, le=65535)
     cassandra_keyspace: str = Field(default="starling", pattern=r"^[a-z_][a-z0-9_]*$")
     cassandra_consistency: str = Field(

@@ -93,3 +93,71 @@ async def test_every_caller_is_answered(tmp_path: Path, n: int) -> None:
     )
     assert sorted(r.last_seq for r in reports) == list(range(1, n + 1))
     await store.close()
+
+
+def _commit_modes(store: SqliteQueueStore) -> list[str]:
+    """Record the synchronous mode each COMMIT of the store's connection runs under."""
+    modes: list[str] = []
+    mode = ["default"]  # the connection's own setting
+
+    def trace(sql: str) -> None:
+        if sql.startswith("PRAGMA synchronous="):
+            mode[0] = sql.split("=", 1)[1]
+        elif sql == "COMMIT":
+            modes.append(mode[0])
+
+    store.db.set_trace_callback(trace)
+    return modes
+
+
+async def test_acks_alone_skip_the_fsync_but_never_an_append(tmp_path: Path) -> None:
+    """An ack's loss on a power cut is a redelivery, so a turn of acks only commits without
+    an fsync; any turn holding an append is fsynced (synchronous=FULL), also when acks share
+    it; and the connection is back to FULL after each relaxed turn."""
+    store = SqliteQueueStore(tmp_path / "q.db")
+    epoch = await store.claim_partition(0)
+    await store.append("t", "c#1", [_item(i) for i in range(4)], 0, epoch, 0, True)
+    modes = _commit_modes(store)
+    await store.ack("t", "c#1", 1)
+    assert modes == ["NORMAL"]
+    mode_after = store.db.execute("PRAGMA synchronous").fetchone()[0]
+    await asyncio.gather(
+        store.ack("t", "c#1", 2), store.append("t", "c#1", [_item(9)], 0, epoch, 0, True)
+    )
+    await store.append("t", "c#1", [_item(10)], 0, epoch, 0, True)
+    assert modes[1:] and all(m in ("FULL", "default") for m in modes[1:])
+    assert mode_after == 2  # FULL again once the relaxed turn committed
+    await store.close()
+    again = SqliteQueueStore(tmp_path / "q.db")  # the relaxed ack is committed all the same
+    entries, st = await again.read("t", "c#1", 1, 10)
+    assert st.acked_through == 2 and [e.seq for e in entries] == [3, 4, 5, 6]
+    await again.close()
+
+
+async def test_with_store_sync_normal_nothing_is_fsynced_per_commit(tmp_path: Path) -> None:
+    store = SqliteQueueStore(tmp_path / "q.db", sync="normal")
+    epoch = await store.claim_partition(0)
+    assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    modes = _commit_modes(store)
+    await store.append("t", "c#1", [_item(1)], 0, epoch, 0, True)
+    await store.ack("t", "c#1", 1)
+    assert modes == ["default", "default"]  # no switching: the connection stays NORMAL
+    assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 1
+    await store.close()
+
+
+async def test_the_wal_is_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
+    """Commits never checkpoint (a commit that did would copy and fsync megabytes before its
+    callers hear back); the background thread copies the WAL into the database."""
+    path = tmp_path / "q.db"
+    store = SqliteQueueStore(path)
+    assert store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    epoch = await store.claim_partition(0)
+    size_before = path.stat().st_size
+    big = [NewQueueItem(f"m{i}", 1, b"x" * 4000) for i in range(300)]
+    await store.append("t", "c#1", big, 0, epoch, 0, True)
+    deadline = asyncio.get_running_loop().time() + 5
+    while path.stat().st_size < size_before + 1_000_000:
+        assert asyncio.get_running_loop().time() < deadline, "WAL never checkpointed"
+        await asyncio.sleep(0.05)
+    await store.close()

@@ -9,6 +9,11 @@ costs about two commits instead of N, and a lone write costs what a plain transa
 
 A function that raises rolls back to its savepoint only: the others still commit. A failed
 BEGIN or COMMIT fails every caller of that turn, and none of their writes stays.
+
+A write may say it needs no fsync of its own (`durable=False`: a queue ack, whose loss on a
+power cut only means a redelivery the protocol allows). A turn made only of such writes
+commits with synchronous=NORMAL: it survives a killed process, and the next durable commit's
+fsync of the WAL covers it too. Acks then never hold a publisher's append behind an fsync.
 """
 
 from __future__ import annotations
@@ -22,14 +27,18 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_Op = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]
+_Op = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]", bool]
 
 
 class GroupCommit:
-    def __init__(self, db: sqlite3.Connection, worker: Executor, max_ops: int = 512) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, worker: Executor, max_ops: int = 512, fsync: bool = True
+    ) -> None:
         """`worker` must be the store's single worker thread (the one that owns `db`);
-        `max_ops` bounds the functions of one transaction (the rest go in the next)."""
+        `max_ops` bounds the functions of one transaction (the rest go in the next);
+        `fsync`: the connection runs with synchronous=FULL (else NORMAL, nothing to relax)."""
         self._db = db
+        self._fsync = fsync
         self._worker = worker
         self._max_ops = max_ops
         self._lock = threading.Lock()  # the list is filled on the loop, emptied on the worker
@@ -37,12 +46,13 @@ class GroupCommit:
         self._queued = False  # a turn of the worker is already scheduled
         self.commits = 0  # transactions committed (for tests and benchmarks)
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """`fn(db)` inside a group transaction; returns once that transaction committed."""
+    async def run(self, fn: Callable[[sqlite3.Connection], T], durable: bool = True) -> T:
+        """`fn(db)` inside a group transaction; returns once that transaction committed
+        (`durable=False`: committed, maybe not yet fsynced)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         with self._lock:
-            self._pending.append((fn, fut))
+            self._pending.append((fn, fut, durable))
             start = not self._queued
             self._queued = True
         if start:
@@ -61,9 +71,12 @@ class GroupCommit:
             self._worker.submit(self._turn, loop)
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         db = self._db
+        relaxed = self._fsync and not any(durable for _, _, durable in batch)
         try:
+            if relaxed:
+                db.execute("PRAGMA synchronous=NORMAL")
             db.execute("BEGIN IMMEDIATE")
-            for fn, fut in batch:
+            for fn, fut, _ in batch:
                 db.execute("SAVEPOINT op")
                 try:
                     out = fn(db)
@@ -79,7 +92,10 @@ class GroupCommit:
         except Exception as exc:  # BEGIN or COMMIT failed: nothing of this turn stays
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            outcomes = [(fut, None, exc) for _, fut in batch]
+            outcomes = [(fut, None, exc) for _, fut, _ in batch]
+        finally:
+            if relaxed:
+                db.execute("PRAGMA synchronous=FULL")
         loop.call_soon_threadsafe(_settle, outcomes)
 
 

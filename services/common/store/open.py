@@ -42,7 +42,7 @@ def open_session_store(s: ServiceSettings) -> LoggedSessionStore:
         return CassandraSessionStore(**_cassandra_args(s))  # type: ignore[arg-type]
     from services.common.store.sqlite_session import SqliteSessionStore
 
-    return SqliteSessionStore(s.data_dir / "sessions.db")
+    return SqliteSessionStore(s.data_dir / "sessions.db", s.store_sync)
 
 
 def open_queue_store(s: ServiceSettings) -> QueueStore:
@@ -52,7 +52,7 @@ def open_queue_store(s: ServiceSettings) -> QueueStore:
         return CassandraQueueStore(**_cassandra_args(s))  # type: ignore[arg-type]
     from services.common.store.sqlite_queue import SqliteQueueStore
 
-    return SqliteQueueStore(s.data_dir / "queues.db")
+    return SqliteQueueStore(s.data_dir / "queues.db", s.store_sync)
 
 
 def open_router_store(s: ServiceSettings) -> RouterStore:
@@ -62,7 +62,7 @@ def open_router_store(s: ServiceSettings) -> RouterStore:
         return CassandraRouterStore(**_cassandra_args(s))  # type: ignore[arg-type]
     from services.common.store.sqlite_router import SqliteRouterStore
 
-    return SqliteRouterStore(s.data_dir / "router.db")
+    return SqliteRouterStore(s.data_dir / "router.db", s.store_sync)
 
 
 def open_token_store(s: ServiceSettings) -> AdminTokenStore:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,15 +15,33 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 T = TypeVar("T")
 
 
+# PRAGMA synchronous per `store_sync` value.
+_SYNC = {"full": "FULL", "normal": "NORMAL"}
+CHECKPOINT_EVERY_S = 0.5
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+
+
 class SqliteDb:
     """Runs every statement on one worker thread so the event loop never waits on disk.
 
-    WAL with synchronous=FULL: a committed transaction survives a killed process and a power
-    cut. busy_timeout lets several processes of one machine share a file.
+    WAL with synchronous=FULL (`sync="full"`, the default): a committed transaction survives
+    a killed process and a power cut; `sync="normal"`: a killed process, not a power cut
+    (the setting `store_sync`). busy_timeout lets several processes of one machine share a
+    file.
+
+    `background_checkpoint`: the WAL is copied back into the database by a thread of its own
+    (`PRAGMA wal_checkpoint(PASSIVE)` every CHECKPOINT_EVERY_S) instead of by whichever
+    commit crosses SQLite's 1,000-page mark. That commit would otherwise copy and fsync megabytes
+    before its callers hear back: a latency spike on the message path every few seconds of
+    load. A passive checkpoint never blocks a writer.
     """
 
-    def __init__(self, path: Path, schema: str) -> None:
+    def __init__(
+        self, path: Path, schema: str, sync: str = "full", background_checkpoint: bool = False
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._stop_checkpoints = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._together: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
@@ -37,8 +56,28 @@ class SqliteDb:
         ):
             with attempt:
                 self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=FULL")
+                self.db.execute(f"PRAGMA synchronous={_SYNC[sync]}")
                 self.db.executescript(schema)
+        if background_checkpoint:
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
+            threading.Thread(
+                target=self._checkpoint_now_and_then, name="sqlite-checkpoint", daemon=True
+            ).start()
+
+    def _checkpoint_now_and_then(self) -> None:
+        db = sqlite3.connect(str(self._path), check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA busy_timeout=1000")
+            # After a complete checkpoint the next commit starts the WAL over; this caps the
+            # file that a burst left behind.
+            db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+            while not self._stop_checkpoints.wait(CHECKPOINT_EVERY_S):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error:  # busy or closing: the next round tries again
+                    continue
+        finally:
+            db.close()
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -96,5 +135,6 @@ class SqliteDb:
         return out
 
     async def close(self) -> None:
+        self._stop_checkpoints.set()
         await self.run(self.db.close)
         self._pool.shutdown(wait=True)

@@ -11,7 +11,8 @@ Invariants:
   to a connection.
 - Writes are group-committed (services/common/store/group_commit.py): concurrent appends,
   delivery reads, acks and drops of any queues share one transaction and one fsync, and none
-  is answered before that transaction committed.
+  is answered before that transaction committed. Acks alone commit without an fsync (see
+  `ack`); the WAL is checkpointed by a background thread, never by a commit.
 - A message id appended to a queue is remembered in `queue_msgids` for MSGID_RETENTION_MS,
   even after its entry is acked and deleted: a retried append of the same message (the
   router died before answering, the node retries) is a no-op, not a second delivery.
@@ -122,12 +123,12 @@ def _insert_entry(
 
 
 class SqliteQueueStore(SqliteDb):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, _SCHEMA)
+    def __init__(self, path: Path, sync: str = "full") -> None:
+        super().__init__(path, _SCHEMA, sync, background_checkpoint=True)
         # In a transaction: another process opening the same file migrates it only once.
         self.tx(_add_delivered_through)
         self._appends = 0
-        self.group = GroupCommit(self.db, self._pool)
+        self.group = GroupCommit(self.db, self._pool, fsync=sync == "full")
 
     async def claim_partition(self, partition: int) -> int:
         def claim(db: sqlite3.Connection) -> int:
@@ -271,7 +272,9 @@ class SqliteQueueStore(SqliteDb):
                 (min(through_seq, st.last_seq), cur.rowcount, tenant, queue_id),
             )
 
-        await self.group.run(ack)
+        # Lost on a power cut, an ack only makes its entries go out again (DUP=1, read back
+        # past delivered_through), which QoS 1 and 2 allow: no fsync of its own.
+        await self.group.run(ack, durable=False)
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
         def mark(db: sqlite3.Connection) -> None:

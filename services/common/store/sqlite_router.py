@@ -19,8 +19,8 @@ CREATE TABLE IF NOT EXISTS delayed (
 
 
 class SqliteRouterStore(SqliteDb):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, _SCHEMA)
+    def __init__(self, path: Path, sync: str = "full") -> None:
+        super().__init__(path, _SCHEMA, sync)
 
     async def put_retained(self, r: RetainedRecord) -> None:
         await self.run(

@@ -61,8 +61,8 @@ _SESSION_COLS = (
 
 
 class SqliteSessionStore(SqliteEventLog):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, _SCHEMA + LOG_SCHEMA)
+    def __init__(self, path: Path, sync: str = "full") -> None:
+        super().__init__(path, _SCHEMA + LOG_SCHEMA, sync)
         # Files created before sessions had owners: add the column (NULL: owner unknown).
         cols = {row[1] for row in self.db.execute("PRAGMA table_info(sessions)")}
         if "owner" not in cols:
