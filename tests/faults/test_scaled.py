@@ -1,0 +1,100 @@
+"""Several instances of the router and the session service (issue 18): `starling up
+--routers 2 --sessions 2`, one instance of each SIGKILLed in turn while QoS 1 and QoS 2
+messages flow to persistent sessions on two nodes. Nothing acknowledged is lost, each
+persistent session gets every publisher's messages in order, and every publisher's
+messages are acknowledged again soon after each kill (the figure is recorded).
+
+The nodes keep no copies of the route tables here (`route_copy_max_subscriptions` 0), so
+every QoS>=1 publish goes through a router: a kill hits the publish path itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.cli.launcher import Launcher
+from services.cli.status import run_status
+from tests.faults.harness import MAX_PACKET, Load, run_under_load, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+# Every publisher's messages acknowledged again within this after a kill: a routed batch
+# that a killed router held is sent again after services/router/client.py's FAIL_OVER_S.
+RESUME_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    launcher = Launcher(
+        tmp_path_factory.mktemp("scaled") / "run",
+        nodes=2,
+        mqtt_port=0,
+        anonymous=True,
+        ws=False,
+        extra_env={
+            "STARLING_LOG_LEVEL": "INFO",
+            "STARLING_NODE_TIMEOUT_S": "3",
+            "STARLING_MAX_PACKET_SIZE_BYTES": str(MAX_PACKET),
+            "STARLING_ROUTE_COPY_MAX_SUBSCRIPTIONS": "0",
+        },
+        instances={"router": 2, "session": 2},
+    )
+    launcher.start(timeout_s=90)
+    try:
+        yield launcher
+    finally:
+        launcher.stop()
+
+
+def test_status_shows_every_instance(scaled: Launcher, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_status(Path(scaled.mesh.data_dir)) == 0
+    shown = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
+    for name in ("router", "router-1", "session", "session-1", "queue", "connection-1"):
+        assert shown[name] == "SERVING", shown
+    # Each instance knows its ordinal and the count (settings instance_index/_count).
+    env = scaled._specs["router-1"][1] or {}
+    assert (env["STARLING_INSTANCE_INDEX"], env["STARLING_INSTANCE_COUNT"]) == ("1", "2")
+    assert env["STARLING_ROUTER_ADDR"].count(",") == 1
+
+
+def _resume_s(load: Load, since: float) -> float:
+    """Seconds from `since` until every publisher had 10 more messages acknowledged."""
+    base = {p.name: load.checker.acked_by(p.name) for p in load.publishers}
+    resumed: dict[str, float] = {}
+
+    def all_resumed() -> bool:
+        for p in load.publishers:
+            if p.name not in resumed and load.checker.acked_by(p.name) >= base[p.name] + 10:
+                resumed[p.name] = time.monotonic() - since
+        return len(resumed) == len(load.publishers)
+
+    assert wait_for(all_resumed, 30), f"publishing did not resume: {resumed}"
+    return max(resumed.values())
+
+
+def test_sigkill_a_router_then_a_session_instance_under_load(scaled: Launcher) -> None:
+    figures: dict[str, float] = {}
+
+    def inject(load: Load) -> None:
+        for name in ("router", "session"):
+            killed = time.monotonic()
+            scaled.kill(name)
+            figures[name] = round(_resume_s(load, killed), 2)
+            time.sleep(1.0)  # load with one instance down, then it joins again
+            scaled.restart(name)
+            time.sleep(1.0)
+
+    verdict = run_under_load(
+        scaled,
+        "router x2, session x2: SIGKILL one of each in turn",
+        "router instance 0 then session instance 0 SIGKILLed (restarted after)",
+        inject,
+        moving_qos=1,
+    )
+    print(f"resumed within (s): {figures}")
+    assert verdict.delivered > 0
+    for name, seconds in figures.items():
+        assert seconds < RESUME_S, f"publishing resumed {seconds} s after {name} was killed"
