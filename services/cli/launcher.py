@@ -45,6 +45,13 @@ from services.cli.secrets import (
 BACK_OFFICE = ("session", "router", "queue", "rules", "quota", "metrics")
 
 
+def instance_name(service: str, index: int) -> str:
+    """Component name and node id of one instance of a back-office service: the first keeps
+    the service's own name (`router`), so a mesh of single instances is named as it always
+    was; the others are `router-1`, `router-2`, ..."""
+    return service if index == 0 else f"{service}-{index}"
+
+
 @dataclass
 class Component:
     name: str
@@ -57,6 +64,7 @@ class Component:
     tls_port: int = 0
     wss_port: int = 0
     log: str = ""
+    service: str = ""  # the service an instance belongs to (back office; "" before issue 18)
 
 
 @dataclass
@@ -119,7 +127,10 @@ class Launcher:
         ws: bool = True,
         tls: tuple[Path, Path] | None = None,
         node_workers: int = 1,
+        instances: dict[str, int] | None = None,
     ) -> None:
+        """`instances`: how many of each back-office service (default one each); each gets
+        `instance_index` and `instance_count` in its environment."""
         if node_workers < 1:
             raise ValueError(
                 f"node_workers (--node-workers) must be at least 1, not {node_workers}"
@@ -127,6 +138,11 @@ class Launcher:
         self.data_dir = data_dir.resolve()
         self.nodes = nodes
         self.node_workers = node_workers
+        self.instances = {name: 1 for name in BACK_OFFICE}
+        for name, count in (instances or {}).items():
+            if name not in self.instances or count < 1:
+                raise ValueError(f"instances: {name}={count} (a back-office service, >= 1)")
+            self.instances[name] = count
         self.mqtt_port = mqtt_port
         self.anonymous = anonymous
         self.extra_env = extra_env or {}
@@ -224,11 +240,20 @@ class Launcher:
         env.update(self.extra_env)
         return env
 
-    def _addr(self, name: str) -> str:
-        return f"127.0.0.1:{self._planned[name]}"
+    def _addr(self, service: str) -> str:
+        """The service's gRPC address: every instance's, comma-separated when several
+        (services/common/rpc/client.py balances and fails over among them)."""
+        return ",".join(
+            f"127.0.0.1:{self._planned[instance_name(service, i)]}"
+            for i in range(self.instances[service])
+        )
 
     def plan(self) -> None:
-        self._planned = {name: free_port() for name in BACK_OFFICE}
+        self._planned = {
+            instance_name(name, i): free_port()
+            for name in BACK_OFFICE
+            for i in range(self.instances[name])
+        }
 
     def start_service(
         self,
@@ -239,6 +264,7 @@ class Launcher:
         mqtt_port: int = 0,
         ports_of: Component | None = None,
         elsewhere: str = "",
+        index: int = 0,
     ) -> Component:
         """Start one service process. A connection node listens on `mqtt_port` and on WS /
         TLS / WSS ports of its own, or, given `ports_of` (another worker of the same node),
@@ -249,8 +275,13 @@ class Launcher:
             "service",
             grpc_port=self._planned.get(name) or free_port(),
             metrics_port=free_port(),
+            service=service,
         )
         env = self._service_env(comp, service, nats, redis)
+        if service in self.instances:
+            count = str(self.instances[service])
+            env["STARLING_INSTANCE_INDEX"] = env["STARLING_INSTANCE_ORDINAL"] = str(index)
+            env["STARLING_INSTANCE_COUNT"] = count
         if service == "connection":
             comp.port = mqtt_port
             env["STARLING_MQTT_PORT"] = str(mqtt_port)
@@ -292,11 +323,12 @@ class Launcher:
         from services.cli.status import component_status
 
         for name in BACK_OFFICE:
-            self.start_service(name, name, nats, redis)
+            for i in range(self.instances[name]):
+                self.start_service(instance_name(name, i), name, nats, redis, index=i)
         # Nodes announce themselves (hello) as they start: the session service must be
         # listening by then, so the back office serves first.
         for comp in list(self.mesh.components):
-            if comp.name in BACK_OFFICE:
+            if comp.service in BACK_OFFICE:
                 _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
         # Port 0: each node's port is picked here, once, so that every worker binds the same
         # one and every node knows the others' (the Server Reference of a drain).
@@ -332,7 +364,7 @@ class Launcher:
         """Stop children in order; SIGKILL what outlives its grace period."""
         comps = self.mesh.components
         nodes = [c for c in comps if c.name.startswith("connection-")]  # with every worker
-        back_office = [c for c in comps if c.name in BACK_OFFICE]
+        back_office = [c for c in comps if (c.service or c.name) in BACK_OFFICE]
         infra = [c for c in comps if c.kind in ("redis", "nats")]
         for group in (nodes, back_office, infra):
             for comp in group:
@@ -441,8 +473,14 @@ def print_endpoints(mesh: Mesh) -> None:
     print("Ctrl-C stops everything.", flush=True)
 
 
-def run_up(data_dir: Path, nodes: int, mqtt_port: int, node_workers: int = 1) -> int:
-    launcher = Launcher(data_dir, nodes, mqtt_port, node_workers=node_workers)
+def run_up(
+    data_dir: Path,
+    nodes: int,
+    mqtt_port: int,
+    node_workers: int = 1,
+    instances: dict[str, int] | None = None,
+) -> int:
+    launcher = Launcher(data_dir, nodes, mqtt_port, node_workers=node_workers, instances=instances)
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:

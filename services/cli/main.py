@@ -29,6 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes per node, all on the node's ports (SO_REUSEPORT): one core each "
         "(default 1)",
     )
+    for service in SERVICES[1:]:  # the back office (services/cli/launcher.py)
+        plural = "queues" if service == "queue" else f"{service}s"
+        if service in ("rules", "metrics"):
+            plural = service
+        p.add_argument(
+            f"--{plural}",
+            dest=f"instances_{service}",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"{service} service instances (default 1)",
+        )
     p = sub.add_parser("status", help="health of every component of the local mesh")
     p.add_argument("--data-dir", default=".starling")
     p = sub.add_parser(
@@ -57,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--nodes must be at least 1")
         if args.node_workers < 1:
             parser.error("--node-workers must be at least 1")
-        return run_up(Path(args.data_dir), args.nodes, args.mqtt_port, args.node_workers)
+        instances = {s: getattr(args, f"instances_{s}") for s in SERVICES[1:]}
+        for service, count in instances.items():
+            if count < 1:
+                parser.error(f"{service} instances must be at least 1")
+        return run_up(Path(args.data_dir), args.nodes, args.mqtt_port, args.node_workers, instances)
     if args.command == "secrets":
         from services.cli.secrets import MeshSecrets, write_secret_files
 

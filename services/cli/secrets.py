@@ -86,6 +86,8 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "rt.list",
                 "rt.routes.>",
                 "svc.queue.append",
+                # several router instances append as checked against their table's version
+                "svc.queue.direct",
                 "svc.queue.routes",
                 "_INBOX.>",
             ]

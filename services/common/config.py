@@ -66,6 +66,18 @@ class ServiceSettings(BaseSettings):
         description="Instance name; defaults to <service>-<host>-<pid>. Give each "
         "connection node a stable one (a restarted node releases its earlier life's sessions).",
     )
+    instance_index: int = Field(
+        default=0,
+        ge=0,
+        description="This instance's ordinal among the instances of its service (0 ..."
+        " instance_count - 1; a StatefulSet pod's ordinal); `starling up` sets it.",
+    )
+    instance_count: int = Field(
+        default=1,
+        ge=1,
+        description="Instances of this service in the cluster. Above 1, a router shares its "
+        'state through Redis and the store (docs/architecture.md, "Several instances").',
+    )
     grpc_host: str = Field(default="127.0.0.1", description="Address the gRPC server binds.")
     grpc_port: int = Field(default=0, ge=0, le=65535, description="gRPC port; 0 picks one.")
     metrics_port: int = Field(

@@ -77,6 +77,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
         self, request: pb.ListRetainedRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListRetainedResponse:
         tenant = _tenant(request.tenant)
+        await self._publisher.fresh_retained(tenant)
         found, examined = self._retained.match(
             tenant, request.topic_filter or "#", int(time.time() * 1000)
         )
@@ -91,14 +92,17 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
         self, request: pb.DeleteRetainedRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteRetainedResponse:
         tenant = _tenant(request.tenant)
+        await self._publisher.fresh_retained(tenant)
         deleted = self._retained.delete(tenant, request.topic)
         await self._store.delete_retained(tenant, request.topic)  # type: ignore[attr-defined]
+        await self._publisher.wrote("retained:" + tenant)
         return pb.DeleteRetainedResponse(deleted=deleted)
 
     async def ListDelayed(
         self, request: pb.ListDelayedRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListDelayedResponse:
         tenant = _tenant(request.tenant)
+        await self._publisher.fresh_delayed()
         recs = sorted(
             (r for (t, _), r in self._publisher.delayed.items() if t == tenant),
             key=lambda r: r.due_ms,

@@ -63,6 +63,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
     ) -> pb.GetRetainedResponse:
         if not request.tenant or not request.topic_filter:
             raise InvalidArgumentError("tenant and topic_filter are required")
+        await self._publisher.fresh_retained(request.tenant)
         found, examined = self._retained.match(
             request.tenant, request.topic_filter, int(time.time() * 1000)
         )

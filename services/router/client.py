@@ -18,7 +18,7 @@ from services.common.bus.unary import UnaryClient
 from services.common.connect import IdentifiedSubscription
 from services.common.envelope import from_envelope
 from services.common.message import Message
-from services.common.rpc.client import LazyStub
+from services.common.rpc.client import LazyStub, target
 from services.common.rpc.limits import split_by_bytes
 from services.common.store.ports import SubscriptionRecord
 from services.common.subscription import identified_from_pb, identified_to_pb, record_from_pb
@@ -38,6 +38,10 @@ __all__ = [
 ]
 
 _RESULTS = {int(r): r for r in RouteResult}
+# Several router instances: a routed batch not answered within this is sent again (a killed
+# instance never answers, and NATS cannot tell a dead responder from a slow one); the same
+# message ids, so a repeat stores nothing twice. One instance: the call's own timeout.
+FAIL_OVER_S = 1.0
 
 
 def _result(value: int) -> RouteResult:
@@ -50,11 +54,14 @@ class RouterClient:
         self._rpc = LazyStub(address, pb_grpc.RouterServiceStub, timeout_s=timeout_s)
         self._timeout_s = timeout_s
         self._bus: UnaryClient | None = None
+        self._route_timeout_s = FAIL_OVER_S if target(address)[1] else timeout_s
+        self._route_bus: UnaryClient | None = None
 
     def use_bus(self, nc: Client) -> None:
         """Send `route` and `settle_will` over NATS request/reply from now on (gRPC for what
         does not fit one NATS message): services/common/bus/unary.py says why."""
         self._bus = UnaryClient(nc, self._timeout_s)
+        self._route_bus = UnaryClient(nc, self._route_timeout_s)
 
     async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
         """Store QoS>=1 publishes for persistent sessions; one result per message, in order.
@@ -65,7 +72,7 @@ class RouterClient:
         for run in split_by_bytes(messages, RoutedMessage.ByteSize):
             req = pb.RoutePersistentRequest(messages=run)
             resp = await unary.call(
-                self._bus,
+                self._route_bus,
                 unary.ROUTE_SUBJECT,
                 self._rpc,
                 self._rpc.stub.RoutePersistent,

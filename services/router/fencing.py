@@ -13,6 +13,14 @@ A version stands for one content of the table within one router process; a new p
 starts every tenant at the current time in microseconds, above what its predecessor used
 unless the clock went back, and a fence that finds a queue holding a higher version goes
 above it.
+
+Several router instances (`replay` set, services/router/cluster.py): a version stands for
+"every change fenced at or below it", whoever made it. A change is written to the store
+first, fenced next, and the instance then replays the tenant's route events from the store
+before it takes the new version; an instance whose version the queues refuse (another one
+changed the table) reads the version the queues hold, replays, and fences that version
+again (`catch_up`). Its RouteChange names `prev_version` 0 when the replay brought another
+instance's changes, so the copies reload rather than chain onto it.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 
 from services.common.bus import subjects
 from services.queue.client import QueueClient
+from services.router.cluster import RouteReplay
 from starling.router.v1.router_pb2 import RouteChange
 
 log = logging.getLogger("starling.router.fencing")
@@ -39,6 +48,8 @@ class RouteFence:
         self._versions: dict[str, int] = {}
         self._fenced: set[str] = set()  # tenants whose version the queues learned from us
         self._locks: dict[str, asyncio.Lock] = {}
+        # Several router instances: the store's route events, replayed (services/router/main.py)
+        self.replay: RouteReplay | None = None
 
     def version(self, tenant: str) -> int:
         """The tenant's current version (fixed on first use)."""
@@ -65,12 +76,55 @@ class RouteFence:
         # One lock per tenant that ever changed: as many as tenants, which are bounded.
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             prev = self.version(tenant)
+            if self.replay is None:
+                new = await self._fence(tenant, max(prev + 1, time.time_ns() // 1000))
+                self._versions[tenant] = new
+                self._fenced.add(tenant)
+                change = RouteChange(tenant=tenant, prev_version=prev, version=new)
+                yield change
+                await self._publish(change)
+                return
+            # Several instances: the store first, then the fence, then the replay (module
+            # docstring).
+            change = RouteChange(tenant=tenant, prev_version=prev)
+            yield change
             new = await self._fence(tenant, max(prev + 1, time.time_ns() // 1000))
+            mine = {(e.client_id, e.incarnation) for e in (*change.added, *change.removed)} | {
+                (d.client_id, d.incarnation) for d in change.dropped
+            }
+            if await self.replay.replay(tenant, mine):
+                change.prev_version = 0  # not a link of the chain the copies hold
             self._versions[tenant] = new
             self._fenced.add(tenant)
-            change = RouteChange(tenant=tenant, prev_version=prev, version=new)
-            yield change
+            change.version = new
             await self._publish(change)
+
+    async def catch_up(self, tenant: str, refused: int = 0) -> None:
+        """Several instances: our version of the tenant was refused (another instance
+        changed the table), or we have none yet. Read the version the queues hold, replay
+        the store's events, and fence that version at every queue again (a lagging queue
+        learns it); if it moved meanwhile, again. Nothing to do if a catch-up under way
+        already moved us past `refused`."""
+        assert self.replay is not None
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            if tenant in self._fenced and self._versions.get(tenant) != refused:
+                return
+            for _ in range(_ATTEMPTS):
+                held = await self._queues.fence_routes(tenant, 1)  # 1: below every version
+                await self.replay.replay(tenant)
+                version = held if held > 1 else time.time_ns() // 1000
+                if await self._queues.fence_routes(tenant, version) == version:
+                    self._versions[tenant] = version
+                    self._fenced.add(tenant)
+                    return
+            raise RuntimeError(f"route version of {tenant} keeps moving")
+
+    async def routing_version(self, tenant: str) -> int:
+        """Several instances: the version to check our appends with (caught up first if we
+        never were)."""
+        if tenant not in self._fenced:
+            await self.catch_up(tenant)
+        return self._versions[tenant]
 
     async def ensure_fenced(self, tenant: str, refused: int = 0) -> None:
         """The queues hold the tenant's current version before a node copies the table:
@@ -78,6 +132,9 @@ class RouteFence:
         it), or moved up when a queue holds a higher one."""
         current = self.version(tenant)
         if tenant in self._fenced and refused != current:
+            return
+        if self.replay is not None:
+            await self.catch_up(tenant, current)
             return
         held = await self._queues.fence_routes(tenant, current)
         if held == current:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterable
 
 import grpc
+from redis.asyncio import Redis
 
 from services.common.bus.client import LateClient, connect, drain
 from services.common.bus.large import Holder
@@ -24,6 +25,7 @@ from services.queue.client import QueueClient
 from services.router.admin import RouterAdminApi
 from services.router.api import RouterApi
 from services.router.boot import BootReport, load_routes
+from services.router.cluster import RouteReplay, Shared
 from services.router.config import RouterSettings
 from services.router.core import RouteTable
 from services.router.fencing import RouteFence
@@ -62,6 +64,14 @@ class RouterService:
             self._refusals,
         )
         self._publisher.tracing = settings.tracing
+        # Several instances share their state through the store and Redis
+        # (services/router/cluster.py); one alone needs neither.
+        self._shared: Shared | None = None
+        if settings.instance_count > 1:
+            redis = Redis.from_url(
+                settings.redis_url, password=settings.redis_password.get_secret_value() or None
+            )
+            self._shared = self._publisher.shared = Shared(redis, settings.node_id)
         self._scheduler: asyncio.Task[None] | None = None
         self._api = RouterApi(
             self._table,
@@ -95,6 +105,8 @@ class RouterService:
         self._publisher.holder = holder
         # The latest routing snapshot and the events after its checkpoint (or a scan).
         self.boot = await load_routes(self._store, self._table)
+        if self._shared is not None:
+            self._fence.replay = RouteReplay(self._store, self._table, self.boot)
         await self._publisher.load()
         log.info(
             "route_table_loaded",
@@ -127,6 +139,8 @@ class RouterService:
         if self._nats.nc is not None:
             await drain(self._nats.nc)
         await self._queues.close()
+        if self._shared is not None:
+            await self._shared.close()
         await self._store.close()
         await self._router_store.close()
 

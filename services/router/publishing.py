@@ -20,7 +20,8 @@ from services.common.store.ports import DelayedRecord, RetainedRecord, RouterSto
 from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.common.topics import topic_to_subject
 from services.common.topics.delayed import DelayedTopic, parse_delayed
-from services.queue.client import AppendResult, QueueClient
+from services.queue.client import AppendResult, QueueClient, StaleRoutesError
+from services.router.cluster import DELAYED, Shared
 from services.router.core import RouteResult, RouteTable, plan, settle
 from services.router.delayed import Schedule
 from services.router.fencing import RouteFence
@@ -33,6 +34,8 @@ log = logging.getLogger("starling.router")
 tracer = trace.get_tracer("starling.router")
 # A tenant at a retained cap has its expired retained messages purged at most this often.
 PURGE_EVERY_MS = 1000
+# Several instances: appends refused as stale this often in a row make the batch TRY_LATER.
+_CHECKS = 3
 
 
 WILL_PREFIX = "will/"
@@ -82,13 +85,48 @@ class Publisher:
         self._purged_at: dict[str, int] = {}  # tenant -> last purge of expired retained
         self._wake = asyncio.Event()
         self.holder: Holder | None = None  # set once NATS is connected (services/router/main.py)
+        # Several router instances (services/router/cluster.py); None: this one is alone.
+        self.shared: Shared | None = None
 
     async def load(self) -> None:
         """Retained and delayed messages from the store; the caps' usage follows from them."""
         for r in await self._store.all_retained():
             self._retained.put(r.tenant, r.topic, Retained(r.data, r.expires_at_ms))
+        await self._load_delayed()
+
+    async def _load_delayed(self) -> None:
+        g = await self.shared.generations.stale(DELAYED) if self.shared else None
+        self.delayed.clear()
+        self.delayed_usage = Usage()
+        self.schedule = Schedule()
         for d in await self._store.all_delayed():
             self._hold(d)
+        if self.shared is not None and g is not None:
+            self.shared.generations.adopt(DELAYED, g)
+
+    async def wrote(self, key: str) -> None:
+        """Several instances: the others learn that the store changed under their copy."""
+        if self.shared is not None:
+            await self.shared.generations.wrote(key)
+
+    async def fresh_retained(self, tenant: str) -> None:
+        """Several instances: the tenant's retained index is the store's (reloaded if another
+        instance wrote since we looked)."""
+        if self.shared is None:
+            return
+        g = await self.shared.generations.stale("retained:" + tenant)
+        if g is None:
+            return
+        self._retained.drop_tenant(tenant)
+        for r in await self._store.tenant_retained(tenant):
+            self._retained.put(r.tenant, r.topic, Retained(r.data, r.expires_at_ms))
+        self.shared.generations.adopt("retained:" + tenant, g)
+
+    async def fresh_delayed(self) -> None:
+        """Several instances: the delayed messages are the store's (reloaded if another
+        instance wrote since we looked)."""
+        if self.shared is not None and await self.shared.generations.stale(DELAYED) is not None:
+            await self._load_delayed()
 
     async def accept(self, messages: list[RoutedMessage]) -> tuple[list[RouteResult], int]:
         """Handle publishes from a node; one RouteResult per message, and queues touched."""
@@ -132,6 +170,14 @@ class Publisher:
     async def _route(
         self, items: list[tuple[int, RoutedMessage]], results: list[RouteResult]
     ) -> int:
+        if self.shared is not None:
+            by_tenant: dict[str, list[tuple[int, RoutedMessage]]] = {}
+            for i, m in items:
+                by_tenant.setdefault(m.tenant, []).append((i, m))
+            routed = 0
+            for tenant, group in by_tenant.items():
+                routed += await self._route_checked(tenant, group, results)
+            return routed
         queues = 0
         for tenant, (entries, owners) in plan(self._table, items, self._qos0).items():
             outcomes: list[AppendResult | None]
@@ -148,12 +194,45 @@ class Publisher:
             queues += len(entries)
         return queues
 
+    async def _route_checked(
+        self, tenant: str, items: list[tuple[int, RoutedMessage]], results: list[RouteResult]
+    ) -> int:
+        """Several instances: route from our table as a node's copy does, checked by the
+        queue against the version every queue holds (even with no entries: that answer is
+        what says no persistent session matches); refused, catch up and route again."""
+        for _ in range(_CHECKS):
+            try:
+                version = await self.fence.routing_version(tenant)
+                entries, owners = plan(self._table, items, self._qos0).get(tenant, ([], []))
+                outcomes: list[AppendResult | None] = list(
+                    await self._queues.append(tenant, entries, routes_checked=version)
+                )
+            except StaleRoutesError:
+                try:
+                    await self.fence.catch_up(tenant, version)
+                except Exception:  # the queues unreachable: the node retries the batch
+                    log.warning("route_catch_up_failed", extra={"tenant": tenant})
+                    break
+                continue
+            except ServiceError as exc:
+                log.warning("queue_append_failed", extra={"code": exc.code.name})
+                entries, owners, outcomes = [], [i for i, _ in items], [None] * len(items)
+            except RuntimeError:  # the version kept moving
+                break
+            settle(results, owners, outcomes)
+            return len(entries)
+        for i, _ in items:
+            results[i] = RouteResult.TRY_LATER
+        return 0
+
     async def _retain(self, m: RoutedMessage) -> bool:
         """Store (or, for an empty payload, delete [MQTT-3.3.1-10]) the retained message;
         False when the tenant's retained caps refuse it (a delete is never refused)."""
+        await self.fresh_retained(m.tenant)
         if not m.payload:
             self._retained.delete(m.tenant, m.topic)
             await self._store.delete_retained(m.tenant, m.topic)
+            await self.wrote("retained:" + m.tenant)
             return True
         data = m.SerializeToString()
         if not await self._retained_fits(m.tenant, m.topic, len(data)):
@@ -163,6 +242,7 @@ class Publisher:
             return False
         await self._store.put_retained(RetainedRecord(m.tenant, m.topic, data, _expires_at_ms(m)))
         self._retained.put(m.tenant, m.topic, Retained(data, _expires_at_ms(m)))
+        await self.wrote("retained:" + m.tenant)
         return True
 
     def _retained_growth(self, tenant: str, topic: str, nbytes: int) -> tuple[int, int]:
@@ -206,6 +286,8 @@ class Publisher:
         for topic in topics:
             self._retained.delete(tenant, topic)
             await self._store.delete_retained(tenant, topic)
+        if topics:
+            await self.wrote("retained:" + tenant)
         return bool(topics)
 
     async def _quota_event(self, tenant: str, limit: str) -> None:
@@ -227,6 +309,7 @@ class Publisher:
         message already held (the node retrying the same message id) is not held twice; a
         will replaces the client's will held before."""
         key = (m.tenant, id or m.message_id)
+        await self.fresh_delayed()
         if not id and key in self.delayed:
             return True
         inner = RoutedMessage()
@@ -242,6 +325,7 @@ class Publisher:
                 return False
         await self._store.put_delayed(rec)
         self._hold(rec)
+        await self.wrote(DELAYED)
         self._wake.set()
         return True
 
@@ -278,6 +362,7 @@ class Publisher:
         await self._delay(m, DelayedTopic(delay_s, m.topic), will_id(m.publisher.client_id))
 
     async def settle_will(self, tenant: str, client_id: str, publish_now: bool) -> bool:
+        await self.fresh_delayed()
         id = will_id(client_id)
         rec = self.delayed.get((tenant, id))
         if rec is None:
@@ -287,11 +372,13 @@ class Publisher:
         return await self.cancel(tenant, id)
 
     async def cancel(self, tenant: str, id: str) -> bool:
+        await self.fresh_delayed()
         rec = self._unhold(tenant, id)
         if rec is None:
             return False
         self.schedule.cancel(tenant, id)
         await self._store.delete_delayed(tenant, id)
+        await self.wrote(DELAYED)
         return True
 
     async def run_scheduler(self) -> None:
@@ -305,6 +392,8 @@ class Publisher:
                 await asyncio.wait_for(self._wake.wait(), wait)
             except TimeoutError:
                 pass
+            if not await self._may_fire():
+                continue
             for tenant, id in self.schedule.pop_due(int(time.time() * 1000)):
                 rec = self.delayed.get((tenant, id))
                 if rec is None:
@@ -317,6 +406,19 @@ class Publisher:
                     continue
                 self._unhold(tenant, id)
                 await self._store.delete_delayed(tenant, id)
+                await self.wrote(DELAYED)
+
+    async def _may_fire(self) -> bool:
+        """Alone: always. Several instances: our delayed messages are the store's, and we
+        hold the scheduler lease (services/router/cluster.py)."""
+        if self.shared is None:
+            return True
+        try:
+            await self.fresh_delayed()
+            return await self.shared.scheduler.renew()
+        except Exception:  # Redis unreachable: another instance may hold the lease
+            log.warning("scheduler_lease_failed")
+            return False
 
     async def _publish_due(self, rec: DelayedRecord) -> None:
         m = RoutedMessage.FromString(rec.data)

@@ -56,6 +56,12 @@ class RetainedIndex:
             node = node.children.get(level)
         return node
 
+    def drop_tenant(self, tenant: str) -> None:
+        """Forget every retained message of the tenant (it is about to be reloaded)."""
+        self._roots.pop(tenant, None)
+        self._counts.pop(tenant, None)
+        self._bytes.pop(tenant, None)
+
     def put(self, tenant: str, topic: str, value: Retained) -> None:
         node = self._roots.setdefault(tenant, _Node())
         for level in topic.split("/"):

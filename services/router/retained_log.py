@@ -36,6 +36,9 @@ class RetainedLogging:
     async def all_retained(self) -> list[RetainedRecord]:
         return await self._inner.all_retained()
 
+    async def tenant_retained(self, tenant: str) -> list[RetainedRecord]:
+        return await self._inner.tenant_retained(tenant)
+
     async def put_delayed(self, rec: DelayedRecord) -> None:
         await self._inner.put_delayed(rec)
 

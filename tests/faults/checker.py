@@ -144,6 +144,11 @@ class Checker:
         with self._lock:
             return sum(len(s) for s in self._acked.values())
 
+    def acked_by(self, publisher: str) -> int:
+        """How many of one publisher's messages were acknowledged."""
+        with self._lock:
+            return len(self._acked[publisher])
+
     def sent_count(self) -> int:
         with self._lock:
             return sum(self._sent.values())

@@ -8,6 +8,7 @@ values; nothing outside a client.py sees a stub.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -22,15 +23,54 @@ S = TypeVar("S")
 R = TypeVar("R")
 
 
+# Several instances of a service: a call that finds its instance gone (connection refused,
+# or the instance killed under it) is made again on another one, at most twice more. Every
+# internal call may be repeated: the writes are idempotent (appends by message id,
+# subscriptions by filter, deletes) or harmless to repeat.
+_FAIL_OVER = json.dumps(
+    {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "methodConfig": [
+            {
+                "name": [{}],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "0.5s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ],
+    }
+)
+
+
+def target(address: str) -> tuple[str, bool]:
+    """The gRPC target of a service address, and whether it names several instances.
+
+    `host:port` is one address (as today: one instance, or a load balancer); a
+    comma-separated list of IPv4 `ip:port` (what `starling up` gives for several instances)
+    becomes one channel over all of them."""
+    parts = [a.strip() for a in address.split(",") if a.strip()]
+    if len(parts) <= 1:
+        return address, False
+    return "ipv4:" + ",".join(parts), True
+
+
 def channel(address: str) -> grpc.aio.Channel:
     """Client channel with tracing and the mesh's message size limits
-    (services/common/rpc/limits.py); `LazyStub` wraps it in a service stub."""
+    (services/common/rpc/limits.py); `LazyStub` wraps it in a service stub. Calls are spread
+    round robin over the instances behind `address` and fail over (`target`)."""
+    name, several = target(address)
+    fail_over = [("grpc.service_config", _FAIL_OVER)] if several else []
     return grpc.aio.insecure_channel(
-        address,
+        name,
         interceptors=[ClientTraceInterceptor()],
         options=[
             ("grpc.enable_retries", 1),
             ("grpc.keepalive_time_ms", 20000),
+            *fail_over,
             *grpc_options(),
         ],
     )

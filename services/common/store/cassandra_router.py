@@ -82,6 +82,13 @@ class CassandraRouterStore(CassandraBase):
                     out.append(RetainedRecord(t.tenant, r.topic, r.data, r.expires_at_ms))
         return out
 
+    async def tenant_retained(self, tenant: str) -> list[RetainedRecord]:
+        return [
+            RetainedRecord(tenant, r.topic, r.data, r.expires_at_ms)
+            for b in range(RETAINED_BUCKETS)
+            for r in await self._exec(self._r_scan, (tenant, b))
+        ]
+
     async def put_delayed(self, r: DelayedRecord) -> None:
         await self._exec(self._d_put, (r.due_ms // 60000, r.due_ms, r.tenant, r.id, r.data))
         await self._exec(self._d_idx, (r.tenant, r.id, r.due_ms))

@@ -46,6 +46,14 @@ class SqliteRouterStore(SqliteDb):
         )
         return [RetainedRecord(t, top, d, e) for t, top, d, e in rows]
 
+    async def tenant_retained(self, tenant: str) -> list[RetainedRecord]:
+        rows = await self.run(
+            lambda: self.db.execute(
+                "SELECT topic, data, expires_at_ms FROM retained WHERE tenant = ?", (tenant,)
+            ).fetchall()
+        )
+        return [RetainedRecord(tenant, top, d, e) for top, d, e in rows]
+
     async def put_delayed(self, r: DelayedRecord) -> None:
         await self.run(
             lambda: self.db.execute(
