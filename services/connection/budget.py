@@ -144,6 +144,30 @@ class PublishGate:
 
     def _admit(self, nbytes: int) -> bool:
         now = self._clock()
+        # The common case, Bucket.has inlined for every budget at once (this runs per
+        # publish): each limited budget keeps tokens to spare above its low-water mark in a
+        # live window, so nothing needs asking for and everything is taken.
+        for msgs, size in self._buckets:
+            state = msgs.state
+            if state != UNLIMITED and not (
+                state == LIMITED and msgs.tokens > msgs.low and now < msgs.expires
+            ):
+                return self._check_each(nbytes, now)
+            state = size.state
+            if state != UNLIMITED and not (
+                state == LIMITED and size.tokens - nbytes >= size.low and now < size.expires
+            ):
+                return self._check_each(nbytes, now)
+        for msgs, size in self._buckets:
+            if msgs.state == LIMITED:
+                msgs.tokens -= 1
+                msgs.demand += 1
+            if size.state == LIMITED:
+                size.tokens -= nbytes
+                size.demand += nbytes
+        return True
+
+    def _check_each(self, nbytes: int, now: float) -> bool:
         for msgs, size in self._buckets:
             if not msgs.has(1, now):
                 msgs.refused += 1
