@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import grpc
 
 from services.common.runtime import run_service
-from services.common.store.sqlite_usage import SqliteUsageStore
+from services.common.store.open import open_usage_store
 from services.metrics.api import MetricsAdminApi, MetricsApi
 from services.metrics.config import MetricsSettings
 from services.metrics.core import ClusterStats
@@ -18,12 +18,7 @@ from starling.metrics.v1 import metrics_pb2_grpc as pb_grpc
 class MetricsService:
     def __init__(self, settings: MetricsSettings) -> None:
         self._stats = ClusterStats(settings.node_stale_s)
-        # The embedded store only: on Cassandra the usage table is not written yet.
-        self._usage = (
-            None
-            if settings.cassandra_contact_points
-            else SqliteUsageStore(settings.data_dir / "usage.db")
-        )
+        self._usage = open_usage_store(settings)
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_MetricsServiceServicer_to_server(MetricsApi(self._stats, self._usage), server)
@@ -34,8 +29,7 @@ class MetricsService:
         return None
 
     async def stop(self) -> None:
-        if self._usage is not None:
-            await self._usage.close()
+        await self._usage.close()
 
 
 def main() -> int:
