@@ -146,14 +146,33 @@ class NodeStats:
             out[t] = out.get(t, 0) + 1
         return out
 
+    def sessions_by_tenant(self) -> dict[str, tuple[int, int, int]]:
+        """Per tenant: (clients connected with a session, those whose session is
+        persistent, subscriptions of the others). A persistent session's subscriptions are
+        the router's to count (it holds them while the client is away too)."""
+        out: dict[str, tuple[int, int, int]] = {}
+        for conn in list(self._conns):
+            ch = conn.channel
+            if not ch.tenant:
+                continue
+            online, persistent, subs = out.get(ch.tenant, (0, 0, 0))
+            if ch.persistent:
+                persistent += 1
+            else:
+                subs += len(ch.subscriptions)
+            out[ch.tenant] = (online + 1, persistent, subs)
+        return out
+
     def report(self) -> list[TenantCounters]:
         """Every tenant's figures; each tenant's top topics start again from empty."""
         conns = self.connections_by_tenant()
+        sessions = self.sessions_by_tenant()
         refused = self._refusals().quota_by_tenant()
         tallies = self.by_tenant()
         out = []
         for t in sorted({*tallies, *conns, *refused} - {"-"}):
             c = tallies.get(t) or Tally()
+            online, persistent, subs = sessions.get(t, (0, 0, 0))
             topics = self._topics.pop(t, None)
             out.append(
                 TenantCounters(
@@ -175,6 +194,9 @@ class NodeStats:
                     dropped_too_large=c.dropped_too_large,
                     expired=c.expired,
                     quota_refusals=refused.get(t, 0),
+                    sessions_online=online,
+                    sessions_persistent_online=persistent,
+                    subscriptions=subs,
                     top_topics=tuple(topics.take()) if topics is not None else (),
                     ack_latency_buckets=tuple(c.ack_latency),
                     ack_latency_sum_s=c.ack_latency_sum_ms / 1000,

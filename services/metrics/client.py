@@ -49,6 +49,7 @@ class TenantCounters:
     retained_bytes: int = 0
     queue_depth: int = 0
     queue_dropped: int = 0
+    sessions_persistent_online: int = 0
     top_topics: tuple[tuple[str, int], ...] = ()  # since the previous report, busiest first
     ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last
     ack_latency_sum_s: float = 0.0

@@ -61,6 +61,7 @@ class TenantCounts:
     retained_bytes: int = 0
     queue_depth: int = 0
     queue_dropped: int = 0
+    sessions_persistent_online: int = 0
     # since the reporter's previous report (not cumulative): (topic, messages)
     top_topics: tuple[tuple[str, int], ...] = ()
     ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last
@@ -79,6 +80,9 @@ class TenantCounts:
         self.ack_latency_sum_s += other.ack_latency_sum_s
 
 
+# Reporter kinds whose every instance holds the whole state (each router loads every
+# tenant's routes and retained messages): one report counts, not the sum.
+REPLICATED = frozenset({"router"})
 SUMMED: tuple[str, ...] = tuple(f.name for f in fields(TenantCounts) if f.type == "int")
 
 
@@ -96,14 +100,24 @@ class ClusterStats:
         self.reports[node_id] = (now, kind, tenants)
 
     def totals(self, now: float) -> tuple[int, dict[str, TenantCounts]]:
-        """(live connection nodes, per tenant sums over every live reporter). Safe to call
-        from another thread than the one that reports: it reads a snapshot of the reports."""
+        """(live connection nodes, per tenant sums over the live reporters). A replicated
+        kind (every instance holds the same state: REPLICATED) counts once, from its most
+        recent report. Safe to call from another thread than the one that reports: it
+        reads a snapshot of the reports."""
         out: dict[str, TenantCounts] = {}
         nodes = 0
+        latest: dict[str, tuple[float, dict[str, TenantCounts]]] = {}
         for at, kind, tenants in list(self.reports.values()):
             if now - at > self.stale_s:
                 continue
             nodes += not kind
+            if kind in REPLICATED:
+                if kind not in latest or latest[kind][0] < at:
+                    latest[kind] = (at, tenants)
+                continue
+            for tenant, c in list(tenants.items()):
+                out.setdefault(tenant, TenantCounts()).add(c)
+        for _, tenants in latest.values():
             for tenant, c in list(tenants.items()):
                 out.setdefault(tenant, TenantCounts()).add(c)
         return nodes, out

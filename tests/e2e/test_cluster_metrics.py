@@ -105,3 +105,28 @@ def test_the_busiest_topic_is_recorded_for_the_hour(mesh: MeshInfo, traffic: str
     # One publish in SAMPLE_EVERY is looked at, weighted by it: about the 30 published.
     got = _until(topics, lambda t: abs(sum(t.values()) - 30) <= 2 * SAMPLE_EVERY, "topics")
     assert max(got, key=got.__getitem__) == "s/hot"
+
+
+def test_sessions_subscriptions_and_retained_come_from_where_they_are_held(
+    mesh: MeshInfo,
+) -> None:
+    tenant = f"m{uuid.uuid4().hex[:8]}"
+    Admin(mesh).user(tenant, "u", "pw")
+    away = Paho(mesh.node(0), username=f"{tenant}/u", password="pw")
+    away.connect(clean_start=False, session_expiry=300)
+    away.subscribe("a/#", 1)
+    away.subscribe("b", 1)
+    away.close()  # a persistent session, offline, with 2 subscriptions (the router's)
+    here = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
+    here.connect()
+    here.subscribe("c", 0)  # a transient client's subscription (its node's)
+    here.publish("r/1", b"12345", 1, retain=True)
+    t = _until(
+        lambda: tenant_stats(mesh, tenant),
+        lambda t: t is not None and t.subscriptions == 3 and t.retained_messages == 1,
+        "3 subscriptions, 1 retained message",
+    )
+    assert t is not None
+    assert (t.sessions_online, t.sessions_persistent, t.sessions_persistent_online) == (1, 1, 0)
+    assert t.retained_bytes > 5
+    here.close()
