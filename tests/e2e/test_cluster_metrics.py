@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.metrics.client import MetricsAdminClient, TenantCounters
 from tests.conftest import ADMIN_TOKEN, MeshInfo
@@ -130,3 +132,45 @@ def test_sessions_subscriptions_and_retained_come_from_where_they_are_held(
     assert (t.sessions_online, t.sessions_persistent, t.sessions_persistent_online) == (1, 1, 0)
     assert t.retained_bytes > 5
     here.close()
+
+
+def scrape(mesh: MeshInfo) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The cluster endpoint, fetched over HTTP as curl would: sample -> value."""
+    port = mesh.mesh.by_name("metrics").port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_the_cluster_endpoint_shows_the_counts_per_tenant_and_qos(
+    mesh: MeshInfo, traffic: str
+) -> None:
+    def sample(name: str, **labels: str) -> float | None:
+        return got.get((name, frozenset({"tenant": traffic, **labels}.items())))
+
+    got = _until(
+        lambda: scrape(mesh),
+        lambda g: (
+            g.get(
+                (
+                    "starling_cluster_publish_ack_latency_seconds_count",
+                    frozenset({("tenant", traffic)}),
+                )
+            )
+            == 16
+        ),
+        "the tenant's series",
+    )
+    for qos, n in (("0", 14), ("1", 10), ("2", 6)):
+        assert sample("starling_cluster_messages_received_total", qos=qos) == n
+        assert sample("starling_cluster_messages_sent_total", qos=qos) == n
+    assert sample("starling_cluster_bytes_received_total") == 620
+    assert sample("starling_cluster_bytes_sent_total") == 650
+    assert sample("starling_cluster_messages_dropped_total", cause="slow_consumer") == 0
+    assert sample("starling_cluster_quota_refusals_total") == 0
+    assert sample("starling_cluster_connections") == 0  # all of them closed
+    assert got[("starling_cluster_reporters", frozenset({("kind", "node")}))] == 2
