@@ -174,3 +174,53 @@ def test_the_cluster_endpoint_shows_the_counts_per_tenant_and_qos(
     assert sample("starling_cluster_quota_refusals_total") == 0
     assert sample("starling_cluster_connections") == 0  # all of them closed
     assert got[("starling_cluster_reporters", frozenset({("kind", "node")}))] == 2
+
+
+def own_metrics(mesh: MeshInfo, name: str) -> str:
+    port = mesh.mesh.by_name(name).metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def red_samples(text: str, metric: str) -> dict[tuple[str, str, str, str], float]:
+    return {
+        (s.labels["service"], s.labels["method"], s.labels["outcome"], s.labels["transport"]): (
+            s.value
+        )
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == metric
+    }
+
+
+def test_red_series_appear_after_an_admin_call(mesh: MeshInfo, traffic: str) -> None:
+    async def denied() -> None:
+        admin = MetricsAdminClient(mesh.addr("metrics"), "wrong-token")
+        try:
+            await admin.cluster_stats()
+        except Exception:  # UNAUTHENTICATED: what the test counts
+            pass
+        finally:
+            await admin.close()
+
+    tenant_stats(mesh, traffic)
+    asyncio.run(denied())
+    svc = "starling.metrics.v1.MetricsAdminService"
+    got = _until(
+        lambda: own_metrics(mesh, "metrics"),
+        lambda t: (
+            (svc, "GetClusterStats", "UNAUTHENTICATED", "grpc")
+            in red_samples(t, "starling_rpc_errors_total")
+        ),
+        "RED series of the admin call",
+    )
+    requests = red_samples(got, "starling_rpc_requests_total")
+    assert requests[(svc, "GetClusterStats", "OK", "grpc")] >= 1
+    assert (svc, "GetClusterStats", "OK", "grpc") not in red_samples(
+        got, "starling_rpc_errors_total"
+    )
+    durations = red_samples(got, "starling_rpc_duration_seconds_count")
+    assert durations[(svc, "GetClusterStats", "OK", "grpc")] >= 1
+    # The router serves the persistent publish path over NATS request/reply.
+    nats = red_samples(own_metrics(mesh, "router"), "starling_rpc_requests_total")
+    assert any(k[3] == "nats" and k[2] == "OK" for k in nats), nats
