@@ -59,7 +59,7 @@ class Component:
     pid: int = 0
     grpc_port: int = 0
     metrics_port: int = 0
-    port: int = 0  # NATS / Redis / MQTT TCP port
+    port: int = 0  # NATS / Redis / MQTT TCP port; the metrics service's cluster endpoint
     ws_port: int = 0
     tls_port: int = 0
     wss_port: int = 0
@@ -282,6 +282,9 @@ class Launcher:
             count = str(self.instances[service])
             env["STARLING_INSTANCE_INDEX"] = env["STARLING_INSTANCE_ORDINAL"] = str(index)
             env["STARLING_INSTANCE_COUNT"] = count
+        if service == "metrics":
+            comp.port = free_port()  # the cluster's Prometheus endpoint
+            env["STARLING_CLUSTER_METRICS_PORT"] = str(comp.port)
         if service == "connection":
             comp.port = mqtt_port
             env["STARLING_MQTT_PORT"] = str(mqtt_port)
