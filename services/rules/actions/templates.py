@@ -21,6 +21,7 @@ _VAR = re.compile(r"\$\{([^{}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 BUILTINS = ("topic", "clientid", "tenant", "rule_id", "message_id", "qos", "timestamp")
 _MISSING = object()
+_MQTT_SPECIAL = re.compile("[%+#/$\x00]")
 
 
 def _text(value: Any) -> str:
@@ -40,10 +41,9 @@ def _text(value: Any) -> str:
 def mqtt_value(value: str) -> str:
     """A value inside an MQTT topic: wildcards, level separators, `$` and NUL percent-escaped
     (`%` too, so the escaping is unambiguous)."""
-    out = []
-    for ch in value:
-        out.append(f"%{ord(ch):02X}" if ch in "%+#/$\x00" else ch)
-    return "".join(out)
+    if _MQTT_SPECIAL.search(value) is None:  # the usual case: nothing to escape
+        return value
+    return _MQTT_SPECIAL.sub(lambda m: f"%{ord(m.group()):02X}", value)
 
 
 def token_value(value: str) -> str:
