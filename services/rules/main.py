@@ -52,6 +52,7 @@ class RulesService:
             s.rules_max_per_tenant,
             s.rules_max_actions,
             self._dead_letters,
+            s.autosub_max_per_tenant,
         )
         self.consumer: StreamConsumer | None = None
 

@@ -15,13 +15,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from services.common.topics.autosub import escape_level_value
 from services.rules.actions.base import Output, PermanentActionError
 
 _VAR = re.compile(r"\$\{([^{}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 BUILTINS = ("topic", "clientid", "tenant", "rule_id", "message_id", "qos", "timestamp")
 _MISSING = object()
-_MQTT_SPECIAL = re.compile("[%+#/$\x00]")
 
 
 def _text(value: Any) -> str:
@@ -40,10 +40,8 @@ def _text(value: Any) -> str:
 
 def mqtt_value(value: str) -> str:
     """A value inside an MQTT topic: wildcards, level separators, `$` and NUL percent-escaped
-    (`%` too, so the escaping is unambiguous)."""
-    if _MQTT_SPECIAL.search(value) is None:  # the usual case: nothing to escape
-        return value
-    return _MQTT_SPECIAL.sub(lambda m: f"%{ord(m.group()):02X}", value)
+    (`%` too, so the escaping is unambiguous); the same escaping as auto-subscriptions' `%c`."""
+    return escape_level_value(value)
 
 
 def token_value(value: str) -> str:
