@@ -80,11 +80,13 @@ class RulesAdminClient:
         req = pb.PurgeDeadLettersRequest(tenant=tenant, rule_id=rule_id)
         return int((await self._rpc.call(self._rpc.stub.PurgeDeadLetters, req)).purged)
 
-    async def autosubs(self, tenant: str) -> list[pb.AutoSubscription]:
+    async def autosubs(self, tenant: str) -> Sequence[pb.AutoSubscription]:
         req = pb.ListAutoSubscriptionsRequest(tenant=tenant)
         return list((await self._rpc.call(self._rpc.stub.ListAutoSubscriptions, req)).subscriptions)
 
-    async def add_autosub(self, tenant: str, filter: str, qos: int) -> list[pb.AutoSubscription]:
+    async def add_autosub(
+        self, tenant: str, filter: str, qos: int
+    ) -> Sequence[pb.AutoSubscription]:
         sub = pb.AutoSubscription(filter=filter, qos=qos)
         req = pb.AddAutoSubscriptionRequest(tenant=tenant, subscription=sub)
         return list((await self._rpc.call(self._rpc.stub.AddAutoSubscription, req)).subscriptions)
