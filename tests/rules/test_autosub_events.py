@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import queue
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -174,5 +175,23 @@ def test_subscribe_and_unsubscribe_events_reach_a_webhook(
     wait_for(lambda: posted("unsubscribed"))
     [gone] = posted("unsubscribed")
     assert gone["f"] == f"watch/{rid}/1" and gone["username"] == f"dev-{rid}"
+
+    # Per-rule metrics on the rules service's Prometheus endpoint, per action too.
+    port = mesh.mesh.by_name("rules").metrics_port
+
+    def exported(name: str, action: str = "") -> float:
+        """The value of `name` for this rule (and action index), -1 when not exported."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        for line in text.decode().splitlines():
+            # Counters carry Prometheus's `_total` suffix.
+            if not line.startswith((name + "{", name + "_total{")) or f'rule="{rid}"' not in line:
+                continue
+            if action and f'action="{action}"' not in line:
+                continue
+            return float(line.rsplit(" ", 1)[1])
+        return -1.0
+
+    wait_for(lambda: exported("starling_rules_action_success", "0") >= 2)
+    assert exported("starling_rules_matched") >= 2 and exported("starling_rules_failed") == 0
     rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
     c.close()
