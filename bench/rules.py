@@ -17,11 +17,12 @@ import asyncio
 import json
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from services.common.store.ports import RuleRecord
 from services.rules.actions import ActionContext, build_action
-from services.rules.actions.base import Output
+from services.rules.actions.base import Output, Republished
 from services.rules.actions.dead_letters import SqliteDeadLetters
 from services.rules.actions.delivery import Delivery
 from services.rules.consumer import view_of
@@ -50,6 +51,9 @@ class CountingRepublisher:
         user_properties: tuple[tuple[str, str], ...],
     ) -> None:
         self.published += 1
+
+    async def publish_many(self, messages: Sequence[Republished]) -> None:
+        self.published += len(messages)
 
 
 async def _engine(rules: int, data_dir: Path) -> tuple[Engine, CountingRepublisher, list[Delivery]]:

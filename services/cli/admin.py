@@ -133,7 +133,7 @@ async def _session(c: SessionAdminClient, args: argparse.Namespace) -> object:
 
 async def _call(args: argparse.Namespace) -> object:
     token = _token(args)
-    if args.command == "rules":
+    if args.command in ("rules", "autosub"):
         from services.cli.rules import run_rules
 
         return await run_rules(args, _address(args, "rules"), token)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from services.cli.admin import add_admin_commands, run_admin
-from services.cli.rules import add_rules_commands
+from services.cli.rules import add_autosub_commands, add_rules_commands
 
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_analytics_command(sub)
 
     add_rules_commands(sub)
+    add_autosub_commands(sub)
     return parser
 
 

@@ -1,6 +1,7 @@
 """`starling rules ...`: rules of a tenant (create, list, show with metrics, enable, disable,
 delete, test against a sample message) and their dead letters (`starling rules dlq list|
-replay|purge`), over the rules service's admin API (services/rules/admin_client.py).
+replay|purge`), over the rules service's admin API (services/rules/admin_client.py); and
+`starling autosub list|add|delete`: the tenant's auto-subscriptions (docs/rules.md).
 
 Replies print as JSON; a payload prints as text when it is UTF-8, else as base64 under
 `payload_base64`. Actions are given as JSON objects, `{"kind": "republish", "params":
@@ -203,9 +204,36 @@ def add_rules_commands(sub: Any) -> None:
     _rule_command(dlq_commands, "purge", "delete every dead letter of the rule")
 
 
+def add_autosub_commands(sub: Any) -> None:
+    """Register `starling autosub ...` on the CLI's subparsers."""
+    autosub = sub.add_parser(
+        "autosub", help="topic filters every client of a tenant is subscribed to at connect"
+    )
+    commands = autosub.add_subparsers(dest="autosub_command", required=True)
+    _rule_command(commands, "list", "a tenant's auto-subscriptions", rule_id=False)
+    p = _rule_command(commands, "add", "add one (or set its QoS)", rule_id=False)
+    p.add_argument("filter", help="topic filter; %%c = client id, %%u = user name, %%%% = %%")
+    p.add_argument("--qos", type=int, default=0, choices=[0, 1, 2])
+    p = _rule_command(commands, "delete", "remove one", rule_id=False)
+    p.add_argument("filter")
+
+
+async def autosub_call(c: RulesAdminClient, args: argparse.Namespace) -> object:
+    cmd, tenant = args.autosub_command, args.tenant
+    if cmd == "list":
+        return {"subscriptions": [_dict(s) for s in await c.autosubs(tenant)]}
+    if cmd == "add":
+        return {
+            "subscriptions": [_dict(s) for s in await c.add_autosub(tenant, args.filter, args.qos)]
+        }
+    return {"deleted": await c.delete_autosub(tenant, args.filter)}
+
+
 async def run_rules(args: argparse.Namespace, address: str, token: str) -> object:
     client = RulesAdminClient(address, token)
     try:
+        if args.command == "autosub":
+            return await autosub_call(client, args)
         return await rules_call(client, args)
     finally:
         await client.close()

@@ -50,6 +50,7 @@ from services.connection.channel import (
     Unsubscribed,
 )
 from services.connection.conn import Conn, Sink
+from services.connection.events import SubscriptionEvents
 from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal
 from services.connection.fanout import Fanout
 from services.connection.flow import FlowControl
@@ -163,6 +164,9 @@ class Node:
         # Ended connections whose QoS 2 records are still being written, by client.
         self._qos2_pending: dict[tuple[str, str], ExactlyOnceInbound] = {}
         self.sessions.settle_first = self._qos2_settled
+        if rule_feed is not None:  # auto-subscriptions and subscription events (issue 17)
+            self.sessions.auto_subscriptions = rule_feed.auto_subscriptions
+            self.subscriber.events = SubscriptionEvents(self.nc, self.node_id, rule_feed.emits)
         self.sweeper = Sweeper(self.node_id, self.registry, nc, self.carry_out, self.mark_dirty)
         # Set while the node drains (services/connection/drain.py): the Server Reference a
         # CONNECT that still reaches it is refused with.
@@ -305,7 +309,9 @@ class Node:
             elif isinstance(action, SubscribeRequest):
                 self.subscriber.subscribe(conn, action, persist=conn.channel.persistent)
             elif isinstance(action, Unsubscribed):
-                self.subscriber.unsubscribe(conn, action.filters, persist=conn.channel.persistent)
+                self.subscriber.unsubscribe(
+                    conn, action.filters, persist=conn.channel.persistent, announce=True
+                )
             elif isinstance(action, Authenticate):
                 self._admit(conn, action)
             elif isinstance(action, Reauthenticate):

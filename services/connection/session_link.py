@@ -34,6 +34,7 @@ from services.common.connect import (
 )
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.tasks import TaskSet
+from services.common.topics.autosub import AutoSubscription, render_all
 from services.connection.channel import (
     Action,
     Authenticate,
@@ -116,6 +117,8 @@ class SessionLink:
         # Awaited before a takeover's kick is answered (the node waits for the QoS 2
         # records of the client's ended connection).
         self.settle_first: Callable[[str, str], Awaitable[None]] = _settled
+        # A tenant's auto-subscription templates (services/rules/client.py), if any.
+        self.auto_subscriptions: Callable[[str], tuple[AutoSubscription, ...]] | None = None
 
     def authenticate(self, conn: Conn, action: Authenticate) -> None:
         self._tasks.spawn(self._authenticate(conn, action), name="authenticate")
@@ -146,6 +149,9 @@ class SessionLink:
                     )
                 if ch.persistent:
                     self._resume(conn, outcome)
+                # In place on this node at once, on the mesh moments after the CONNACK
+                # (docs/rules.md "Auto-subscription").
+                self._auto_subscribe(conn)
         if actions:
             self._carry_out(conn, actions)
         if ch.out and not conn.closed:
@@ -210,6 +216,20 @@ class SessionLink:
             lambda: self._writes.mark(conn),
         )
         self._ops.put(persistent.start)
+
+    def _auto_subscribe(self, conn: Conn) -> None:
+        """The tenant's auto-subscriptions, for this client (after a resumed session's own,
+        so a filter it already holds is not added twice)."""
+        templates = self.auto_subscriptions(conn.channel.tenant) if self.auto_subscriptions else ()
+        if not templates:
+            return
+        ch = conn.channel
+        user = ch.identity.partition("/")[2]
+        rendered = render_all(templates, ch.client_id, user, ch.config.topic_limits)
+        req = ch.auto_subscribe(rendered)
+        if req is None:
+            return None
+        return self._subscriber.subscribe(conn, req, persist=ch.persistent, answer=False, auto=True)
 
     def connection_ended(self, conn: Conn) -> None:
         ch = conn.channel

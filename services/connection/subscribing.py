@@ -22,6 +22,7 @@ from services.common.bus import subjects
 from services.common.topics import NO_LIMITS, parse_shared
 from services.connection.channel import SubscribeRequest
 from services.connection.conn import Conn
+from services.connection.events import SubscriptionEvents
 from services.connection.fanout import Fanout
 from services.connection.interest import MeshInterest
 from services.connection.ordered import OrderedOps
@@ -64,6 +65,7 @@ class Subscriber:
         interest: MeshInterest | None = None,
     ) -> None:
         self._node_id = node_id
+        self.events: SubscriptionEvents | None = None  # set when rules may read them
         self._interest = interest
         self.subs = subs
         self._nc = nc
@@ -83,10 +85,17 @@ class Subscriber:
         return sum(sub.pending_bytes for sub in self._nats_subs.values())
 
     def subscribe(
-        self, conn: Conn, req: SubscribeRequest, persist: bool = False, answer: bool = True
+        self,
+        conn: Conn,
+        req: SubscribeRequest,
+        persist: bool = False,
+        answer: bool = True,
+        auto: bool = False,
     ) -> None:
         """Add to the trie now; NATS, the router (`persist`), the SUBACK (`answer`) and
-        retained replay follow in order."""
+        retained replay follow in order. `auto`: the tenant's auto-subscriptions at connect
+        (no SUBACK, retained replay as for a SUBSCRIBE); neither `answer` nor `auto`: a
+        resumed session's subscriptions (restored, not new: no replay, no event)."""
         tenant = conn.channel.tenant
         new_subjects: list[str] = []
         new_groups: list[SharedGroup[Conn]] = []
@@ -108,8 +117,14 @@ class Subscriber:
             if answer:
                 conn.channel.subscribed(final)
                 self._writes.mark(conn)
-                if final.subscriptions:
-                    await self._retained.replay(conn, final)
+            if (answer or auto) and final.subscriptions:
+                await self._retained.replay(conn, final)
+                if self.events is not None:
+                    ch = conn.channel
+                    user = ch.identity.partition("/")[2]
+                    await self.events.subscribed(
+                        ch.tenant, ch.client_id, user, final.subscriptions, auto
+                    )
 
         self._ops.put(op)
 
@@ -176,10 +191,21 @@ class Subscriber:
                 # Other nodes publish this tenant's messages before the SUBACK goes out.
                 await self._interest.hold(tenant)
 
-    def unsubscribe(self, conn: Conn, filters: Sequence[str], persist: bool = False) -> None:
-        """Remove from the node; `persist`: also from the session's stored subscriptions."""
+    def unsubscribe(
+        self, conn: Conn, filters: Sequence[str], persist: bool = False, announce: bool = False
+    ) -> None:
+        """Remove from the node; `persist`: also from the session's stored subscriptions;
+        `announce`: the client's UNSUBSCRIBE (an `unsubscribed` event, when a rule reads it)."""
         ch = conn.channel
         router = self._router
+        events = self.events
+        if announce and events is not None and filters:
+            tenant, client_id, user = ch.tenant, ch.client_id, ch.identity.partition("/")[2]
+
+            async def announced() -> None:
+                await events.unsubscribed(tenant, client_id, user, filters)
+
+            self._ops.put(announced)
         if persist and router is not None:
             tenant, client_id, incarnation = ch.tenant, ch.client_id, ch.incarnation
 

@@ -1,6 +1,7 @@
 """The typed client of the rules admin API (RulesAdminService) for operators and the CLI:
 rules (create, list, show with metrics, enable/disable, delete, test) and each rule's dead
-letters (list, replay, purge). Failures raise services/common/rpc/errors.py exceptions."""
+letters (list, replay, purge); the tenants' auto-subscriptions. Failures raise
+services/common/rpc/errors.py exceptions."""
 
 from __future__ import annotations
 
@@ -78,6 +79,21 @@ class RulesAdminClient:
     async def purge(self, tenant: str, rule_id: str) -> int:
         req = pb.PurgeDeadLettersRequest(tenant=tenant, rule_id=rule_id)
         return int((await self._rpc.call(self._rpc.stub.PurgeDeadLetters, req)).purged)
+
+    async def autosubs(self, tenant: str) -> Sequence[pb.AutoSubscription]:
+        req = pb.ListAutoSubscriptionsRequest(tenant=tenant)
+        return list((await self._rpc.call(self._rpc.stub.ListAutoSubscriptions, req)).subscriptions)
+
+    async def add_autosub(
+        self, tenant: str, filter: str, qos: int
+    ) -> Sequence[pb.AutoSubscription]:
+        sub = pb.AutoSubscription(filter=filter, qos=qos)
+        req = pb.AddAutoSubscriptionRequest(tenant=tenant, subscription=sub)
+        return list((await self._rpc.call(self._rpc.stub.AddAutoSubscription, req)).subscriptions)
+
+    async def delete_autosub(self, tenant: str, filter: str) -> bool:
+        req = pb.DeleteAutoSubscriptionRequest(tenant=tenant, filter=filter)
+        return bool((await self._rpc.call(self._rpc.stub.DeleteAutoSubscription, req)).deleted)
 
     async def close(self) -> None:
         await self._rpc.close()

@@ -20,6 +20,7 @@ from services.common.rpc.errors import (
     ResourceExhaustedError,
 )
 from services.common.store.ports import RuleRecord, RuleStore
+from services.common.topics.autosub import check_template
 from services.common.topics.rules import topic_matches
 from services.rules.actions import ActionContext, build_action
 from services.rules.actions.dead_letters import DeadLetterStore
@@ -59,7 +60,9 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
         max_rules_per_tenant: int,
         max_actions_per_rule: int,
         dead_letters: DeadLetterStore,
+        max_autosubs_per_tenant: int = 64,
     ) -> None:
+        self._max_autosubs = max_autosubs_per_tenant
         self._store = store
         self._dead_letters = dead_letters
         self._engine = engine
@@ -260,6 +263,50 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
         self._ids(request.tenant, request.rule_id)
         purged = await self._dead_letters.purge(request.tenant, request.rule_id)
         return pb.PurgeDeadLettersResponse(purged=purged)
+
+    # ---- auto-subscriptions -------------------------------------------------------------
+
+    async def _autosubs(self, tenant: str) -> list[pb.AutoSubscription]:
+        return [
+            pb.AutoSubscription(filter=f, qos=q)
+            for _, f, q in await self._store.list_auto_subscriptions(tenant)
+        ]
+
+    async def ListAutoSubscriptions(
+        self, request: pb.ListAutoSubscriptionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListAutoSubscriptionsResponse:
+        if not request.tenant:
+            raise InvalidArgumentError("tenant is required")
+        return pb.ListAutoSubscriptionsResponse(subscriptions=await self._autosubs(request.tenant))
+
+    async def AddAutoSubscription(
+        self, request: pb.AddAutoSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddAutoSubscriptionResponse:
+        tenant, sub = request.tenant, request.subscription
+        if not tenant:
+            raise InvalidArgumentError("tenant is required")
+        try:
+            check_template(sub.filter, sub.qos)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        existing = await self._store.list_auto_subscriptions(tenant)
+        if len(existing) >= self._max_autosubs and all(f != sub.filter for _, f, _ in existing):
+            raise ResourceExhaustedError(
+                f"tenant {tenant!r} has {len(existing)} auto-subscriptions (autosub_max_per_tenant)"
+            )
+        await self._store.put_auto_subscription(tenant, sub.filter, sub.qos)
+        await self._registry.changed(tenant)
+        return pb.AddAutoSubscriptionResponse(subscriptions=await self._autosubs(tenant))
+
+    async def DeleteAutoSubscription(
+        self, request: pb.DeleteAutoSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteAutoSubscriptionResponse:
+        if not request.tenant:
+            raise InvalidArgumentError("tenant is required")
+        deleted = await self._store.delete_auto_subscription(request.tenant, request.filter)
+        if deleted:
+            await self._registry.changed(request.tenant)
+        return pb.DeleteAutoSubscriptionResponse(deleted=deleted)
 
     # ---- metrics over every instance ----------------------------------------------------
 

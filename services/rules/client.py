@@ -1,6 +1,8 @@
 """What a connection node uses of the rules service: which topics of which tenants the rules
 read (`RuleFeed.wanted`), and the RULES stream those messages go to (`RuleFeed.store` waits
-for the stream's acknowledgement, `RuleFeed.offer` does not).
+for the stream's acknowledgement, `RuleFeed.offer` does not); each tenant's auto-subscriptions
+(`RuleFeed.auto_subscriptions`) and the client events its rules read that the node emits
+(`RuleFeed.emits`).
 
 Theory of operation: the filters come as a snapshot of every tenant at start (request on
 `svc.rules.filters`, answered by any rules instance), then as one tenant's full set after each
@@ -21,6 +23,7 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import NoStreamResponseError
 
 from services.common.bus import subjects
+from services.common.topics.autosub import AutoSubscription
 from services.common.topics.trie import TopicTrie
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.rules.v1 import rules_pb2 as pb
@@ -34,6 +37,8 @@ class RuleFeed:
         self._js = nc.jetstream(timeout=ack_timeout_s)
         self._resync_s = resync_s
         self._tries: dict[str, TopicTrie[str, None]] = {}
+        self._autosubs: dict[str, tuple[AutoSubscription, ...]] = {}
+        self._events: dict[str, frozenset[str]] = {}
         self._sub: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[object]] = set()
@@ -49,6 +54,29 @@ class RuleFeed:
         """The trie of `tenant`'s rule filters; None: no rule reads its messages (looked up
         once per batch of a tenant's messages, not once per message)."""
         return self._tries.get(tenant)
+
+    def auto_subscriptions(self, tenant: str) -> tuple[AutoSubscription, ...]:
+        """`tenant`'s auto-subscription templates (services/common/topics/autosub.py)."""
+        return self._autosubs.get(tenant, ())
+
+    def emits(self, tenant: str, kind: str) -> bool:
+        """Whether a rule of `tenant` reads the client event `kind` the node emits."""
+        kinds = self._events.get(tenant)
+        return kinds is not None and kind in kinds
+
+    def set_tenant(self, t: pb.TenantFilters) -> None:
+        """One tenant's full state, as the rules service pushes or snapshots it."""
+        self.set_filters(t.tenant, t.filters)
+        if t.auto_subscriptions:
+            self._autosubs[t.tenant] = tuple(
+                AutoSubscription(a.filter, a.qos) for a in t.auto_subscriptions
+            )
+        else:
+            self._autosubs.pop(t.tenant, None)
+        if t.events:
+            self._events[t.tenant] = frozenset(t.events)
+        else:
+            self._events.pop(t.tenant, None)
 
     def set_filters(self, tenant: str, filters: Sequence[str]) -> None:
         if not filters:
@@ -82,9 +110,9 @@ class RuleFeed:
             log.info("rule_filters_unavailable", extra={"error": type(exc).__name__})
             return False
         snap = pb.FilterSnapshot.FromString(reply.data)
-        self._tries = {}
+        self._tries, self._autosubs, self._events = {}, {}, {}
         for t in snap.tenants:
-            self.set_filters(t.tenant, t.filters)
+            self.set_tenant(t)
         return True
 
     async def _resync_loop(self) -> None:
@@ -93,8 +121,7 @@ class RuleFeed:
             await self.resync()
 
     async def _on_change(self, msg: Msg) -> None:
-        t = pb.TenantFilters.FromString(msg.data)
-        self.set_filters(t.tenant, t.filters)
+        self.set_tenant(pb.TenantFilters.FromString(msg.data))
 
     # ---- the stream ---------------------------------------------------------------------
 

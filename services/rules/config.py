@@ -19,6 +19,13 @@ class RulesSettings(ServiceSettings, ActionSettings):
         ge=1,
         description="Rules one tenant may have; CreateRule beyond it answers RESOURCE_EXHAUSTED.",
     )
+    autosub_max_per_tenant: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="Auto-subscription filters one tenant may have (each applies to every "
+        "client at connect); AddAutoSubscription beyond it answers RESOURCE_EXHAUSTED.",
+    )
     rules_max_actions: int = Field(
         default=16, ge=1, le=256, description="Actions one rule may have."
     )

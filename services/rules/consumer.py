@@ -33,6 +33,7 @@ from services.rules.actions.base import Output
 from services.rules.actions.delivery import Delivery
 from services.rules.engine import Engine
 from services.rules.sql import MessageView
+from services.rules.sql.parse import EVENT_PREFIX, EVENT_SOURCES
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedMessage
 
@@ -72,12 +73,19 @@ def view_of(env: RoutedMessage) -> MessageView:
     )
 
 
+_EVENT_NAMES = {
+    "EVENT_TYPE_CLIENT_CONNECTED": "connected",
+    "EVENT_TYPE_CLIENT_DISCONNECTED": "disconnected",
+    "EVENT_TYPE_SUBSCRIBED": "subscribed",
+    "EVENT_TYPE_UNSUBSCRIBED": "unsubscribed",
+}
+# The `topic` a rule sees of each event: its FROM source (services/rules/sql/parse.py).
+_EVENT_TOPICS = {kind: EVENT_PREFIX + source for source, kind in EVENT_SOURCES.items()}
+
+
 def event_view(ev: event_pb2.Event, seq: int) -> MessageView | None:
     kind = event_pb2.EventType.Name(ev.type)
-    name = {
-        "EVENT_TYPE_CLIENT_CONNECTED": "connected",
-        "EVENT_TYPE_CLIENT_DISCONNECTED": "disconnected",
-    }.get(kind)
+    name = _EVENT_NAMES.get(kind)
     if name is None:
         return None
     detail: dict[str, object] = {"clientid": ev.client_id, "node": ev.node_id, "ts": ev.ts_ms}
@@ -91,12 +99,20 @@ def event_view(ev: event_pb2.Event, seq: int) -> MessageView | None:
             protocol_level=c.protocol_level,
             clean_start=c.clean_start,
         )
-    else:
+    elif name == "disconnected":
         d = ev.disconnected
         detail.update(reason_code=d.reason_code, reason=d.reason)
+    elif name == "subscribed":
+        sub = ev.subscribed
+        username = sub.username
+        detail.update(username=username, topic_filter=sub.topic_filter, qos=sub.qos, auto=sub.auto)
+    else:
+        unsub = ev.unsubscribed
+        username = unsub.username
+        detail.update(username=username, topic_filter=unsub.topic_filter)
     return MessageView(
         ev.tenant,
-        f"$events/client_{name}",
+        _EVENT_TOPICS[name],
         json.dumps(detail).encode(),
         clientid=ev.client_id,
         username=username,

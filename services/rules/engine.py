@@ -71,6 +71,14 @@ class Engine:
             out.setdefault(r.record.tenant, set()).update(r.compiled.filters)
         return {t: sorted(fs) for t, fs in out.items() if fs}
 
+    def events(self) -> dict[str, list[str]]:
+        """Every tenant's client event kinds that enabled rules read."""
+        out: dict[str, set[str]] = {}
+        for r in self._rules.values():
+            if r.compiled.events:
+                out.setdefault(r.record.tenant, set()).update(r.compiled.events)
+        return {t: sorted(kinds) for t, kinds in out.items()}
+
     def install(self, rule: InstalledRule) -> None:
         tenant, rid = rule.record.tenant, rule.record.rule_id
         self.remove(tenant, rid)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import partial
 
 import grpc
@@ -13,6 +13,7 @@ from services.common.runtime import run_service
 from services.common.store.open import open_rule_store
 from services.router.client import RouterClient
 from services.rules.actions import ActionContext
+from services.rules.actions.base import Republished
 from services.rules.actions.config import open_dead_letters
 from services.rules.api import METRICS_SUBJECT, RulesAdminApi
 from services.rules.config import RulesSettings
@@ -51,6 +52,7 @@ class RulesService:
             s.rules_max_per_tenant,
             s.rules_max_actions,
             self._dead_letters,
+            s.autosub_max_per_tenant,
         )
         self.consumer: StreamConsumer | None = None
 
@@ -116,6 +118,9 @@ class _NoRepublish:
         retain: bool,
         user_properties: tuple[tuple[str, str], ...],
     ) -> None:
+        raise RuntimeError("validation only")
+
+    async def publish_many(self, messages: Sequence[Republished]) -> None:
         raise RuntimeError("validation only")
 
 

@@ -85,19 +85,36 @@ def register_rule_metrics(rules: Callable[[], Iterable[tuple[str, str, RuleCount
         ("starling.rules.passed", lambda c: c.passed, "messages a rule's WHERE kept"),
         ("starling.rules.failed", lambda c: c.failed, "messages a rule could not evaluate"),
         (
-            "starling.rules.action_success",
-            lambda c: sum(a[0] for a in c.actions.values()),
-            "outputs the rule's actions accepted",
-        ),
-        (
-            "starling.rules.action_failure",
-            lambda c: sum(a[1] for a in c.actions.values()),
-            "outputs dead-lettered after the retries",
-        ),
-        (
             "starling.rules.eval_ns",
             lambda c: c.latency_ns_total,
             "time spent evaluating the rule, nanoseconds",
         ),
     ):
         meter.create_observable_counter(name, callbacks=[observe(pick)], description=what)
+
+    def per_action(slot: int) -> Callable[[CallbackOptions], list[Observation]]:
+        # One series per action of each rule: `action` is its index in the rule.
+        def cb(_: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(counts[slot], {"tenant": t, "rule": r, "action": str(i)})
+                for t, r, c in rules()
+                for i, counts in sorted(c.actions.items())
+            ]
+
+        return cb
+
+    meter.create_observable_counter(
+        "starling.rules.action_success",
+        callbacks=[per_action(0)],
+        description="outputs the action accepted",
+    )
+    meter.create_observable_counter(
+        "starling.rules.action_failure",
+        callbacks=[per_action(1)],
+        description="outputs the action dead-lettered after its retries",
+    )
+    meter.create_observable_gauge(
+        "starling.rules.eval_max_ns",
+        callbacks=[observe(lambda c: c.latency_ns_max)],
+        description="longest evaluation of one message by the rule, nanoseconds",
+    )

@@ -1,7 +1,9 @@
-"""Keeps one rules instance's installed rules equal to the store: everything at start, one
-tenant again whenever any instance changed it (`ctl.rules.filters` names the tenant), and
-builds each installed rule's actions and deliveries. It also answers the nodes' requests for
-every tenant's filters and tells them (and the other instances) of a tenant's change."""
+"""Keeps one rules instance's installed rules (and the tenants' auto-subscriptions) equal to the
+store: everything at start, one tenant again whenever any instance changed it
+(`ctl.rules.filters` names the tenant), and builds each installed rule's actions and
+deliveries. It also answers the nodes' requests for every tenant's filters, auto-subscriptions
+and node-emitted events their rules read, and tells them (and the other instances) of a
+tenant's change."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ from nats.aio.msg import Msg
 
 from services.common.bus import subjects
 from services.common.store.ports import RuleRecord, RuleStore
+from services.common.topics.autosub import AutoSubscription
 from services.rules.actions import ActionContext, build_action
 from services.rules.actions.dead_letters import DeadLetterStore
 from services.rules.actions.delivery import Delivery, RetryPolicy
 from services.rules.engine import Engine, InstalledRule, decode_actions
+from services.rules.sql.parse import NODE_EVENTS
 from starling.rules.v1 import rules_pb2 as pb
 
 log = logging.getLogger("starling.rules.registry")
@@ -41,6 +45,7 @@ class Registry:
         self._max_pending = max_pending
         self._lock = asyncio.Lock()
         self._nc: Client | None = None
+        self._autosubs: dict[str, tuple[AutoSubscription, ...]] = {}
 
     async def start(self, nc: Client) -> None:
         self._nc = nc
@@ -48,14 +53,36 @@ class Registry:
             for rec in await self._store.list_rules():
                 if rec.enabled:
                     await self._install(rec)
+            by_tenant: dict[str, list[AutoSubscription]] = {}
+            for tenant, f, qos in await self._store.list_auto_subscriptions():
+                by_tenant.setdefault(tenant, []).append(AutoSubscription(f, qos))
+            self._autosubs = {t: tuple(subs) for t, subs in by_tenant.items()}
         await nc.subscribe(subjects.RULE_FILTERS_CHANGED, cb=self._on_change)
         await nc.subscribe(subjects.RULE_FILTERS_REQUEST, queue="rules", cb=self._on_request)
         # Nodes started before this instance learn every tenant's filters now.
-        for tenant, filters in self._engine.filters().items():
-            await nc.publish(
-                subjects.RULE_FILTERS_CHANGED,
-                pb.TenantFilters(tenant=tenant, filters=filters).SerializeToString(),
-            )
+        for tenant_filters in self.snapshot().tenants:
+            await nc.publish(subjects.RULE_FILTERS_CHANGED, tenant_filters.SerializeToString())
+
+    def auto_subscriptions(self, tenant: str) -> tuple[AutoSubscription, ...]:
+        return self._autosubs.get(tenant, ())
+
+    def tenant_filters(self, tenant: str) -> pb.TenantFilters:
+        """What nodes need of `tenant`: its rules' filters, its auto-subscriptions and the
+        client events they emit for its rules."""
+        events = [e for e in self._engine.events().get(tenant, []) if e in NODE_EVENTS]
+        return pb.TenantFilters(
+            tenant=tenant,
+            filters=self._engine.filters().get(tenant, []),
+            auto_subscriptions=[
+                pb.AutoSubscription(filter=a.filter, qos=a.qos)
+                for a in self._autosubs.get(tenant, ())
+            ],
+            events=events,
+        )
+
+    def snapshot(self) -> pb.FilterSnapshot:
+        tenants = set(self._engine.filters()) | set(self._autosubs) | set(self._engine.events())
+        return pb.FilterSnapshot(tenants=[self.tenant_filters(t) for t in sorted(tenants)])
 
     async def stop(self) -> None:
         for rule in self._engine.rules():
@@ -67,10 +94,8 @@ class Registry:
         other instances (they reload the tenant from the store)."""
         await self.reload(tenant)
         assert self._nc is not None
-        filters = self._engine.filters().get(tenant, [])
         await self._nc.publish(
-            subjects.RULE_FILTERS_CHANGED,
-            pb.TenantFilters(tenant=tenant, filters=filters).SerializeToString(),
+            subjects.RULE_FILTERS_CHANGED, self.tenant_filters(tenant).SerializeToString()
         )
         await self._nc.flush(timeout=5)
 
@@ -89,6 +114,11 @@ class Registry:
                 current = self._engine.get(tenant, rid)
                 if current is None:
                     await self._install(rec)
+            autosubs = await self._store.list_auto_subscriptions(tenant)
+            if autosubs:
+                self._autosubs[tenant] = tuple(AutoSubscription(f, q) for _, f, q in autosubs)
+            else:
+                self._autosubs.pop(tenant, None)
 
     async def _install(self, rec: RuleRecord) -> None:
         try:
@@ -130,12 +160,7 @@ class Registry:
             log.exception("rules_reload_failed", extra={"tenant": tenant})
 
     async def _on_request(self, msg: Msg) -> None:
-        snap = pb.FilterSnapshot(
-            tenants=[
-                pb.TenantFilters(tenant=t, filters=f) for t, f in self._engine.filters().items()
-            ]
-        )
-        await msg.respond(snap.SerializeToString())
+        await msg.respond(self.snapshot().SerializeToString())
 
 
 async def _close(rule: InstalledRule) -> None:

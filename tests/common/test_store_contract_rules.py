@@ -54,6 +54,20 @@ async def test_put_get_list_replace_delete(store: RuleStore) -> None:
     assert await store.get_rule(other, "r1") == o1  # another tenant's rule of the same id
 
 
+async def test_auto_subscriptions_add_replace_list_delete(store: RuleStore) -> None:
+    acme, other = f"acme{uuid.uuid4().hex[:6]}", f"other{uuid.uuid4().hex[:6]}"
+    await store.put_auto_subscription(acme, "cmd/%c", 1)
+    await store.put_auto_subscription(acme, "all/#", 0)
+    await store.put_auto_subscription(other, "x", 2)
+    assert await store.list_auto_subscriptions(acme) == [(acme, "all/#", 0), (acme, "cmd/%c", 1)]
+    await store.put_auto_subscription(acme, "cmd/%c", 2)  # the same filter: its QoS replaced
+    mine = [s for s in await store.list_auto_subscriptions() if s[0] in (acme, other)]
+    assert mine == [(acme, "all/#", 0), (acme, "cmd/%c", 2), (other, "x", 2)]
+    assert await store.delete_auto_subscription(acme, "all/#") is True
+    assert await store.delete_auto_subscription(acme, "all/#") is False
+    assert await store.list_auto_subscriptions(acme) == [(acme, "cmd/%c", 2)]
+
+
 async def test_rules_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "rules.db"
     s = SqliteRuleStore(path)

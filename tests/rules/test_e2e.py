@@ -155,9 +155,10 @@ def stream_state(mesh: MeshInfo) -> str:
 def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
     mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub
 ) -> None:
-    """10,000 QoS 1 messages through a rule into Redis Streams; the rules service is SIGKILLed
-    once a tenth arrived and restarted: every message that got its PUBACK arrives at least
-    once (counted by distinct payload, each a distinct number)."""
+    """10,000 QoS 1 messages through a rule into Redis Streams and republished (QoS 1, one
+    batch per fetch) to a persistent subscriber; the rules service is SIGKILLed once a tenth
+    arrived and restarted: every message that got its PUBACK arrives at least once at both
+    (counted by distinct payload, each a distinct number)."""
     n = 10_000
     tag = uuid.uuid4().hex[:6]
     redis_port = mesh.mesh.by_name("redis").port
@@ -171,11 +172,24 @@ def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
                 rule_id=rid,
                 sql=f'SELECT payload FROM "load/{tag}/#"',
                 enabled=True,
-                actions=[pb.Action(kind="redis", params={"url": url, "stream": stream_key})],
+                actions=[
+                    pb.Action(kind="redis", params={"url": url, "stream": stream_key}),
+                    pb.Action(kind="republish", params={"topic": f"copy/{tag}/x", "qos": "1"}),
+                ],
             )
         ),
         metadata=MD,
     )
+    sub = Paho(mesh.node(1), username=f"{TENANT}/sub-{tag}")
+    sub.connect(clean_start=False, session_expiry=300)
+    sub.subscribe(f"copy/{tag}/#", qos=1)
+    copies: set[int] = set()
+
+    def copied() -> set[int]:
+        while not sub.messages.empty():
+            copies.add(int(sub.messages.get_nowait().payload))
+        return copies - {-1}
+
     r = redis.Redis.from_url(url)
     pub = client(mesh, 0)
     # The rule applies once the node heard of it (docs/rules.md, Known gaps): a probe that
@@ -213,6 +227,8 @@ def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
             f"metrics {metrics.metrics}; {stream_state(mesh)}"
         ) from None
     assert arrived() == set(range(n))
+    wait_until(lambda: len(copied()) == n, 60)
+    sub.close(session_expiry=0)
     rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
     r.delete(stream_key)
     pub.close()

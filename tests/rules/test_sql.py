@@ -45,6 +45,20 @@ def test_issue_example_filters_and_projects() -> None:
     assert rule.apply(view(b"not json")) is None
 
 
+def test_payloads_orjson_refuses_still_decode_and_encode() -> None:
+    """The fast JSON codec falls back to the standard library: a 70-bit integer, a NaN literal
+    and UTF-16 text are JSON to a rule as before, and outputs stay compact UTF-8."""
+    rule = compile_rule('SELECT payload.n AS n, payload.s AS s FROM "#"')
+    big = view(b'{"n": 1180591620717411303424, "s": "h\u00e9"}')
+    cols = rule.apply(big)
+    assert cols == {"n": 2**70, "s": "h\u00e9"}
+    encoded = rule.encode(cols or {}, big)
+    assert json.loads(encoded) == {"n": 2**70, "s": "h\u00e9"} and b'"s":"h\xc3\xa9"' in encoded
+    nan = rule.apply(view(b'{"n": NaN, "s": "x"}'))
+    assert nan is not None and nan["n"] != nan["n"]
+    assert rule.apply(view('{"n": 1, "s": "y"}'.encode("utf-16"))) == {"n": 1, "s": "y"}
+
+
 def test_several_filters_in_from() -> None:
     rule = compile_rule('SELECT topic FROM "a/+", "b/#",\n "c"')
     assert rule.filters == ("a/+", "b/#", "c")

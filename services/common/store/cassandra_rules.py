@@ -19,7 +19,15 @@ MIGRATIONS = [
              created_at_ms bigint, updated_at_ms bigint, description text,
              PRIMARY KEY ((tenant), rule_id))""",
         ),
-    )
+    ),
+    Migration(
+        2,
+        "auto subscriptions",
+        (
+            """CREATE TABLE IF NOT EXISTS auto_subscriptions (
+             tenant text, filter text, qos int, PRIMARY KEY ((tenant), filter))""",
+        ),
+    ),
 ]
 
 
@@ -34,6 +42,10 @@ class CassandraRuleStore(CassandraBase):
         self._of = p(f"SELECT {_COLUMNS} FROM rules WHERE tenant=?")
         self._all = p(f"SELECT {_COLUMNS} FROM rules")
         self._del = p("DELETE FROM rules WHERE tenant=? AND rule_id=? IF EXISTS")
+        self._put_auto = p("INSERT INTO auto_subscriptions (tenant, filter, qos) VALUES (?, ?, ?)")
+        self._del_auto = p("DELETE FROM auto_subscriptions WHERE tenant=? AND filter=? IF EXISTS")
+        self._auto_of = p("SELECT tenant, filter, qos FROM auto_subscriptions WHERE tenant=?")
+        self._auto_all = p("SELECT tenant, filter, qos FROM auto_subscriptions")
 
     async def put_rule(self, r: RuleRecord) -> None:
         await self._exec(
@@ -64,6 +76,22 @@ class CassandraRuleStore(CassandraBase):
     async def delete_rule(self, tenant: str, rule_id: str) -> bool:
         rows = list(await self._exec(self._del, (tenant, rule_id)))
         return bool(rows and rows[0][0])
+
+    async def put_auto_subscription(self, tenant: str, filter: str, qos: int) -> None:
+        await self._exec(self._put_auto, (tenant, filter, qos))
+
+    async def delete_auto_subscription(self, tenant: str, filter: str) -> bool:
+        rows = list(await self._exec(self._del_auto, (tenant, filter)))
+        return bool(rows and rows[0][0])
+
+    async def list_auto_subscriptions(
+        self, tenant: str | None = None
+    ) -> list[tuple[str, str, int]]:
+        if tenant is None:
+            rows = await self._exec(self._auto_all)
+        else:
+            rows = await self._exec(self._auto_of, (tenant,))
+        return sorted((r.tenant, r.filter, r.qos) for r in rows)
 
 
 def _record(row: object) -> RuleRecord:

@@ -353,6 +353,16 @@ class RuleStore(Protocol):
 
     async def delete_rule(self, tenant: str, rule_id: str) -> bool: ...
 
+    async def put_auto_subscription(self, tenant: str, filter: str, qos: int) -> None:
+        """Add (or set the QoS of) one of `tenant`'s auto-subscription filters."""
+
+    async def delete_auto_subscription(self, tenant: str, filter: str) -> bool: ...
+
+    async def list_auto_subscriptions(
+        self, tenant: str | None = None
+    ) -> list[tuple[str, str, int]]:
+        """(tenant, filter, qos) of every tenant's, or `tenant`'s, ordered by tenant, filter."""
+
     async def close(self) -> None: ...
 
 

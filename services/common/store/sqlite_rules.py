@@ -12,6 +12,8 @@ CREATE TABLE IF NOT EXISTS rules (
   tenant TEXT NOT NULL, rule_id TEXT NOT NULL, sql TEXT NOT NULL, actions_json TEXT NOT NULL,
   enabled INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, updated_at_ms INTEGER NOT NULL,
   description TEXT NOT NULL, PRIMARY KEY (tenant, rule_id));
+CREATE TABLE IF NOT EXISTS auto_subscriptions (
+  tenant TEXT NOT NULL, filter TEXT NOT NULL, qos INTEGER NOT NULL, PRIMARY KEY (tenant, filter));
 """
 _COLUMNS = "tenant, rule_id, sql, actions_json, enabled, created_at_ms, updated_at_ms, description"
 _Row = tuple[str, str, str, str, int, int, int, str]
@@ -67,3 +69,30 @@ class SqliteRuleStore(SqliteDb):
             )
         )
         return cur.rowcount > 0
+
+    async def put_auto_subscription(self, tenant: str, filter: str, qos: int) -> None:
+        await self.run(
+            lambda: self.db.execute(
+                "INSERT OR REPLACE INTO auto_subscriptions (tenant, filter, qos) VALUES (?, ?, ?)",
+                (tenant, filter, qos),
+            )
+        )
+
+    async def delete_auto_subscription(self, tenant: str, filter: str) -> bool:
+        cur = await self.run(
+            lambda: self.db.execute(
+                "DELETE FROM auto_subscriptions WHERE tenant=? AND filter=?", (tenant, filter)
+            )
+        )
+        return cur.rowcount > 0
+
+    async def list_auto_subscriptions(
+        self, tenant: str | None = None
+    ) -> list[tuple[str, str, int]]:
+        def q() -> list[tuple[str, str, int]]:
+            sql = "SELECT tenant, filter, qos FROM auto_subscriptions"
+            if tenant is None:
+                return self.db.execute(f"{sql} ORDER BY tenant, filter").fetchall()
+            return self.db.execute(f"{sql} WHERE tenant=? ORDER BY filter", (tenant,)).fetchall()
+
+        return [(t, f, q) for t, f, q in await self.run(q)]

@@ -32,7 +32,7 @@ Theory of operation:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 from typing import Any, cast
 
@@ -256,6 +256,14 @@ class Channel:
         """The node carried out `request`: record the subscriptions and write the SUBACK."""
         if self.state is State.CONNECTED:
             self._subscriptions.subscribed(request)
+
+    def auto_subscribe(self, subs: Sequence[tuple[str, int]]) -> SubscribeRequest | None:
+        """The tenant's auto-subscriptions (filter, QoS), rendered for this client by the
+        node: those it takes are recorded as the client's own (no SUBACK); the node adds
+        them to the mesh. None when none applies."""
+        if self.state is not State.CONNECTED:
+            return None
+        return self._subscriptions.auto(subs)
 
     def publish_routed(self, packet_id: int, reason_code: int = 0) -> None:
         """The node finished routing a deferred publish: its PUBACK/PUBREC may go (with

@@ -13,7 +13,7 @@ until their SUBACK.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from services.common.acl import AclChecker
 from services.common.connect import IdentifiedSubscription
@@ -102,6 +102,27 @@ class ClientSubscriptions:
             self.filters[s.filter] = sub_id
         suback = SubAck(request.packet_id, request.reason_codes)
         self._out += self._problems.encode(suback, _explain(request))
+
+    def auto(self, subs: Sequence[tuple[str, int]]) -> SubscribeRequest | None:
+        """The tenant's auto-subscriptions, rendered for this client: each one the client does
+        not hold yet, that is valid and that its ACL allows, within its subscription limit,
+        is recorded as its own at once (it may UNSUBSCRIBE it). No SUBACK. None: none is new."""
+        accepted: list[IdentifiedSubscription] = []
+        for f, qos in subs:
+            if f in self.filters:
+                continue  # e.g. a resumed session's, restored already
+            if len(self.filters) + self._reserved >= self._max_subscriptions:
+                self._on_limit("max_subscriptions_per_client")
+                break
+            s = Subscription(f, qos)
+            if self._grant(s) >= 0x80:
+                continue
+            self.filters[f] = None
+            accepted.append((s, None))
+        if not accepted:
+            return None
+        n = len(accepted)
+        return SubscribeRequest(0, tuple(accepted), tuple(s.qos for s, _ in accepted), (True,) * n)
 
     def on_unsubscribe(self, p: Unsubscribe) -> Unsubscribed:
         """Forget the filters and answer with UNSUBACK; the node drops them from the mesh.

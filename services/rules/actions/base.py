@@ -8,15 +8,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Output:
-    """One rule result for one message: what every action consumes."""
+    """One rule result for one message: what every action consumes. Not frozen: one is built
+    per rule per message, and a frozen dataclass's __init__ costs twice as much; nothing
+    changes an output once built."""
 
     tenant: str
     rule_id: str
@@ -48,8 +50,23 @@ class PermanentActionError(Exception):
     the outputs to the dead-letter store at once instead of retrying."""
 
 
+class Republished(NamedTuple):
+    """One message an action publishes into the mesh."""
+
+    tenant: str
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    user_properties: tuple[tuple[str, str], ...]
+
+
 class Republisher(Protocol):
-    """Publishes into the mesh like a connection node does (part A implements it)."""
+    """Publishes into the mesh like a connection node does (services/rules/republisher.py).
+    `publish_many` returns once every message was kept (as `publish` for one): a batch costs
+    one router round trip, not one per message."""
+
+    async def publish_many(self, messages: Sequence[Republished]) -> None: ...
 
     async def publish(
         self,

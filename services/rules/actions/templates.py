@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from services.common.topics.autosub import escape_level_value
 from services.rules.actions.base import Output, PermanentActionError
 
 _VAR = re.compile(r"\$\{([^{}]*)\}")
@@ -39,11 +40,8 @@ def _text(value: Any) -> str:
 
 def mqtt_value(value: str) -> str:
     """A value inside an MQTT topic: wildcards, level separators, `$` and NUL percent-escaped
-    (`%` too, so the escaping is unambiguous)."""
-    out = []
-    for ch in value:
-        out.append(f"%{ord(ch):02X}" if ch in "%+#/$\x00" else ch)
-    return "".join(out)
+    (`%` too, so the escaping is unambiguous); the same escaping as auto-subscriptions' `%c`."""
+    return escape_level_value(value)
 
 
 def token_value(value: str) -> str:

@@ -10,7 +10,6 @@ chain of multiplications cannot grow without bound."""
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from services.rules.sql import jsoncodec
 from services.rules.sql.errors import EvalError, RuleSyntaxError
 from services.rules.sql.functions import FUNCTIONS, is_number, to_text, type_name
 from services.rules.sql.parse import (
@@ -82,7 +82,7 @@ class CompiledRule:
         as compact JSON."""
         if self.raw_payload:
             return view.payload
-        return json.dumps(columns, separators=(",", ":"), ensure_ascii=False).encode()
+        return jsoncodec.dumps(columns)
 
 
 def select_all(view: MessageView) -> dict[str, Any]:

@@ -18,11 +18,17 @@ from services.rules.sql.errors import RuleSyntaxError
 
 EVENT_PREFIX = "$events/"
 # Client events a rule can read (`FROM "$events/client_connected"`), by the name of the
-# EVENTS stream subject's last token they come from (services/session/events.py).
+# EVENTS stream subject's last token they come from (services/session/events.py,
+# services/connection/events.py).
 EVENT_SOURCES = {
     "client_connected": "connected",
     "client_disconnected": "disconnected",
+    "session_subscribed": "subscribed",
+    "session_unsubscribed": "unsubscribed",
 }
+# Of those, the events connection nodes emit themselves, and only for tenants with a rule
+# reading them (the session service emits the others for every tenant).
+NODE_EVENTS = ("subscribed", "unsubscribed")
 _ALLOWED_SELECT_ARGS = {"expressions", "from_", "from", "joins", "where"}
 
 

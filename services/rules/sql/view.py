@@ -3,8 +3,9 @@ shared by every rule that matches it, so the payload is decoded as JSON at most 
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from services.rules.sql import jsoncodec
 
 _UNDECODED = object()
 
@@ -69,7 +70,7 @@ class MessageView:
         """The payload as JSON, or None when it is not JSON (a rule then sees NULL)."""
         if self._json is _UNDECODED:
             try:
-                self._json = json.loads(self.payload)
+                self._json = jsoncodec.loads(self.payload)
             except (ValueError, RecursionError):
                 # RecursionError: a payload nested deeper than the decoder's stack.
                 self._json = None

@@ -24,31 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1estarling/common/v1/event.proto\x12\x12starling.common.v1\"u\n\x0f\x43lientConnected\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x14\n\x0cpeer_address\x18\x02 \x01(\t\x12\x16\n\x0eprotocol_level\x18\x03 \x01(\r\x12\x13\n\x0b\x63lean_start\x18\x04 \x01(\x08\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"H\n\x12\x43lientDisconnected\x12\x13\n\x0breason_code\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"/\n\nSubscribed\x12\x14\n\x0ctopic_filter\x18\x01 \x01(\t\x12\x0b\n\x03qos\x18\x02 \x01(\r\"$\n\x0cUnsubscribed\x12\x14\n\x0ctopic_filter\x18\x01 \x01(\t\"\x10\n\x0eSessionExpired\">\n\x0eMessageDropped\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x1e\n\rQuotaExceeded\x12\r\n\x05limit\x18\x01 \x01(\t\"\x1e\n\x0bRuleChanged\x12\x0f\n\x07rule_id\x18\x01 \x01(\t\"\xdf\x04\n\x05\x45vent\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12+\n\x04type\x18\x02 \x01(\x0e\x32\x1d.starling.common.v1.EventType\x12\r\n\x05ts_ms\x18\x03 \x01(\x03\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x38\n\tconnected\x18\n \x01(\x0b\x32#.starling.common.v1.ClientConnectedH\x00\x12>\n\x0c\x64isconnected\x18\x0b \x01(\x0b\x32&.starling.common.v1.ClientDisconnectedH\x00\x12\x34\n\nsubscribed\x18\x0c \x01(\x0b\x32\x1e.starling.common.v1.SubscribedH\x00\x12\x38\n\x0cunsubscribed\x18\r \x01(\x0b\x32 .starling.common.v1.UnsubscribedH\x00\x12=\n\x0fsession_expired\x18\x0e \x01(\x0b\x32\".starling.common.v1.SessionExpiredH\x00\x12=\n\x0fmessage_dropped\x18\x0f \x01(\x0b\x32\".starling.common.v1.MessageDroppedH\x00\x12;\n\x0equota_exceeded\x18\x10 \x01(\x0b\x32!.starling.common.v1.QuotaExceededH\x00\x12\x37\n\x0crule_changed\x18\x11 \x01(\x0b\x32\x1f.starling.common.v1.RuleChangedH\x00\x42\x08\n\x06\x64\x65tail*\xc3\x02\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45VENT_TYPE_CLIENT_CONNECTED\x10\x01\x12\"\n\x1e\x45VENT_TYPE_CLIENT_DISCONNECTED\x10\x02\x12\x19\n\x15\x45VENT_TYPE_SUBSCRIBED\x10\x03\x12\x1b\n\x17\x45VENT_TYPE_UNSUBSCRIBED\x10\x04\x12\x1e\n\x1a\x45VENT_TYPE_SESSION_EXPIRED\x10\x05\x12\x1e\n\x1a\x45VENT_TYPE_MESSAGE_DROPPED\x10\x06\x12\x1d\n\x19\x45VENT_TYPE_QUOTA_EXCEEDED\x10\x07\x12\x1b\n\x17\x45VENT_TYPE_RULE_CHANGED\x10\x08\x12!\n\x1d\x45VENT_TYPE_SESSION_TAKEN_OVER\x10\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1estarling/common/v1/event.proto\x12\x12starling.common.v1\"u\n\x0f\x43lientConnected\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x14\n\x0cpeer_address\x18\x02 \x01(\t\x12\x16\n\x0eprotocol_level\x18\x03 \x01(\r\x12\x13\n\x0b\x63lean_start\x18\x04 \x01(\x08\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"H\n\x12\x43lientDisconnected\x12\x13\n\x0breason_code\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"O\n\nSubscribed\x12\x14\n\x0ctopic_filter\x18\x01 \x01(\t\x12\x0b\n\x03qos\x18\x02 \x01(\r\x12\x10\n\x08username\x18\x03 \x01(\t\x12\x0c\n\x04\x61uto\x18\x04 \x01(\x08\"6\n\x0cUnsubscribed\x12\x14\n\x0ctopic_filter\x18\x01 \x01(\t\x12\x10\n\x08username\x18\x02 \x01(\t\"\x10\n\x0eSessionExpired\">\n\x0eMessageDropped\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x1e\n\rQuotaExceeded\x12\r\n\x05limit\x18\x01 \x01(\t\"\x1e\n\x0bRuleChanged\x12\x0f\n\x07rule_id\x18\x01 \x01(\t\"\xdf\x04\n\x05\x45vent\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12+\n\x04type\x18\x02 \x01(\x0e\x32\x1d.starling.common.v1.EventType\x12\r\n\x05ts_ms\x18\x03 \x01(\x03\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x38\n\tconnected\x18\n \x01(\x0b\x32#.starling.common.v1.ClientConnectedH\x00\x12>\n\x0c\x64isconnected\x18\x0b \x01(\x0b\x32&.starling.common.v1.ClientDisconnectedH\x00\x12\x34\n\nsubscribed\x18\x0c \x01(\x0b\x32\x1e.starling.common.v1.SubscribedH\x00\x12\x38\n\x0cunsubscribed\x18\r \x01(\x0b\x32 .starling.common.v1.UnsubscribedH\x00\x12=\n\x0fsession_expired\x18\x0e \x01(\x0b\x32\".starling.common.v1.SessionExpiredH\x00\x12=\n\x0fmessage_dropped\x18\x0f \x01(\x0b\x32\".starling.common.v1.MessageDroppedH\x00\x12;\n\x0equota_exceeded\x18\x10 \x01(\x0b\x32!.starling.common.v1.QuotaExceededH\x00\x12\x37\n\x0crule_changed\x18\x11 \x01(\x0b\x32\x1f.starling.common.v1.RuleChangedH\x00\x42\x08\n\x06\x64\x65tail*\xc3\x02\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45VENT_TYPE_CLIENT_CONNECTED\x10\x01\x12\"\n\x1e\x45VENT_TYPE_CLIENT_DISCONNECTED\x10\x02\x12\x19\n\x15\x45VENT_TYPE_SUBSCRIBED\x10\x03\x12\x1b\n\x17\x45VENT_TYPE_UNSUBSCRIBED\x10\x04\x12\x1e\n\x1a\x45VENT_TYPE_SESSION_EXPIRED\x10\x05\x12\x1e\n\x1a\x45VENT_TYPE_MESSAGE_DROPPED\x10\x06\x12\x1d\n\x19\x45VENT_TYPE_QUOTA_EXCEEDED\x10\x07\x12\x1b\n\x17\x45VENT_TYPE_RULE_CHANGED\x10\x08\x12!\n\x1d\x45VENT_TYPE_SESSION_TAKEN_OVER\x10\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'starling.common.v1.event_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVENTTYPE']._serialized_start=1091
-  _globals['_EVENTTYPE']._serialized_end=1414
+  _globals['_EVENTTYPE']._serialized_start=1141
+  _globals['_EVENTTYPE']._serialized_end=1464
   _globals['_CLIENTCONNECTED']._serialized_start=54
   _globals['_CLIENTCONNECTED']._serialized_end=171
   _globals['_CLIENTDISCONNECTED']._serialized_start=173
   _globals['_CLIENTDISCONNECTED']._serialized_end=245
   _globals['_SUBSCRIBED']._serialized_start=247
-  _globals['_SUBSCRIBED']._serialized_end=294
-  _globals['_UNSUBSCRIBED']._serialized_start=296
-  _globals['_UNSUBSCRIBED']._serialized_end=332
-  _globals['_SESSIONEXPIRED']._serialized_start=334
-  _globals['_SESSIONEXPIRED']._serialized_end=350
-  _globals['_MESSAGEDROPPED']._serialized_start=352
-  _globals['_MESSAGEDROPPED']._serialized_end=414
-  _globals['_QUOTAEXCEEDED']._serialized_start=416
-  _globals['_QUOTAEXCEEDED']._serialized_end=446
-  _globals['_RULECHANGED']._serialized_start=448
-  _globals['_RULECHANGED']._serialized_end=478
-  _globals['_EVENT']._serialized_start=481
-  _globals['_EVENT']._serialized_end=1088
+  _globals['_SUBSCRIBED']._serialized_end=326
+  _globals['_UNSUBSCRIBED']._serialized_start=328
+  _globals['_UNSUBSCRIBED']._serialized_end=382
+  _globals['_SESSIONEXPIRED']._serialized_start=384
+  _globals['_SESSIONEXPIRED']._serialized_end=400
+  _globals['_MESSAGEDROPPED']._serialized_start=402
+  _globals['_MESSAGEDROPPED']._serialized_end=464
+  _globals['_QUOTAEXCEEDED']._serialized_start=466
+  _globals['_QUOTAEXCEEDED']._serialized_end=496
+  _globals['_RULECHANGED']._serialized_start=498
+  _globals['_RULECHANGED']._serialized_end=528
+  _globals['_EVENT']._serialized_start=531
+  _globals['_EVENT']._serialized_end=1138
 # @@protoc_insertion_point(module_scope)

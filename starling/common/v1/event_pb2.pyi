@@ -111,17 +111,24 @@ class Subscribed(_message.Message):
 
     TOPIC_FILTER_FIELD_NUMBER: _builtins.int
     QOS_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
+    AUTO_FIELD_NUMBER: _builtins.int
     topic_filter: _builtins.str
     qos: _builtins.int
+    username: _builtins.str
+    auto: _builtins.bool
+    """Applied by the broker at connect (an auto-subscription), not asked for by the client."""
     def __init__(
         self,
         *,
         topic_filter: _builtins.str = ...,
         qos: _builtins.int = ...,
+        username: _builtins.str = ...,
+        auto: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["qos", b"qos", "topic_filter", b"topic_filter"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto", b"auto", "qos", b"qos", "topic_filter", b"topic_filter", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -132,15 +139,18 @@ class Unsubscribed(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOPIC_FILTER_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
     topic_filter: _builtins.str
+    username: _builtins.str
     def __init__(
         self,
         *,
         topic_filter: _builtins.str = ...,
+        username: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic_filter", b"topic_filter"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic_filter", b"topic_filter", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -81,6 +81,21 @@ class RulesAdminServiceStub:
                 request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.SerializeToString,
                 response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.ListAutoSubscriptions = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/ListAutoSubscriptions',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListAutoSubscriptionsRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListAutoSubscriptionsResponse.FromString,
+                _registered_method=True)
+        self.AddAutoSubscription = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/AddAutoSubscription',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.AddAutoSubscriptionRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.AddAutoSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.DeleteAutoSubscription = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/DeleteAutoSubscription',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.DeleteAutoSubscriptionRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.DeleteAutoSubscriptionResponse.FromString,
+                _registered_method=True)
 
 
 class RulesAdminServiceServicer:
@@ -152,6 +167,27 @@ class RulesAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAutoSubscriptions(self, request, context):
+        """Auto-subscriptions: topic filters (with %c = client id, %u = user name, escaped) every
+        client of the tenant is subscribed to at connect (docs/rules.md "Auto-subscription").
+        Add replaces the QoS of a filter already there; RESOURCE_EXHAUSTED past the limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddAutoSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAutoSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RulesAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -199,6 +235,21 @@ def add_RulesAdminServiceServicer_to_server(servicer, server):
                     servicer.PurgeDeadLetters,
                     request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.FromString,
                     response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.SerializeToString,
+            ),
+            'ListAutoSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAutoSubscriptions,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListAutoSubscriptionsRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.ListAutoSubscriptionsResponse.SerializeToString,
+            ),
+            'AddAutoSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddAutoSubscription,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.AddAutoSubscriptionRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.AddAutoSubscriptionResponse.SerializeToString,
+            ),
+            'DeleteAutoSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAutoSubscription,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.DeleteAutoSubscriptionRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.DeleteAutoSubscriptionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -446,6 +497,87 @@ class RulesAdminService:
             '/starling.rules.v1.RulesAdminService/PurgeDeadLetters',
             starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersRequest.SerializeToString,
             starling_dot_rules_dot_v1_dot_rules__pb2.PurgeDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAutoSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/ListAutoSubscriptions',
+            starling_dot_rules_dot_v1_dot_rules__pb2.ListAutoSubscriptionsRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.ListAutoSubscriptionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddAutoSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/AddAutoSubscription',
+            starling_dot_rules_dot_v1_dot_rules__pb2.AddAutoSubscriptionRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.AddAutoSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAutoSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/DeleteAutoSubscription',
+            starling_dot_rules_dot_v1_dot_rules__pb2.DeleteAutoSubscriptionRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.DeleteAutoSubscriptionResponse.FromString,
             options,
             channel_credentials,
             insecure,

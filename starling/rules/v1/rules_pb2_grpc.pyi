@@ -57,6 +57,13 @@ class RulesAdminServiceStub:
     (disabled) on the answering instance.
     """
     PurgeDeadLetters: _grpc.UnaryUnaryMultiCallable[_rules_pb2.PurgeDeadLettersRequest, _rules_pb2.PurgeDeadLettersResponse]
+    ListAutoSubscriptions: _grpc.UnaryUnaryMultiCallable[_rules_pb2.ListAutoSubscriptionsRequest, _rules_pb2.ListAutoSubscriptionsResponse]
+    """Auto-subscriptions: topic filters (with %c = client id, %u = user name, escaped) every
+    client of the tenant is subscribed to at connect (docs/rules.md "Auto-subscription").
+    Add replaces the QoS of a filter already there; RESOURCE_EXHAUSTED past the limit.
+    """
+    AddAutoSubscription: _grpc.UnaryUnaryMultiCallable[_rules_pb2.AddAutoSubscriptionRequest, _rules_pb2.AddAutoSubscriptionResponse]
+    DeleteAutoSubscription: _grpc.UnaryUnaryMultiCallable[_rules_pb2.DeleteAutoSubscriptionRequest, _rules_pb2.DeleteAutoSubscriptionResponse]
 
 @_typing.type_check_only
 class RulesAdminServiceAsyncStub(RulesAdminServiceStub):
@@ -87,6 +94,13 @@ class RulesAdminServiceAsyncStub(RulesAdminServiceStub):
     (disabled) on the answering instance.
     """
     PurgeDeadLetters: _aio.UnaryUnaryMultiCallable[_rules_pb2.PurgeDeadLettersRequest, _rules_pb2.PurgeDeadLettersResponse]  # type: ignore[assignment]
+    ListAutoSubscriptions: _aio.UnaryUnaryMultiCallable[_rules_pb2.ListAutoSubscriptionsRequest, _rules_pb2.ListAutoSubscriptionsResponse]  # type: ignore[assignment]
+    """Auto-subscriptions: topic filters (with %c = client id, %u = user name, escaped) every
+    client of the tenant is subscribed to at connect (docs/rules.md "Auto-subscription").
+    Add replaces the QoS of a filter already there; RESOURCE_EXHAUSTED past the limit.
+    """
+    AddAutoSubscription: _aio.UnaryUnaryMultiCallable[_rules_pb2.AddAutoSubscriptionRequest, _rules_pb2.AddAutoSubscriptionResponse]  # type: ignore[assignment]
+    DeleteAutoSubscription: _aio.UnaryUnaryMultiCallable[_rules_pb2.DeleteAutoSubscriptionRequest, _rules_pb2.DeleteAutoSubscriptionResponse]  # type: ignore[assignment]
 
 class RulesAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Admin API of the rule engine (docs/rules.md). Every request names its tenant: a tenant
@@ -168,5 +182,30 @@ class RulesAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _rules_pb2.PurgeDeadLettersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_rules_pb2.PurgeDeadLettersResponse, _abc.Awaitable[_rules_pb2.PurgeDeadLettersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListAutoSubscriptions(
+        self,
+        request: _rules_pb2.ListAutoSubscriptionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.ListAutoSubscriptionsResponse, _abc.Awaitable[_rules_pb2.ListAutoSubscriptionsResponse]]:
+        """Auto-subscriptions: topic filters (with %c = client id, %u = user name, escaped) every
+        client of the tenant is subscribed to at connect (docs/rules.md "Auto-subscription").
+        Add replaces the QoS of a filter already there; RESOURCE_EXHAUSTED past the limit.
+        """
+
+    @_abc_1.abstractmethod
+    def AddAutoSubscription(
+        self,
+        request: _rules_pb2.AddAutoSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.AddAutoSubscriptionResponse, _abc.Awaitable[_rules_pb2.AddAutoSubscriptionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteAutoSubscription(
+        self,
+        request: _rules_pb2.DeleteAutoSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.DeleteAutoSubscriptionResponse, _abc.Awaitable[_rules_pb2.DeleteAutoSubscriptionResponse]]: ...
 
 def add_RulesAdminServiceServicer_to_server(servicer: RulesAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.rules.actions.base import Output
+from services.rules.actions.base import Output, Republished
 
 
 def output(
@@ -63,6 +63,10 @@ class RecordingRepublisher:
         user_properties: tuple[tuple[str, str], ...],
     ) -> None:
         self.published.append(Published(tenant, topic, payload, qos, retain, user_properties))
+
+    async def publish_many(self, messages: Sequence[Republished]) -> None:
+        for m in messages:
+            await self.publish(*m)
 
 
 async def eventually(check: Callable[[], Any], within_s: float = 15.0, what: str = "") -> Any:
