@@ -23,7 +23,10 @@ lease per queue.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
+
+from services.queue.core import partition_of
 
 
 @dataclass(slots=True)
@@ -92,3 +95,8 @@ class Readers:
 
     def drop(self, tenant: str, queue_id: str) -> None:
         self._leases.pop((tenant, queue_id), None)
+
+    def drop_partitions(self, partitions: Set[int], count: int) -> None:
+        """This instance no longer owns these partitions: forget their queues' leases."""
+        for key in [k for k in self._leases if partition_of(*k, count) in partitions]:
+            del self._leases[key]
