@@ -101,6 +101,19 @@ def redis_binary() -> str:
     return found
 
 
+def queue_instance_name(index: int) -> str:
+    """Component name (and node id) of queue instance `index`: the first keeps the plain
+    name `queue`, so a mesh of one instance is named as it always was."""
+    return "queue" if index == 0 else f"queue-{index}"
+
+
+def queue_instance_env(name: str, queues: int) -> dict[str, str]:
+    """Index and count of a queue instance (the route fence waits for every index until the
+    instances' ownership announcements are heard; partitions themselves are leased)."""
+    index = 0 if name == "queue" else int(name.rsplit("-", 1)[1])
+    return {"STARLING_INSTANCE_INDEX": str(index), "STARLING_INSTANCE_COUNT": str(queues)}
+
+
 def node_worker_name(node: int, worker: int) -> str:
     """Component name and node id of one worker of a node: worker 0 keeps the node's own
     name (`connection-0`), so a one-worker mesh is named as it always was; the others are
@@ -119,6 +132,7 @@ class Launcher:
         ws: bool = True,
         tls: tuple[Path, Path] | None = None,
         node_workers: int = 1,
+        queues: int = 1,
     ) -> None:
         if node_workers < 1:
             raise ValueError(
@@ -127,6 +141,7 @@ class Launcher:
         self.data_dir = data_dir.resolve()
         self.nodes = nodes
         self.node_workers = node_workers
+        self.queues = queues  # queue service instances (`starling up --queues N`)
         self.mqtt_port = mqtt_port
         self.anonymous = anonymous
         self.extra_env = extra_env or {}
@@ -216,6 +231,8 @@ class Launcher:
             "STARLING_MESH_SECRET": self.secrets.mesh_secret,
             "STARLING_ADMIN_TOKEN": self.secrets.admin_token,
         }
+        if service == "queue":
+            env.update(queue_instance_env(comp.name, self.queues))
         if self.anonymous:
             env.setdefault("STARLING_ANONYMOUS_TENANTS", '["*"]')
         # Sampled spans of the local mesh go to one JSON-lines file per process (nothing is
@@ -293,6 +310,8 @@ class Launcher:
 
         for name in BACK_OFFICE:
             self.start_service(name, name, nats, redis)
+        for i in range(1, self.queues):
+            self.start_service(queue_instance_name(i), "queue", nats, redis)
         # Nodes announce themselves (hello) as they start: the session service must be
         # listening by then, so the back office serves first.
         for comp in list(self.mesh.components):
@@ -332,7 +351,7 @@ class Launcher:
         """Stop children in order; SIGKILL what outlives its grace period."""
         comps = self.mesh.components
         nodes = [c for c in comps if c.name.startswith("connection-")]  # with every worker
-        back_office = [c for c in comps if c.name in BACK_OFFICE]
+        back_office = [c for c in comps if c.name in BACK_OFFICE or c.name.startswith("queue-")]
         infra = [c for c in comps if c.kind in ("redis", "nats")]
         for group in (nodes, back_office, infra):
             for comp in group:
@@ -441,8 +460,10 @@ def print_endpoints(mesh: Mesh) -> None:
     print("Ctrl-C stops everything.", flush=True)
 
 
-def run_up(data_dir: Path, nodes: int, mqtt_port: int, node_workers: int = 1) -> int:
-    launcher = Launcher(data_dir, nodes, mqtt_port, node_workers=node_workers)
+def run_up(
+    data_dir: Path, nodes: int, mqtt_port: int, node_workers: int = 1, queues: int = 1
+) -> int:
+    launcher = Launcher(data_dir, nodes, mqtt_port, node_workers=node_workers, queues=queues)
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:

@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes per node, all on the node's ports (SO_REUSEPORT): one core each "
         "(default 1)",
     )
+    p.add_argument("--queues", type=int, default=1, help="queue service instances (default 1)")
     p = sub.add_parser("status", help="health of every component of the local mesh")
     p.add_argument("--data-dir", default=".starling")
     p = sub.add_parser(
@@ -57,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--nodes must be at least 1")
         if args.node_workers < 1:
             parser.error("--node-workers must be at least 1")
-        return run_up(Path(args.data_dir), args.nodes, args.mqtt_port, args.node_workers)
+        if args.queues < 1:
+            parser.error("--queues must be at least 1")
+        return run_up(
+            Path(args.data_dir), args.nodes, args.mqtt_port, args.node_workers, args.queues
+        )
     if args.command == "secrets":
         from services.cli.secrets import MeshSecrets, write_secret_files
 
