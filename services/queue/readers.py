@@ -1,4 +1,6 @@
-"""Which reader each queue pushes new entries to (in memory, one queue instance).
+"""Which reader each queue pushes new entries to (in memory, at the owner of the queue's
+partition; an instance that loses a partition forgets its readers, and the new owner learns
+them from their next reads).
 
 A reader is one delivery of a queue to one connection (a connection node names it in its
 Reads). When a reader's Read reaches the end of the queue, it holds the queue's lease: the
