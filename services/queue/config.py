@@ -36,7 +36,8 @@ class QueueSettings(ServiceSettings):
     grpc_advertise_address: str = Field(
         default="",
         description="host:port at which other services reach this instance's gRPC (calls "
-        "too large for NATS go to a partition's owner there); default grpc_host:grpc_port.",
+        "too large for NATS go to a partition's owner there); default grpc_host:grpc_port, or this "
+        "host's address when grpc_host is 0.0.0.0.",
     )
     max_queue_depth: int = Field(
         default=1_000_000,

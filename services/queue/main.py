@@ -125,7 +125,11 @@ def _advertised(settings: QueueSettings) -> str:
         return ""
     host = settings.grpc_host
     if host in ("0.0.0.0", "::", ""):
-        host = socket.gethostname()
+        # Bound on every interface (a container): this host's address (a pod's IP).
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = socket.gethostname()
     return f"{host}:{settings.grpc_port}"
 
 
