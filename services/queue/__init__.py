@@ -5,6 +5,6 @@ Queues are split into `queue_partitions` partitions. Instances lease them in Red
 share each (services/queue/leases.py), and claim each leased partition in the store, which
 raises its fencing epoch so an older owner can no longer append (services/queue/ownership.py);
 they announce what they own on ctl.queue.owners, and callers send each queue's calls to its
-owner (services/queue/owner_calls.py). After entries commit, a `QueueNotice` on `qn.<tenant>.<queue_id>` tells the
-node that holds the session to read them.
+owner (services/queue/owner_calls.py). After entries commit, a `QueueNotice` on
+`qn.<tenant>.<queue_id>` tells the node that holds the session to read them.
 """
