@@ -5,6 +5,7 @@ ADMIN_TOKEN."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -76,7 +77,16 @@ async def core_services(nats_url: str, redis_url: str, data_dir: Path) -> AsyncI
         )
         common["metrics_addr"] = metrics
         queue = await stack.enter_async_context(
-            serving(QueueService(QueueSettings(**common, node_id="queue-t")))
+            serving(
+                QueueService(
+                    QueueSettings(
+                        **common,
+                        node_id="queue-t",
+                        # Partition leases of its own in the tests' shared Redis.
+                        queue_lease_key_prefix=f"inproc-{uuid.uuid4().hex}:",
+                    )
+                )
+            )
         )
         router_settings = RouterSettings(**common, node_id="router-t", queue_addr=queue)
         router = await stack.enter_async_context(serving(RouterService(router_settings)))

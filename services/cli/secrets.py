@@ -40,6 +40,7 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "ctl.>",
                 "qn.>",
                 "svc.queue.append",
+                "svc.queue.append.>",  # an instance's own append subject
                 "svc.queue.routes",
                 "rt.routes.>",
                 "$JS.>",
@@ -88,6 +89,7 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "svc.queue.append",
                 # several router instances append as checked against their table's version
                 "svc.queue.direct",
+                "svc.queue.append.>",  # at the owner of the queue's partition
                 "svc.queue.routes",
                 "_INBOX.>",
             ]
@@ -95,21 +97,22 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
         # mqf.<router>: fetches of large delayed messages it published by reference;
         # svc.router.route: the nodes' persistent publishes; svc.router.will: their wills
         # settled at CONNECT
-        "subscribe": {"allow": ["_INBOX.>", "mqf.>", "svc.router.route", "svc.router.will"]},
-    },
-    "queue": {
-        "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>"]},
+        # ctl.queue.owners: which queue instance owns which partition
         "subscribe": {
             "allow": [
                 "_INBOX.>",
-                "svc.queue.append",
-                "svc.queue.direct",
-                "svc.queue.routes",
-                "svc.queue.read",
-                "svc.queue.ack",
-                "svc.queue.released",
+                "mqf.>",
+                "svc.router.route",
+                "svc.router.will",
+                "ctl.queue.owners",
             ]
         },
+    },
+    "queue": {
+        # ctl.queue.owners: the partitions this instance owns (services/queue/ownership.py)
+        "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>", "ctl.queue.owners"]},
+        # svc.queue.<call> shared by every instance, svc.queue.<call>.<instance> its own
+        "subscribe": {"allow": ["_INBOX.>", "svc.queue.>"]},
     },
     # ctl.quota.limits / ctl.quota.bans: limits and the ban list changed (to nodes and
     # session services)

@@ -20,7 +20,8 @@ from services.common.rpc.limits import BATCH_BYTES
 from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
 from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.queue.config import QueueSettings
-from services.queue.core import RouteVersions, expires_at_ms, owned, partition_of
+from services.queue.core import RouteVersions, expires_at_ms, partition_of
+from services.queue.ownership import Partitions
 from services.queue.readers import Lease, Readers
 from starling.common.v1 import event_pb2
 from starling.queue.v1 import queue_pb2 as pb
@@ -35,22 +36,6 @@ _RESULT = {
     AppendOutcome.FULL: pb.APPEND_RESULT_QUEUE_FULL,
     AppendOutcome.FENCED: pb.APPEND_RESULT_FENCED,
 }
-
-
-class Partitions:
-    """This instance's partitions and their fencing epochs."""
-
-    def __init__(self, settings: QueueSettings) -> None:
-        self.count = settings.queue_partitions
-        self.ordinal = settings.instance_ordinal
-        self.instances = settings.instance_count
-        self.epochs: dict[int, int] = {}
-        self.locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-
-    async def claim_all(self, store: QueueStore) -> None:
-        for p in range(self.count):
-            if owned(p, self.ordinal, self.instances):
-                self.epochs[p] = await store.claim_partition(p)
 
 
 def _items_by_queue(
@@ -124,6 +109,8 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self._tracing = settings.tracing
         self.readers = Readers()
         self.routes = RouteVersions()
+        # Readers move with their queue's owner: the partitions' new owner starts afresh.
+        parts.on_lost = lambda lost: self.readers.drop_partitions(lost, parts.count)
 
     async def Append(
         self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
@@ -190,8 +177,9 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             raise InvalidArgumentError("tenant and version are required")
         return pb.FenceRoutesResponse(
             version=self.routes.learn(request.tenant, request.version),
-            instance_ordinal=self._parts.ordinal,
+            instance_ordinal=self._parts.index,
             instance_count=self._parts.instances,
+            instance_id=self._parts.instance_id,
         )
 
     def _push_to(
@@ -254,9 +242,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             mark_delivered=push,
         )
         if AppendOutcome.FENCED in report.outcomes:
-            # Another instance took the partition over: stop writing to it.
-            log.warning("partition_fenced", extra={"partition": p})
-            self._parts.epochs.pop(p, None)
+            self._parts.fenced(p)  # another instance took the partition over
         return report
 
     async def _announce(
@@ -320,7 +306,11 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         # it was not given (expired ones).
         scanned = entries[-1].seq if entries else max(request.from_seq - 1, 0)
         delivered = st.delivered_through  # as it was before this read
-        if reader:
+        # Only the owner keeps readers (it pushes to them); another instance serves a read
+        # from the store alone (a caller whose ownership map is behind).
+        if reader and self._parts.owns(
+            partition_of(request.tenant, request.queue_id, self._parts.count)
+        ):
             delivered = self.readers.delivered_before(
                 request.tenant, request.queue_id, reader, delivered
             )

@@ -8,10 +8,11 @@ their queue entry: callers never see the queue's protobuf.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message as ProtoMessage
 from nats.aio.client import Client
@@ -32,6 +33,8 @@ from services.common.rpc.client import LazyStub
 from services.common.rpc.errors import UnavailableError
 from services.common.rpc.limits import split_by_bytes
 from services.queue.core import queue_id
+from services.queue.owner_calls import OwnerCalls, Stub
+from services.queue.owners import Owner
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
@@ -156,22 +159,49 @@ def _entry_from_pb(e: pb.QueueEntry) -> QueueEntry:
     )
 
 
+# How long an append waits for a queue's new owner (its old one died: the lease runs out,
+# another instance claims the partition and announces it) before it answers FENCED.
+OWNER_WAIT_S = 3.0
+
+
 class QueueClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.QueueServiceStub, timeout_s=timeout_s)
-        self._timeout_s = timeout_s
-        self._bus: UnaryClient | None = None
+        self._calls = OwnerCalls(self._rpc, timeout_s)
 
     def use_bus(self, nc: Client) -> None:
         """Send append, read, ack and mark_released over NATS request/reply from now on
-        (gRPC for what does not fit one NATS message): services/common/bus/unary.py says
-        why."""
-        self._bus = UnaryClient(nc, self._timeout_s)
+        (gRPC for what does not fit one NATS message), each to the owner of its queue's
+        partition: services/common/bus/unary.py and services/queue/owner_calls.py say why."""
+        self._calls.use_bus(nc)
+
+    @property
+    def _bus(self) -> UnaryClient | None:
+        return self._calls.bus
 
     async def _call(
-        self, subject: str, method: Callable[..., Awaitable[R]], req: ProtoMessage, reply: type[R]
+        self,
+        tenant: str,
+        queue_id: str,
+        subject: str,
+        method: Callable[[Stub], Callable[..., Awaitable[R]]],
+        req: ProtoMessage,
+        reply: type[R],
     ) -> R:
-        return await unary.call(self._bus, subject, self._rpc, method, req, reply)
+        """A call about one queue, at its owner; if that instance is gone, at any instance
+        (each serves reads, acks and released marks from the store; only the owner keeps
+        readers, which costs the reader a read where a push would have come)."""
+        calls = self._calls
+        if calls.bus is None:
+            return await unary.call(None, subject, self._rpc, method(self._rpc), req, reply)
+        await calls.follow()
+        owner = calls.owners.owner(tenant, queue_id)
+        try:
+            return await calls.call(owner, ((tenant, queue_id),), subject, method, req, reply)
+        except UnavailableError:
+            if owner is None:
+                raise
+            return await calls.call(None, (), subject, method, req, reply)
 
     async def append(
         self,
@@ -182,19 +212,90 @@ class QueueClient:
     ) -> list[AppendResult]:
         """One result per entry, in order.
 
-        Sent in calls of at most BATCH_BYTES (a larger entry alone): one message matching
-        many sessions is one entry per queue, each carrying the whole message. Appends are
-        idempotent per message id, so a call that fails after an earlier one succeeded is
-        retried whole by the caller without storing anything twice.
+        Each queue's entries go to the owner of its partition, in calls of at most
+        BATCH_BYTES (a larger entry alone): one message matching many sessions is one entry
+        per queue, each carrying the whole message. Entries an instance refused as not its
+        own (FENCED), or that met a dead owner, are sent again once the new owner announced
+        itself (at most OWNER_WAIT_S; then FENCED). Appends are idempotent per message id,
+        so a call that fails after an earlier one succeeded is retried whole by the caller
+        without storing anything twice.
 
         `routes_checked` (a connection node's copy of the route table chose the entries):
         that copy's version, StaleRoutesError when it is not current. `routes_current` (the
         router): its table's version, which the queue learns. Even no entries make a call
         when checked: the answer tells the node its copy is current."""
-        results: list[AppendResult] = []
         if not entries and not routes_checked:
-            return results
+            return []
         subject = DIRECT_APPEND_SUBJECT if routes_checked else APPEND_SUBJECT
+        calls = self._calls
+        if not entries or calls.bus is None:
+            return await self._append_at(
+                None, tenant, entries, subject, routes_checked, routes_current
+            )
+        await calls.follow()
+        out: list[AppendResult] = [AppendResult.FENCED] * len(entries)
+        todo = list(range(len(entries)))
+        deadline = 0.0
+        while todo:
+            moved = calls.moved()  # before the calls: a change during them wakes the retry
+            groups = self._by_owner(tenant, entries, todo)
+            answers = await asyncio.gather(
+                *(
+                    self._append_at(
+                        o,
+                        tenant,
+                        [entries[i] for i in idx],
+                        subject,
+                        routes_checked,
+                        routes_current,
+                    )
+                    for o, idx in groups.items()
+                ),
+                return_exceptions=True,
+            )
+            todo = []
+            for (owner, idx), answer in zip(groups.items(), answers, strict=True):
+                if isinstance(answer, UnavailableError) and owner is not None:
+                    todo += idx  # the owner died under the call: to its successor
+                elif isinstance(answer, BaseException):
+                    raise answer
+                else:
+                    for i, r in zip(idx, answer, strict=True):
+                        out[i] = r
+                        if r == AppendResult.FENCED:
+                            todo.append(i)  # not (or no longer) that instance's queue
+            if not todo:
+                break
+            now = asyncio.get_running_loop().time()
+            deadline = deadline or now + OWNER_WAIT_S
+            if now >= deadline:
+                break  # FENCED: the caller tries again later
+            await asyncio.wait({moved}, timeout=deadline - now)
+            todo.sort()  # each queue's entries stay in request order
+        return out
+
+    def _by_owner(
+        self, tenant: str, entries: Sequence[NewEntry], todo: list[int]
+    ) -> dict[Owner | None, list[int]]:
+        owners = self._calls.owners
+        if owners.sole is not None or not owners:
+            return {owners.sole: todo}
+        groups: dict[Owner | None, list[int]] = {}
+        for i in todo:
+            groups.setdefault(owners.owner(tenant, entries[i].queue_id), []).append(i)
+        return groups
+
+    async def _append_at(
+        self,
+        owner: Owner | None,
+        tenant: str,
+        entries: Sequence[NewEntry],
+        subject: str,
+        routes_checked: int,
+        routes_current: int,
+    ) -> list[AppendResult]:
+        results: list[AppendResult] = []
+        keys = sorted({(tenant, e.queue_id) for e in entries})
         runs = split_by_bytes(entries, _entry_size) if entries else [[]]
         for run in runs:
             req = pb.AppendRequest(
@@ -203,7 +304,7 @@ class QueueClient:
                 routes_checked=routes_checked,
                 routes_current=routes_current,
             )
-            resp = await self._call(subject, self._rpc.stub.Append, req, pb.AppendResponse)
+            resp = await self._calls.call(owner, keys, subject, _append, req, pb.AppendResponse)
             if resp.stale_routes:
                 raise StaleRoutesError(len(results))
             results += [AppendResult(r) for r in resp.results]
@@ -211,17 +312,24 @@ class QueueClient:
 
     async def fence_routes(self, tenant: str, version: int) -> int:
         """Every queue instance holds `version` (or a higher one) of the tenant's route
-        table before this returns; the highest version any of them holds."""
-        if self._bus is None:
+        table before this returns; the highest version any of them holds. Every instance:
+        the owner of each partition in the ownership map, or (no map yet) every index
+        below the instance count they report."""
+        bus = self._calls.bus
+        if bus is None:
             raise UnavailableError("fencing route versions needs the NATS bus")
+        await self._calls.follow()
         req = pb.FenceRoutesRequest(tenant=tenant, version=version).SerializeToString()
+        owners = self._calls.owners
 
         def all_in(replies: list[bytes]) -> bool:
             answers = [pb.FenceRoutesResponse.FromString(r) for r in replies]
+            if owners.complete():
+                return {a.instance_id for a in answers} >= owners.owner_ids()
             count = max(a.instance_count for a in answers)
             return {a.instance_ordinal for a in answers} >= set(range(count))
 
-        replies = await self._bus.call_all(FENCE_ROUTES_SUBJECT, req, all_in)
+        replies = await bus.call_all(FENCE_ROUTES_SUBJECT, req, all_in)
         return max(pb.FenceRoutesResponse.FromString(r).version for r in replies)
 
     async def read(
@@ -245,7 +353,7 @@ class QueueClient:
             mark_delivered=mark_delivered,
             reader=reader,
         )
-        resp = await self._call(READ_SUBJECT, self._rpc.stub.Read, req, pb.ReadResponse)
+        resp = await self._call(tenant, queue_id, READ_SUBJECT, _read, req, pb.ReadResponse)
         return QueueRead(
             tuple(_entry_from_pb(e) for e in resp.entries),
             resp.acked_through,
@@ -264,20 +372,38 @@ class QueueClient:
             through_seq=through_seq,
             detach_reader=detach_reader,
         )
-        await self._call(ACK_SUBJECT, self._rpc.stub.Ack, req, pb.AckResponse)
+        await self._call(tenant, queue_id, ACK_SUBJECT, _ack, req, pb.AckResponse)
 
     async def mark_released(self, tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
         """Record the client's PUBREC for these entries (durable once this returns)."""
         req = pb.MarkReleasedRequest(tenant=tenant, queue_id=queue_id, seqs=seqs)
         await self._call(
-            RELEASED_SUBJECT, self._rpc.stub.MarkReleased, req, pb.MarkReleasedResponse
+            tenant, queue_id, RELEASED_SUBJECT, _released, req, pb.MarkReleasedResponse
         )
 
     async def drop(self, tenant: str, queue_id: str) -> None:
         await self._rpc.call(self._rpc.stub.Drop, pb.DropRequest(tenant=tenant, queue_id=queue_id))
 
     async def close(self) -> None:
+        await self._calls.close()
         await self._rpc.close()
+
+
+# Which method of a stub a call uses (the stub is the owner's).
+def _append(s: Stub) -> Any:
+    return s.stub.Append
+
+
+def _read(s: Stub) -> Any:
+    return s.stub.Read
+
+
+def _ack(s: Stub) -> Any:
+    return s.stub.Ack
+
+
+def _released(s: Stub) -> Any:
+    return s.stub.MarkReleased
 
 
 class QueueAdminClient:

@@ -13,8 +13,32 @@ class QueueSettings(ServiceSettings):
     service_name: ClassVar[str] = "queue"
     grpc_port: int = Field(default=7003, ge=0, le=65535, description="gRPC port; 0 picks one.")
     queue_partitions: int = Field(default=64, ge=1, le=65536, description="Fixed partition count.")
-    instance_ordinal: int = Field(default=0, ge=0, description="This instance's index.")
+    instance_index: int = Field(
+        default=0,
+        ge=0,
+        description="This instance's index among `instance_count` (what the route fence "
+        "waits for before any ownership announcement was heard; partitions are leased).",
+    )
     instance_count: int = Field(default=1, ge=1, description="Queue instances in the cluster.")
+    queue_lease_ttl_ms: int = Field(
+        default=1200,
+        ge=200,
+        le=60_000,
+        description="Lease of an instance on its partitions (in Redis), renewed every quarter "
+        "of it: a dead instance's partitions move to the others within about 1.25 times this.",
+    )
+    queue_lease_key_prefix: str = Field(
+        default="starling:queue:",
+        min_length=1,
+        description="Prefix of the Redis keys of the partition leases (one per queue cluster "
+        "sharing a Redis).",
+    )
+    grpc_advertise_address: str = Field(
+        default="",
+        description="host:port at which other services reach this instance's gRPC (calls "
+        "too large for NATS go to a partition's owner there); default grpc_host:grpc_port, or this "
+        "host's address when grpc_host is 0.0.0.0.",
+    )
     max_queue_depth: int = Field(
         default=1_000_000,
         ge=0,
@@ -31,7 +55,7 @@ class QueueSettings(ServiceSettings):
     )
 
     @model_validator(mode="after")
-    def _ordinal(self) -> QueueSettings:
-        if self.instance_ordinal >= self.instance_count:
-            raise ValueError("instance_ordinal must be below instance_count")
+    def _index(self) -> QueueSettings:
+        if self.instance_index >= self.instance_count:
+            raise ValueError("instance_index must be below instance_count")
         return self

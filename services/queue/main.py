@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import uuid
 from collections.abc import Iterable
 
 import grpc
+from redis.asyncio import Redis
 
 from services.common.bus.client import LateClient, connect, drain
 from services.common.bus.unary import (
@@ -13,16 +17,20 @@ from services.common.bus.unary import (
     APPEND_SUBJECT,
     DIRECT_APPEND_SUBJECT,
     FENCE_ROUTES_SUBJECT,
+    QUEUE_OWNERS_SUBJECT,
     READ_SUBJECT,
     RELEASED_SUBJECT,
     UnaryServer,
+    instance_subject,
     servicer_handler,
 )
 from services.common.runtime import run_service
 from services.common.store.open import open_queue_store
 from services.metrics.client import MetricsClient, TenantCounters, report_every
-from services.queue.api import Partitions, QueueAdminApi, QueueApi
+from services.queue.api import QueueAdminApi, QueueApi
 from services.queue.config import QueueSettings
+from services.queue.leases import LeaseTable
+from services.queue.ownership import Partitions
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 
@@ -31,7 +39,23 @@ class QueueService:
     def __init__(self, settings: QueueSettings) -> None:
         self._s = settings
         self._store = open_queue_store(settings)
-        self._parts = Partitions(settings)
+        # Unique per process: a restarted instance never renews its predecessor's leases
+        # (they run out), and callers never take one incarnation's claims for another's.
+        self.instance_id = f"{settings.node_id}-{uuid.uuid4().hex[:8]}"
+        self._redis = Redis.from_url(
+            settings.redis_url, password=settings.redis_password.get_secret_value() or None
+        )
+        leases = LeaseTable(
+            self._redis,
+            self.instance_id,
+            settings.queue_partitions,
+            settings.queue_lease_ttl_ms,
+            settings.queue_lease_key_prefix,
+        )
+        self._parts = Partitions(
+            settings, self.instance_id, leases, self._store, _advertised(settings)
+        )
+        self._leasing: asyncio.Task[None] | None = None
         self._nats = LateClient()
         # LateClient stands in for the NATS client until start() connects it.
         self._api = QueueApi(self._store, self._parts, self._s, self._nats)  # type: ignore[arg-type]
@@ -47,21 +71,38 @@ class QueueService:
         self._nats.nc = await connect(
             self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
         )
-        await self._parts.claim_all(self._store)
-        # The persistent path's calls come over NATS too, once the partitions are ours.
+        nc = self._nats.nc
+        self._parts.publish = lambda data: nc.publish(QUEUE_OWNERS_SUBJECT, data)
+        # The first round before serving: alone, this instance owns every partition when
+        # it reports SERVING; beside others it takes its share as they shed theirs.
+        await self._parts.tick()
+        # The persistent path's calls come over NATS too: on the shared subjects (a caller
+        # that knows no owner yet; any instance) and on this instance's own ones.
         api = self._api
-        for subject, method, request, group in (
-            (APPEND_SUBJECT, api.Append, pb.AppendRequest, "queue"),
-            (DIRECT_APPEND_SUBJECT, api.DirectAppend, pb.AppendRequest, "queue"),
-            # Every instance must learn a fenced version: no queue group.
-            (FENCE_ROUTES_SUBJECT, api.FenceRoutes, pb.FenceRoutesRequest, ""),
-            (READ_SUBJECT, api.Read, pb.ReadRequest, "queue"),
-            (ACK_SUBJECT, api.Ack, pb.AckRequest, "queue"),
-            (RELEASED_SUBJECT, api.MarkReleased, pb.MarkReleasedRequest, "queue"),
+        for subject, method, request in (
+            (APPEND_SUBJECT, api.Append, pb.AppendRequest),
+            (DIRECT_APPEND_SUBJECT, api.DirectAppend, pb.AppendRequest),
+            (READ_SUBJECT, api.Read, pb.ReadRequest),
+            (ACK_SUBJECT, api.Ack, pb.AckRequest),
+            (RELEASED_SUBJECT, api.MarkReleased, pb.MarkReleasedRequest),
         ):
-            server = UnaryServer(self._nats.nc, subject, group, servicer_handler(method, request))
+            handler = servicer_handler(method, request)
+            self._servers.append(UnaryServer(nc, subject, "queue", handler))
+            own = instance_subject(subject, self.instance_id)
+            self._servers.append(UnaryServer(nc, own, "", handler))
+        # Every instance must learn a fenced version: no queue group.
+        self._servers.append(
+            UnaryServer(
+                nc,
+                FENCE_ROUTES_SUBJECT,
+                "",
+                servicer_handler(api.FenceRoutes, pb.FenceRoutesRequest),
+            )
+        )
+        for server in self._servers:
             await server.start()
-            self._servers.append(server)
+        await self._parts.announce()
+        self._leasing = asyncio.create_task(self._parts.run(), name="queue-leases")
         self._reporter = asyncio.create_task(
             report_every(
                 MetricsClient(self._s.metrics_addr),
@@ -85,9 +126,32 @@ class QueueService:
             self._reporter.cancel()
         for server in self._servers:
             await server.stop()
+        if self._leasing is not None:
+            self._leasing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._leasing
+            await self._parts.leave()
         if self._nats.nc is not None:
             await drain(self._nats.nc)
         await self._store.close()
+        await self._redis.aclose()
+
+
+def _advertised(settings: QueueSettings) -> str:
+    """Where callers reach this instance's gRPC ("" when the port is picked at bind time:
+    they use their configured queue address)."""
+    if settings.grpc_advertise_address:
+        return settings.grpc_advertise_address
+    if not settings.grpc_port:
+        return ""
+    host = settings.grpc_host
+    if host in ("0.0.0.0", "::", ""):
+        # Bound on every interface (a container): this host's address (a pod's IP).
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = socket.gethostname()
+    return f"{host}:{settings.grpc_port}"
 
 
 def main() -> int:

@@ -1,4 +1,6 @@
-"""Which reader each queue pushes new entries to (in memory, one queue instance).
+"""Which reader each queue pushes new entries to (in memory, at the owner of the queue's
+partition; an instance that loses a partition forgets its readers, and the new owner learns
+them from their next reads).
 
 A reader is one delivery of a queue to one connection (a connection node names it in its
 Reads). When a reader's Read reaches the end of the queue, it holds the queue's lease: the
@@ -23,7 +25,10 @@ lease per queue.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
+
+from services.queue.core import partition_of
 
 
 @dataclass(slots=True)
@@ -92,3 +97,8 @@ class Readers:
 
     def drop(self, tenant: str, queue_id: str) -> None:
         self._leases.pop((tenant, queue_id), None)
+
+    def drop_partitions(self, partitions: Set[int], count: int) -> None:
+        """This instance no longer owns these partitions: forget their queues' leases."""
+        for key in [k for k in self._leases if partition_of(*k, count) in partitions]:
+            del self._leases[key]

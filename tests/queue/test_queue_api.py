@@ -4,25 +4,33 @@ node, and the depth limit's drops counted and evented."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 from nats.aio.msg import Msg
+from redis.asyncio import Redis
 
 from services.common.bus import subjects
 from services.common.bus.client import connect
 from services.common.store.sqlite_queue import SqliteQueueStore
-from services.queue.api import Partitions, QueueApi
+from services.queue.api import QueueApi
 from services.queue.config import QueueSettings
+from services.queue.leases import LeaseTable
+from services.queue.ownership import Partitions
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
 
 
-async def test_append_notifies_and_events_depth_drops(nats_url: str, tmp_path: Path) -> None:
+async def test_append_notifies_and_events_depth_drops(
+    nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
     settings = QueueSettings(max_queue_depth=3, depth_policy="reject_newest", metrics_port=-1)
     store = SqliteQueueStore(tmp_path / "q.db")
-    parts = Partitions(settings)
-    await parts.claim_all(store)
+    redis = Redis.from_url(redis_url)
+    leases = LeaseTable(redis, "q-test", settings.queue_partitions, 5000, f"t:{uuid.uuid4()}:")
+    parts = Partitions(settings, "q-test", leases, store)
+    await parts.tick()  # alone: every partition
     nc = await connect(nats_url, "queue-test")
     api = QueueApi(store, parts, settings, nc)
     notices: list[pb.QueueNotice] = []
@@ -56,3 +64,4 @@ async def test_append_notifies_and_events_depth_drops(nats_url: str, tmp_path: P
     ]
     await nc.close()
     await store.close()
+    await redis.aclose()

@@ -29,9 +29,13 @@ from tests.inproc import ADMIN_TOKEN, serving
 
 
 @pytest.fixture(scope="module")
-async def address(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def address(
+    nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
     settings = QueueSettings(
         nats_url=nats_url,
+        redis_url=redis_url,
+        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",  # partitions of its own
         data_dir=tmp_path_factory.mktemp("queue"),
         metrics_port=-1,
         node_id="queue-client-test",

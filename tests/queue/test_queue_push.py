@@ -24,9 +24,13 @@ TENANT = "t"
 
 
 @pytest.fixture
-async def address(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def address(
+    nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
     settings = QueueSettings(
         nats_url=nats_url,
+        redis_url=redis_url,
+        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",  # partitions of its own
         data_dir=tmp_path_factory.mktemp("queue"),
         metrics_port=-1,
         node_id="queue-push-test",
@@ -158,12 +162,14 @@ async def test_a_reader_behind_or_a_large_append_gets_a_plain_notice(
 
 
 async def test_after_a_queue_restart_pushed_entries_count_as_maybe_sent(
-    nats_url: str, tmp_path_factory: pytest.TempPathFactory
+    nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The leases live in memory: after a restart the durable mark is all there is, and it
     covers what was pushed (DUP=1 errs the safe way)."""
     settings = QueueSettings(
         nats_url=nats_url,
+        redis_url=redis_url,
+        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",  # partitions of its own
         data_dir=tmp_path_factory.mktemp("queue"),
         metrics_port=-1,
         node_id="queue-push-restart",

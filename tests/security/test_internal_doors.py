@@ -167,8 +167,9 @@ async def test_a_node_may_route_but_never_append_unchecked_or_serve_the_router(
 ) -> None:
     """The persistent path runs over NATS (svc.router.route, svc.queue.direct,
     svc.queue.append): a connection node's user may ask the router and append as checked
-    against the route table's version, but neither append unchecked (svc.queue.append),
-    fence versions or publish route changes as the router, nor pose as the router
+    against the route table's version, but neither append unchecked (svc.queue.append, at
+    any instance), fence versions or publish route changes as the router, announce queue
+    partitions (ctl.queue.owners), nor pose as the router
     (subscribe to its subject) to take other nodes' publishes."""
     port = mesh.mesh.by_name("nats").port
     password = mesh.launcher.secrets.nats["connection"]
@@ -180,12 +181,14 @@ async def test_a_node_may_route_but_never_append_unchecked_or_serve_the_router(
     nc = await nats.connect(f"nats://connection:{password}@127.0.0.1:{port}", error_cb=on_error)
     try:
         await nc.publish("svc.queue.append", b"x")
+        await nc.publish("svc.queue.append.queue-0123", b"x")  # at one instance
         await nc.publish("svc.queue.routes", b"x")
         await nc.publish("rt.routes.default", b"x")
+        await nc.publish("ctl.queue.owners", b"x")  # posing as a queue instance
         await nc.subscribe("svc.router.route")
         await nc.flush()
         deadline = time.monotonic() + 10
-        while len([e for e in errors if "permissions violation" in e.lower()]) < 4:
+        while len([e for e in errors if "permissions violation" in e.lower()]) < 6:
             assert time.monotonic() < deadline, f"no permission violations: {errors}"
             await asyncio.sleep(0.05)
         # Asking the router is allowed: a bad request gets a status, not a violation.

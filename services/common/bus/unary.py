@@ -46,6 +46,7 @@ from services.common.rpc.errors import (
 )
 from services.common.tasks import TaskSet
 from services.common.telemetry import extract, inject
+from services.common.topics.subject import escape_token
 
 log = logging.getLogger("starling.bus.unary")
 _tracer = trace.get_tracer("starling.bus")
@@ -62,6 +63,10 @@ FENCE_ROUTES_SUBJECT = "svc.queue.routes"
 READ_SUBJECT = "svc.queue.read"
 ACK_SUBJECT = "svc.queue.ack"
 RELEASED_SUBJECT = "svc.queue.released"
+# Queue instances announce the partitions they own here (QueueOwners); callers send a queue's
+# calls to its owner's own subject (`instance_subject`), the shared ones above when they know
+# no owner yet.
+QUEUE_OWNERS_SUBJECT = "ctl.queue.owners"
 # The CONNECT path: a node's CONNECT(s) and end of connection (`<session_subject>.connect`,
 # `.connects`, `.disconnect`; setting `session_subject`, default "svc.session"), and its will
 # settlement.
@@ -75,6 +80,11 @@ MAX_IN_FLIGHT = 256
 Handler = Callable[[bytes], Awaitable[bytes]]
 M = TypeVar("M", bound=Message)
 R = TypeVar("R", bound=Message)
+
+
+def instance_subject(subject: str, instance_id: str) -> str:
+    """The subject of one instance's `subject` calls (`svc.queue.append.<instance>`)."""
+    return f"{subject}.{escape_token(instance_id)}"
 
 
 def parse(cls: type[M], data: bytes) -> M:

@@ -210,20 +210,26 @@ class FenceRoutesResponse(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     INSTANCE_ORDINAL_FIELD_NUMBER: _builtins.int
     INSTANCE_COUNT_FIELD_NUMBER: _builtins.int
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """The version this instance now holds (higher than asked: the router must go above it)."""
     instance_ordinal: _builtins.int
     instance_count: _builtins.int
+    instance_id: _builtins.str
+    """Who answered (QueueOwners.instance_id): the caller waits for the owner of every
+    partition in the ownership map it follows.
+    """
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         instance_ordinal: _builtins.int = ...,
         instance_count: _builtins.int = ...,
+        instance_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_count", b"instance_count", "instance_ordinal", b"instance_ordinal", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_count", b"instance_count", "instance_id", b"instance_id", "instance_ordinal", b"instance_ordinal", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -524,3 +530,48 @@ class GetQueueStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetQueueStatsResponse: _TypeAlias = GetQueueStatsResponse  # noqa: Y015
+
+@_typing.final
+class QueueOwners(_message.Message):
+    """A queue instance's partitions, published on NATS ctl.queue.owners whenever they change and
+    every second: callers send a queue's calls to its partition's owner (instance subjects
+    svc.queue.<call>.<instance_id>). Per partition, the claim with the highest epoch wins.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    PARTITION_COUNT_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    EPOCHS_FIELD_NUMBER: _builtins.int
+    GRPC_ADDRESS_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
+    instance_id: _builtins.str
+    partition_count: _builtins.int
+    grpc_address: _builtins.str
+    """host:port, for calls too large for one NATS message"""
+    leaving: _builtins.bool
+    """stopping: it owns nothing from now on"""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def epochs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """one per partition, the fencing epoch its claim took"""
+
+    def __init__(
+        self,
+        *,
+        instance_id: _builtins.str = ...,
+        partition_count: _builtins.int = ...,
+        partitions: _abc.Iterable[_builtins.int] | None = ...,
+        epochs: _abc.Iterable[_builtins.int] | None = ...,
+        grpc_address: _builtins.str = ...,
+        leaving: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epochs", b"epochs", "grpc_address", b"grpc_address", "instance_id", b"instance_id", "leaving", b"leaving", "partition_count", b"partition_count", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueOwners: _TypeAlias = QueueOwners  # noqa: Y015
