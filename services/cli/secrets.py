@@ -89,7 +89,9 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "svc.queue.append",
                 # several router instances append as checked against their table's version
                 "svc.queue.direct",
-                "svc.queue.append.>",  # at the owner of the queue's partition
+                # the same at the owner of the queue's partition
+                "svc.queue.append.>",
+                "svc.queue.direct.>",
                 "svc.queue.routes",
                 "_INBOX.>",
             ]
