@@ -183,6 +183,7 @@ class Publisher:
         self.refusals: list[tuple[str, int, int]] = []
         self.server_disconnects: list[tuple[int, str]] = []  # (reason code, Server Reference)
         self._referred: int | None = None  # the node a DISCONNECT's Server Reference named
+        self.followed = 0  # reconnections to the node a Server Reference named
         self.sessions_lost = 0  # CONNACKs without the QoS 2 publisher's session
         self.connected = threading.Event()
         self._lock = threading.Lock()
@@ -261,6 +262,7 @@ class Publisher:
             self.connected.clear()
             if self._referred is not None:  # sent elsewhere (0x9C): go where it says
                 self._node, self._referred = self._referred, None
+                self.followed += 1
             else:
                 self._node += 1  # lost or refused: try the next node
             time.sleep(0.1)
