@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 from services.cli.ports import free_port, port_open
@@ -367,7 +368,7 @@ class Launcher:
         from services.cli.status import component_status
 
         for n in nats:  # a cluster's servers: JetStream ready (services create streams)
-            _wait(lambda c=n: component_status(c) == "SERVING", timeout_s, n.name, self)
+            _wait(partial(_serving, n), timeout_s, n.name, self)
         _wait(lambda: port_open("127.0.0.1", redis.port), timeout_s, "redis", self)
 
         for name in BACK_OFFICE:
@@ -484,6 +485,12 @@ class Launcher:
 
     def crashed(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is not None]
+
+
+def _serving(comp: Component) -> bool:
+    from services.cli.status import component_status
+
+    return component_status(comp) == "SERVING"
 
 
 def _wait(cond: Callable[[], bool], timeout_s: float, what: str, launcher: Launcher) -> None:

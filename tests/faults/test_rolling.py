@@ -44,6 +44,7 @@ from starling.rules.v1 import rules_pb2_grpc as pb_grpc
 from tests.e2e.clients import Paho
 from tests.faults.checker import parse
 from tests.faults.harness import MAX_PACKET, Load, resume_s, run_under_load, wait_for
+from tests.faults.load import Publisher, Subscriber
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -132,7 +133,8 @@ def _rule_missed(r: redis.Redis, load: Load) -> list[tuple[str, int]]:
     """Acknowledged publishes of this load that the rule's action has not received (yet)."""
     got: set[tuple[str, int]] = set()
     for p in load.publishers:
-        got |= {parse(f[b"payload"]) for _, f in r.xrange(p.topic)}
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = r.xrange(p.topic)  # type: ignore[assignment]
+        got |= {parse(fields[b"payload"]) for _, fields in entries}
     return sorted(load.checker.acknowledged() - got)
 
 
@@ -240,7 +242,7 @@ def test_rolling_upgrade_under_load(cluster: Launcher, rule: redis.Redis) -> Non
     )
     print(f"rolling upgrade steps (s): {steps}")
     load = loads[0]
-    clients = [*load.publishers, *load.subscribers]
+    clients: list[Publisher | Subscriber] = [*load.publishers, *load.subscribers]
     told = [c.name for c in clients if c.server_disconnects]
     # Every client was moved (both nodes drained) and the only DISCONNECT any got is 0x9C
     # with a Server Reference, which they followed. Not every client reads it: one that is
