@@ -63,16 +63,22 @@ class Broker:
 
 
 def starling_launcher(
-    folder: Path, nodes: int = 2, node_workers: int = 1, env: dict[str, str] | None = None
+    folder: Path,
+    nodes: int = 2,
+    node_workers: int = 1,
+    env: dict[str, str] | None = None,
+    instances: dict[str, int] | None = None,
 ) -> Launcher:
     """The mesh every bench runs: `starling up`'s services, quiet logs, no cap per IP;
-    `env`: further settings (STARLING_...)."""
+    `env`: further settings (STARLING_...); `instances`: back-office instances (default 1
+    each)."""
     return Launcher(
         folder,
         nodes=nodes,
         mqtt_port=0,
         ws=False,
         node_workers=node_workers,
+        instances=instances,
         extra_env={
             "STARLING_LOG_LEVEL": "WARNING",
             "STARLING_MAX_QUEUED_MESSAGES": "100000",
@@ -427,6 +433,7 @@ EXTRAS = [
     ("Spark over the embedded store: scan rate and queue compaction", "bench.analytics"),
     ("Rules engine: one process, 10 versus 1,000 rules", "bench.rules"),
     ("Persistent path: fsync per commit versus store_sync=normal", "bench.persistent"),
+    ("Scale-out: 1 node x 1 router versus 2 nodes x 2 routers, persistent QoS 1", "bench.scale"),
 ]
 
 

@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 from services.cli.ports import free_port, port_open
@@ -65,6 +66,7 @@ class Component:
     wss_port: int = 0
     log: str = ""
     service: str = ""  # the service an instance belongs to (back office; "" before issue 18)
+    monitor_port: int = 0  # a clustered nats-server's HTTP monitor (/healthz: JetStream ready)
 
 
 @dataclass
@@ -128,9 +130,13 @@ class Launcher:
         tls: tuple[Path, Path] | None = None,
         node_workers: int = 1,
         instances: dict[str, int] | None = None,
+        nats_servers: int = 1,
     ) -> None:
         """`instances`: how many of each back-office service (default one each); each gets
-        `instance_index` and `instance_count` in its environment."""
+        `instance_index` and `instance_count` in its environment. `nats_servers`: above 1,
+        a NATS cluster of that many servers (routes between them, JetStream on each)."""
+        if nats_servers < 1:
+            raise ValueError(f"nats_servers (--nats) must be at least 1, not {nats_servers}")
         if node_workers < 1:
             raise ValueError(
                 f"node_workers (--node-workers) must be at least 1, not {node_workers}"
@@ -138,6 +144,7 @@ class Launcher:
         self.data_dir = data_dir.resolve()
         self.nodes = nodes
         self.node_workers = node_workers
+        self.nats_servers = nats_servers
         self.instances = {name: 1 for name in BACK_OFFICE}
         for name, count in (instances or {}).items():
             if name not in self.instances or count < 1:
@@ -176,22 +183,61 @@ class Launcher:
         if comp not in self.mesh.components:
             self.mesh.components.append(comp)
 
-    def start_nats(self) -> Component:
-        comp = Component("nats", "nats", port=free_port())
-        store = self.data_dir / "nats"
-        store.mkdir(parents=True, exist_ok=True)
-        conf = self.data_dir / "nats.conf"
-        write_private(
-            conf,
-            f'listen: "127.0.0.1:{comp.port}"\n'
-            # sync_interval always: a stream's acknowledgement (the RULES stream's, which
-            # releases a PUBACK) means the message is on disk, not in the page cache.
-            f'jetstream {{ store_dir: "{store}", sync_interval: always }}\n'
-            + nats_limits()
-            + nats_authorization(self.secrets),
+    def start_nats(self) -> list[Component]:
+        """One nats-server, or a cluster of `nats_servers` (named nats, nats-1, nats-2, ...),
+        every one with JetStream on its own store."""
+        count = self.nats_servers
+        comps = [
+            Component(
+                instance_name("nats", i),
+                "nats",
+                port=free_port(),
+                monitor_port=free_port() if count > 1 else 0,
+            )
+            for i in range(count)
+        ]
+        cluster_ports = [free_port() for _ in comps] if count > 1 else []
+        for i, comp in enumerate(comps):
+            store = self.data_dir / comp.name
+            store.mkdir(parents=True, exist_ok=True)
+            conf = self.data_dir / f"{comp.name}.conf"
+            write_private(
+                conf,
+                f'listen: "127.0.0.1:{comp.port}"\n'
+                # sync_interval always: a stream's acknowledgement (the RULES stream's, which
+                # releases a PUBACK) means the message is on disk, not in the page cache.
+                f'jetstream {{ store_dir: "{store}", sync_interval: always }}\n'
+                + (self._nats_cluster(comp, i, cluster_ports) if count > 1 else "")
+                + nats_limits()
+                + nats_authorization(self.secrets),
+            )
+            self._spawn(comp, [nats_binary(), "-c", str(conf)])
+        return comps
+
+    def _nats_cluster(self, comp: Component, index: int, cluster_ports: list[int]) -> str:
+        """The cluster lines of one server's nats.conf: its name, the HTTP monitor (whose
+        /healthz says when JetStream is ready), and password-protected routes to the others."""
+        password = self.secrets.nats_route_password
+        routes = ", ".join(
+            f'"nats-route://route:{password}@127.0.0.1:{p}"'
+            for j, p in enumerate(cluster_ports)
+            if j != index
         )
-        self._spawn(comp, [nats_binary(), "-c", str(conf)])
-        return comp
+        return (
+            f'server_name: "{comp.name}"\n'
+            f'http: "127.0.0.1:{comp.monitor_port}"\n'
+            "cluster {\n"
+            '  name: "starling"\n'
+            f'  listen: "127.0.0.1:{cluster_ports[index]}"\n'
+            f'  authorization {{ user: "route", password: "{password}" }}\n'
+            f"  routes: [{routes}]\n"
+            "}\n"
+        )
+
+    def stream_replicas(self) -> int:
+        """Replicas of the JetStream streams: three on a cluster of three or more (one server
+        may die without a stream losing its quorum), else one."""
+        return 3 if self.nats_servers >= 3 else 1
 
     def start_redis(self) -> Component:
         comp = Component("redis", "redis", port=free_port())
@@ -208,7 +254,7 @@ class Launcher:
         return comp
 
     def _service_env(
-        self, comp: Component, service: str, nats: Component, redis: Component
+        self, comp: Component, service: str, nats: list[Component], redis: Component
     ) -> dict[str, str]:
         nats_user = NATS_USER_OF.get(service, "")
         env = {
@@ -216,7 +262,8 @@ class Launcher:
             "STARLING_NODE_ID": comp.name,
             "STARLING_GRPC_PORT": str(comp.grpc_port),
             "STARLING_METRICS_PORT": str(comp.metrics_port),
-            "STARLING_NATS_URL": f"nats://127.0.0.1:{nats.port}",
+            "STARLING_NATS_URL": ",".join(f"nats://127.0.0.1:{n.port}" for n in nats),
+            "STARLING_NATS_STREAM_REPLICAS": str(self.stream_replicas()),
             "STARLING_REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
             "STARLING_DATA_DIR": str(self.data_dir / "data"),
             "STARLING_SESSION_ADDR": self._addr("session"),
@@ -259,7 +306,7 @@ class Launcher:
         self,
         name: str,
         service: str,
-        nats: Component,
+        nats: list[Component],
         redis: Component,
         mqtt_port: int = 0,
         ports_of: Component | None = None,
@@ -321,9 +368,11 @@ class Launcher:
         self.plan()
         nats = self.start_nats()
         redis = self.start_redis()
-        _wait(lambda: port_open("127.0.0.1", nats.port), timeout_s, "nats", self)
-        _wait(lambda: port_open("127.0.0.1", redis.port), timeout_s, "redis", self)
         from services.cli.status import component_status
+
+        for n in nats:  # a cluster's servers: JetStream ready (services create streams)
+            _wait(partial(_serving, n), timeout_s, n.name, self)
+        _wait(lambda: port_open("127.0.0.1", redis.port), timeout_s, "redis", self)
 
         for name in BACK_OFFICE:
             for i in range(self.instances[name]):
@@ -441,6 +490,12 @@ class Launcher:
         return [name for name, p in self.procs.items() if p.poll() is not None]
 
 
+def _serving(comp: Component) -> bool:
+    from services.cli.status import component_status
+
+    return component_status(comp) == "SERVING"
+
+
 def _wait(cond: Callable[[], bool], timeout_s: float, what: str, launcher: Launcher) -> None:
     """Start-up: wait for `cond`; on any child's exit or a timeout stop the mesh and exit."""
     dead = launcher.until(cond, timeout_s, list(launcher.procs))
@@ -482,8 +537,16 @@ def run_up(
     mqtt_port: int,
     node_workers: int = 1,
     instances: dict[str, int] | None = None,
+    nats_servers: int = 1,
 ) -> int:
-    launcher = Launcher(data_dir, nodes, mqtt_port, node_workers=node_workers, instances=instances)
+    launcher = Launcher(
+        data_dir,
+        nodes,
+        mqtt_port,
+        node_workers=node_workers,
+        instances=instances,
+        nats_servers=nats_servers,
+    )
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:

@@ -29,6 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes per node, all on the node's ports (SO_REUSEPORT): one core each "
         "(default 1)",
     )
+    p.add_argument(
+        "--nats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="NATS servers (default 1); 3 or more: a cluster whose JetStream streams are "
+        "replicated 3 ways",
+    )
     for service in SERVICES[1:]:  # the back office (services/cli/launcher.py)
         plural = "queues" if service == "queue" else f"{service}s"
         if service in ("rules", "metrics"):
@@ -74,7 +82,16 @@ def main(argv: list[str] | None = None) -> int:
         for service, count in instances.items():
             if count < 1:
                 parser.error(f"{service} instances must be at least 1")
-        return run_up(Path(args.data_dir), args.nodes, args.mqtt_port, args.node_workers, instances)
+        if args.nats < 1:
+            parser.error("--nats must be at least 1")
+        return run_up(
+            Path(args.data_dir),
+            args.nodes,
+            args.mqtt_port,
+            args.node_workers,
+            instances,
+            nats_servers=args.nats,
+        )
     if args.command == "secrets":
         from services.cli.secrets import MeshSecrets, write_secret_files
 

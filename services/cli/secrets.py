@@ -161,10 +161,19 @@ class MeshSecrets:
     mesh_secret: str = field(default_factory=_random)
     redis_password: str = field(default_factory=_random)
     nats: dict[str, str] = field(default_factory=lambda: {u: _random() for u in NATS_PERMISSIONS})
+    # The routes between the servers of a local NATS cluster (`starling up --nats 3`): a
+    # cluster port without it would take any process as a peer server.
+    nats_route_password: str = field(default_factory=_random)
 
     def values(self) -> list[str]:
         """Every secret, for log greps in tests."""
-        return [self.admin_token, self.mesh_secret, self.redis_password, *self.nats.values()]
+        return [
+            self.admin_token,
+            self.mesh_secret,
+            self.redis_password,
+            self.nats_route_password,
+            *self.nats.values(),
+        ]
 
 
 def secrets_dir(data_dir: Path) -> Path:

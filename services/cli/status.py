@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import urllib.request
 from pathlib import Path
 
 from services.cli.launcher import Component, Mesh
@@ -43,13 +44,25 @@ def _nats_ping(port: int) -> bool:
         return False
 
 
+def _jetstream_ready(monitor_port: int) -> bool:
+    """A clustered nats-server's /healthz: 200 once it serves and its JetStream has caught up
+    with the cluster (a restarted server answers 503 until then)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/healthz", timeout=1.0) as r:
+            return bool(r.status == 200)
+    except (OSError, ValueError):  # refused, timed out, or 503 (HTTPError is an OSError)
+        return False
+
+
 def component_status(c: Component) -> str:
     if c.pid and not _pid_alive(c.pid):
         return "DOWN"
     if c.kind == "redis":
         return "SERVING" if _redis_ping(c.port) else "DOWN"
     if c.kind == "nats":
-        return "SERVING" if _nats_ping(c.port) else "DOWN"
+        if not _nats_ping(c.port):
+            return "DOWN"
+        return "SERVING" if not c.monitor_port or _jetstream_ready(c.monitor_port) else "STARTING"
     status = asyncio.run(check_health(f"127.0.0.1:{c.grpc_port}", timeout_s=1.0))
     return "DOWN" if status == "UNREACHABLE" else status
 

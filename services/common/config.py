@@ -94,6 +94,14 @@ class ServiceSettings(BaseSettings):
         "the others are learnt from the first one reached). Credentials in it are accepted, "
         "and redacted in logs.",
     )
+    nats_stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of the JetStream streams Starling creates (EVENTS, RULES): 1 "
+        "for a single NATS server, 3 on a cluster of three or more, so that one server may "
+        "die without a stream losing its quorum (`starling up --nats 3` sets 3).",
+    )
     nats_user: str = Field(default="", description="NATS user of this service; empty: none.")
     nats_password: SecretStr = Field(default=SecretStr(""), description="NATS password.")
     redis_url: str = Field(

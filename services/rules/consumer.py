@@ -43,7 +43,10 @@ DURABLE = "rules"
 EVENTS_DURABLE = "rules-events"
 
 
-def rules_stream_config(max_age_s: float, max_bytes: int) -> StreamConfig:
+def rules_stream_config(max_age_s: float, max_bytes: int, replicas: int = 1) -> StreamConfig:
+    """`replicas`: 3 on a NATS cluster (setting nats_stream_replicas): a node's PUBACK for a
+    message a rule reads waits for this stream's acknowledgement, which then means a quorum
+    of servers wrote it (each with sync_interval always: on disk)."""
     return StreamConfig(
         name=subjects.RULES_STREAM,
         subjects=[subjects.RULES_WILDCARD],
@@ -53,6 +56,7 @@ def rules_stream_config(max_age_s: float, max_bytes: int) -> StreamConfig:
         max_age=max_age_s,
         max_bytes=max_bytes,
         duplicate_window=120.0,
+        num_replicas=replicas,
     )
 
 
@@ -134,6 +138,7 @@ class StreamConsumer:
         max_age_s: float,
         max_bytes: int,
         refresh: Callable[[str], Awaitable[None]] | None = None,
+        replicas: int = 1,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
@@ -142,6 +147,7 @@ class StreamConsumer:
         self._ack_wait_s = ack_wait_s
         self._max_age_s = max_age_s
         self._max_bytes = max_bytes
+        self._replicas = replicas
         self._tasks: list[asyncio.Task[None]] = []
         self._refresh = refresh
         self._refreshed_ms: dict[str, int] = {}  # tenant -> wall time of its last refresh
@@ -149,7 +155,7 @@ class StreamConsumer:
 
     async def prepare(self) -> None:
         """Create (or update) the RULES stream; nodes store into it once they learn a filter."""
-        cfg = rules_stream_config(self._max_age_s, self._max_bytes)
+        cfg = rules_stream_config(self._max_age_s, self._max_bytes, self._replicas)
         try:
             await self._js.add_stream(cfg)
         except Exception:

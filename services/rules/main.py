@@ -84,6 +84,7 @@ class RulesService:
             max_age_s=s.rules_stream_max_age_s,
             max_bytes=s.rules_stream_max_bytes,
             refresh=self.registry.reload,
+            replicas=s.nats_stream_replicas,
         )
         # The stream exists before any node learns a filter (nodes store into it only then),
         # and the rules are installed before the first message is pulled (one pulled before

@@ -231,6 +231,8 @@ class SessionService:
                 name=subjects.EVENTS_STREAM,
                 subjects=[subjects.EVENTS_WILDCARD],
                 max_age=7 * 24 * 3600,
+                # 3 on a NATS cluster: one server may die without the stream stopping.
+                num_replicas=self._settings.nats_stream_replicas,
             )
         self._sweeper = asyncio.create_task(
             self._sessions.run_sweeper(self._settings.session_expiry_sweep_s)

@@ -144,6 +144,11 @@ class Checker:
         with self._lock:
             return sum(len(s) for s in self._acked.values())
 
+    def acknowledged(self) -> set[tuple[str, int]]:
+        """Every acknowledged publish, as (publisher, seq)."""
+        with self._lock:
+            return {(p, s) for p, seqs in self._acked.items() for s in seqs}
+
     def acked_by(self, publisher: str) -> int:
         """How many of one publisher's messages were acknowledged."""
         with self._lock:
@@ -156,6 +161,11 @@ class Checker:
     def delivered_count(self, subscriber: str) -> int:
         with self._lock:
             return len(set(self._arrivals[subscriber]))
+
+    def delivered_count_of(self, subscriber: str, publish: tuple[str, int]) -> int:
+        """How many times `subscriber` got `publish` ((publisher, seq))."""
+        with self._lock:
+            return self._arrivals[subscriber].count(publish)
 
     def missing(self, subscriber: str) -> int:
         """Acknowledged publishes `subscriber` has not received yet."""

@@ -69,6 +69,21 @@ def wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
+def resume_s(load: Load, since: float) -> float:
+    """Seconds from `since` until every publisher had 10 more messages acknowledged."""
+    base = {p.name: load.checker.acked_by(p.name) for p in load.publishers}
+    resumed: dict[str, float] = {}
+
+    def all_resumed() -> bool:
+        for p in load.publishers:
+            if p.name not in resumed and load.checker.acked_by(p.name) >= base[p.name] + 10:
+                resumed[p.name] = time.monotonic() - since
+        return len(resumed) == len(load.publishers)
+
+    assert wait_for(all_resumed, 30), f"publishing did not resume: {resumed}"
+    return max(resumed.values())
+
+
 def record(name: str, faults: str, verdict: Verdict, **extra: Any) -> None:
     figures = {"test": name, "faults": faults, **verdict.summary(), **extra}
     FIGURES.append(figures)

@@ -2,7 +2,11 @@
 
 Each client reconnects on its own (paho's loop, 0.1-0.5 s backoff) and, when its connection
 is lost or refused, tries the next node of the mesh, so a client of a dead node resumes on
-another one. Publishers send `payload(name, seq)` at a steady rate to `<base>/<name>` and
+another one; told DISCONNECT 0x9C (Use another server) with a Server Reference (a node
+draining), it goes to the first server the reference names, as an MQTT 5 client should.
+Every DISCONNECT a client got from the server is kept (`server_disconnects`: reason code
+and Server Reference), for tests that say which ones a client must never see.
+Publishers send `payload(name, seq)` at a steady rate to `<base>/<name>` and
 record, through the `Checker`, every publish and every PUBACK/PUBCOMP; subscribers take
 `<base>/#` at QoS 2 (so each message arrives at its publish QoS) unless told otherwise, and
 record every PUBLISH with the QoS it came at.
@@ -44,6 +48,16 @@ from tests.faults.checker import Checker, payload
 Ports = Callable[[], list[int]]  # the nodes' MQTT ports, read again at each reconnect
 
 
+def referred_node(reference: str, ports: list[int]) -> int | None:
+    """The node a Server Reference names first (`host:port host:port ...`, docs/operations.md),
+    as an index into `ports`; None when it names no node of the mesh."""
+    first = reference.split()[0] if reference.strip() else ""
+    try:
+        return ports.index(int(first.rsplit(":", 1)[1]))
+    except (IndexError, ValueError):
+        return None
+
+
 class _Client:
     """A paho client that moves to the next node whenever its connection is lost."""
 
@@ -53,6 +67,7 @@ class _Client:
         self._node = node
         self.connects = 0
         self.disconnects = 0
+        self.server_disconnects: list[tuple[int, str]] = []  # (reason code, Server Reference)
         self.connected = threading.Event()
         self.c = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
@@ -103,7 +118,17 @@ class _Client:
     def _on_disconnect(self, c: Any, u: Any, f: Any, rc: Any, p: Any) -> None:
         self.disconnects += 1
         self.connected.clear()
-        self._next_node()
+        reference = ""
+        if f.is_disconnect_packet_from_server:
+            reference = str(getattr(p, "ServerReference", "") or "")
+            self.server_disconnects.append((int(rc.value), reference))
+        ports = self._ports()
+        node = referred_node(reference, ports)
+        if node is None:
+            self._next_node()
+        else:
+            self._node = node
+            self.c._port = ports[node]  # see _next_node
 
     def _on_connect_fail(self, c: Any, u: Any) -> None:
         self._next_node()
@@ -153,7 +178,12 @@ class Publisher:
         self.window = window
         self.client_id = f"{name}-{uuid.uuid4().hex[:6]}"
         self.connects = 0
-        self.refused = 0  # PUBACK/PUBREC with a failure reason code: not acknowledged
+        self.refused = 0  # PUBACK/PUBREC/PUBCOMP with a failure reason code: not acknowledged
+        # Each of those: (packet type, reason code, seq).
+        self.refusals: list[tuple[str, int, int]] = []
+        self.server_disconnects: list[tuple[int, str]] = []  # (reason code, Server Reference)
+        self._referred: int | None = None  # the node a DISCONNECT's Server Reference named
+        self.followed = 0  # reconnections to the node a Server Reference named
         self.sessions_lost = 0  # CONNACKs without the QoS 2 publisher's session
         self.connected = threading.Event()
         self._lock = threading.Lock()
@@ -230,7 +260,11 @@ class Publisher:
             except (OSError, ConnectionError, TimeoutError, MqttError):
                 pass
             self.connected.clear()
-            self._node += 1  # lost or refused: try the next node
+            if self._referred is not None:  # sent elsewhere (0x9C): go where it says
+                self._node, self._referred = self._referred, None
+                self.followed += 1
+            else:
+                self._node += 1  # lost or refused: try the next node
             time.sleep(0.1)
 
     def _connection(self, port: int) -> None:
@@ -291,12 +325,15 @@ class Publisher:
 
     def _handle(self, raw: Raw, packet: Packet) -> None:
         if isinstance(packet, Disconnect):
+            reference = packet.properties.server_reference or ""
+            self.server_disconnects.append((packet.reason_code, reference))
+            self._referred = referred_node(reference, self._ports())
             raise ConnectionError(f"DISCONNECT {packet.reason_code:#x}")
         if isinstance(packet, PubAck | PubComp):
-            self._done(packet.packet_id, packet.reason_code)
+            self._done(packet.packet_id, packet.reason_code, type(packet).__name__)
         elif isinstance(packet, PubRec):
             if packet.reason_code >= 0x80:
-                self._done(packet.packet_id, packet.reason_code)
+                self._done(packet.packet_id, packet.reason_code, "PubRec")
                 return
             with self._lock:
                 entry = self._inflight.get(packet.packet_id)
@@ -304,13 +341,14 @@ class Publisher:
                     entry[2] = 1
             raw.send(PubRel(packet.packet_id))
 
-    def _done(self, pid: int, reason_code: int) -> None:
+    def _done(self, pid: int, reason_code: int, kind: str) -> None:
         with self._lock:
             entry = self._inflight.pop(pid, None)
         if entry is None:
             return
         if reason_code >= 0x80:
             self.refused += 1
+            self.refusals.append((kind, reason_code, entry[0]))
         else:
             self.checker.acked(self.name, entry[0])
 

@@ -21,7 +21,7 @@ import pytest
 
 from services.cli.launcher import Launcher
 from services.cli.status import run_status
-from tests.faults.harness import MAX_PACKET, Load, run_under_load, wait_for
+from tests.faults.harness import MAX_PACKET, Load, resume_s, run_under_load, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 # Every publisher's messages acknowledged again within this after a kill: a routed batch
@@ -63,21 +63,6 @@ def test_status_shows_every_instance(scaled: Launcher, capsys: pytest.CaptureFix
     assert env["STARLING_ROUTER_ADDR"].count(",") == 1
 
 
-def _resume_s(load: Load, since: float) -> float:
-    """Seconds from `since` until every publisher had 10 more messages acknowledged."""
-    base = {p.name: load.checker.acked_by(p.name) for p in load.publishers}
-    resumed: dict[str, float] = {}
-
-    def all_resumed() -> bool:
-        for p in load.publishers:
-            if p.name not in resumed and load.checker.acked_by(p.name) >= base[p.name] + 10:
-                resumed[p.name] = time.monotonic() - since
-        return len(resumed) == len(load.publishers)
-
-    assert wait_for(all_resumed, 30), f"publishing did not resume: {resumed}"
-    return max(resumed.values())
-
-
 def test_sigkill_a_router_then_a_session_instance_under_load(scaled: Launcher) -> None:
     figures: dict[str, float] = {}
 
@@ -85,7 +70,7 @@ def test_sigkill_a_router_then_a_session_instance_under_load(scaled: Launcher) -
         for name in ("router", "session"):
             killed = time.monotonic()
             scaled.kill(name)
-            figures[name] = round(_resume_s(load, killed), 2)
+            figures[name] = round(resume_s(load, killed), 2)
             time.sleep(1.0)  # load with one instance down, then it joins again
             scaled.restart(name)
             time.sleep(1.0)
