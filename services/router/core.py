@@ -102,6 +102,10 @@ class RouteTable:
         for f in self._filters.pop((tenant, client_id, incarnation), set()):
             self.remove(tenant, client_id, incarnation, f)
 
+    def clear(self) -> None:
+        self._tries.clear()
+        self._filters.clear()
+
     def tenants(self) -> list[str]:
         return list(self._tries)
 
