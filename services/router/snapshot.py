@@ -17,7 +17,9 @@ from __future__ import annotations
 import marshal
 import zlib
 from array import array
+from collections.abc import Callable
 from itertools import islice, repeat
+from typing import Any
 
 from services.common.topics.trie import TopicTrie
 from services.router.core import RouteGrant, RouteTable, SessionFilters, SessionKey
@@ -35,10 +37,14 @@ def _ints(values: list[int]) -> bytes:
     return array("q", values).tobytes()
 
 
-def _list(data: bytes) -> list[int]:
+def _array(data: bytes) -> array[int]:
     a = array("q")
     a.frombytes(data)
-    return a.tolist()
+    return a
+
+
+def _list(data: bytes) -> list[int]:
+    return _array(data).tolist()
 
 
 def encode_tenant(table: RouteTable, tenant: str) -> tuple[int, list[bytes]]:
@@ -50,12 +56,12 @@ def encode_tenant(table: RouteTable, tenant: str) -> tuple[int, list[bytes]]:
     sessions = table.session_filters(tenant)
     # Sessions are listed once; a subscriber is the index of its session, so loading makes
     # one (client id, incarnation) key per session, shared by all its subscriptions.
-    session_index = {(client_id, inc): n for n, ((_, client_id, inc), _) in enumerate(sessions)}
-    keys = [k for (_, *k), _ in sessions]
+    session_index = {key: n for n, (key, _) in enumerate(sessions)}
+    keys = [key for key, _ in sessions]
     for key, _ in members:  # never expected: a subscriber without a session entry
         if key not in session_index:
             session_index[key] = len(keys)
-            keys.append(list(key))
+            keys.append(key)
     grants: dict[RouteGrant, int] = {}
     grant_index = [grants.setdefault(g, len(grants)) for _, g in members]
     filter_index: dict[str, int] = {}
@@ -83,8 +89,9 @@ def encode_tenant(table: RouteTable, tenant: str) -> tuple[int, list[bytes]]:
 
 def decode_tenant(
     tenant: str, parts: list[bytes]
-) -> tuple[TopicTrie[SessionKey, RouteGrant], SessionFilters]:
-    """The trie and session filters `encode_tenant` wrote (for `RouteTable.adopt`)."""
+) -> tuple[TopicTrie[SessionKey, RouteGrant], Callable[[], SessionFilters]]:
+    """The trie `encode_tenant` wrote, and what makes its session filters (for
+    `RouteTable.adopt`, which makes them on first use)."""
     try:
         doc = marshal.loads(zlib.decompress(b"".join(parts)))
         fmt = doc[0]
@@ -93,14 +100,14 @@ def decode_tenant(
     if fmt != FORMAT:
         raise SnapshotFormatError(f"snapshot of {tenant!r} has format {fmt}, not {FORMAT}")
     try:
-        return _columns_to_table(tenant, doc)
+        return _columns_to_table(doc)
     except (ValueError, TypeError, IndexError) as exc:
         raise SnapshotFormatError(f"snapshot of {tenant!r} is damaged: {exc}") from exc
 
 
 def _columns_to_table(
-    tenant: str, doc: tuple[object, ...]
-) -> tuple[TopicTrie[SessionKey, RouteGrant], SessionFilters]:
+    doc: tuple[Any, ...],
+) -> tuple[TopicTrie[SessionKey, RouteGrant], Callable[[], SessionFilters]]:
     (
         _,
         levels,
@@ -130,10 +137,18 @@ def _columns_to_table(
     trie: TopicTrie[SessionKey, RouteGrant] = TopicTrie.from_columns(
         levels, _list(child_counts), counts, pairs
     )
-    chosen = map(filters.__getitem__, _list(s_filters))
-    s_keys = zip(repeat(tenant, len(clients)), clients, _list(incarnations), strict=True)
-    s_sets = map(set, map(islice, repeat(chosen), _list(s_counts)))
-    sessions: SessionFilters = dict(zip(s_keys, s_sets, strict=True))
+    # Checked now, so that making the session filters later cannot fail.
+    per_session, chosen = _array(s_counts), _array(s_filters)
+    if len(per_session) != len(keys) or sum(per_session) != len(chosen):
+        raise ValueError("session columns do not add up")
+    if chosen and not 0 <= min(chosen) <= max(chosen) < len(filters):
+        raise ValueError("a session's filter is not in the snapshot")
+
+    def sessions() -> SessionFilters:
+        picked = map(filters.__getitem__, chosen)
+        sets = map(set, map(islice, repeat(picked), per_session))
+        return dict(zip(keys, sets, strict=True))
+
     return trie, sessions
 
 
