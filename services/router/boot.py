@@ -11,13 +11,11 @@ table is.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from services.common.gcpause import gc_paused
 from services.common.store.eventlog import EventKind, LogEvent, LoggedSessionStore, subscription_of
 from services.router.core import RouteTable
 from services.router.snapshot import SnapshotFormatError, load_tenant
@@ -36,22 +34,6 @@ class BootReport:
     # Each tenant's last route event the table holds (tenants with none after the
     # checkpoint: absent).
     tenant_positions: dict[str, int] = field(default_factory=dict)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside the block. Filling a table makes millions of
-    long-lived containers (nodes, dicts, keys) and no cycles; with the collector on, each
-    full collection re-walks everything made so far, which cost a 1,000,000-subscription
-    load as much again as the load itself (bench/boot.py). Only around code that does not
-    await, so nothing else runs while it is off."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def apply(table: RouteTable, e: LogEvent) -> None:

@@ -25,6 +25,7 @@ from services.router.admin import RouterAdminApi
 from services.router.api import RouterApi
 from services.router.boot import BootReport, load_routes
 from services.router.config import RouterSettings
+from services.router.copies import TablePositions
 from services.router.core import RouteTable
 from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
@@ -50,6 +51,7 @@ class RouterService:
         self._refusals = Refusals()
         register_refusal_metrics(self._refusals, "starling.router")
         self._fence = RouteFence(self._queues, self._nats)
+        self._positions = TablePositions()
         self._publisher = Publisher(
             self._table,
             self._queues,
@@ -71,6 +73,7 @@ class RouterService:
             self._retained,
             self._fence,
             settings.queue_qos0_offline,
+            self._positions,
         )
         self._servers: list[UnaryServer] = []
         self.boot: BootReport | None = None
@@ -95,6 +98,7 @@ class RouterService:
         self._publisher.holder = holder
         # The latest routing snapshot and the events after its checkpoint (or a scan).
         self.boot = await load_routes(self._store, self._table)
+        self._positions.booted(self.boot.position)
         await self._publisher.load()
         log.info(
             "route_table_loaded",
