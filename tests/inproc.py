@@ -66,6 +66,15 @@ async def core_services(nats_url: str, redis_url: str, data_dir: Path) -> AsyncI
     common = {"nats_url": nats_url, "redis_url": redis_url, "data_dir": data_dir}
     common["metrics_port"] = -1
     async with AsyncExitStack() as stack:
+        # First: the others report to it.
+        metrics = await stack.enter_async_context(
+            serving(
+                MetricsService(
+                    MetricsSettings(**common, node_id="metrics-t", cluster_metrics_port=-1)
+                )
+            )
+        )
+        common["metrics_addr"] = metrics
         queue = await stack.enter_async_context(
             serving(QueueService(QueueSettings(**common, node_id="queue-t")))
         )
@@ -79,7 +88,4 @@ async def core_services(nats_url: str, redis_url: str, data_dir: Path) -> AsyncI
             anonymous_tenants=[OPEN_TENANT],
         )
         session = await stack.enter_async_context(serving(SessionService(session_settings)))
-        metrics = await stack.enter_async_context(
-            serving(MetricsService(MetricsSettings(**common, node_id="metrics-t")))
-        )
         yield Core(queue, router, session, metrics)

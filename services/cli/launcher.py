@@ -52,7 +52,7 @@ class Component:
     pid: int = 0
     grpc_port: int = 0
     metrics_port: int = 0
-    port: int = 0  # NATS / Redis / MQTT TCP port
+    port: int = 0  # NATS / Redis / MQTT TCP port; the metrics service's cluster endpoint
     ws_port: int = 0
     tls_port: int = 0
     wss_port: int = 0
@@ -251,6 +251,9 @@ class Launcher:
             metrics_port=free_port(),
         )
         env = self._service_env(comp, service, nats, redis)
+        if service == "metrics":
+            comp.port = free_port()  # the cluster's Prometheus endpoint
+            env["STARLING_CLUSTER_METRICS_PORT"] = str(comp.port)
         if service == "connection":
             comp.port = mqtt_port
             env["STARLING_MQTT_PORT"] = str(mqtt_port)

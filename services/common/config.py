@@ -185,6 +185,12 @@ class ServiceSettings(BaseSettings):
     queue_addr: str = Field(default="127.0.0.1:7003", description="Queue service gRPC.")
     quota_addr: str = Field(default="127.0.0.1:7005", description="Quota service gRPC.")
     metrics_addr: str = Field(default="127.0.0.1:7006", description="Metrics service gRPC.")
+    stats_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often a connection node (its counters) and the session, router and "
+        "queue services (the state they hold per tenant) report to the metrics service.",
+    )
 
     @field_validator("trace_sample_tenants")
     @classmethod

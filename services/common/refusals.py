@@ -15,6 +15,11 @@ from collections.abc import Iterable
 from opentelemetry import metrics
 
 UNKNOWN_TENANT = "-"
+# The `limit` labels of refusals by a tenant's (or user's) quota (docs/quota.md), as opposed
+# to the per-connection and per-setting limits: summed into the tenant's `quota_refusals`.
+QUOTA_LIMITS = frozenset(
+    {"messages_per_s", "bytes_in_per_s", "bytes_out_per_s", "max_connections", "max_sessions"}
+)
 
 
 class Refusals:
@@ -30,6 +35,14 @@ class Refusals:
 
     def items(self) -> list[tuple[tuple[str, str], int]]:
         return sorted(self._counts.items())
+
+    def quota_by_tenant(self) -> dict[str, int]:
+        """Refusals by a quota (QUOTA_LIMITS) per tenant, since the process started."""
+        out: dict[str, int] = {}
+        for (limit, tenant), n in list(self._counts.items()):
+            if limit in QUOTA_LIMITS:
+                out[tenant] = out.get(tenant, 0) + n
+        return out
 
 
 def register_refusal_metrics(refusals: Refusals, meter_name: str) -> None:

@@ -200,9 +200,6 @@ class ConnectionSettings(ServiceSettings):
         description="How often the node re-reads the ban list from the quota service (each "
         "change also comes at once over NATS); a lost announcement is late by at most this.",
     )
-    stats_interval_s: float = Field(
-        default=5.0, gt=0, description="How often the node reports its counters to metrics."
-    )
     reason_strings: bool = Field(
         default=True,
         description="Explain refusals to MQTT 5 clients with a Reason String (CONNACK, "

@@ -24,7 +24,7 @@ from services.connection.flow import FlowControl
 from services.connection.interest import MeshInterest
 from services.connection.mesh import MeshPublisher, MessageIds
 from services.connection.routing import RoutingPipeline
-from services.connection.stats import NodeStats
+from services.connection.stats import NodeStats, Tally
 from services.connection.subscriptions import NodeSubscriptions
 from services.rules.client import RuleFeed
 from starling.common.v1.message_pb2 import RoutedMessage
@@ -62,7 +62,8 @@ class Ingress:
     def publish(self, msgs: list[Message], conn: Conn | None = None) -> None:
         """Messages of one tenant, in the order the client sent them (`conn` None: a will)."""
         tenant = msgs[0].tenant
-        self._stats.for_tenant(tenant).messages_in += len(msgs)
+        stats = self._stats
+        stats.topics_of(tenant).sample(msgs)
         node_id = self._node_id
         routing = self._routing
         trie = self._subs.tries.get(tenant)
@@ -73,7 +74,14 @@ class Ingress:
         last_topic = None
         matches: Matches = []
         sent = 0
+        q1 = q2 = nbytes = 0  # the batch's counts (`_count`), inline: this loop is per message
         for msg in msgs:
+            nbytes += len(msg.payload) + len(msg.topic)
+            if msg.qos:
+                if msg.qos == 1:
+                    q1 += 1
+                else:
+                    q2 += 1
             if msg.topic.startswith(DELAYED_PREFIX) and routing is not None:
                 mid = msg.message_id or self._ids.next()
                 routing.submit(conn, msg.packet_id, to_envelope(msg, node_id, mid))
@@ -103,11 +111,24 @@ class Ingress:
                 # Persistent sessions and retained messages: stored before the publisher is
                 # acknowledged.
                 routing.submit(conn, msg.packet_id, env)
+        self._count(stats.for_tenant(tenant), len(msgs), q1, q2, nbytes)
         if sent:
             self._mesh.added(sent)
         elif not mesh and self._interest is not None:
             self._interest.skipped += len(msgs)
         self._flow.published(len(msgs), conn)
+
+    @staticmethod
+    def _count(tally: Tally, n: int, q1: int, q2: int, nbytes: int) -> None:
+        """A batch of `n` messages (`q1` at QoS 1, `q2` at QoS 2; `nbytes` of topics and
+        payloads). PUBLISH bytes are estimated: the fixed header (2), the topic length (2)
+        and the packet id at QoS > 0 (2) plus topic and payload; MQTT 5 properties and
+        longer length fields are not counted (the exact figure would take the decoder's
+        packet lengths down the hot path)."""
+        tally.messages_in += n
+        tally.in_q1 += q1
+        tally.in_q2 += q2
+        tally.bytes_in += nbytes + 4 * n + 2 * (q1 + q2)
 
     def _start_trace(self, msg: Message, env: RoutedMessage) -> Message:
         """Open the publish span; its context travels in the envelope and the message."""

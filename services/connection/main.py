@@ -23,8 +23,8 @@ from services.connection.node import Node
 from services.connection.quota import NodeQuota
 from services.connection.replica import CopyRouter, RouteCopies
 from services.connection.rules_tap import RulesRouter
-from services.connection.stats import register_metrics, report_stats
-from services.metrics.client import MetricsClient
+from services.connection.stats import register_metrics
+from services.metrics.client import MetricsClient, report_every
 from services.queue.client import QueueClient
 from services.quota.client import QuotaClient
 from services.quota.watch import BanWatch
@@ -152,8 +152,8 @@ class ConnectionService:
         register_metrics(node.stats)
         register_refusal_metrics(node.refusals, "starling.connection")
         self._reporter = asyncio.create_task(
-            report_stats(
-                node.node_id, node.stats, MetricsClient(s.metrics_addr), s.stats_interval_s
+            report_every(
+                MetricsClient(s.metrics_addr), node.node_id, node.stats.report, s.stats_interval_s
             )
         )
         keepalive = TcpKeepalive(

@@ -123,7 +123,7 @@ class Node:
         self.per_address = PerAddress(max_connections_per_ip)
         self.refusals = Refusals()
         self.quota = quota
-        self.stats = NodeStats(self.registry.conns)
+        self.stats = NodeStats(self.registry.conns, lambda: self.refusals)
         self.writes = WriteBatcher(self._loop)
         self.subs: NodeSubscriptions[Conn] = NodeSubscriptions()
         self.ops = OrderedOps()
@@ -135,7 +135,12 @@ class Node:
         self.interest = MeshInterest(self.nc_shared, self.node_id, mesh_interest_window_s)
         self.qos2_journal = Qos2Journal(session)
         self.routing: RoutingPipeline[Conn] | None = (
-            RoutingPipeline(publish_router or router, self._routed, self._routing_gave_up)
+            RoutingPipeline(
+                publish_router or router,
+                self._routed,
+                self._routing_gave_up,
+                on_acked=self.stats.acked,
+            )
             if router
             else None
         )

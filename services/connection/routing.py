@@ -52,8 +52,11 @@ class RoutingPipeline(Generic[P]):
         on_done: Callable[[P | None, int, RouteResult], None],
         on_give_up: Callable[[P | None], None],
         give_up_s: float = 30.0,
+        on_acked: Callable[[list[RoutedMessage]], None] | None = None,
     ) -> None:
         self._router = router
+        # Told of the settled messages a publisher's ack waited for (latency figures).
+        self._on_acked = on_acked
         self._on_done = on_done
         self._on_give_up = on_give_up
         self._give_up_s = give_up_s
@@ -140,9 +143,12 @@ class RoutingPipeline(Generic[P]):
         """Release what the router settled; the rest goes to its publisher's lane, and what
         the publisher sent meanwhile follows (behind it in the lane, or back at the front of
         the FIFO)."""
+        acked = []
         for item, result in zip(batch, results, strict=True):
             if result in _DONE:
                 self._on_done(item[0], item[1], result)
+                if item[1]:
+                    acked.append(item[2])
                 continue
             lane = self._lanes.get(item[0])
             if lane is None:
@@ -160,6 +166,8 @@ class RoutingPipeline(Generic[P]):
                 self._queue.extendleft(reversed(held))
         if self._lanes:
             self._retry_wake.set()
+        if acked and self._on_acked is not None:
+            self._on_acked(acked)
 
     async def _retry_lanes(self) -> None:
         delay = _FIRST_DELAY_S
@@ -207,11 +215,16 @@ class RoutingPipeline(Generic[P]):
             for _ in range(k):  # the lane only grew at its end meanwhile
                 lane.popleft()
             failed = []
+            acked = []
             for item, result in zip(items, outcome, strict=True):
                 if result in _DONE:
                     self._on_done(item[0], item[1], result)
+                    if item[1]:
+                        acked.append(item[2])
                 else:
                     failed.append(item)
+            if acked and self._on_acked is not None:
+                self._on_acked(acked)
             if len(failed) < k:
                 progress = True
                 self._since[publisher] = now

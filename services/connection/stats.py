@@ -1,37 +1,98 @@
 """Per-tenant counters of a node, and their export: reports to the metrics service every
 `stats_interval_s`, and OpenTelemetry observables (scraped through the Prometheus endpoint).
 
-Counters are kept per batch, not per message, on the hot path: `messages_in` grows by the size
-of each batch a client hands over; deliveries and drops are counted by each connection's
-outbound side and folded into the tenant's totals when the connection ends.
+Counters are kept per batch, not per message, on the hot path: `Ingress` adds a batch's
+messages, QoS 1/2 counts and bytes to its tenant's `Tally` once per batch; deliveries, bytes
+out and drops are counted by each connection's outbound side (a few integer adds per PUBLISH
+written) and folded into the tenant's totals when the connection ends. Top topics are sampled
+(services/connection/top_topics.py). The publish-to-ack latency of QoS 1/2 publishes is
+observed when the router's answer releases the ack (`acked`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from opentelemetry import metrics
 
+from services.common.refusals import Refusals
+from services.connection.channel.outbound import Outbound
 from services.connection.conn import Conn
-from services.metrics.client import MetricsClient, TenantCounters
+from services.connection.top_topics import TopTopics
+from services.metrics.client import TenantCounters
+from services.metrics.core import LATENCY_BOUNDS_S
+from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.connection.stats")
+
+_BOUNDS_MS = tuple(b * 1000 for b in LATENCY_BOUNDS_S)
+
+
+def _buckets() -> list[int]:
+    return [0] * (len(LATENCY_BOUNDS_S) + 1)
 
 
 @dataclass(slots=True)
 class Tally:
+    """A tenant's counters on this node (connections that ended, or the sum with the live
+    ones). QoS 0 figures are the totals less QoS 1 and 2; slow-consumer drops are `dropped`
+    less the other causes."""
+
     messages_in: int = 0
     messages_out: int = 0
-    dropped: int = 0
+    dropped: int = 0  # slow consumer + queue full + too large
+    in_q1: int = 0
+    in_q2: int = 0
+    bytes_in: int = 0
+    out_q1: int = 0
+    out_q2: int = 0
+    bytes_out: int = 0
+    dropped_queue_full: int = 0
+    dropped_too_large: int = 0
+    expired: int = 0
+    ack_latency: list[int] = field(default_factory=_buckets)
+    ack_latency_sum_ms: int = 0
+
+    def add_outbound(self, ob: Outbound) -> None:
+        """Add one connection's outbound counters."""
+        self.messages_out += ob.sent
+        self.out_q1 += ob.sent_q1
+        self.out_q2 += ob.sent_q2
+        self.bytes_out += ob.bytes_out
+        self.dropped += ob.dropped
+        self.dropped_queue_full += ob.dropped_queue_full
+        self.dropped_too_large += ob.dropped_too_large
+        self.expired += ob.expired
+
+    def copy(self) -> Tally:
+        return Tally(
+            self.messages_in,
+            self.messages_out,
+            self.dropped,
+            self.in_q1,
+            self.in_q2,
+            self.bytes_in,
+            self.out_q1,
+            self.out_q2,
+            self.bytes_out,
+            self.dropped_queue_full,
+            self.dropped_too_large,
+            self.expired,
+            list(self.ack_latency),
+            self.ack_latency_sum_ms,
+        )
 
 
 class NodeStats:
-    def __init__(self, conns: set[Conn]) -> None:
+    def __init__(self, conns: set[Conn], refusals: Callable[[], Refusals] = Refusals) -> None:
         self._conns = conns  # the registry's open connections
         self._closed: dict[str, Tally] = {}  # tenant -> totals, ended connections included
+        self._topics: dict[str, TopTopics] = {}  # tenant -> busiest topics since the report
+        self._refusals = refusals  # the node's refusal counts (quota ones are reported)
 
     def for_tenant(self, tenant: str) -> Tally:
         t = self._closed.get(tenant)
@@ -39,22 +100,42 @@ class NodeStats:
             t = self._closed[tenant] = Tally()
         return t
 
+    def topics_of(self, tenant: str) -> TopTopics:
+        t = self._topics.get(tenant)
+        if t is None:
+            t = self._topics[tenant] = TopTopics()
+        return t
+
+    def acked(self, envs: Sequence[RoutedMessage]) -> None:
+        """QoS 1/2 publishes whose PUBACK/PUBREC the router's answer released: their
+        publish-to-ack latency (from the node's receipt, wall clock milliseconds)."""
+        now_ms = time.time() * 1000
+        tally = None
+        tenant = None
+        for env in envs:
+            if env.tenant != tenant:
+                tenant = env.tenant
+                tally = self.for_tenant(tenant)
+            assert tally is not None
+            ms = max(0.0, now_ms - env.published_at_ms)
+            tally.ack_latency[bisect_left(_BOUNDS_MS, ms)] += 1
+            tally.ack_latency_sum_ms += int(ms)
+
     def connection_ended(self, conn: Conn) -> None:
         ch = conn.channel
-        t = self.for_tenant(ch.tenant)
-        t.messages_out += ch.outbound.sent
-        t.dropped += ch.outbound.dropped
+        self.for_tenant(ch.tenant).add_outbound(ch.outbound)
 
     def by_tenant(self) -> dict[str, Tally]:
         """Per tenant: closed connections' totals plus the live ones' counters."""
-        out = {t: Tally(c.messages_in, c.messages_out, c.dropped) for t, c in self._closed.items()}
+        out = {t: c.copy() for t, c in list(self._closed.items())}
         for conn in list(self._conns):
             ch = conn.channel
             if not ch.tenant:
                 continue
-            t = out.setdefault(ch.tenant, Tally())
-            t.messages_out += ch.outbound.sent
-            t.dropped += ch.outbound.dropped
+            t = out.get(ch.tenant)
+            if t is None:
+                t = out[ch.tenant] = Tally()
+            t.add_outbound(ch.outbound)
         return out
 
     def connections_by_tenant(self) -> dict[str, int]:
@@ -65,46 +146,76 @@ class NodeStats:
             out[t] = out.get(t, 0) + 1
         return out
 
+    def sessions_by_tenant(self) -> dict[str, tuple[int, int, int]]:
+        """Per tenant: (clients connected with a session, those whose session is
+        persistent, subscriptions of the others). A persistent session's subscriptions are
+        the router's to count (it holds them while the client is away too)."""
+        out: dict[str, tuple[int, int, int]] = {}
+        for conn in list(self._conns):
+            ch = conn.channel
+            if not ch.tenant:
+                continue
+            online, persistent, subs = out.get(ch.tenant, (0, 0, 0))
+            if ch.persistent:
+                persistent += 1
+            else:
+                subs += len(ch.subscriptions)
+            out[ch.tenant] = (online + 1, persistent, subs)
+        return out
+
     def report(self) -> list[TenantCounters]:
+        """Every tenant's figures; each tenant's top topics start again from empty."""
         conns = self.connections_by_tenant()
-        return [
-            TenantCounters(
-                tenant=t,
-                connections=conns.get(t, 0),
-                messages_in=c.messages_in,
-                messages_out=c.messages_out,
-                messages_dropped=c.dropped,
+        sessions = self.sessions_by_tenant()
+        refused = self._refusals().quota_by_tenant()
+        tallies = self.by_tenant()
+        out = []
+        for t in sorted({*tallies, *conns, *refused} - {"-"}):
+            c = tallies.get(t) or Tally()
+            online, persistent, subs = sessions.get(t, (0, 0, 0))
+            topics = self._topics.pop(t, None)
+            out.append(
+                TenantCounters(
+                    tenant=t,
+                    connections=conns.get(t, 0),
+                    messages_in=c.messages_in,
+                    messages_out=c.messages_out,
+                    messages_dropped=c.dropped,
+                    msgs_in_q0=c.messages_in - c.in_q1 - c.in_q2,
+                    msgs_in_q1=c.in_q1,
+                    msgs_in_q2=c.in_q2,
+                    msgs_out_q0=c.messages_out - c.out_q1 - c.out_q2,
+                    msgs_out_q1=c.out_q1,
+                    msgs_out_q2=c.out_q2,
+                    bytes_in=c.bytes_in,
+                    bytes_out=c.bytes_out,
+                    dropped_slow_consumer=c.dropped - c.dropped_queue_full - c.dropped_too_large,
+                    dropped_queue_full=c.dropped_queue_full,
+                    dropped_too_large=c.dropped_too_large,
+                    expired=c.expired,
+                    quota_refusals=refused.get(t, 0),
+                    sessions_online=online,
+                    sessions_persistent_online=persistent,
+                    subscriptions=subs,
+                    top_topics=tuple(topics.take()) if topics is not None else (),
+                    ack_latency_buckets=tuple(c.ack_latency),
+                    ack_latency_sum_s=c.ack_latency_sum_ms / 1000,
+                )
             )
-            for t, c in sorted(self.by_tenant().items())
-        ]
-
-
-async def report_stats(
-    node_id: str, stats: NodeStats, client: MetricsClient, interval_s: float
-) -> None:
-    """Report to the metrics service every `interval_s`; a missed report is only logged."""
-    try:
-        while True:
-            try:
-                await client.report(node_id, stats.report())
-            except Exception as exc:
-                log.warning("stats_report_failed", extra={"error": type(exc).__name__})
-            await asyncio.sleep(interval_s)
-    finally:
-        await client.close()
+        return out
 
 
 def register_metrics(stats: NodeStats) -> None:
     meter = metrics.get_meter("starling.connection")
 
-    def by_tenant(field: str) -> Callable[[object], Iterable[metrics.Observation]]:
+    def by_tenant(attr: str) -> Callable[[object], Iterable[metrics.Observation]]:
         def observe(_o: object) -> Iterable[metrics.Observation]:
             for tenant, c in stats.by_tenant().items():
-                yield metrics.Observation(getattr(c, field), {"tenant": tenant})
+                yield metrics.Observation(getattr(c, attr), {"tenant": tenant})
 
         return observe
 
-    for name, field, description in (
+    for name, attr, description in (
         ("starling_messages_in", "messages_in", "PUBLISH packets accepted from clients"),
         ("starling_messages_out", "messages_out", "PUBLISH packets written to clients"),
         (
@@ -113,7 +224,7 @@ def register_metrics(stats: NodeStats) -> None:
             "Deliveries dropped (slow consumer, queue full, too large)",
         ),
     ):
-        meter.create_observable_counter(name, [by_tenant(field)], description=description)
+        meter.create_observable_counter(name, [by_tenant(attr)], description=description)
 
     def connections(_o: object) -> Iterable[metrics.Observation]:
         for tenant, n in stats.connections_by_tenant().items():

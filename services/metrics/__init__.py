@@ -1,6 +1,7 @@
-"""Metrics service: owns cluster and tenant statistics built from node reports, and the stats
-admin API. Nodes call `ReportNodeStats` periodically; `GetClusterStats` sums the latest report
-of every live node (a node silent for `node_stale_s` no longer counts). `$SYS` topics and
-OTLP export of cluster series arrive with later issues; every process already exports its own
-metrics on its Prometheus endpoint.
+"""Metrics service: owns cluster and tenant statistics built from the reports of connection
+nodes and of the session, router and queue services, the usage tables, the cluster
+Prometheus endpoint (`cluster_metrics_port`, services/metrics/exporter.py) and the stats
+admin API. Reporters call `ReportNodeStats` periodically; `GetClusterStats` sums the latest
+report of every live reporter (one silent for `node_stale_s` no longer counts). `$SYS`
+topics are not published yet.
 """

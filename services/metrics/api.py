@@ -6,15 +6,16 @@ import time
 
 import grpc
 
-from services.common.store.sqlite_usage import SqliteUsageStore
-from services.metrics.core import ClusterStats, TenantCounts
-from services.metrics.usage import UsageTracker
+from services.common.store.ports import UsageStore
+from services.metrics.client import from_pb, to_pb
+from services.metrics.core import ClusterStats
+from services.metrics.usage import UsageTracker, topic_counts
 from starling.metrics.v1 import metrics_pb2 as pb
 from starling.metrics.v1 import metrics_pb2_grpc as pb_grpc
 
 
 class MetricsApi(pb_grpc.MetricsServiceServicer):
-    def __init__(self, stats: ClusterStats, usage: SqliteUsageStore | None = None) -> None:
+    def __init__(self, stats: ClusterStats, usage: UsageStore | None = None) -> None:
         self._stats = stats
         self._usage = usage
         self._tracker = UsageTracker()
@@ -24,15 +25,13 @@ class MetricsApi(pb_grpc.MetricsServiceServicer):
     ) -> pb.ReportNodeStatsResponse:
         if not request.node_id:
             raise ValueError("node_id is required")
-        tenants = {
-            t.tenant: TenantCounts(t.connections, t.messages_in, t.messages_out, t.messages_dropped)
-            for t in request.tenants
-        }
-        self._stats.report(request.node_id, time.monotonic(), tenants)
+        tenants = {t.tenant: from_pb(t).counts() for t in request.tenants}
+        self._stats.report(request.node_id, time.monotonic(), tenants, request.reporter_kind)
         if self._usage is not None:
             # Written before the answer: a report the node saw answered is in the usage table.
             now_ms = int(time.time() * 1000)
-            await self._usage.add(self._tracker.deltas(request.node_id, now_ms, tenants))
+            deltas = self._tracker.deltas(request.node_id, now_ms, tenants)
+            await self._usage.add(deltas, topic_counts(now_ms, tenants))
         return pb.ReportNodeStatsResponse()
 
 
@@ -46,14 +45,5 @@ class MetricsAdminApi(pb_grpc.MetricsAdminServiceServicer):
         nodes, totals = self._stats.totals(time.monotonic())
         return pb.GetClusterStatsResponse(
             nodes=nodes,
-            tenants=[
-                pb.TenantCounters(
-                    tenant=name,
-                    connections=c.connections,
-                    messages_in=c.messages_in,
-                    messages_out=c.messages_out,
-                    messages_dropped=c.messages_dropped,
-                )
-                for name, c in sorted(totals.items())
-            ],
+            tenants=[to_pb(name, c) for name, c in sorted(totals.items())],
         )

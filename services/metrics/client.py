@@ -3,24 +3,65 @@ their counters), `MetricsAdminClient` for operators (`starling stats`)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.rpc.client import LazyStub
+from services.metrics.core import SUMMED, TenantCounts
 from starling.metrics.v1 import metrics_pb2 as pb
 from starling.metrics.v1 import metrics_pb2_grpc as pb_grpc
+
+log = logging.getLogger("starling.metrics.client")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TenantCounters:
-    """One tenant's counters: a node's since it started, or the cluster's sum."""
+    """One tenant's figures from one reporter (a node's counters since it started, a
+    service's current state), or the cluster's sum. Field meanings: TenantCounters in
+    protos/starling/metrics/v1/metrics.proto; the integer fields are `SUMMED`."""
 
     tenant: str
     connections: int = 0  # open now
     messages_in: int = 0
     messages_out: int = 0
     messages_dropped: int = 0
+    msgs_in_q0: int = 0
+    msgs_in_q1: int = 0
+    msgs_in_q2: int = 0
+    msgs_out_q0: int = 0
+    msgs_out_q1: int = 0
+    msgs_out_q2: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped_slow_consumer: int = 0
+    dropped_queue_full: int = 0
+    dropped_too_large: int = 0
+    expired: int = 0
+    quota_refusals: int = 0
+    sessions_persistent: int = 0
+    sessions_online: int = 0
+    sessions_offline: int = 0
+    subscriptions: int = 0
+    retained_messages: int = 0
+    retained_bytes: int = 0
+    queue_depth: int = 0
+    queue_dropped: int = 0
+    sessions_persistent_online: int = 0
+    top_topics: tuple[tuple[str, int], ...] = ()  # since the previous report, busiest first
+    ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last
+    ack_latency_sum_s: float = 0.0
+
+    def counts(self) -> TenantCounts:
+        """The figures without the tenant, as the metrics service sums them."""
+        return TenantCounts(
+            **{n: getattr(self, n) for n in SUMMED},
+            top_topics=self.top_topics,
+            ack_latency_buckets=self.ack_latency_buckets,
+            ack_latency_sum_s=self.ack_latency_sum_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,23 +70,23 @@ class ClusterTotals:
     nodes: int  # nodes whose latest report is recent enough to count
 
 
-def _to_pb(c: TenantCounters) -> pb.TenantCounters:
+def to_pb(tenant: str, c: TenantCounts | TenantCounters) -> pb.TenantCounters:
     return pb.TenantCounters(
-        tenant=c.tenant,
-        connections=c.connections,
-        messages_in=c.messages_in,
-        messages_out=c.messages_out,
-        messages_dropped=c.messages_dropped,
+        tenant=tenant,
+        **{n: getattr(c, n) for n in SUMMED},
+        top_topics=[pb.TopicCount(topic=t, messages=m) for t, m in c.top_topics],
+        ack_latency_buckets=c.ack_latency_buckets,
+        ack_latency_sum_s=c.ack_latency_sum_s,
     )
 
 
-def _from_pb(c: pb.TenantCounters) -> TenantCounters:
+def from_pb(c: pb.TenantCounters) -> TenantCounters:
     return TenantCounters(
         tenant=c.tenant,
-        connections=c.connections,
-        messages_in=c.messages_in,
-        messages_out=c.messages_out,
-        messages_dropped=c.messages_dropped,
+        **{n: getattr(c, n) for n in SUMMED},
+        top_topics=tuple((t.topic, t.messages) for t in c.top_topics),
+        ack_latency_buckets=tuple(c.ack_latency_buckets),
+        ack_latency_sum_s=c.ack_latency_sum_s,
     )
 
 
@@ -53,12 +94,16 @@ class MetricsClient:
     def __init__(self, address: str, timeout_s: float = 5.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.MetricsServiceStub, timeout_s=timeout_s)
 
-    async def report(self, node_id: str, counters: Sequence[TenantCounters]) -> None:
-        """This node's latest counters; each report replaces the node's previous one."""
+    async def report(
+        self, node_id: str, counters: Sequence[TenantCounters], kind: str = ""
+    ) -> None:
+        """This reporter's latest figures; each report replaces its previous one. `kind`:
+        "" for a connection node, else the service ("session", "router", "queue")."""
         req = pb.ReportNodeStatsRequest(
             node_id=node_id,
-            tenants=[_to_pb(c) for c in counters],
+            tenants=[to_pb(c.tenant, c) for c in counters],
             ts_ms=int(time.time() * 1000),
+            reporter_kind=kind,
         )
         await self._rpc.call(self._rpc.stub.ReportNodeStats, req)
 
@@ -75,7 +120,27 @@ class MetricsAdminClient:
     async def cluster_stats(self) -> ClusterTotals:
         """Every tenant's counters summed over the nodes that reported recently."""
         resp = await self._rpc.call(self._rpc.stub.GetClusterStats, pb.GetClusterStatsRequest())
-        return ClusterTotals(tuple(_from_pb(t) for t in resp.tenants), resp.nodes)
+        return ClusterTotals(tuple(from_pb(t) for t in resp.tenants), resp.nodes)
 
     async def close(self) -> None:
         await self._rpc.close()
+
+
+async def report_every(
+    client: MetricsClient,
+    reporter_id: str,
+    gather: Callable[[], list[TenantCounters]],
+    interval_s: float,
+    kind: str = "",
+) -> None:
+    """Report `gather()` to the metrics service every `interval_s` until cancelled; a missed
+    report is only logged (the next one carries the cumulative counters again)."""
+    try:
+        while True:
+            try:
+                await client.report(reporter_id, gather(), kind)
+            except Exception as exc:
+                log.warning("stats_report_failed", extra={"error": type(exc).__name__})
+            await asyncio.sleep(interval_s)
+    finally:
+        await client.close()

@@ -13,3 +13,11 @@ class MetricsSettings(ServiceSettings):
     service_name: ClassVar[str] = "metrics"
     grpc_port: int = Field(default=7006, ge=0, le=65535, description="gRPC port; 0 picks one.")
     node_stale_s: float = Field(default=30.0, gt=0, description="Forget silent nodes after this.")
+    cluster_metrics_port: int = Field(
+        default=9470,
+        ge=-1,
+        le=65535,
+        description="Port of the cluster's Prometheus endpoint (per-tenant series summed over "
+        "every live reporter, docs/metrics.md), bound on `metrics_host`; 0 picks one, -1 "
+        "disables. The process's own series stay on `metrics_port`.",
+    )

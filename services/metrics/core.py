@@ -1,39 +1,131 @@
-"""Pure aggregation of node reports into cluster statistics."""
+"""Pure aggregation of reports (connection nodes, and the session, router and queue services)
+into cluster statistics.
+
+Every reporter sends its latest figures per tenant; the cluster's figures are the sums over
+the reporters heard from within `stale_s`. Counters (messages, bytes, drops, refusals,
+latency buckets) are cumulative per reporter, gauges (connections, sessions, subscriptions,
+retained, queue depth) current, so both sum the same way.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+# Publish-to-PUBACK/PUBREC latency histogram bounds (seconds); the buckets of a report have
+# one more entry, the +Inf bucket. Changing them breaks the sums of reports from nodes that
+# run an older version: append only.
+LATENCY_BOUNDS_S: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 @dataclass(slots=True)
 class TenantCounts:
+    """One tenant's figures from one reporter, or summed over reporters. The integer fields
+    are exactly the summable ones (`SUMMED`)."""
+
     connections: int = 0
     messages_in: int = 0
     messages_out: int = 0
     messages_dropped: int = 0
+    msgs_in_q0: int = 0
+    msgs_in_q1: int = 0
+    msgs_in_q2: int = 0
+    msgs_out_q0: int = 0
+    msgs_out_q1: int = 0
+    msgs_out_q2: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped_slow_consumer: int = 0
+    dropped_queue_full: int = 0
+    dropped_too_large: int = 0
+    expired: int = 0
+    quota_refusals: int = 0
+    sessions_persistent: int = 0
+    sessions_online: int = 0
+    sessions_offline: int = 0
+    subscriptions: int = 0
+    retained_messages: int = 0
+    retained_bytes: int = 0
+    queue_depth: int = 0
+    queue_dropped: int = 0
+    sessions_persistent_online: int = 0
+    # since the reporter's previous report (not cumulative): (topic, messages)
+    top_topics: tuple[tuple[str, int], ...] = ()
+    ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last
+    ack_latency_sum_s: float = 0.0
+
+    def add(self, other: TenantCounts) -> None:
+        """Add `other`'s counters, gauges and latency histogram (not its top topics)."""
+        for name in SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if other.ack_latency_buckets:
+            mine = self.ack_latency_buckets or (0,) * len(other.ack_latency_buckets)
+            n = max(len(mine), len(other.ack_latency_buckets))
+            a = (*mine, *(0,) * (n - len(mine)))
+            b = (*other.ack_latency_buckets, *(0,) * (n - len(other.ack_latency_buckets)))
+            self.ack_latency_buckets = tuple(x + y for x, y in zip(a, b, strict=True))
+        self.ack_latency_sum_s += other.ack_latency_sum_s
+
+
+# Reporter kinds whose every instance holds the whole state (each router loads every
+# tenant's routes and retained messages): one report counts, not the sum.
+REPLICATED = frozenset({"router"})
+SUMMED: tuple[str, ...] = tuple(f.name for f in fields(TenantCounts) if f.type == "int")
 
 
 @dataclass(slots=True)
 class ClusterStats:
-    """Latest report per node; totals are computed over nodes reported within `stale_s`."""
+    """Latest report per reporter; totals are computed over those reported within
+    `stale_s`. A reporter's kind is "" for a connection node."""
 
     stale_s: float
-    reports: dict[str, tuple[float, dict[str, TenantCounts]]] = field(default_factory=dict)
+    reports: dict[str, tuple[float, str, dict[str, TenantCounts]]] = field(default_factory=dict)
 
-    def report(self, node_id: str, now: float, tenants: dict[str, TenantCounts]) -> None:
-        self.reports[node_id] = (now, tenants)
+    def report(
+        self, node_id: str, now: float, tenants: dict[str, TenantCounts], kind: str = ""
+    ) -> None:
+        self.reports[node_id] = (now, kind, tenants)
 
     def totals(self, now: float) -> tuple[int, dict[str, TenantCounts]]:
+        """(live connection nodes, per tenant sums over the live reporters). A replicated
+        kind (every instance holds the same state: REPLICATED) counts once, from its most
+        recent report. Safe to call from another thread than the one that reports: it
+        reads a snapshot of the reports."""
         out: dict[str, TenantCounts] = {}
-        live = 0
-        for at, tenants in self.reports.values():
+        nodes = 0
+        latest: dict[str, tuple[float, dict[str, TenantCounts]]] = {}
+        for at, kind, tenants in list(self.reports.values()):
             if now - at > self.stale_s:
                 continue
-            live += 1
-            for tenant, c in tenants.items():
-                t = out.setdefault(tenant, TenantCounts())
-                t.connections += c.connections
-                t.messages_in += c.messages_in
-                t.messages_out += c.messages_out
-                t.messages_dropped += c.messages_dropped
-        return live, out
+            nodes += not kind
+            if kind in REPLICATED:
+                if kind not in latest or latest[kind][0] < at:
+                    latest[kind] = (at, tenants)
+                continue
+            for tenant, c in list(tenants.items()):
+                out.setdefault(tenant, TenantCounts()).add(c)
+        for _, tenants in latest.values():
+            for tenant, c in list(tenants.items()):
+                out.setdefault(tenant, TenantCounts()).add(c)
+        return nodes, out
+
+    def live(self, now: float) -> dict[str, int]:
+        """Live reporters per kind ("" for connection nodes)."""
+        out: dict[str, int] = {}
+        for at, kind, _ in list(self.reports.values()):
+            if now - at <= self.stale_s:
+                out[kind] = out.get(kind, 0) + 1
+        return out

@@ -1,20 +1,28 @@
-"""Turns the nodes' cumulative stats reports into per-tenant hourly usage deltas (pure): the
-difference from the node's previous report, attributed to the hour of the report;
-connection time is the open connections times the time since the previous report."""
+"""Turns the reporters' cumulative reports into per-tenant hourly usage deltas (pure): the
+difference from the reporter's previous report, attributed to the hour of the report;
+connection time is the open connections times the time since the previous report. Top
+topics are already per report: they are attributed to the hour as they come."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.store.sqlite_usage import UsageDelta
+from services.common.store.ports import USAGE_SUMMED, TopicDelta, UsageDelta
 from services.metrics.core import TenantCounts
 
 HOUR_MS = 3_600_000
+# Counters whose delta is taken from the report (the rest of USAGE_SUMMED is connection_ms,
+# computed here, and `dropped`, the report's messages_dropped).
+_COUNTERS = tuple(c for c in USAGE_SUMMED if c not in ("connection_ms", "dropped"))
+
+
+def hour_of(now_ms: int) -> int:
+    return now_ms - now_ms % HOUR_MS
 
 
 @dataclass
 class UsageTracker:
-    # node -> (report time ms, tenant -> counters) of its previous report
+    # reporter -> (report time ms, tenant -> counters) of its previous report
     last: dict[str, tuple[int, dict[str, TenantCounts]]] = field(default_factory=dict)
 
     def deltas(
@@ -22,14 +30,14 @@ class UsageTracker:
     ) -> list[UsageDelta]:
         prev_at, prev = self.last.get(node_id, (now_ms, {}))
         self.last[node_id] = (now_ms, tenants)
-        hour = now_ms - now_ms % HOUR_MS
+        hour = hour_of(now_ms)
         out = []
         for tenant, c in tenants.items():
             if not tenant:
                 continue  # connections not yet authenticated belong to no tenant
             p = prev.get(tenant, TenantCounts())
-            # A counter below its previous value: the node restarted and counts from zero.
-            restarted = c.messages_in < p.messages_in or c.messages_out < p.messages_out
+            # A counter below its previous value: the reporter restarted and counts from 0.
+            restarted = any(getattr(c, n) < getattr(p, n) for n in _COUNTERS)
             base = TenantCounts() if restarted else p
             d = UsageDelta(
                 tenant,
@@ -37,10 +45,21 @@ class UsageTracker:
                 node_id,
                 c.connections,
                 p.connections * max(0, now_ms - prev_at),
-                c.messages_in - base.messages_in,
-                c.messages_out - base.messages_out,
-                max(0, c.messages_dropped - base.messages_dropped),
+                dropped=max(0, c.messages_dropped - base.messages_dropped),
+                **{n: getattr(c, n) - getattr(base, n) for n in _COUNTERS},
             )
-            if d.connections or d.connection_ms or d.messages_in or d.messages_out or d.dropped:
+            if d.connections or any(getattr(d, n) for n in USAGE_SUMMED):
                 out.append(d)
         return out
+
+
+def topic_counts(now_ms: int, tenants: dict[str, TenantCounts]) -> list[TopicDelta]:
+    """A report's top topics as additions to the hour's `usage_topics` rows."""
+    hour = hour_of(now_ms)
+    return [
+        TopicDelta(tenant, hour, topic, n)
+        for tenant, c in tenants.items()
+        if tenant
+        for topic, n in c.top_topics
+        if n
+    ]

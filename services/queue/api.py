@@ -117,6 +117,8 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self._drop_oldest = settings.depth_policy == "drop_oldest"
         self._nats = nats
         self._push_max_bytes = settings.notice_max_bytes
+        # Entries dropped by the depth limit per tenant since start (reported to metrics).
+        self.dropped_by_tenant: dict[str, int] = {}
         # No message carries a trace context unless some process samples (the same settings
         # on every service): then no per-entry look for one.
         self._tracing = settings.tracing
@@ -276,7 +278,9 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             await self._dropped(tenant, qid, report.dropped)
 
     async def _dropped(self, tenant: str, qid: str, count: int) -> None:
-        """Depth limit hit: counted in the queue state, and an event on EVENTS."""
+        """Depth limit hit: counted in the queue state and per tenant (the stats report),
+        and an event on EVENTS."""
+        self.dropped_by_tenant[tenant] = self.dropped_by_tenant.get(tenant, 0) + count
         log.warning("queue_depth_drop", extra={"tenant": tenant, "queue_id": qid, "count": count})
         ev = event_pb2.Event(
             tenant=tenant,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import grpc
@@ -19,6 +20,7 @@ from services.common.bus.unary import (
 )
 from services.common.runtime import run_service
 from services.common.store.open import open_queue_store
+from services.metrics.client import MetricsClient, TenantCounters, report_every
 from services.queue.api import Partitions, QueueAdminApi, QueueApi
 from services.queue.config import QueueSettings
 from starling.queue.v1 import queue_pb2 as pb
@@ -34,6 +36,7 @@ class QueueService:
         # LateClient stands in for the NATS client until start() connects it.
         self._api = QueueApi(self._store, self._parts, self._s, self._nats)  # type: ignore[arg-type]
         self._servers: list[UnaryServer] = []
+        self._reporter: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QueueServiceServicer_to_server(self._api, server)
@@ -59,8 +62,27 @@ class QueueService:
             server = UnaryServer(self._nats.nc, subject, group, servicer_handler(method, request))
             await server.start()
             self._servers.append(server)
+        self._reporter = asyncio.create_task(
+            report_every(
+                MetricsClient(self._s.metrics_addr),
+                f"queue:{self._s.node_id}",
+                self._figures,
+                self._s.stats_interval_s,
+                kind="queue",
+            )
+        )
+
+    def _figures(self) -> list[TenantCounters]:
+        """This instance's drops by the depth limit, per tenant (the queues' depths are
+        not counted yet: the stores keep no per-tenant total)."""
+        return [
+            TenantCounters(tenant=t, queue_dropped=n)
+            for t, n in sorted(self._api.dropped_by_tenant.items())
+        ]
 
     async def stop(self) -> None:
+        if self._reporter is not None:
+            self._reporter.cancel()
         for server in self._servers:
             await server.stop()
         if self._nats.nc is not None:

@@ -144,6 +144,15 @@ class RouteTable:
         """Each session of the tenant with its filters."""
         return [(k, f) for k, f in self._sessions_of(tenant).items() if f]
 
+    def sessions_by_tenant(self) -> dict[str, int]:
+        """Sessions with at least one subscription, per tenant (a walk over every session:
+        for the periodic stats report, not for a request path)."""
+        out: dict[str, int] = {}
+        for (tenant, _, _), filters in list(self._filters.items()):
+            if filters:
+                out[tenant] = out.get(tenant, 0) + 1
+        return out
+
     def count(self, tenant: str) -> int:
         """Subscriptions of one tenant."""
         trie = self._tries.get(tenant)

@@ -20,6 +20,7 @@ from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.rpc.limits import max_message_bytes
 from services.common.runtime import run_service
 from services.common.store.open import open_router_store, open_session_store
+from services.metrics.client import MetricsClient, report_every
 from services.queue.client import QueueClient
 from services.router.admin import RouterAdminApi
 from services.router.api import RouterApi
@@ -29,6 +30,7 @@ from services.router.copies import TablePositions
 from services.router.core import RouteTable
 from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
+from services.router.report import router_figures
 from services.router.retained import RetainedIndex
 from services.router.retained_log import RetainedLogging
 from starling.router.v1 import router_pb2 as pb
@@ -65,6 +67,7 @@ class RouterService:
         )
         self._publisher.tracing = settings.tracing
         self._scheduler: asyncio.Task[None] | None = None
+        self._reporter: asyncio.Task[None] | None = None
         self._api = RouterApi(
             self._table,
             self._store,
@@ -111,6 +114,15 @@ class RouterService:
             },
         )
         self._scheduler = asyncio.create_task(self._publisher.run_scheduler())
+        self._reporter = asyncio.create_task(
+            report_every(
+                MetricsClient(self._s.metrics_addr),
+                f"router:{self._s.node_id}",
+                lambda: router_figures(self._table, self._retained, self._refusals),
+                self._s.stats_interval_s,
+                kind="router",
+            )
+        )
         # The persistent publish path: routes over NATS once the table is loaded, appends too.
         self._queues.use_bus(self._nats.nc)
         # And the CONNECT path's will settlement.
@@ -124,6 +136,8 @@ class RouterService:
             self._servers.append(server)
 
     async def stop(self) -> None:
+        if self._reporter is not None:
+            self._reporter.cancel()
         for server in self._servers:
             await server.stop()
         if self._scheduler is not None:

@@ -36,6 +36,10 @@ class RetainedIndex:
     def count(self, tenant: str) -> int:
         return self._counts.get(tenant, 0)
 
+    def tenants(self) -> list[str]:
+        """Tenants with retained messages."""
+        return [t for t, n in list(self._counts.items()) if n]
+
     def size(self, tenant: str) -> int:
         """Bytes of the tenant's retained messages (their serialized size)."""
         return self._bytes.get(tenant, 0)

@@ -26,6 +26,7 @@ from services.common.bus.unary import (
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
+from services.metrics.client import MetricsClient, TenantCounters, report_every
 from services.queue.client import QueueClient
 from services.quota.client import QuotaClient
 from services.quota.watch import BanWatch
@@ -116,6 +117,7 @@ class SessionService:
         register_refusal_metrics(self._refusals, "starling.session")
         self._api: SessionApi | None = None
         self._servers: list[UnaryServer] = []
+        self._reporter: asyncio.Task[None] | None = None
         # The ban list (a copy, kept current) and flapping detection, checked at CONNECT.
         self._quota = QuotaClient(settings.quota_addr, timeout_s=2.0)
         self._ban_watch = BanWatch(
@@ -258,6 +260,20 @@ class SessionService:
                 )
                 await server.start()
                 self._servers.append(server)
+        # Refusals by the tenants' connection quota, decided here, go to the cluster view.
+        self._reporter = asyncio.create_task(
+            report_every(
+                MetricsClient(self._settings.metrics_addr),
+                f"session:{self._settings.node_id}",
+                lambda: [
+                    TenantCounters(tenant=t, quota_refusals=n)
+                    for t, n in sorted(self._refusals.quota_by_tenant().items())
+                    if t != "-"
+                ],
+                self._settings.stats_interval_s,
+                kind="session",
+            )
+        )
 
     async def _watch_auth_changes(self, nc: Client) -> None:
         """Every instance drops its copies of a changed user or ACL (services/session/cache.py);
@@ -275,7 +291,7 @@ class SessionService:
     async def stop(self) -> None:
         for server in self._servers:
             await server.stop()
-        for task in (self._sweeper, self._watcher, self._fence, self._recording):
+        for task in (self._sweeper, self._watcher, self._fence, self._recording, self._reporter):
             if task is not None:
                 task.cancel()
         await self._sessions.stop(min(2.0, self._settings.shutdown_grace_s / 2))

@@ -18,7 +18,9 @@ from tests.inproc import ADMIN_TOKEN, serving
 
 @pytest.fixture(scope="module")
 async def address() -> AsyncIterator[str]:
-    async with serving(MetricsService(MetricsSettings(metrics_port=-1))) as addr:
+    async with serving(
+        MetricsService(MetricsSettings(metrics_port=-1, cluster_metrics_port=-1))
+    ) as addr:
         yield addr
 
 

@@ -29,3 +29,20 @@ def test_a_restarted_node_counts_from_zero_and_nodes_are_apart() -> None:
     (d,) = u.deltas("n1", T0 + HOUR_MS + 5, {"a": TenantCounts(0, 3, 2, 0)})
     assert (d.messages_in, d.messages_out, d.hour_ms) == (3, 2, T0 + HOUR_MS)
     assert u.deltas("n2", T0 + 10, {"a": TenantCounts(0, 7, 0, 0)}) == []  # nothing new
+
+
+def test_per_qos_bytes_and_refusals_are_deltas_too_and_topics_go_to_the_hour() -> None:
+    from services.metrics.usage import topic_counts
+
+    u = UsageTracker()
+    first = TenantCounts(1, 5, 0, 0, msgs_in_q1=5, bytes_in=500, quota_refusals=2)
+    u.deltas("n1", T0, {"a": first})
+    later = TenantCounts(
+        1, 9, 3, 0, msgs_in_q1=6, msgs_in_q2=3, msgs_out_q0=3, bytes_in=900, bytes_out=30,
+        quota_refusals=7, top_topics=(("x/y", 16),),
+    )  # fmt: skip
+    (d,) = u.deltas("n1", T0 + 10, {"a": later})
+    assert (d.msgs_in_q0, d.msgs_in_q1, d.msgs_in_q2, d.msgs_out_q0) == (0, 1, 3, 3)
+    assert (d.bytes_in, d.bytes_out, d.quota_refusals) == (400, 30, 5)
+    (t,) = topic_counts(T0 + 10, {"a": later, "": later})
+    assert (t.tenant, t.hour_ms, t.topic, t.messages) == ("a", T0, "x/y", 16)

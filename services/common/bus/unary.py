@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import context, trace
 
 from services.common.bus.large import limit
+from services.common.rpc import red
 from services.common.rpc.client import LazyStub
 from services.common.rpc.errors import (
     InvalidArgumentError,
@@ -111,6 +113,8 @@ class UnaryServer:
         self._tasks.spawn(self._answer(msg), name=f"unary:{self._subject}")
 
     async def _answer(self, msg: Msg) -> None:
+        started = time.perf_counter()
+        outcome = "OK"
         try:
             if msg.headers:  # a traced call: its span continues here
                 token = context.attach(extract(msg.headers))
@@ -127,6 +131,7 @@ class UnaryServer:
             await msg.respond(out)
         except Exception as exc:
             code, details = status_for(exc)
+            outcome = code.name
             if code == grpc.StatusCode.INTERNAL:
                 log.exception("unary_failed", extra={"subject": self._subject})
             if msg.reply:
@@ -138,6 +143,7 @@ class UnaryServer:
                     log.warning("unary_error_reply_failed", extra={"subject": self._subject})
         finally:
             self._slots.release()
+            red.record(self._subject, outcome, time.perf_counter() - started, "nats")
 
     async def stop(self) -> None:
         """No new requests; the ones under way are answered."""

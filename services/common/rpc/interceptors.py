@@ -8,6 +8,7 @@ other method (the internal APIs and reflection) needs the mesh secret
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -18,6 +19,7 @@ import grpc
 from opentelemetry import context, trace
 
 from services.common.admin_tokens import PREFIX as TENANT_TOKEN_PREFIX
+from services.common.rpc import red
 from services.common.rpc.admin_auth import TokenResolver, tenant_of
 from services.common.rpc.credentials import MESH_METADATA_KEY
 from services.common.rpc.errors import status_for
@@ -186,6 +188,40 @@ class AdminAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return await inner(request, ctx)
 
         return _wrap_unary(handler, scoped)
+
+
+class RedInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """RED metrics of each unary call (services/common/rpc/red.py). First in the chain, so
+    calls the doors refuse count too (with their status code as the outcome)."""
+
+    async def intercept_service(
+        self, continuation: Continuation, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+        method = details.method
+
+        async def call(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            outcome = "OK"
+            try:
+                return await inner(request, ctx)
+            except grpc.aio.AbortError:
+                code = ctx.code()
+                outcome = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+                raise
+            except asyncio.CancelledError:
+                outcome = "CANCELLED"
+                raise
+            except Exception:
+                outcome = "UNKNOWN"
+                raise
+            finally:
+                red.record(method, outcome, time.perf_counter() - started, "grpc")
+
+        return _wrap_unary(handler, call)
 
 
 class ErrorAndTraceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

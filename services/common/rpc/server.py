@@ -19,6 +19,7 @@ from services.common.rpc.interceptors import (
     AdminAuthInterceptor,
     ErrorAndTraceInterceptor,
     MeshSecretInterceptor,
+    RedInterceptor,
 )
 from services.common.rpc.limits import grpc_options
 
@@ -54,6 +55,7 @@ def create_server(
     """
     server = grpc.aio.server(
         interceptors=[
+            RedInterceptor(),
             MeshSecretInterceptor(auth.mesh_secret),
             AdminAuthInterceptor(
                 auth.admin_token, disabled=auth.admin_disabled, tokens=auth.tokens

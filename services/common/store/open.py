@@ -11,6 +11,7 @@ from services.common.store.ports import (
     QueueStore,
     RouterStore,
     RuleStore,
+    UsageStore,
 )
 
 
@@ -83,3 +84,13 @@ def open_rule_store(s: ServiceSettings) -> RuleStore:
     from services.common.store.sqlite_rules import SqliteRuleStore
 
     return SqliteRuleStore(s.data_dir / "rules.db")
+
+
+def open_usage_store(s: ServiceSettings) -> UsageStore:
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra_usage import CassandraUsageStore
+
+        return CassandraUsageStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite_usage import SqliteUsageStore
+
+    return SqliteUsageStore(s.data_dir / "usage.db")

@@ -46,10 +46,13 @@ class Outbound:
         "_alias",
         "_next_pid",
         "alias_max",
+        "bytes_out",
         "completed",
         "congested",
         "congested_since",
         "dropped",
+        "dropped_queue_full",
+        "dropped_too_large",
         "expired",
         "inflight",
         "level",
@@ -62,6 +65,8 @@ class Outbound:
         "receive_maximum",
         "released",
         "sent",
+        "sent_q1",
+        "sent_q2",
         "shared",
         "track_completions",
     )
@@ -91,8 +96,16 @@ class Outbound:
         self._next_pid = 0
         self.congested = False
         self.congested_since = 0.0
+        # Counters (services/connection/stats.py reads them): PUBLISH packets written (and
+        # those at QoS 1 and 2) and their bytes; drops, all causes and two of them (the
+        # rest are QoS 0 dropped while congested); expired before sending.
         self.sent = 0
+        self.sent_q1 = 0
+        self.sent_q2 = 0
+        self.bytes_out = 0
         self.dropped = 0
+        self.dropped_queue_full = 0
+        self.dropped_too_large = 0
         self.expired = 0
         # Packet ids whose delivery finished (PUBACK/PUBCOMP, or PUBREC with an error), and
         # ids the client PUBREC'd: a persistent session reports them to its queue.
@@ -140,6 +153,7 @@ class Outbound:
             or self.pending_bytes + size > self.max_queued_bytes
         ):
             self.dropped += 1
+            self.dropped_queue_full += 1
             return
         if pending is None:
             pending = self.pending = deque()
@@ -265,11 +279,18 @@ class Outbound:
         data = frame_publish(first, topic.encode(), pid, props_b, msg.payload)
         if len(data) > self.max_packet_size:
             self.dropped += 1  # [MQTT-3.1.2-25] discard as if sent
+            self.dropped_too_large += 1
             return False
         if new_alias:
             self._alias[topic] = new_alias
         self.out += data
         self.sent += 1
+        self.bytes_out += len(data)
+        if qos:
+            if qos == 1:
+                self.sent_q1 += 1
+            else:
+                self.sent_q2 += 1
         return True
 
     # ---- the client's acks ---------------------------------------------------------------

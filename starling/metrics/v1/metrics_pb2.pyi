@@ -19,7 +19,35 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class TopicCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    messages: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        messages: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopicCount: _TypeAlias = TopicCount  # noqa: Y015
+
+@_typing.final
 class TenantCounters(_message.Message):
+    """One tenant's figures as one reporter sees them. Counters are cumulative since the reporter
+    started (a restart counts from zero again); gauges are current values; `top_topics` covers
+    only the time since the reporter's previous report. Connection nodes fill the traffic
+    fields, the session, router and queue services the state they hold.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
@@ -27,11 +55,74 @@ class TenantCounters(_message.Message):
     MESSAGES_IN_FIELD_NUMBER: _builtins.int
     MESSAGES_OUT_FIELD_NUMBER: _builtins.int
     MESSAGES_DROPPED_FIELD_NUMBER: _builtins.int
+    MSGS_IN_Q0_FIELD_NUMBER: _builtins.int
+    MSGS_IN_Q1_FIELD_NUMBER: _builtins.int
+    MSGS_IN_Q2_FIELD_NUMBER: _builtins.int
+    MSGS_OUT_Q0_FIELD_NUMBER: _builtins.int
+    MSGS_OUT_Q1_FIELD_NUMBER: _builtins.int
+    MSGS_OUT_Q2_FIELD_NUMBER: _builtins.int
+    BYTES_IN_FIELD_NUMBER: _builtins.int
+    BYTES_OUT_FIELD_NUMBER: _builtins.int
+    DROPPED_SLOW_CONSUMER_FIELD_NUMBER: _builtins.int
+    DROPPED_QUEUE_FULL_FIELD_NUMBER: _builtins.int
+    DROPPED_TOO_LARGE_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
+    TOP_TOPICS_FIELD_NUMBER: _builtins.int
+    ACK_LATENCY_BUCKETS_FIELD_NUMBER: _builtins.int
+    ACK_LATENCY_SUM_S_FIELD_NUMBER: _builtins.int
+    SESSIONS_PERSISTENT_FIELD_NUMBER: _builtins.int
+    SESSIONS_ONLINE_FIELD_NUMBER: _builtins.int
+    SESSIONS_OFFLINE_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    RETAINED_MESSAGES_FIELD_NUMBER: _builtins.int
+    RETAINED_BYTES_FIELD_NUMBER: _builtins.int
+    QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
+    QUEUE_DROPPED_FIELD_NUMBER: _builtins.int
+    SESSIONS_PERSISTENT_ONLINE_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     connections: _builtins.int
     messages_in: _builtins.int
     messages_out: _builtins.int
     messages_dropped: _builtins.int
+    """slow consumer + queue full + too large"""
+    msgs_in_q0: _builtins.int
+    msgs_in_q1: _builtins.int
+    msgs_in_q2: _builtins.int
+    msgs_out_q0: _builtins.int
+    msgs_out_q1: _builtins.int
+    msgs_out_q2: _builtins.int
+    bytes_in: _builtins.int
+    """PUBLISH packet bytes"""
+    bytes_out: _builtins.int
+    dropped_slow_consumer: _builtins.int
+    dropped_queue_full: _builtins.int
+    dropped_too_large: _builtins.int
+    expired: _builtins.int
+    quota_refusals: _builtins.int
+    ack_latency_sum_s: _builtins.float
+    sessions_persistent: _builtins.int
+    sessions_online: _builtins.int
+    sessions_offline: _builtins.int
+    subscriptions: _builtins.int
+    retained_messages: _builtins.int
+    retained_bytes: _builtins.int
+    queue_depth: _builtins.int
+    queue_dropped: _builtins.int
+    """persistent queues full: messages not stored"""
+    sessions_persistent_online: _builtins.int
+    """Connected clients with a persistent session (nodes); with `sessions_persistent` (the
+    router's persistent sessions) it gives the offline ones.
+    """
+    @_builtins.property
+    def top_topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicCount]: ...
+    @_builtins.property
+    def ack_latency_buckets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Publish-to-PUBACK/PUBREC latency of QoS 1/2 publishes: counts per bucket of the
+        metrics service's fixed bounds (services/metrics/client.py LATENCY_BOUNDS_S, the last
+        one +Inf) and the sum of the latencies.
+        """
+
     def __init__(
         self,
         *,
@@ -40,10 +131,35 @@ class TenantCounters(_message.Message):
         messages_in: _builtins.int = ...,
         messages_out: _builtins.int = ...,
         messages_dropped: _builtins.int = ...,
+        msgs_in_q0: _builtins.int = ...,
+        msgs_in_q1: _builtins.int = ...,
+        msgs_in_q2: _builtins.int = ...,
+        msgs_out_q0: _builtins.int = ...,
+        msgs_out_q1: _builtins.int = ...,
+        msgs_out_q2: _builtins.int = ...,
+        bytes_in: _builtins.int = ...,
+        bytes_out: _builtins.int = ...,
+        dropped_slow_consumer: _builtins.int = ...,
+        dropped_queue_full: _builtins.int = ...,
+        dropped_too_large: _builtins.int = ...,
+        expired: _builtins.int = ...,
+        quota_refusals: _builtins.int = ...,
+        top_topics: _abc.Iterable[Global___TopicCount] | None = ...,
+        ack_latency_buckets: _abc.Iterable[_builtins.int] | None = ...,
+        ack_latency_sum_s: _builtins.float = ...,
+        sessions_persistent: _builtins.int = ...,
+        sessions_online: _builtins.int = ...,
+        sessions_offline: _builtins.int = ...,
+        subscriptions: _builtins.int = ...,
+        retained_messages: _builtins.int = ...,
+        retained_bytes: _builtins.int = ...,
+        queue_depth: _builtins.int = ...,
+        queue_dropped: _builtins.int = ...,
+        sessions_persistent_online: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connections", b"connections", "messages_dropped", b"messages_dropped", "messages_in", b"messages_in", "messages_out", b"messages_out", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_latency_buckets", b"ack_latency_buckets", "ack_latency_sum_s", b"ack_latency_sum_s", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "connections", b"connections", "dropped_queue_full", b"dropped_queue_full", "dropped_slow_consumer", b"dropped_slow_consumer", "dropped_too_large", b"dropped_too_large", "expired", b"expired", "messages_dropped", b"messages_dropped", "messages_in", b"messages_in", "messages_out", b"messages_out", "msgs_in_q0", b"msgs_in_q0", "msgs_in_q1", b"msgs_in_q1", "msgs_in_q2", b"msgs_in_q2", "msgs_out_q0", b"msgs_out_q0", "msgs_out_q1", b"msgs_out_q1", "msgs_out_q2", b"msgs_out_q2", "queue_depth", b"queue_depth", "queue_dropped", b"queue_dropped", "quota_refusals", b"quota_refusals", "retained_bytes", b"retained_bytes", "retained_messages", b"retained_messages", "sessions_offline", b"sessions_offline", "sessions_online", b"sessions_online", "sessions_persistent", b"sessions_persistent", "sessions_persistent_online", b"sessions_persistent_online", "subscriptions", b"subscriptions", "tenant", b"tenant", "top_topics", b"top_topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -56,8 +172,13 @@ class ReportNodeStatsRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     TS_MS_FIELD_NUMBER: _builtins.int
+    REPORTER_KIND_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     ts_ms: _builtins.int
+    reporter_kind: _builtins.str
+    """"" for a connection node; "session", "router" or "queue" for those services (they
+    report the state they hold; `nodes` in GetClusterStatsResponse counts nodes only).
+    """
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantCounters]: ...
     def __init__(
@@ -66,10 +187,11 @@ class ReportNodeStatsRequest(_message.Message):
         node_id: _builtins.str = ...,
         tenants: _abc.Iterable[Global___TenantCounters] | None = ...,
         ts_ms: _builtins.int = ...,
+        reporter_kind: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "tenants", b"tenants", "ts_ms", b"ts_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "reporter_kind", b"reporter_kind", "tenants", b"tenants", "ts_ms", b"ts_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

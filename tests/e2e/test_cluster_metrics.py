@@ -1,0 +1,231 @@
+"""Cluster metrics of a running mesh: a fresh tenant's clients publish known counts at QoS
+0, 1 and 2 from both nodes, and the metrics service's figures (admin API) show exactly those
+counts per QoS, the bytes, and the busiest topics."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.metrics.client import MetricsAdminClient, TenantCounters
+from tests.conftest import ADMIN_TOKEN, MeshInfo
+from tests.e2e.admin import Admin
+from tests.e2e.clients import Paho
+
+T = TypeVar("T")
+PAYLOAD = b"x" * 10
+
+
+def _until(fetch: Callable[[], T], ok: Callable[[T], bool], what: str, timeout_s: float = 15) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = fetch()
+        if ok(got):
+            return got
+        assert time.monotonic() < deadline, f"{what}: last seen {got}"
+        time.sleep(0.1)
+
+
+def tenant_stats(mesh: MeshInfo, tenant: str) -> TenantCounters | None:
+    async def get() -> TenantCounters | None:
+        admin = MetricsAdminClient(mesh.addr("metrics"), ADMIN_TOKEN)
+        try:
+            totals = await admin.cluster_stats()
+        finally:
+            await admin.close()
+        return next((t for t in totals.tenants if t.tenant == tenant), None)
+
+    return asyncio.run(get())
+
+
+@pytest.fixture(scope="module")
+def traffic(mesh: MeshInfo) -> str:
+    """A fresh tenant: a subscriber at QoS 2 on node 1; publishers on both nodes send 7 QoS
+    0, 5 QoS 1 and 3 QoS 2 messages each (30 in all), mostly to one topic."""
+    tenant = f"m{uuid.uuid4().hex[:8]}"
+    Admin(mesh).user(tenant, "u", "pw")
+    sub = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
+    sub.connect()
+    sub.subscribe("s/#", 2)
+    for node in (0, 1):
+        pub = Paho(mesh.node(node), username=f"{tenant}/u", password="pw")
+        pub.connect()
+        for qos, n in ((0, 7), (1, 5), (2, 3)):
+            for i in range(n):
+                pub.publish("s/hot" if i else f"s/cold{node}{qos}", PAYLOAD, qos)
+        pub.close()
+    assert len(sub.expect(30)) == 30
+    sub.close()
+    return tenant
+
+
+def test_counts_per_qos_match_what_the_clients_did(mesh: MeshInfo, traffic: str) -> None:
+    t = _until(
+        lambda: tenant_stats(mesh, traffic),
+        # Every QoS 1/2 publish's ack latency is in too (its ack came after its count in).
+        lambda t: (
+            t is not None
+            and (t.messages_in, t.messages_out, sum(t.ack_latency_buckets)) == (30, 30, 16)
+        ),
+        "the tenant's 30 messages in and out, 16 acks",
+    )
+    assert t is not None
+    assert (t.msgs_in_q0, t.msgs_in_q1, t.msgs_in_q2) == (14, 10, 6)
+    # Delivered at min(publish QoS, subscription QoS 2): the same split.
+    assert (t.msgs_out_q0, t.msgs_out_q1, t.msgs_out_q2) == (14, 10, 6)
+    # A PUBLISH without properties: 2 header + 2 topic length + topic + (2 packet id) + 10.
+    topics = [(f"s/cold{n}{q}", q) for n in (0, 1) for q in (0, 1, 2)]
+    topics += [("s/hot", q) for q, n in ((0, 6), (1, 4), (2, 2)) for _ in range(2 * n)]
+    expected_in = sum(4 + len(topic) + (2 if q else 0) + len(PAYLOAD) for topic, q in topics)
+    assert t.bytes_in == expected_in
+    # Out, exactly as written: MQTT 5 adds a property length byte to each PUBLISH.
+    assert t.bytes_out == expected_in + 30
+    assert t.messages_dropped == 0 and t.quota_refusals == 0
+    assert 0 < t.ack_latency_sum_s < 16 * 5
+
+
+def test_the_busiest_topic_is_recorded_for_the_hour(mesh: MeshInfo, traffic: str) -> None:
+    from services.connection.top_topics import SAMPLE_EVERY
+
+    def topics() -> dict[str, int]:
+        with sqlite3.connect(Path(mesh.mesh.data_dir) / "data" / "usage.db") as db:
+            rows = db.execute(
+                "SELECT topic, sum(messages) FROM usage_topics WHERE tenant=? GROUP BY topic",
+                (traffic,),
+            ).fetchall()
+        return dict(rows)
+
+    # One publish in SAMPLE_EVERY is looked at, weighted by it: about the 30 published.
+    got = _until(topics, lambda t: abs(sum(t.values()) - 30) <= 2 * SAMPLE_EVERY, "topics")
+    assert max(got, key=got.__getitem__) == "s/hot"
+
+
+def test_sessions_subscriptions_and_retained_come_from_where_they_are_held(
+    mesh: MeshInfo,
+) -> None:
+    tenant = f"m{uuid.uuid4().hex[:8]}"
+    Admin(mesh).user(tenant, "u", "pw")
+    away = Paho(mesh.node(0), username=f"{tenant}/u", password="pw")
+    away.connect(clean_start=False, session_expiry=300)
+    away.subscribe("a/#", 1)
+    away.subscribe("b", 1)
+    away.close()  # a persistent session, offline, with 2 subscriptions (the router's)
+    here = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
+    here.connect()
+    here.subscribe("c", 0)  # a transient client's subscription (its node's)
+    here.publish("r/1", b"12345", 1, retain=True)
+    t = _until(
+        lambda: tenant_stats(mesh, tenant),
+        # The closed client may be in a node's report a moment longer: wait for all of it.
+        lambda t: (
+            t is not None
+            and (t.subscriptions, t.retained_messages) == (3, 1)
+            and (t.sessions_online, t.sessions_persistent, t.sessions_persistent_online)
+            == (1, 1, 0)
+        ),
+        "3 subscriptions, 1 retained message, 1 online and 1 offline session",
+    )
+    assert t is not None
+    assert t.retained_bytes > 5
+    here.close()
+
+
+def scrape(mesh: MeshInfo) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The cluster endpoint, fetched over HTTP as curl would: sample -> value."""
+    port = mesh.mesh.by_name("metrics").port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_the_cluster_endpoint_shows_the_counts_per_tenant_and_qos(
+    mesh: MeshInfo, traffic: str
+) -> None:
+    def sample(name: str, **labels: str) -> float | None:
+        return got.get((name, frozenset({"tenant": traffic, **labels}.items())))
+
+    got = _until(
+        lambda: scrape(mesh),
+        lambda g: (
+            g.get(
+                (
+                    "starling_cluster_publish_ack_latency_seconds_count",
+                    frozenset({("tenant", traffic)}),
+                )
+            )
+            == 16
+        ),
+        "the tenant's series",
+    )
+    for qos, n in (("0", 14), ("1", 10), ("2", 6)):
+        assert sample("starling_cluster_messages_received_total", qos=qos) == n
+        assert sample("starling_cluster_messages_sent_total", qos=qos) == n
+    assert sample("starling_cluster_bytes_received_total") == 620
+    assert sample("starling_cluster_bytes_sent_total") == 650
+    assert sample("starling_cluster_messages_dropped_total", cause="slow_consumer") == 0
+    assert sample("starling_cluster_quota_refusals_total") == 0
+    assert sample("starling_cluster_connections") == 0  # all of them closed
+    assert got[("starling_cluster_reporters", frozenset({("kind", "node")}))] == 2
+
+
+def own_metrics(mesh: MeshInfo, name: str) -> str:
+    port = mesh.mesh.by_name(name).metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def red_samples(text: str, metric: str) -> dict[tuple[str, str, str, str], float]:
+    return {
+        (s.labels["service"], s.labels["method"], s.labels["outcome"], s.labels["transport"]): (
+            s.value
+        )
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == metric
+    }
+
+
+def test_red_series_appear_after_an_admin_call(mesh: MeshInfo, traffic: str) -> None:
+    async def denied() -> None:
+        admin = MetricsAdminClient(mesh.addr("metrics"), "wrong-token")
+        try:
+            await admin.cluster_stats()
+        except Exception:  # UNAUTHENTICATED: what the test counts
+            pass
+        finally:
+            await admin.close()
+
+    tenant_stats(mesh, traffic)
+    asyncio.run(denied())
+    svc = "starling.metrics.v1.MetricsAdminService"
+    got = _until(
+        lambda: own_metrics(mesh, "metrics"),
+        lambda t: (
+            (svc, "GetClusterStats", "UNAUTHENTICATED", "grpc")
+            in red_samples(t, "starling_rpc_errors_total")
+        ),
+        "RED series of the admin call",
+    )
+    requests = red_samples(got, "starling_rpc_requests_total")
+    assert requests[(svc, "GetClusterStats", "OK", "grpc")] >= 1
+    assert (svc, "GetClusterStats", "OK", "grpc") not in red_samples(
+        got, "starling_rpc_errors_total"
+    )
+    durations = red_samples(got, "starling_rpc_duration_seconds_count")
+    assert durations[(svc, "GetClusterStats", "OK", "grpc")] >= 1
+    # The router serves the persistent publish path over NATS request/reply.
+    nats = red_samples(own_metrics(mesh, "router"), "starling_rpc_requests_total")
+    assert any(k[3] == "nats" and k[2] == "OK" for k in nats), nats
