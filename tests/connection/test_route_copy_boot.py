@@ -4,15 +4,18 @@ reads from the store (services/router/copies.py): the copy equals the router's t
 publishes keep their PUBACK promise while the router is killed and boots from the snapshot
 and new nodes load their copies that way.
 
-A private queue and router on their own data directory (a compaction of the shared core's
-store would change what other tests see)."""
+A private queue and router on their own data directory, NATS and Redis: a compaction of the
+shared core's store would change what other tests see, and on the shared NATS the core's
+queue service would answer this router's appends."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from services.cli.launcher import nats_binary
+from services.cli.ports import free_port
 from services.common.mqtt.packets import Subscription
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.connection.replica import CopyRouter, RouteCopies
@@ -32,6 +37,7 @@ from services.router.compaction import compact
 from services.router.config import RouterSettings
 from services.router.main import RouterService
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
+from tests.conftest import _wait_port
 from tests.inproc import serving
 
 T = "boot"
@@ -72,8 +78,36 @@ class Mesh:
             await store.close()
 
 
+@pytest.fixture(scope="module")
+def private_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(NATS URL, Redis URL) of servers only this module's services use."""
+    folder = tmp_path_factory.mktemp("private")
+    nats_port, redis_port = free_port(), free_port()
+    conf = folder / "nats.conf"
+    conf.write_text(f'listen: "127.0.0.1:{nats_port}"\njetstream {{ store_dir: "{folder}" }}\n')
+    redis = shutil.which("redis-server")
+    assert redis is not None, "redis-server is not installed (scripts/setup.sh installs it)"
+    procs = [
+        subprocess.Popen([nats_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL),
+        subprocess.Popen(
+            [redis, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(folder)],
+            stdout=subprocess.DEVNULL,
+        ),
+    ]  # fmt: skip
+    try:
+        _wait_port(nats_port, procs[0], "nats-server")
+        _wait_port(redis_port, procs[1], "redis-server")
+        yield f"nats://127.0.0.1:{nats_port}", f"redis://127.0.0.1:{redis_port}/0"
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
 @pytest.fixture
-async def mesh(nats_url: str, redis_url: str, tmp_path: Path) -> AsyncIterator[Mesh]:
+async def mesh(private_servers: tuple[str, str], tmp_path: Path) -> AsyncIterator[Mesh]:
+    nats_url, redis_url = private_servers
     common: dict[str, object] = {
         "nats_url": nats_url,
         "redis_url": redis_url,
