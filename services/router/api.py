@@ -9,9 +9,10 @@ import uuid
 import grpc
 
 from services.common.rpc.errors import InvalidArgumentError
-from services.common.store.ports import SessionStore
+from services.common.store.eventlog import EventKind, LogEvent, LoggedSessionStore, subscription_of
 from services.common.subscription import record_from_pb, record_to_pb
 from services.queue.client import NewEntry, QueueClient
+from services.router.copies import TablePositions, read_snapshot_and_tail
 from services.router.core import RouteTable
 from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
@@ -32,15 +33,17 @@ class RouterApi(pb_grpc.RouterServiceServicer):
     def __init__(
         self,
         table: RouteTable,
-        store: SessionStore,
+        store: LoggedSessionStore,
         queues: QueueClient,
         publisher: Publisher,
         retained: RetainedIndex,
         fence: RouteFence,
         include_qos0: bool,
+        positions: TablePositions,
     ) -> None:
         self._table = table
         self._store = store
+        self._positions = positions
         self._queues = queues
         self._publisher = publisher
         self._retained = retained
@@ -104,7 +107,8 @@ class RouterApi(pb_grpc.RouterServiceServicer):
             for s in request.subscriptions
         ]
         async with self._fence.change(request.tenant) as change:
-            await self._store.put_subscriptions(recs)
+            position = await self._store.put_subscriptions(recs)
+            self._positions.logged(request.tenant, position)
             for r in recs:
                 self._table.add(r)
             change.added.extend(
@@ -121,9 +125,10 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         _check_session(request.tenant, request.client_id, request.incarnation)
         filters = list(request.topic_filters)
         async with self._fence.change(request.tenant) as change:
-            await self._store.delete_subscriptions(
+            position = await self._store.delete_subscriptions(
                 request.tenant, request.client_id, request.incarnation, filters
             )
+            self._positions.logged(request.tenant, position)
             for f in filters:
                 self._table.remove(request.tenant, request.client_id, request.incarnation, f)
                 change.removed.add(
@@ -142,9 +147,10 @@ class RouterApi(pb_grpc.RouterServiceServicer):
     ) -> pb.DropSessionResponse:
         _check_session(request.tenant, request.client_id, request.incarnation)
         async with self._fence.change(request.tenant) as change:
-            await self._store.drop_subscriptions(
+            position = await self._store.drop_subscriptions(
                 request.tenant, request.client_id, request.incarnation
             )
+            self._positions.logged(request.tenant, position)
             self._table.drop(request.tenant, request.client_id, request.incarnation)
             change.dropped.add(client_id=request.client_id, incarnation=request.incarnation)
         return pb.DropSessionResponse()
@@ -152,20 +158,46 @@ class RouterApi(pb_grpc.RouterServiceServicer):
     async def RouteSnapshot(
         self, request: pb.RouteSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> pb.RouteSnapshotResponse:
-        if not request.tenant:
+        tenant = request.tenant
+        if not tenant:
             raise InvalidArgumentError("tenant is required")
-        await self._fence.ensure_fenced(request.tenant, request.refused_version)
-        # No await from here on: the version and the entries are of one instant.
-        version = self._fence.version(request.tenant)
+        await self._fence.ensure_fenced(tenant, request.refused_version)
+        async with self._fence.steady(tenant):  # the version, count and position of one table
+            version = self._fence.version(tenant)
+            count = self._table.count(tenant)
+            position = self._positions.of(tenant)
         limit = request.max_subscriptions
-        if limit and self._table.count(request.tenant) > limit:
+        if limit and count > limit:
             return pb.RouteSnapshotResponse(version=version, too_large=True)
-        entries = [
-            pb.RouteEntry(
-                client_id=r.client_id, incarnation=r.incarnation, subscription=record_to_pb(r)
-            )
-            for r in self._table.records(request.tenant)
-        ]
+        if request.from_snapshot:
+            found = await read_snapshot_and_tail(self._store, tenant, position, count)
+            if found is not None:
+                return pb.RouteSnapshotResponse(
+                    version=version,
+                    include_qos0=self._include_qos0,
+                    from_snapshot=True,
+                    snapshot_parts=found.parts,
+                    tail=[_route_event(e) for e in found.tail],
+                )
+        async with self._fence.steady(tenant):  # entries as of one version
+            version = self._fence.version(tenant)
+            entries = [
+                pb.RouteEntry(
+                    client_id=r.client_id, incarnation=r.incarnation, subscription=record_to_pb(r)
+                )
+                for r in self._table.records(tenant)
+            ]
         return pb.RouteSnapshotResponse(
             version=version, entries=entries, include_qos0=self._include_qos0
         )
+
+
+def _route_event(e: LogEvent) -> pb.RouteEvent:
+    entry = pb.RouteEntry(client_id=e.client_id, incarnation=e.incarnation)
+    if e.kind == EventKind.SUBSCRIBED:
+        entry.subscription.CopyFrom(record_to_pb(subscription_of(e)))
+        return pb.RouteEvent(added=entry)
+    if e.kind == EventKind.UNSUBSCRIBED:
+        entry.subscription.topic_filter = e.topic
+        return pb.RouteEvent(removed=entry)
+    return pb.RouteEvent(dropped=entry)

@@ -15,9 +15,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from services.common.gcpause import gc_paused
 from services.common.store.eventlog import EventKind, LogEvent, LoggedSessionStore, subscription_of
 from services.router.core import RouteTable
-from services.router.snapshot import load_tenant
+from services.router.snapshot import SnapshotFormatError, load_tenant
 
 log = logging.getLogger("starling.router.boot")
 PAGE = 10_000  # events read per store call while replaying
@@ -56,10 +57,11 @@ async def replay(
     applied (`after` when there was none)."""
     while True:
         events = await store.read_events(after, PAGE, tenant)
-        for e in events:
-            apply(table, e)
-            if report is not None:
-                report.tenant_positions[e.tenant] = e.position
+        with gc_paused():
+            for e in events:
+                apply(table, e)
+                if report is not None:
+                    report.tenant_positions[e.tenant] = e.position
         if report is not None:
             report.replayed += len(events)
         if events:
@@ -68,19 +70,43 @@ async def replay(
             return after
 
 
+async def scan(store: LoggedSessionStore, table: RouteTable) -> int:
+    """Fill an empty `table` from the subscriptions table, one `add` per row (the boot
+    without a snapshot); the log position the rows are as of."""
+    position, subs = await store.subscriptions_as_of()
+    with gc_paused():
+        for rec in subs:
+            table.add(rec)
+    return position
+
+
+async def load_snapshot(store: LoggedSessionStore, table: RouteTable) -> int | None:
+    """Fill an empty `table` from the latest routing snapshot; its checkpoint, or None when
+    there is no snapshot this code can read (the table is left empty)."""
+    manifest = await store.latest_snapshot()
+    if manifest is None:
+        return None
+    try:
+        for tenant in manifest.tenants:
+            parts = await store.snapshot_parts(manifest.snapshot_id, tenant)
+            with gc_paused():
+                load_tenant(table, tenant, parts)
+    except SnapshotFormatError as exc:  # e.g. written by a newer version: scan instead
+        log.warning("route_snapshot_unreadable", extra={"error": str(exc)})
+        table.clear()
+        return None
+    return manifest.checkpoint
+
+
 async def load_routes(store: LoggedSessionStore, table: RouteTable) -> BootReport:
     """Fill an empty `table` (see the module docstring)."""
     started = time.perf_counter()
-    manifest = await store.latest_snapshot()
-    if manifest is None:
-        position, subs = await store.subscriptions_as_of()
-        for rec in subs:
-            table.add(rec)
+    checkpoint = await load_snapshot(store, table)
+    if checkpoint is None:
+        position = await scan(store, table)
         report = BootReport("scan", position, position)
     else:
-        for tenant in manifest.tenants:
-            load_tenant(table, tenant, await store.snapshot_parts(manifest.snapshot_id, tenant))
-        report = BootReport("snapshot", manifest.checkpoint, manifest.checkpoint)
+        report = BootReport("snapshot", checkpoint, checkpoint)
     report.position = await replay(store, table, report.checkpoint, report=report)
     report.seconds = time.perf_counter() - started
     return report

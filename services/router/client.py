@@ -17,12 +17,14 @@ from services.common.bus import unary
 from services.common.bus.unary import UnaryClient
 from services.common.connect import IdentifiedSubscription
 from services.common.envelope import from_envelope
+from services.common.gcpause import gc_paused
 from services.common.message import Message
 from services.common.rpc.client import LazyStub, target
 from services.common.rpc.limits import split_by_bytes
 from services.common.store.ports import SubscriptionRecord
 from services.common.subscription import identified_from_pb, identified_to_pb, record_from_pb
-from services.router.core import RouteResult
+from services.router.core import RouteResult, RouteTable
+from services.router.snapshot import load_tenant
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
@@ -161,20 +163,40 @@ class RouterClient:
         return bool(resp.found)
 
     async def route_snapshot(
-        self, tenant: str, max_subscriptions: int, refused_version: int = 0
+        self,
+        tenant: str,
+        max_subscriptions: int,
+        refused_version: int = 0,
+        from_snapshot: bool = True,
     ) -> RouteSnapshot:
         """The tenant's persistent route table as of one version, for a node's copy
         (services/connection/replica.py); `refused_version`: a queue refused the copy at
-        that version."""
+        that version. `from_snapshot`: let the router send its routing snapshot and the
+        log after it (loaded here without per-subscription work) instead of every entry."""
         req = pb.RouteSnapshotRequest(
-            tenant=tenant, max_subscriptions=max_subscriptions, refused_version=refused_version
+            tenant=tenant,
+            max_subscriptions=max_subscriptions,
+            refused_version=refused_version,
+            from_snapshot=from_snapshot,
         )
         resp = await self._rpc.call(self._rpc.stub.RouteSnapshot, req)
+        table = RouteTable()
+        with gc_paused():  # (see services/common/gcpause.py)
+            if resp.from_snapshot:
+                if resp.snapshot_parts:
+                    load_tenant(table, tenant, list(resp.snapshot_parts))
+                for e in resp.tail:
+                    apply_route_event(table, tenant, e)
+            else:
+                for entry in resp.entries:
+                    table.add(route_record(tenant, entry))
         return RouteSnapshot(
             resp.version,
-            tuple(route_record(tenant, e) for e in resp.entries),
+            table,
             resp.include_qos0,
             resp.too_large,
+            resp.from_snapshot,
+            len(resp.tail),
         )
 
     async def close(self) -> None:
@@ -185,12 +207,26 @@ def route_record(tenant: str, e: pb.RouteEntry) -> SubscriptionRecord:
     return record_from_pb(tenant, e.client_id, e.incarnation, e.subscription)
 
 
+def apply_route_event(table: RouteTable, tenant: str, e: pb.RouteEvent) -> None:
+    """One logged change (a snapshot's tail) onto a table."""
+    which = e.WhichOneof("change")
+    if which == "added":
+        table.add(route_record(tenant, e.added))
+    elif which == "removed":
+        r = e.removed
+        table.remove(tenant, r.client_id, r.incarnation, r.subscription.topic_filter)
+    elif which == "dropped":
+        table.drop(tenant, e.dropped.client_id, e.dropped.incarnation)
+
+
 @dataclass(frozen=True, slots=True)
 class RouteSnapshot:
     version: int
-    subscriptions: tuple[SubscriptionRecord, ...]
+    table: RouteTable  # the tenant's table at `version` (empty when too_large)
     include_qos0: bool  # QoS 0 subscriptions get queue entries too (router setting)
     too_large: bool  # more than asked for: none sent
+    from_snapshot: bool  # loaded from the routing snapshot and the log after it
+    replayed: int = 0  # log events after the snapshot's checkpoint applied
 
 
 @dataclass(frozen=True, slots=True)

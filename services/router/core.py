@@ -4,7 +4,7 @@ nodes' copies of the table (services/connection/replica.py) share this code."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -74,33 +74,48 @@ class RouteGrant(NamedTuple):
 # Grants without an identifier: at most 3 x 2 x 2 x 3 of them.
 _SHARED: dict[RouteGrant, RouteGrant] = {}
 
-SessionFilters = dict[tuple[str, str, int], set[str]]
+# One tenant's sessions and the filters each holds (the trie answers the other way round).
+SessionFilters = dict[SessionKey, set[str]]
 
 
 class RouteTable:
     def __init__(self) -> None:
         self._tries: dict[str, TopicTrie[SessionKey, RouteGrant]] = {}
-        self._filters: SessionFilters = {}
+        self._sessions: dict[str, SessionFilters] = {}
+        # Tenants loaded from a snapshot whose session filters are made on first use: only
+        # a change or a listing needs them, a publish never does (a faster boot).
+        self._unmade: dict[str, Callable[[], SessionFilters]] = {}
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._tries.values())
 
+    def _sessions_of(self, tenant: str) -> SessionFilters:
+        sessions = self._sessions.get(tenant)
+        if sessions is None:
+            make = self._unmade.pop(tenant, None)
+            sessions = self._sessions[tenant] = {} if make is None else make()
+        return sessions
+
     def add(self, rec: SubscriptionRecord) -> None:
         trie = self._tries.setdefault(rec.tenant, TopicTrie())
-        trie.add(rec.topic_filter, (rec.client_id, rec.incarnation), RouteGrant.of(rec))
-        self._filters.setdefault((rec.tenant, rec.client_id, rec.incarnation), set()).add(
-            rec.topic_filter
-        )
+        key = (rec.client_id, rec.incarnation)
+        trie.add(rec.topic_filter, key, RouteGrant.of(rec))
+        self._sessions_of(rec.tenant).setdefault(key, set()).add(rec.topic_filter)
 
     def remove(self, tenant: str, client_id: str, incarnation: int, filt: str) -> None:
         trie = self._tries.get(tenant)
         if trie is not None:
             trie.remove(filt, (client_id, incarnation))
-        self._filters.get((tenant, client_id, incarnation), set()).discard(filt)
+        self._sessions_of(tenant).get((client_id, incarnation), set()).discard(filt)
 
     def drop(self, tenant: str, client_id: str, incarnation: int) -> None:
-        for f in self._filters.pop((tenant, client_id, incarnation), set()):
+        for f in self._sessions_of(tenant).pop((client_id, incarnation), set()):
             self.remove(tenant, client_id, incarnation, f)
+
+    def clear(self) -> None:
+        self._tries.clear()
+        self._sessions.clear()
+        self._unmade.clear()
 
     def tenants(self) -> list[str]:
         return list(self._tries)
@@ -110,19 +125,24 @@ class RouteTable:
         return self._tries.get(tenant)
 
     def adopt(
-        self, tenant: str, trie: TopicTrie[SessionKey, RouteGrant], filters: SessionFilters
+        self,
+        tenant: str,
+        trie: TopicTrie[SessionKey, RouteGrant],
+        sessions: SessionFilters | Callable[[], SessionFilters],
     ) -> None:
-        """Take a tenant's trie and its sessions' filters as loaded from a snapshot, in
-        place of whatever the table held for it."""
-        if tenant in self._tries:  # never at boot: the walk is over every session
-            for key in [k for k in self._filters if k[0] == tenant]:
-                del self._filters[key]
+        """Take a tenant's trie and its sessions' filters (or what makes them, called on
+        first use) as loaded from a snapshot, in place of whatever the table held for it."""
         self._tries[tenant] = trie
-        self._filters.update(filters)
+        self._sessions.pop(tenant, None)
+        self._unmade.pop(tenant, None)
+        if callable(sessions):
+            self._unmade[tenant] = sessions
+        else:
+            self._sessions[tenant] = sessions
 
-    def session_filters(self, tenant: str) -> list[tuple[tuple[str, str, int], set[str]]]:
+    def session_filters(self, tenant: str) -> list[tuple[SessionKey, set[str]]]:
         """Each session of the tenant with its filters."""
-        return [(k, f) for k, f in self._filters.items() if k[0] == tenant and f]
+        return [(k, f) for k, f in self._sessions_of(tenant).items() if f]
 
     def sessions_by_tenant(self) -> dict[str, int]:
         """Sessions with at least one subscription, per tenant (a walk over every session:
@@ -141,17 +161,14 @@ class RouteTable:
     def records(self, tenant: str) -> list[SubscriptionRecord]:
         """Every subscription of one tenant."""
         out: list[SubscriptionRecord] = []
-        for (t, client_id, incarnation), _ in self._filters.items():
-            if t == tenant:
-                out += self.subscriptions(t, client_id, incarnation)
+        for client_id, incarnation in self._sessions_of(tenant):
+            out += self.subscriptions(tenant, client_id, incarnation)
         return out
 
     def routes(self, tenant: str) -> dict[str, list[str]]:
         """Persistent filters of a tenant and the sessions (client#incarnation) behind them."""
         out: dict[str, list[str]] = {}
-        for (t, client_id, incarnation), filters in self._filters.items():
-            if t != tenant:
-                continue
+        for (client_id, incarnation), filters in self._sessions_of(tenant).items():
             for f in filters:
                 out.setdefault(f, []).append(f"{client_id}#{incarnation}")
         return out
@@ -160,9 +177,9 @@ class RouteTable:
         self, tenant: str, client_id: str, incarnation: int
     ) -> list[SubscriptionRecord]:
         trie = self._tries.get(tenant)
-        filters = sorted(self._filters.get((tenant, client_id, incarnation), set()))
         if trie is None:
             return []
+        filters = sorted(self._sessions_of(tenant).get((client_id, incarnation), set()))
         out: list[SubscriptionRecord] = []
         for f in filters:
             g = trie.get(f, (client_id, incarnation))

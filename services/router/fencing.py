@@ -126,6 +126,14 @@ class RouteFence:
             await self.catch_up(tenant)
         return self._versions[tenant]
 
+    @asynccontextmanager
+    async def steady(self, tenant: str) -> AsyncIterator[None]:
+        """No change of the tenant is under way inside this block: its version and its
+        table belong together (a change sets the new version before it writes the store
+        and the table)."""
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            yield
+
     async def ensure_fenced(self, tenant: str, refused: int = 0) -> None:
         """The queues hold the tenant's current version before a node copies the table:
         fenced again when a node's copy at the current version was refused (the queue lost

@@ -28,6 +28,7 @@ from services.router.api import RouterApi
 from services.router.boot import BootReport, load_routes
 from services.router.cluster import RouteReplay, Shared
 from services.router.config import RouterSettings
+from services.router.copies import TablePositions
 from services.router.core import RouteTable
 from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
@@ -54,6 +55,7 @@ class RouterService:
         self._refusals = Refusals()
         register_refusal_metrics(self._refusals, "starling.router")
         self._fence = RouteFence(self._queues, self._nats)
+        self._positions = TablePositions()
         self._publisher = Publisher(
             self._table,
             self._queues,
@@ -84,6 +86,7 @@ class RouterService:
             self._retained,
             self._fence,
             settings.queue_qos0_offline,
+            self._positions,
         )
         self._servers: list[UnaryServer] = []
         self.boot: BootReport | None = None
@@ -110,6 +113,7 @@ class RouterService:
         self.boot = await load_routes(self._store, self._table)
         if self._shared is not None:
             self._fence.replay = RouteReplay(self._store, self._table, self.boot)
+        self._positions.booted(self.boot.position)
         await self._publisher.load()
         log.info(
             "route_table_loaded",

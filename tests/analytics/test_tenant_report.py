@@ -21,6 +21,7 @@ from analytics.config import load_analytics_settings
 from analytics.jobs import tenant_report
 from analytics.jobs.context import JobContext
 from analytics.source import StoreConf
+from services.connection.top_topics import SAMPLE_EVERY
 from services.metrics.client import MetricsAdminClient
 from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.admin import Admin
@@ -53,6 +54,24 @@ def _connection_ms(data: Path, tenant: str) -> int:
         return int(row.fetchone()[0] or 0)
 
 
+def _sessions_logged(data: Path, tenant: str) -> int:
+    with sqlite3.connect(data / "sessions.db") as db:
+        row = db.execute(
+            "SELECT count(DISTINCT client_id) FROM event_log WHERE tenant=? AND kind='connected'",
+            (tenant,),
+        )
+        return int(row.fetchone()[0] or 0)
+
+
+def _topics_recorded(data: Path, tenant: str) -> dict[str, int]:
+    with sqlite3.connect(data / "usage.db") as db:
+        rows = db.execute(
+            "SELECT topic, sum(messages) FROM usage_topics WHERE tenant=? GROUP BY topic",
+            (tenant,),
+        ).fetchall()
+    return {t: int(n) for t, n in rows}
+
+
 def _cluster(mesh: MeshInfo, tenant: str) -> Any:
     async def get() -> Any:
         client = MetricsAdminClient(mesh.addr("metrics"), ADMIN_TOKEN)
@@ -68,7 +87,7 @@ def _cluster(mesh: MeshInfo, tenant: str) -> Any:
 @pytest.fixture(scope="module")
 def report(
     mesh: MeshInfo, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[str, dict[str, Any], Any]:
+) -> tuple[str, dict[str, Any], Any, dict[str, int]]:
     tenant = f"rep{uuid.uuid4().hex[:8]}"
     Admin(mesh).user(tenant, "u", "pw")
     since = int(time.time() * 1000) // 3_600_000 * 3_600_000
@@ -88,6 +107,7 @@ def report(
     pub.close()
     # The nodes report every 0.5 s here; wait until the usage table has everything.
     _poll(lambda: _usage(data, tenant) == (MESSAGES, MESSAGES), "usage rows")
+    _poll(lambda: _sessions_logged(data, tenant) == 2, "connected events in the event log")
     counters = _cluster(mesh, tenant)
     out = tmp_path_factory.mktemp("report")
     settings = load_analytics_settings(
@@ -95,13 +115,13 @@ def report(
     )
     ctx = JobContext(spark, StoreConf(sqlite=str(data)), settings, out)
     args = argparse.Namespace(since_ms=since, until_ms=0, tenant=[])
-    return tenant, tenant_report.run(ctx, args), counters
+    return tenant, tenant_report.run(ctx, args), counters, _topics_recorded(data, tenant)
 
 
 def test_report_totals_equal_the_work_and_the_metrics_service(
-    report: tuple[str, dict[str, Any], Any], spark: SparkSession
+    report: tuple[str, dict[str, Any], Any, dict[str, int]], spark: SparkSession
 ) -> None:
-    tenant, summary, counters = report
+    tenant, summary, counters, recorded_topics = report
     mine = summary["totals"][tenant]
     assert mine["messages_in"] == MESSAGES and mine["messages_out"] == MESSAGES
     assert mine["dropped"] == 0 and mine["connections_peak"] == 2
@@ -112,6 +132,20 @@ def test_report_totals_equal_the_work_and_the_metrics_service(
         counters.messages_out,
         counters.messages_dropped,
     )
+    # By QoS, bytes, refusals: what the clients did, and the metrics service's counters.
+    assert (mine["msgs_in_q0"], mine["msgs_in_q1"], mine["msgs_in_q2"]) == (0, MESSAGES, 0)
+    assert (mine["msgs_out_q0"], mine["msgs_out_q1"], mine["msgs_out_q2"]) == (0, MESSAGES, 0)
+    for k in ("msgs_in_q1", "msgs_out_q1", "bytes_in", "bytes_out", "quota_refusals"):
+        assert mine[k] == getattr(counters, k), k
+    assert mine["bytes_in"] >= MESSAGES * 10 and mine["bytes_out"] >= MESSAGES * 10
+    assert mine["quota_refusals"] == 0
+    assert mine["sessions"] == 2  # the subscriber's and the publisher's client ids
+    # Top topics: the nodes' sampled summaries (one publish in 8, weighted), as the
+    # metrics service recorded them; only the tenant's topics, about all its messages.
+    top = dict(mine["top_topics"])
+    assert top == recorded_topics
+    assert set(top) <= {"r/0", "r/1", "r/2"} and top
+    assert abs(sum(top.values()) - MESSAGES) <= SAMPLE_EVERY
     # The Parquet output holds the same figures.
     df = spark.read.parquet(summary["parquet"]).where(f"tenant = '{tenant}'")
     row = df.groupBy().sum("messages_in", "messages_out").first()
@@ -119,12 +153,12 @@ def test_report_totals_equal_the_work_and_the_metrics_service(
 
 
 def test_report_renders_its_charts_in_headless_chromium(
-    report: tuple[str, dict[str, Any], Any],
+    report: tuple[str, dict[str, Any], Any, dict[str, int]],
 ) -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("headless Chromium is not installed (scripts/setup.sh installs `chromium`)")
-    tenant, summary, _ = report
+    tenant, summary, _, _ = report
     dom = subprocess.run(
         [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
          "--dump-dom", Path(summary["html"]).as_uri()],
@@ -132,5 +166,6 @@ def test_report_renders_its_charts_in_headless_chromium(
     ).stdout  # fmt: skip
     # Plotly draws into SVG: the main plot surface, one bar trace group per chart.
     assert 'class="main-svg"' in dom
-    assert dom.count('class="trace bars"') >= len(tenant_report.FIGURES)
+    assert dom.count('class="trace bars"') >= len(tenant_report.CHARTS) + 1  # + top topics
+    assert "Messages in by QoS" in dom and "Top topics over the window" in dom
     assert tenant in dom  # the legend names the tenant

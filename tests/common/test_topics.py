@@ -19,6 +19,7 @@ from services.common.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
+from services.common.topics.trie import _NONE
 
 LEVELS = ["a", "b", "$s", "", "x.y", "*", ">", "~", "é"]
 
@@ -108,6 +109,49 @@ def test_trie_agrees_with_naive_matcher(fs: list[str], ts: list[str]) -> None:
     for t in ts:
         expected = sorted(i for i, f in enumerate(fs) if topic_matches(f, t))
         assert sorted(k for k, _ in trie.match(t)) == expected, t
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fs=st.lists(st.tuples(filters(), st.integers(0, 3)), max_size=25),
+    gone=st.lists(st.integers(0, 24), max_size=10),
+    ts=st.lists(topics, min_size=1, max_size=8),
+)
+def test_trie_rebuilt_from_its_columns_matches_and_edits_alike(
+    fs: list[tuple[str, int]], gone: list[int], ts: list[str]
+) -> None:
+    """A routing snapshot stores a trie as columns (services/router/snapshot.py); the trie
+    loaded from them answers every topic alike, and both take later changes alike without
+    ever writing into the empty dict that nodes share."""
+    built: TopicTrie[int, str] = TopicTrie()
+    for f, key in fs:
+        built.add(f, key, f)
+    levels, child_counts, sub_counts, members = built.columns()
+    loaded: TopicTrie[int, str] = TopicTrie.from_columns(
+        levels, child_counts, sub_counts, iter(members)
+    )
+    assert len(loaded) == len(built)
+    for i in gone:  # the same removals and re-adds on both
+        if i < len(fs):
+            f, key = fs[i][0], fs[i][1]
+            assert loaded.remove(f, key) == built.remove(f, key)
+            assert loaded.add(f"{f}/n" if "#" not in f else "n", key + 9, f) == built.add(
+                f"{f}/n" if "#" not in f else "n", key + 9, f
+            )
+    for t in ts:
+        assert sorted(loaded.match(t)) == sorted(built.match(t)), t
+    assert sorted(loaded.items()) == sorted(built.items())
+    assert _NONE == {}
+
+
+def test_trie_columns_that_do_not_add_up_are_refused() -> None:
+    trie: TopicTrie[str, int] = TopicTrie()
+    trie.add("a/b", "k", 1)
+    levels, child_counts, sub_counts, members = trie.columns()
+    with pytest.raises(ValueError):
+        TopicTrie.from_columns(levels, [*child_counts[:-1], 1], sub_counts, iter(members))
+    with pytest.raises(ValueError):
+        TopicTrie.from_columns(levels, child_counts, sub_counts, iter([*members, ("x", 2)]))
 
 
 mapping_level = st.one_of(

@@ -179,3 +179,43 @@ def test_snapshot_round_trips_every_option_and_rejects_damage() -> None:
     assert set(loaded.records("t")) == recs
     with pytest.raises(SnapshotFormatError):
         decode_tenant("t", [parts[0][:-3]])
+
+
+async def test_a_snapshot_booted_table_takes_changes_like_a_scanned_one(
+    store: SqliteSessionStore,
+) -> None:
+    """The sessions' filters of a snapshot-loaded tenant are made on first use: later
+    unsubscribes and session drops (the router's changes) must still find them."""
+    rng = random.Random(3)
+    for _ in range(200):
+        await _change(store, rng)
+    await compact(store)
+    booted, scanned = RouteTable(), RouteTable()
+    assert (await load_routes(store, booted)).replayed == 0
+    for rec in await store.all_subscriptions():
+        scanned.add(rec)
+    for t in TENANTS:
+        for c in ("c1", "c2", "c3"):
+            for table in (booted, scanned):
+                table.drop(t, c, 1)
+                table.remove(t, "c4", 2, "a/#")
+                table.add(SubscriptionRecord(t, "c5", 1, "z/+", 1))
+        assert booted.routes(t) == scanned.routes(t)
+        for topic in ("a/b", "z/q", "s/1/2/3"):
+            got = sorted(booted.targets(t, topic, 2, False, "x"), key=repr)
+            assert got == sorted(scanned.targets(t, topic, 2, False, "x"), key=repr)
+    assert _records(booted) == _records(scanned) and len(booted) == len(scanned)
+
+
+async def test_an_unreadable_snapshot_boots_from_a_scan(
+    store: SqliteSessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(5)
+    for _ in range(100):
+        await _change(store, rng)
+    await compact(store)
+    monkeypatch.setattr("services.router.snapshot.FORMAT", 99)  # as if written by a newer one
+    table = RouteTable()
+    report = await load_routes(store, table)
+    assert report.source == "scan"
+    assert _records(table) == await _scan(store)

@@ -49,6 +49,7 @@ class RouteSnapshotRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     MAX_SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     REFUSED_VERSION_FIELD_NUMBER: _builtins.int
+    FROM_SNAPSHOT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     max_subscriptions: _builtins.int
     """More subscriptions than this: too_large, none sent (the node keeps using the router)."""
@@ -56,16 +57,22 @@ class RouteSnapshotRequest(_message.Message):
     """The version of the node's copy that a queue refused: if it is still the current one,
     the queue lost it (restarted) and the router fences it again.
     """
+    from_snapshot: _builtins.bool
+    """Send the tenant's routing snapshot and the log after its checkpoint (compact, loads
+    without per-subscription work) rather than every entry; the router sends entries when
+    it has no snapshot to offer.
+    """
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
         max_subscriptions: _builtins.int = ...,
         refused_version: _builtins.int = ...,
+        from_snapshot: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_subscriptions", b"max_subscriptions", "refused_version", b"refused_version", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_snapshot", b"from_snapshot", "max_subscriptions", b"max_subscriptions", "refused_version", b"refused_version", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -107,12 +114,25 @@ class RouteSnapshotResponse(_message.Message):
     ENTRIES_FIELD_NUMBER: _builtins.int
     INCLUDE_QOS0_FIELD_NUMBER: _builtins.int
     TOO_LARGE_FIELD_NUMBER: _builtins.int
+    FROM_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_PARTS_FIELD_NUMBER: _builtins.int
+    TAIL_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     include_qos0: _builtins.bool
     """The router's queue_qos0_offline: QoS 0 subscriptions get queue entries too."""
     too_large: _builtins.bool
+    from_snapshot: _builtins.bool
+    """Set when the answer is a snapshot (entries empty): the tenant's part of the latest
+    routing snapshot (services/router/snapshot.py; none: no subscriptions at the
+    checkpoint), then every route event of the tenant logged after the checkpoint up to
+    the table at `version`, in log order.
+    """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteEntry]: ...
+    @_builtins.property
+    def snapshot_parts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    @_builtins.property
+    def tail(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteEvent]: ...
     def __init__(
         self,
         *,
@@ -120,14 +140,49 @@ class RouteSnapshotResponse(_message.Message):
         entries: _abc.Iterable[Global___RouteEntry] | None = ...,
         include_qos0: _builtins.bool = ...,
         too_large: _builtins.bool = ...,
+        from_snapshot: _builtins.bool = ...,
+        snapshot_parts: _abc.Iterable[_builtins.bytes] | None = ...,
+        tail: _abc.Iterable[Global___RouteEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "include_qos0", b"include_qos0", "too_large", b"too_large", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "from_snapshot", b"from_snapshot", "include_qos0", b"include_qos0", "snapshot_parts", b"snapshot_parts", "tail", b"tail", "too_large", b"too_large", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteSnapshotResponse: _TypeAlias = RouteSnapshotResponse  # noqa: Y015
+
+@_typing.final
+class RouteEvent(_message.Message):
+    """One logged change of a tenant's route table, as RouteChange carries them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDED_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def added(self) -> Global___RouteEntry: ...
+    @_builtins.property
+    def removed(self) -> Global___RouteEntry: ...
+    @_builtins.property
+    def dropped(self) -> Global___RouteEntry: ...
+    def __init__(
+        self,
+        *,
+        added: Global___RouteEntry | None = ...,
+        removed: Global___RouteEntry | None = ...,
+        dropped: Global___RouteEntry | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "change", b"change", "dropped", b"dropped", "removed", b"removed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "change", b"change", "dropped", b"dropped", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_change: _TypeAlias = _typing.Literal["added", "removed", "dropped"]  # noqa: Y015
+    _WhichOneofArgType_change: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_change) -> _WhichOneofReturnType_change | None: ...
+
+Global___RouteEvent: _TypeAlias = RouteEvent  # noqa: Y015
 
 @_typing.final
 class RouteChange(_message.Message):
