@@ -524,6 +524,8 @@ def print_endpoints(mesh: Mesh) -> None:
             print(f"{'':<16} {'':>7} mqtt://127.0.0.1:{c.port}")
             if c.ws_port:
                 print(f"{'':<16} {'':>7} ws://127.0.0.1:{c.ws_port}/mqtt")
+        elif (c.service or c.name) == "metrics" and c.port:
+            print(f"{'':<16} {'':>7} {'cluster metrics':<28} http://127.0.0.1:{c.port}/metrics")
     print(
         "Admin commands read the operator token from "
         f"{admin_token_file(Path(mesh.data_dir))} (or STARLING_ADMIN_TOKEN).",
