@@ -157,18 +157,26 @@ def run_under_load(
     settle_s: float = 45.0,
     moving_qos: int = 2,
     clean_may_lose: bool = False,
+    rate: float = 150.0,
+    min_sent: int = 0,
 ) -> Verdict:
     """Load, `inject(load)` (it returns once the mesh serves again), `after_s` more of load,
     then settle; records the figures and checks the verdict. `moving_qos`: the subscription
     QoS of persistent-1, the subscriber on node 1 (the one that moves when node 1 fails).
     `clean_may_lose`: the fault hits the transient path (NATS, the publisher's node), where
-    clean sessions get at most once (docs/failure-behaviour.md); counted, not asserted."""
-    load = Load(launcher, moving_qos=moving_qos)
+    clean sessions get at most once (docs/failure-behaviour.md); counted, not asserted.
+    `rate`: each publisher's messages per second; `min_sent`: the load goes on after the
+    faults until at least this many messages were sent in all."""
+    load = Load(launcher, rate=rate, moving_qos=moving_qos)
     try:
         load.start()
         started = time.monotonic()
         inject(load)
         time.sleep(after_s)  # load after the fault: steady state again, not a timing check
+        if min_sent:
+            assert wait_for(lambda: load.checker.sent_count() >= min_sent, 120), (
+                f"{load.checker.sent_count()} of {min_sent} messages sent"
+            )
         verdict = load.finish(settle_s)
     except BaseException:
         load.close()  # no clients left running into the next test
