@@ -52,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="health of every component of the local mesh")
     p.add_argument("--data-dir", default=".starling")
     p = sub.add_parser(
+        "health",
+        help="gRPC health of one service process; exit status 0 when SERVING (container "
+        "health checks)",
+    )
+    p.add_argument("address", help="host:port of its gRPC server, e.g. 127.0.0.1:7001")
+    p.add_argument(
+        "--service", default="", help="health service name (default: the process as a whole)"
+    )
+    p.add_argument("--timeout-s", type=float, default=2.0)
+    p = sub.add_parser(
         "secrets", help="write a new set of mesh secrets as files (Compose, Kubernetes)"
     )
     p.add_argument("--out", required=True, help="folder for the files (created 0700)")
@@ -106,6 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         for path in write_secret_files(Path(args.out), MeshSecrets(), nats_servers=servers):
             print(path)
         return 0
+    if args.command == "health":
+        import asyncio
+
+        from services.common.rpc.server import check_health
+
+        status = asyncio.run(check_health(args.address, args.timeout_s, args.service))
+        print(status)
+        return 0 if status == "SERVING" else 1
     if args.command == "status":
         from services.cli.status import run_status
 
