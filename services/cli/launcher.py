@@ -39,6 +39,7 @@ from services.cli.secrets import (
     admin_token_file,
     load_or_create,
     nats_authorization,
+    nats_cluster,
     nats_limits,
     write_private,
 )
@@ -217,21 +218,13 @@ class Launcher:
     def _nats_cluster(self, comp: Component, index: int, cluster_ports: list[int]) -> str:
         """The cluster lines of one server's nats.conf: its name, the HTTP monitor (whose
         /healthz says when JetStream is ready), and password-protected routes to the others."""
-        password = self.secrets.nats_route_password
-        routes = ", ".join(
-            f'"nats-route://route:{password}@127.0.0.1:{p}"'
-            for j, p in enumerate(cluster_ports)
-            if j != index
-        )
+        peers = [f"127.0.0.1:{p}" for j, p in enumerate(cluster_ports) if j != index]
         return (
             f'server_name: "{comp.name}"\n'
             f'http: "127.0.0.1:{comp.monitor_port}"\n'
-            "cluster {\n"
-            '  name: "starling"\n'
-            f'  listen: "127.0.0.1:{cluster_ports[index]}"\n'
-            f'  authorization {{ user: "route", password: "{password}" }}\n'
-            f"  routes: [{routes}]\n"
-            "}\n"
+            + nats_cluster(
+                self.secrets.nats_route_password, f"127.0.0.1:{cluster_ports[index]}", peers
+            )
         )
 
     def stream_replicas(self) -> int:

@@ -52,9 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="health of every component of the local mesh")
     p.add_argument("--data-dir", default=".starling")
     p = sub.add_parser(
+        "health",
+        help="gRPC health of one service process; exit status 0 when SERVING (container "
+        "health checks: `python -m services.cli.health` is the same at a fraction of the CPU)",
+    )
+    from services.cli.health import add_arguments
+
+    add_arguments(p)
+    p = sub.add_parser(
         "secrets", help="write a new set of mesh secrets as files (Compose, Kubernetes)"
     )
     p.add_argument("--out", required=True, help="folder for the files (created 0700)")
+    p.add_argument(
+        "--nats-servers",
+        default="nats-1,nats-2,nats-3",
+        help="the NATS cluster's servers, host or host:port of their cluster port (6222), "
+        "comma-separated: nats.conf gets password-protected routes among them; one or none: "
+        "a single server (default: the compose file's nats-1,nats-2,nats-3)",
+    )
     add_admin_commands(sub)
     from analytics.cli import add_analytics_command
 
@@ -95,9 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "secrets":
         from services.cli.secrets import MeshSecrets, write_secret_files
 
-        for path in write_secret_files(Path(args.out), MeshSecrets()):
+        servers = [h.strip() for h in args.nats_servers.split(",") if h.strip()]
+        for path in write_secret_files(Path(args.out), MeshSecrets(), nats_servers=servers):
             print(path)
         return 0
+    if args.command == "health":
+        from services.cli.health import run
+
+        return run(args)
     if args.command == "status":
         from services.cli.status import run_status
 

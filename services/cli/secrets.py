@@ -12,7 +12,10 @@ NATS users get the subjects their service uses (`NATS_PERMISSIONS`); metrics doe
 NATS and has no user.
 
 `starling secrets --out DIR` writes a fresh set as one file per secret (for Docker Compose
-secrets and `kubectl create secret --from-file`), with a complete nats.conf.
+secrets and `kubectl create secret --from-file`), with a complete nats.conf: JetStream, the
+users and, for a NATS cluster, the routes between the servers behind a route password (a
+cluster port open to anyone would take any process as a peer server, which then sees every
+message).
 """
 
 from __future__ import annotations
@@ -230,9 +233,44 @@ def nats_authorization(s: MeshSecrets) -> str:
     return "authorization {\n  users = [\n    " + ",\n    ".join(users) + "\n  ]\n}\n"
 
 
-def write_secret_files(out: Path, s: MeshSecrets, nats_listen: str = "0.0.0.0:4222") -> list[Path]:
+# The user name of the routes between NATS servers (its password: `nats_route_password`).
+NATS_ROUTE_USER = "route"
+NATS_CLUSTER_NAME = "starling"
+NATS_CLUSTER_PORT = 6222
+# The servers of deploy/docker-compose.yml's NATS cluster.
+COMPOSE_NATS_SERVERS = ("nats-1", "nats-2", "nats-3")
+
+
+def nats_cluster(password: str, listen: str, peers: list[str]) -> str:
+    """The `cluster` block of nats.conf: where this server listens for routes, the route
+    user and password it requires, and the routes it opens (`host:port` each) with them.
+    The list may name the server itself: nats-server notices and drops a route to itself, so
+    every server of a cluster can have the same file."""
+    routes = ", ".join(f'"nats-route://{NATS_ROUTE_USER}:{password}@{peer}"' for peer in peers)
+    return (
+        "cluster {\n"
+        f'  name: "{NATS_CLUSTER_NAME}"\n'
+        f'  listen: "{listen}"\n'
+        f'  authorization {{ user: "{NATS_ROUTE_USER}", password: "{password}" }}\n'
+        f"  routes: [{routes}]\n"
+        "}\n"
+    )
+
+
+def _peer(server: str) -> str:
+    return server if ":" in server else f"{server}:{NATS_CLUSTER_PORT}"
+
+
+def write_secret_files(
+    out: Path,
+    s: MeshSecrets,
+    nats_listen: str = "0.0.0.0:4222",
+    nats_servers: tuple[str, ...] | list[str] = COMPOSE_NATS_SERVERS,
+) -> list[Path]:
     """One file per secret under `out`, named as deploy/ expects them, plus a nats.conf
-    (JetStream, limits, users and permissions). Returns the files written.
+    (JetStream, limits, users and permissions and, with two or more `nats_servers` (host or
+    host:port of each server's cluster port, default the compose file's three), the
+    password-protected routes among them). Returns the files written.
 
     The folder is 0700, which keeps other local users out; the files are 0644 because Docker
     Compose bind-mounts each one into a container whose user (uid 10001) is not the owner."""
@@ -243,10 +281,21 @@ def write_secret_files(out: Path, s: MeshSecrets, nats_listen: str = "0.0.0.0:42
         "starling_mesh_secret": s.mesh_secret,
         "starling_redis_password": s.redis_password,
         **{f"starling_nats_{user}_password": pw for user, pw in s.nats.items()},
+        # In nats.conf too; alone for a NATS run by other means (its Helm chart, say).
+        "starling_nats_route_password": s.nats_route_password,
         "nats.conf": f'listen: "{nats_listen}"\n'
         # Every write on disk before JetStream acknowledges it (by default it syncs every
         # two minutes: a power cut loses what was acknowledged since).
         + 'jetstream { store_dir: "/data", sync_interval: always }\n'
+        + (
+            nats_cluster(
+                s.nats_route_password,
+                f"0.0.0.0:{NATS_CLUSTER_PORT}",
+                [_peer(n) for n in nats_servers],
+            )
+            if len(nats_servers) > 1
+            else ""
+        )
         + nats_limits()
         + nats_authorization(s),
     }

@@ -1,5 +1,6 @@
 """gRPC servicers of the quota service: limits (Redis hashes), leases of rate budgets (Redis
-counters per one-second window), and the ban list (SQLite, `bans.BanStore`).
+counters per one-second window), and the ban list (the store's `BanStore`: Cassandra, so
+every instance of the cluster holds one list, or SQLite embedded).
 
 Every change is announced on NATS so that holders of a copy act on it at once: limits
 (`ctl.quota.limits`, payload the tenant: nodes drop their leases of it and ask again) and the
@@ -19,7 +20,7 @@ from redis.asyncio import Redis
 from services.common.bans import Ban, BanKind, normalized
 from services.common.bus import subjects
 from services.common.rpc.errors import InvalidArgumentError, ResourceExhaustedError
-from services.quota.bans import BanStore
+from services.common.store.ports import BanStore
 from services.quota.keys import limits_key
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc

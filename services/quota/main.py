@@ -11,8 +11,8 @@ from redis.asyncio import Redis
 
 from services.common.bus.client import connect, drain
 from services.common.runtime import run_service
+from services.common.store.open import open_ban_store
 from services.quota.api import Bans, QuotaAdminApi, QuotaApi
-from services.quota.bans import BanStore
 from services.quota.config import QuotaSettings
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
@@ -26,7 +26,9 @@ class QuotaService:
         self._redis = Redis.from_url(
             settings.redis_url, password=settings.redis_password.get_secret_value() or None
         )
-        self._store = BanStore(settings.data_dir / "quota" / "bans.sqlite3")
+        # The store, not Redis: a Redis flush loses no ban; Cassandra when configured, so
+        # every quota instance of the cluster holds one list.
+        self._store = open_ban_store(settings)
         self._nc: Client | None = None
         self._bans = Bans(self._store, self._publish, settings.max_bans)
 

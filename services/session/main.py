@@ -41,7 +41,7 @@ from services.session.authenticators.password import PasswordAuthenticator
 from services.session.config import SessionSettings
 from services.session.enhanced import EnhancedAuth
 from services.session.event_recorder import EventRecorder
-from services.session.events import Events
+from services.session.events import Events, ensure_stream
 from services.session.fence import watch_generation
 from services.session.flapping import FlapDetector
 from services.session.gatekeeper import Gatekeeper
@@ -223,17 +223,8 @@ class SessionService:
         self._nats.nc = await connect(
             self._settings.nats_url, self._settings.node_id, **self._settings.nats_credentials()
         )
-        js = self._nats.nc.jetstream()
-        try:
-            await js.stream_info(subjects.EVENTS_STREAM)
-        except Exception:
-            await js.add_stream(
-                name=subjects.EVENTS_STREAM,
-                subjects=[subjects.EVENTS_WILDCARD],
-                max_age=7 * 24 * 3600,
-                # 3 on a NATS cluster: one server may die without the stream stopping.
-                num_replicas=self._settings.nats_stream_replicas,
-            )
+        # 3 on a NATS cluster: one server may die without the stream stopping.
+        await ensure_stream(self._nats.nc.jetstream(), self._settings.nats_stream_replicas)
         self._sweeper = asyncio.create_task(
             self._sessions.run_sweeper(self._settings.session_expiry_sweep_s)
         )

@@ -8,6 +8,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from services.common.rpc.client import LazyStub, target
 from services.common.rpc.credentials import MESH_METADATA_KEY
 from services.common.rpc.server import (
     ServerAuth,
@@ -142,3 +143,16 @@ async def test_an_empty_operator_token_opens_nothing() -> None:
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await stop_server(srv, health, 1)
+
+
+async def test_a_dns_name_of_every_instance_is_one_balanced_channel(server: str) -> None:
+    """What deploy/ gives as a service address (a name resolving to every instance) is
+    called through the fail-over channel, and reaches the service."""
+    port = server.rsplit(":", 1)[1]
+    address = f"dns:///localhost:{port}"
+    assert target(address) == (address, True)
+    assert target("router:7002") == ("router:7002", False)  # one instance or a balancer
+    stub = LazyStub(address, health_pb2_grpc.HealthStub, timeout_s=5)
+    resp = await stub.call(stub.stub.Check, health_pb2.HealthCheckRequest())
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    await stub.close()

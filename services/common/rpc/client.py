@@ -51,7 +51,11 @@ def target(address: str) -> tuple[str, bool]:
 
     `host:port` is one address (as today: one instance, or a load balancer); a
     comma-separated list of IPv4 `ip:port` (what `starling up` gives for several instances)
-    becomes one channel over all of them."""
+    becomes one channel over all of them; `dns:///name:port` is a name that resolves to every
+    instance (a Kubernetes headless Service, a Compose service with replicas or a shared
+    network alias: what deploy/ gives), balanced and failed over the same way."""
+    if address.startswith("dns:///"):
+        return address, True
     parts = [a.strip() for a in address.split(",") if a.strip()]
     if len(parts) <= 1:
         return address, False

@@ -8,6 +8,7 @@ from services.common.store.eventlog import LoggedSessionStore
 from services.common.store.ports import (
     AdminTokenStore,
     AuthStore,
+    BanStore,
     QueueStore,
     RouterStore,
     RuleStore,
@@ -94,3 +95,15 @@ def open_usage_store(s: ServiceSettings) -> UsageStore:
     from services.common.store.sqlite_usage import SqliteUsageStore
 
     return SqliteUsageStore(s.data_dir / "usage.db")
+
+
+def open_ban_store(s: ServiceSettings) -> BanStore:
+    """Cassandra (every quota instance of the cluster sees one list), else the SQLite file of
+    the data dir (shared by the instances of one machine)."""
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra_bans import CassandraBanStore
+
+        return CassandraBanStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite_bans import SqliteBanStore
+
+    return SqliteBanStore(s.data_dir / "quota" / "bans.sqlite3")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.common.acl import AclRule
+from services.common.bans import Ban, BanKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,5 +432,22 @@ class UsageStore(Protocol):
 
     async def topics(self, tenant: str) -> list[TopicDelta]:
         """The tenant's `usage_topics` rows, by hour and topic."""
+
+    async def close(self) -> None: ...
+
+
+class BanStore(Protocol):
+    """The ban list, written by the quota service (every instance sees the same list) and
+    read by nodes and session services through it. Expired bans are never listed."""
+
+    async def put(self, ban: Ban, max_bans: int) -> bool:
+        """Add or replace `ban`; False (nothing written) when it is new and `max_bans` bans
+        are in force."""
+
+    async def remove(self, kind: BanKind, tenant: str, value: str) -> bool:
+        """True when the ban existed."""
+
+    async def list(self) -> list[Ban]:
+        """Every ban in force, oldest first."""
 
     async def close(self) -> None: ...

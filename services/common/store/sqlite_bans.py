@@ -1,9 +1,11 @@
-"""The ban list's durable home: a table in the quota service's embedded SQLite file (Redis
-is not used, so a Redis flush loses no ban). Expired bans are removed as they are found.
+"""Embedded `BanStore`: the ban list in a SQLite file under the data dir (Redis is not used,
+so a Redis flush loses no ban). Quota instances of one machine share the file; across hosts
+the list lives in Cassandra (cassandra_bans.py). Expired bans are removed as they are found.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class BanStore:
+class SqliteBanStore:
     def __init__(self, path: Path) -> None:
         self._db = SqliteDb(path, _SCHEMA)
 
@@ -36,8 +38,7 @@ class BanStore:
         """Add or replace `ban`; False (nothing written) when `max_bans` bans are in force
         and this one is new."""
 
-        def run() -> bool:
-            db = self._db.db
+        def put(db: sqlite3.Connection) -> bool:
             db.execute(
                 "DELETE FROM bans WHERE expires_at_ms > 0 AND expires_at_ms <= ?", (_now_ms(),)
             )
@@ -62,7 +63,8 @@ class BanStore:
             )
             return True
 
-        return await self._db.run(run)
+        # One transaction: two instances on the file cannot both take the last free place.
+        return await self._db.run(lambda: self._db.tx(put))
 
     async def remove(self, kind: BanKind, tenant: str, value: str) -> bool:
         def run() -> bool:
