@@ -178,7 +178,9 @@ class SetLimitsRequest(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     user: _builtins.str
-    """Non-empty: limits of this user of the tenant (rates only), on top of the tenant's."""
+    """Non-empty: limits of this user of the tenant (rates and max_connections), on top of
+    the tenant's.
+    """
     @_builtins.property
     def limits(self) -> Global___Limits: ...
     def __init__(
