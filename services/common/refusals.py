@@ -18,7 +18,18 @@ UNKNOWN_TENANT = "-"
 # The `limit` labels of refusals by a tenant's (or user's) quota (docs/quota.md), as opposed
 # to the per-connection and per-setting limits: summed into the tenant's `quota_refusals`.
 QUOTA_LIMITS = frozenset(
-    {"messages_per_s", "bytes_in_per_s", "bytes_out_per_s", "max_connections", "max_sessions"}
+    {
+        "messages_per_s",
+        "bytes_in_per_s",
+        "bytes_out_per_s",
+        "max_connections",
+        "max_connections_per_user",
+        "max_sessions",
+        "subscriptions_per_client",
+        "max_queue_depth",
+        "max_retained_messages",
+        "max_retained_bytes",
+    }
 )
 
 

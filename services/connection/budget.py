@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from services.connection.channel.subscriptions import SubscriptionQuota
+
 UNKNOWN, UNLIMITED, LIMITED = 0, 1, 2
 
 
@@ -119,7 +121,7 @@ class PublishGate:
     that are limited or not known yet), checked together: a publish takes from all of them
     or from none."""
 
-    __slots__ = ("_buckets", "_clock", "_flat", "_on_refused", "tenant")
+    __slots__ = ("_buckets", "_clock", "_flat", "_on_refused", "limits", "tenant")
 
     def __init__(
         self,
@@ -127,8 +129,11 @@ class PublishGate:
         buckets: tuple[tuple[Bucket, Bucket], ...],
         clock: Callable[[], float],
         on_refused: Callable[[str, str], None],
+        limits: SubscriptionQuota | None = None,
     ) -> None:
         self.tenant = tenant
+        # The tenant's count limits as the node last heard them (updated in place).
+        self.limits = limits
         self._buckets = buckets  # (messages, bytes) per scope
         self._flat = tuple(b for pair in buckets for b in pair)
         self._clock = clock

@@ -177,7 +177,8 @@ class ConnectionSettings(ServiceSettings):
         default=True,
         description="Enforce the tenant and user rate limits of the quota service (`starling "
         "quota set`) on publishes: local token buckets filled by leases, no call per message "
-        "(docs/quota.md). false: no rate limits on this node.",
+        "(docs/quota.md); and tenants' `max_subscriptions_per_client` (a copy of the limits, "
+        "refreshed on change). false: neither on this node.",
     )
     quota_unavailable: Literal["keep", "allow", "deny"] = Field(
         default="keep",

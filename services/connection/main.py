@@ -27,6 +27,7 @@ from services.connection.stats import register_metrics
 from services.metrics.client import MetricsClient, report_every
 from services.queue.client import QueueClient
 from services.quota.client import QuotaClient
+from services.quota.copies import LimitsCopies
 from services.quota.watch import BanWatch
 from services.router.client import RouterClient
 from services.rules.client import RuleFeed
@@ -115,6 +116,7 @@ class ConnectionService:
                 refusals.count,
                 s.quota_unavailable,
                 s.quota_lease_slices,
+                limits=LimitsCopies(QuotaClient(s.quota_addr, timeout_s=1.0)),
             )
 
         # Which messages the rules read, known before the first client connects.

@@ -90,6 +90,9 @@ def assigned_client_id() -> str:
     return "auto-" + uuid.uuid4().hex  # [MQTT-3.1.3-6]
 
 
+_REFUSED = (RouteResult.QUOTA_EXCEEDED, RouteResult.QUEUE_QUOTA_EXCEEDED)
+
+
 class Node:
     def __init__(
         self,
@@ -468,11 +471,19 @@ class Node:
 
     def _routed(self, conn: Conn | None, pid: int, result: RouteResult) -> None:
         """The router stored a QoS>=1 publish: the publisher gets its PUBACK/PUBREC now
-        (0x97 when the tenant's retained-message cap refused its retained part)."""
+        (0x97 when the tenant's retained-message cap refused its retained part, or a
+        subscriber's queue refused it by the tenant's max_queue_depth)."""
         if conn is not None and pid and conn.exactly_once is not None:
             conn.exactly_once.routed(pid)
         if conn is not None and pid and not conn.closed:
-            code = RC.QUOTA_EXCEEDED if result is RouteResult.QUOTA_EXCEEDED else 0
+            code = RC.QUOTA_EXCEEDED if result in _REFUSED else 0
+            if result is RouteResult.QUEUE_QUOTA_EXCEEDED and conn.channel.level < 5:
+                # A subscriber's queue refused it and a 3.1.1 PUBACK cannot say so: close
+                # unacknowledged (the client resends it), as for a publish over the rate.
+                # (Counted by the queue service, which refused it.)
+                why = "a subscriber's queue is at the tenant's max_queue_depth"
+                self.carry_out(conn, conn.channel.disconnect(RC.QUOTA_EXCEEDED, why))
+                return
             eo = conn.exactly_once
             if code and conn.channel.level == 5 and eo is not None and pid in eo.recorded:
                 self._release_qos2(conn, pid, code)  # the error PUBREC ends the exchange

@@ -26,6 +26,7 @@ from services.common.bus import subjects
 from services.common.tasks import TaskSet
 from services.connection.budget import LIMITED, UNKNOWN, UNLIMITED, Bucket, PublishGate
 from services.quota.client import QuotaClient
+from services.quota.copies import LimitsCopies
 
 log = logging.getLogger("starling.connection.quota")
 
@@ -43,8 +44,11 @@ class NodeQuota:
         unavailable: Unavailable = "keep",
         slices: int = 10,
         clock: Callable[[], float] = time.monotonic,
+        limits: LimitsCopies | None = None,
     ) -> None:
         self._node_id = node_id
+        # Copies of tenants' count limits (subscriptions per client), taken at CONNECT.
+        self._limits = limits
         self._client = client
         self._on_refused = on_refused
         self._unavailable = unavailable
@@ -66,7 +70,8 @@ class NodeQuota:
             (self._bucket((t, u, RESOURCES[0])), self._bucket((t, u, RESOURCES[1])))
             for t, u in scopes
         )
-        return PublishGate(tenant, pairs, self._clock, self._on_refused)
+        limits = self._limits.get(tenant) if self._limits is not None else None
+        return PublishGate(tenant, pairs, self._clock, self._on_refused, limits)
 
     def _bucket(self, key: tuple[str, str, str]) -> Bucket:
         b = self._buckets.get(key)
@@ -149,9 +154,13 @@ class NodeQuota:
     async def start(self, nc: Client) -> None:
         if self._client is not None:
             await nc.subscribe(subjects.QUOTA_LIMITS_CHANGED, cb=self.on_limits_changed)
+        if self._limits is not None:
+            await self._limits.start(nc)
 
     async def stop(self) -> None:
         await self._tasks.cancel()
+        if self._limits is not None:
+            await self._limits.stop()
         if self._client is not None:
             await self._client.close()
 

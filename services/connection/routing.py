@@ -34,7 +34,12 @@ MAX_BATCH = 1000
 # Batches under way at once (publishers differ between them): a batch that takes long, such
 # as one large message stored in many queues, does not hold up the others.
 MAX_IN_FLIGHT = 16
-_DONE = {RouteResult.STORED, RouteResult.NO_MATCH, RouteResult.QUOTA_EXCEEDED}
+_DONE = {
+    RouteResult.STORED,
+    RouteResult.NO_MATCH,
+    RouteResult.QUOTA_EXCEEDED,
+    RouteResult.QUEUE_QUOTA_EXCEEDED,
+}
 _FIRST_DELAY_S = 0.05
 _MAX_DELAY_S = 1.0
 

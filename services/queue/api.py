@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -15,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from services.common.bus import subjects
+from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError
 from services.common.rpc.limits import BATCH_BYTES
 from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
@@ -23,6 +25,7 @@ from services.queue.config import QueueSettings
 from services.queue.core import RouteVersions, expires_at_ms, partition_of
 from services.queue.ownership import Partitions
 from services.queue.readers import Lease, Readers
+from services.quota.copies import LimitsCopies
 from starling.common.v1 import event_pb2
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
@@ -30,11 +33,15 @@ from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 log = logging.getLogger("starling.queue")
 tracer = trace.get_tracer("starling.queue")
 
+# An entry the tenant's max_queue_depth refused (the store's FULL, under the quota's cap).
+_QUOTA_REFUSED = "quota_refused"
+
 _RESULT = {
     AppendOutcome.OK: pb.APPEND_RESULT_OK,
     AppendOutcome.DUPLICATE: pb.APPEND_RESULT_OK,  # already stored: the caller may go on
     AppendOutcome.FULL: pb.APPEND_RESULT_QUEUE_FULL,
     AppendOutcome.FENCED: pb.APPEND_RESULT_FENCED,
+    _QUOTA_REFUSED: pb.APPEND_RESULT_QUOTA_EXCEEDED,
 }
 
 
@@ -94,9 +101,17 @@ def _push(
 
 class QueueApi(pb_grpc.QueueServiceServicer):
     def __init__(
-        self, store: QueueStore, parts: Partitions, settings: QueueSettings, nats: Client
+        self,
+        store: QueueStore,
+        parts: Partitions,
+        settings: QueueSettings,
+        nats: Client,
+        limits: LimitsCopies | None = None,
     ) -> None:
         self._store = store
+        # Tenants' max_queue_depth (quota service); None: only the setting applies.
+        self._limits = limits
+        self.refusals = Refusals()
         self._parts = parts
         self._max_depth = settings.max_queue_depth
         self._drop_oldest = settings.depth_policy == "drop_oldest"
@@ -206,6 +221,13 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         (one fsync for the request instead of one per queue). The partitions' locks (one
         writer per partition) are taken in partition order, so two requests never deadlock."""
         parts = sorted({partition_of(tenant, qid, self._parts.count) for qid in by_queue})
+        depth, drop_oldest, quota = self._max_depth, self._drop_oldest, False
+        if self._limits is not None:
+            cap = (await self._limits.fetch(tenant)).limits.max_queue_depth
+            if cap and (not depth or cap < depth):
+                # The tenant's quota binds: refused, never dropped, so the publisher learns
+                # (0x97) that a subscriber did not get it; no older entry is lost for it.
+                depth, drop_oldest, quota = cap, False, True
         async with AsyncExitStack() as stack:
             for p in parts:
                 await stack.enter_async_context(self._parts.locks[p])
@@ -213,7 +235,13 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 await asyncio.gather(
                     *(
                         self._append_to_queue(
-                            tenant, qid, [it for _, it in items], pushes[qid] is not None
+                            tenant,
+                            qid,
+                            [it for _, it in items],
+                            pushes[qid] is not None,
+                            depth,
+                            drop_oldest,
+                            quota,
                         )
                         for qid, items in by_queue.items()
                     )
@@ -221,7 +249,14 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             )
 
     async def _append_to_queue(
-        self, tenant: str, qid: str, items: list[NewQueueItem], push: bool
+        self,
+        tenant: str,
+        qid: str,
+        items: list[NewQueueItem],
+        push: bool,
+        depth: int,
+        drop_oldest: bool,
+        quota: bool,
     ) -> AppendReport:
         """Append to one queue under its partition's epoch (the caller holds the partition's
         lock); every item is FENCED when this instance does not (or no longer) own the
@@ -237,12 +272,24 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             items,
             p,
             epoch,
-            self._max_depth,
-            self._drop_oldest,
+            depth,
+            drop_oldest,
             mark_delivered=push,
         )
         if AppendOutcome.FENCED in report.outcomes:
             self._parts.fenced(p)  # another instance took the partition over
+        if quota and AppendOutcome.FULL in report.outcomes:
+            refused = report.outcomes.count(AppendOutcome.FULL)
+            for _ in range(refused):
+                self.refusals.count("max_queue_depth", tenant)
+            log.info(
+                "queue_quota_refused", extra={"tenant": tenant, "queue_id": qid, "count": refused}
+            )
+            # Refused, not dropped: the publisher is told (no drop event, no drop count).
+            report = dataclasses.replace(report, dropped=0)
+            report.outcomes[:] = [
+                _QUOTA_REFUSED if o == AppendOutcome.FULL else o for o in report.outcomes
+            ]
         return report
 
     async def _announce(

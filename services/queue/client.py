@@ -61,6 +61,8 @@ class AppendResult(IntEnum):
     OK = pb.APPEND_RESULT_OK  # stored (or already stored: appends are idempotent)
     FENCED = pb.APPEND_RESULT_FENCED  # this queue's partition moved: not stored, try later
     QUEUE_FULL = pb.APPEND_RESULT_QUEUE_FULL  # the depth limit refused it: dropped for good
+    # the tenant's max_queue_depth refused it: not stored, and the publisher is told (0x97)
+    QUOTA_EXCEEDED = pb.APPEND_RESULT_QUOTA_EXCEEDED
 
 
 class StaleRoutesError(Exception):

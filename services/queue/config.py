@@ -45,6 +45,12 @@ class QueueSettings(ServiceSettings):
         description="Entries per session queue; 0: no cap. Past it `depth_policy` applies.",
     )
     depth_policy: Literal["drop_oldest", "reject_newest"] = "drop_oldest"
+    quota_enabled: bool = Field(
+        default=True,
+        description="Enforce tenants' `max_queue_depth` (`starling quota set`; below "
+        "`max_queue_depth` here): an append past it is refused (the publisher gets PUBACK "
+        "0x97), not dropped. Limits are copies refreshed on change (docs/quota.md).",
+    )
     notice_max_bytes: int = Field(
         default=65536,
         ge=0,

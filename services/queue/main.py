@@ -24,6 +24,7 @@ from services.common.bus.unary import (
     instance_subject,
     servicer_handler,
 )
+from services.common.refusals import register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_queue_store
 from services.metrics.client import MetricsClient, TenantCounters, report_every
@@ -31,6 +32,8 @@ from services.queue.api import QueueAdminApi, QueueApi
 from services.queue.config import QueueSettings
 from services.queue.leases import LeaseTable
 from services.queue.ownership import Partitions
+from services.quota.client import QuotaClient
+from services.quota.copies import LimitsCopies
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 
@@ -57,8 +60,15 @@ class QueueService:
         )
         self._leasing: asyncio.Task[None] | None = None
         self._nats = LateClient()
+        # Tenants' max_queue_depth: copies of the quota service's limits.
+        self._limits = (
+            LimitsCopies(QuotaClient(settings.quota_addr, timeout_s=1.0))
+            if settings.quota_enabled
+            else None
+        )
         # LateClient stands in for the NATS client until start() connects it.
-        self._api = QueueApi(self._store, self._parts, self._s, self._nats)  # type: ignore[arg-type]
+        self._api = QueueApi(self._store, self._parts, self._s, self._nats, self._limits)  # type: ignore[arg-type]
+        register_refusal_metrics(self._api.refusals, "starling.queue")
         self._servers: list[UnaryServer] = []
         self._reporter: asyncio.Task[None] | None = None
 
@@ -72,6 +82,8 @@ class QueueService:
             self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
         )
         nc = self._nats.nc
+        if self._limits is not None:
+            await self._limits.start(nc)
         self._parts.publish = lambda data: nc.publish(QUEUE_OWNERS_SUBJECT, data)
         # The first round before serving: alone, this instance owns every partition when
         # it reports SERVING; beside others it takes its share as they shed theirs.
@@ -114,11 +126,16 @@ class QueueService:
         )
 
     def _figures(self) -> list[TenantCounters]:
-        """This instance's drops by the depth limit, per tenant (the queues' depths are
-        not counted yet: the stores keep no per-tenant total)."""
+        """This instance's drops by the depth limit and refusals by a tenant's
+        max_queue_depth, per tenant (the queues' depths are not counted yet: the stores keep
+        no per-tenant total)."""
+        dropped = self._api.dropped_by_tenant
+        refused = self._api.refusals.quota_by_tenant()
         return [
-            TenantCounters(tenant=t, queue_dropped=n)
-            for t, n in sorted(self._api.dropped_by_tenant.items())
+            TenantCounters(
+                tenant=t, queue_dropped=dropped.get(t, 0), quota_refusals=refused.get(t, 0)
+            )
+            for t in sorted({*dropped, *refused})
         ]
 
     async def stop(self) -> None:
@@ -131,6 +148,8 @@ class QueueService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._leasing
             await self._parts.leave()
+        if self._limits is not None:
+            await self._limits.stop()
         if self._nats.nc is not None:
             await drain(self._nats.nc)
         await self._store.close()

@@ -55,6 +55,14 @@ return {grant, limit}
 Publish = Callable[[str, bytes], Awaitable[None]]
 
 
+async def get_limits(redis: Redis, request: pb.GetLimitsRequest) -> pb.GetLimitsResponse:
+    if not request.tenant:
+        raise InvalidArgumentError("tenant is required")
+    raw = await redis.hgetall(limits_key(request.tenant, request.user))  # type: ignore[misc]
+    values = {k.decode(): int(v) for k, v in raw.items() if k.decode() in _FIELDS}
+    return pb.GetLimitsResponse(limits=pb.Limits(**values))
+
+
 def _scope(tenant: str, user: str) -> str:
     return f"st:quota:{tenant}:u:{user}" if user else f"st:quota:{tenant}"
 
@@ -176,11 +184,7 @@ class QuotaAdminApi(pb_grpc.QuotaAdminServiceServicer):
     async def GetLimits(
         self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetLimitsResponse:
-        if not request.tenant:
-            raise InvalidArgumentError("tenant is required")
-        raw = await self._redis.hgetall(limits_key(request.tenant, request.user))  # type: ignore[misc]
-        values = {k.decode(): int(v) for k, v in raw.items() if k.decode() in _FIELDS}
-        return pb.GetLimitsResponse(limits=pb.Limits(**values))
+        return await get_limits(self._redis, request)
 
     async def AddBan(
         self, request: pb.AddBanRequest, context: grpc.aio.ServicerContext
@@ -244,3 +248,8 @@ class QuotaApi(pb_grpc.QuotaServiceServicer):
         self, request: pb.AddBanRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddBanResponse:
         return await self._bans.add(request, "mesh")
+
+    async def GetLimits(
+        self, request: pb.GetLimitsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetLimitsResponse:
+        return await get_limits(self._redis, request)

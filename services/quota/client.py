@@ -41,6 +41,8 @@ class Limits:
     max_bytes_in_per_s: int = 0
     max_bytes_out_per_s: int = 0
     max_queue_depth: int = 0
+    max_retained_messages: int = 0
+    max_retained_bytes: int = 0
 
 
 _LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
@@ -65,6 +67,12 @@ class QuotaClient:
         )
         resp = await self._rpc.call(self._rpc.stub.AcquireLease, req)
         return Lease(LeaseResult(resp.result), resp.granted, resp.ttl_ms, resp.limit)
+
+    async def get_limits(self, tenant: str, user: str = "") -> Limits:
+        """The tenant's (or its user's) limits, as the enforcing services read them."""
+        req = pb.GetLimitsRequest(tenant=tenant, user=user)
+        resp = await self._rpc.call(self._rpc.stub.GetLimits, req)
+        return Limits(**{name: getattr(resp.limits, name) for name in _LIMIT_FIELDS})
 
     async def list_bans(self) -> list[Ban]:
         resp = await self._rpc.call(self._rpc.stub.ListBans, pb.ListBansRequest())

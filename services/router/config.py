@@ -24,6 +24,12 @@ class RouterSettings(ServiceSettings):
         description="Bytes (serialized size) of a tenant's retained messages; more are "
         "refused (PUBACK 0x97); 0: no cap.",
     )
+    quota_enabled: bool = Field(
+        default=True,
+        description="Enforce tenants' `max_retained_messages`/`max_retained_bytes` "
+        "(`starling quota set`; below the caps here): copies of the quota service's limits, "
+        "refreshed on change (docs/quota.md).",
+    )
     max_delayed_per_tenant: int = Field(
         default=100_000,
         ge=0,

@@ -21,14 +21,18 @@ SessionKey = tuple[str, int]  # (client_id, incarnation)
 class RouteResult(IntEnum):
     """What the router did with one publish (values of `starling.router.v1.RouteResult`).
 
-    The node acknowledges the publisher (PUBACK/PUBREC) only after STORED, NO_MATCH or
-    QUOTA_EXCEEDED (with 0x97); TRY_LATER means a queue could not take it: keep it and retry.
+    The node acknowledges the publisher (PUBACK/PUBREC) only after STORED, NO_MATCH,
+    QUOTA_EXCEEDED or QUEUE_QUOTA_EXCEEDED (with 0x97); TRY_LATER means a queue could not
+    take it: keep it and retry.
     """
 
     STORED = 1  # held (delayed, will) or appended to every matching session's queue
     NO_MATCH = 2  # no persistent session subscribes to it
     TRY_LATER = 3
     QUOTA_EXCEEDED = 4  # the tenant's retained-message cap refused it (it was still routed)
+    # A matching session's queue refused it (the tenant's max_queue_depth); the others took
+    # it. The publisher is told (MQTT 5: 0x97; 3.1.1: the connection closes unacknowledged).
+    QUEUE_QUOTA_EXCEEDED = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +254,10 @@ def settle(
     """Fold the appends' outcomes into the messages' results (None: not known to be
     stored): a message is STORED once every entry of it is, TRY_LATER if any is not."""
     for i, outcome in zip(owners, outcomes, strict=True):
-        if outcome not in _SETTLED:
+        if outcome is AppendResult.QUOTA_EXCEEDED:
+            if results[i] is not RouteResult.TRY_LATER:
+                results[i] = RouteResult.QUEUE_QUOTA_EXCEEDED
+        elif outcome not in _SETTLED:
             results[i] = RouteResult.TRY_LATER
         elif results[i] is RouteResult.NO_MATCH:
             results[i] = RouteResult.STORED

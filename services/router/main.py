@@ -23,6 +23,8 @@ from services.common.runtime import run_service
 from services.common.store.open import open_router_store, open_session_store
 from services.metrics.client import MetricsClient, report_every
 from services.queue.client import QueueClient
+from services.quota.client import QuotaClient
+from services.quota.copies import LimitsCopies
 from services.router.admin import RouterAdminApi
 from services.router.api import RouterApi
 from services.router.boot import BootReport, load_routes
@@ -56,6 +58,11 @@ class RouterService:
         register_refusal_metrics(self._refusals, "starling.router")
         self._fence = RouteFence(self._queues, self._nats)
         self._positions = TablePositions()
+        self._limits = (
+            LimitsCopies(QuotaClient(settings.quota_addr, timeout_s=1.0))
+            if settings.quota_enabled
+            else None
+        )
         self._publisher = Publisher(
             self._table,
             self._queues,
@@ -66,6 +73,7 @@ class RouterService:
             settings.queue_qos0_offline,
             self._fence,
             self._refusals,
+            self._limits,
         )
         self._publisher.tracing = settings.tracing
         # Several instances share their state through the store and Redis
@@ -106,6 +114,8 @@ class RouterService:
             self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
         )
         # Delayed messages larger than one NATS message are published by reference.
+        if self._limits is not None:
+            await self._limits.start(self._nats.nc)
         holder = Holder(self._s.node_id, HOLD_MESSAGES * max_message_bytes())
         await holder.start(self._nats.nc)
         self._publisher.holder = holder
@@ -154,6 +164,8 @@ class RouterService:
             await server.stop()
         if self._scheduler is not None:
             self._scheduler.cancel()
+        if self._limits is not None:
+            await self._limits.stop()
         if self._nats.nc is not None:
             await drain(self._nats.nc)
         await self._queues.close()

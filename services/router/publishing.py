@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -21,6 +21,7 @@ from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.common.topics import topic_to_subject
 from services.common.topics.delayed import DelayedTopic, parse_delayed
 from services.queue.client import AppendResult, QueueClient, StaleRoutesError
+from services.quota.copies import LimitsCopies
 from services.router.cluster import DELAYED, Shared
 from services.router.core import RouteResult, RouteTable, plan, settle
 from services.router.delayed import Schedule
@@ -46,6 +47,15 @@ def will_id(client_id: str) -> str:
     return WILL_PREFIX + client_id
 
 
+class _RetainedCaps(NamedTuple):
+    """A tenant's retained caps (0: none) and the refusal label of each."""
+
+    messages: int
+    messages_label: str
+    bytes: int
+    bytes_label: str
+
+
 def _expires_at_ms(m: RoutedMessage) -> int:
     if m.properties.HasField("message_expiry_interval_s"):
         return m.published_at_ms + m.properties.message_expiry_interval_s * 1000
@@ -64,8 +74,11 @@ class Publisher:
         queue_qos0: bool,
         fence: RouteFence,
         refusals: Refusals | None = None,
+        limits: LimitsCopies | None = None,
     ) -> None:
         self._table = table
+        # Tenants' retained quotas (quota service), below the caps of the settings.
+        self._limits = limits
         self._queues = queues
         self._retained = retained
         self._store = store
@@ -235,8 +248,9 @@ class Publisher:
             await self.wrote("retained:" + m.tenant)
             return True
         data = m.SerializeToString()
-        if not await self._retained_fits(m.tenant, m.topic, len(data)):
-            limit = self._retained_limit(m.tenant, m.topic, len(data))
+        caps = await self._retained_caps(m.tenant)
+        if not await self._retained_fits(m.tenant, m.topic, len(data), caps):
+            limit = self._retained_limit(m.tenant, m.topic, len(data), caps)
             self.refusals.count(limit, m.tenant)
             await self._quota_event(m.tenant, limit)
             return False
@@ -245,19 +259,39 @@ class Publisher:
         await self.wrote("retained:" + m.tenant)
         return True
 
+    async def _retained_caps(self, tenant: str) -> _RetainedCaps:
+        """The tenant's retained caps: the setting's, or its quota's where that is lower."""
+        caps = _RetainedCaps(
+            self._caps.retained_messages,
+            "retained_messages",
+            self._caps.retained_bytes,
+            "retained_bytes",
+        )
+        if self._limits is None:
+            return caps
+        quota = (await self._limits.fetch(tenant)).limits
+        n, size = quota.max_retained_messages, quota.max_retained_bytes
+        if n and (not caps.messages or n < caps.messages):
+            caps = caps._replace(messages=n, messages_label="max_retained_messages")
+        if size and (not caps.bytes or size < caps.bytes):
+            caps = caps._replace(bytes=size, bytes_label="max_retained_bytes")
+        return caps
+
     def _retained_growth(self, tenant: str, topic: str, nbytes: int) -> tuple[int, int]:
         old = self._retained.get(tenant, topic)
         return (1, nbytes) if old is None else (0, nbytes - len(old.data))
 
-    def _retained_limit(self, tenant: str, topic: str, nbytes: int) -> str:
-        """Which retained cap a refused message hit."""
+    def _retained_limit(self, tenant: str, topic: str, nbytes: int, caps: _RetainedCaps) -> str:
+        """Which retained cap a refused message hit (its refusal label)."""
         add_count, _ = self._retained_growth(tenant, topic, nbytes)
-        cap = self._caps.retained_messages
+        cap = caps.messages
         if cap and add_count and self._retained.count(tenant) + add_count > cap:
-            return "retained_messages"
-        return "retained_bytes"
+            return caps.messages_label
+        return caps.bytes_label
 
-    async def _retained_fits(self, tenant: str, topic: str, nbytes: int) -> bool:
+    async def _retained_fits(
+        self, tenant: str, topic: str, nbytes: int, caps: _RetainedCaps
+    ) -> bool:
         """Within the caps, counting expired messages out: at a cap, the tenant's expired
         retained messages are purged first (at most once per PURGE_EVERY_MS, so a client
         hammering a full tenant does not make every publish walk its whole index)."""
@@ -268,8 +302,8 @@ class Publisher:
                 self._retained.size(tenant),
                 add_count,
                 add_bytes,
-                self._caps.retained_messages,
-                self._caps.retained_bytes,
+                caps.messages,
+                caps.bytes,
             ):
                 return True
             if attempt or not await self._purge_expired(tenant):

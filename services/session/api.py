@@ -277,7 +277,12 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             request.clean_start,
             owner,
         )
-        claim = await self._registry.claim(holder, self._max_connections, check_owner=not shared)
+        # A persistent session (online or offline) counts against the tenant's max_sessions
+        # from the CONNECT that opens it until it ends (services/session/sessions.py).
+        persistent = min(request.session_expiry_interval_s, self._sessions.max_expiry_s) > 0
+        claim = await self._registry.claim(
+            holder, self._max_connections, check_owner=not shared, persistent=persistent
+        )
         if claim.generation:
             # The registry was empty: connections from before may still be live on their
             # nodes, unknown to it; they re-assert, and a copy of this client id is kicked.
@@ -285,6 +290,15 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         if claim.not_owner:
             return self._not_owner(tenant)
         epoch = claim.epoch
+        if claim.quota:
+            self.refusals.count(claim.quota, tenant)
+            await self._events.emit(tenant, client_id, "quota_exceeded", limit=claim.quota)
+            what = "clients connected" if claim.quota != "max_sessions" else "sessions"
+            whose = "user" if claim.quota == "max_connections_per_user" else "tenant"
+            return pb.ConnectResponse(
+                result=pb.CONNECT_RESULT_QUOTA_EXCEEDED,
+                reason=f"the {whose} has {claim.cap} {what} (quota {claim.quota})",
+            )
         if claim.full:
             # The setting's cap or the tenant's quota (`starling quota set`), the lower one.
             limit = (

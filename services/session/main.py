@@ -107,6 +107,7 @@ class SessionService:
             self._queues,
             settings.max_session_expiry_s,
             self._events,
+            self._registry.session_ended,
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._liveness = NodeLiveness(self._registry, self._sessions, settings.node_timeout_s)

@@ -12,7 +12,11 @@ that owns it. The tenant's hash has one entry per connected client id, so its le
 tenant's connection count mesh-wide: `claim` refuses a new client id, in the same atomic
 step, when the tenant is at its cap (taking over a client id already connected never adds one),
 and one whose installed connection is another user's; the same step records which node holds
-the client: a CONNECT costs one Redis round trip.
+the client: a CONNECT costs one Redis round trip. The same step keeps two more quota counts
+exact mesh-wide: connections per user (a hash user -> count, for a user's `max_connections`)
+and the tenant's client ids with a persistent session, online or offline (a set, for
+`max_sessions`: joined by the CONNECT that opens the session, left when services/session/
+sessions.py discards it).
 
 Losing Redis (restart without persistence, FLUSHALL, failover to an empty replica) empties
 the registry; the sentinel key `st:registry:generation` goes with it. Whoever finds it missing
@@ -20,7 +24,9 @@ the registry; the sentinel key `st:registry:generation` goes with it. Whoever fi
 asks every node to re-assert the connections it holds (`reclaim`, the same later-epoch-wins
 claim, never refused by the cap): the registry is rebuilt, and a client that connected to
 another node meanwhile keeps the later connection while the earlier one is kicked.
-Redis holds only what may be lost: losing it drops the registry, never a message.
+Redis holds only what may be lost: losing it drops the registry, never a message. The
+per-user counts come back with the re-asserted connections; the session set comes back as
+sessions reconnect (until then the tenant may open more than `max_sessions`).
 """
 
 from __future__ import annotations
@@ -35,25 +41,34 @@ from redis.asyncio import Redis
 from services.quota.keys import limits_key as quota_limits_key
 from services.session.pipelined import PipelinedScript
 
-# One round trip per CONNECT: the owner check of the installed connection, the claim, and
-# which node holds the client, in one atomic script.
+# One round trip per CONNECT: the owner check of the installed connection, the claim (within
+# the tenant's and the user's connection caps and the tenant's session cap), and which node
+# holds the client, in one atomic script.
 # KEYS: tenant hash, generation sentinel, the node's set of clients, the set of nodes, the
 # tenant's limits hash of the quota service (its `max_connections`, 0 or absent: none, caps
-# the tenant too; the lower cap wins).
+# the tenant too, the lower cap wins; its `max_sessions`), the tenant's connections per user
+# (hash user -> count), the user's limits hash (its `max_connections`), the tenant's set of
+# client ids with a persistent session.
 # ARGV: client id, epoch, holder JSON, cap, mode ('connect': an installed epoch at or above
 # ours asks for a higher one; 'reclaim': only a higher installed epoch refuses ours, an equal
 # one is this connection's entry, kept as it is), new generation, owner of the claim, '1' to
 # refuse a client id whose installed connection belongs to another owner (its JSON `owner`;
-# null: unknown, anyone may), member of the node's set, node id.
+# null: unknown, anyone may), member of the node's set, node id, user name ('' none: not
+# counted per user), '1' when the CONNECT opens or keeps a persistent session (the client id
+# joins the session set unless the tenant is at `max_sessions`).
 # Epochs are microseconds (< 2^53): exact as Lua numbers.
 # Returns {code, previous holder JSON, generation written ('' if the sentinel was there)};
 # code 0 refused, 1 installed, 2 tenant at its cap (the cap in the second slot), 3 retry
-# above the installed epoch, 4 the installed connection is another owner's.
+# above the installed epoch, 4 the installed connection is another owner's, 5 the user at its
+# connection cap, 6 the tenant at its session cap (the cap in the second slot).
 _CLAIM = """
 local fresh = ''
 if redis.call('SET', KEYS[2], ARGV[6], 'NX') then fresh = ARGV[6] end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 local install = true
+local connect = ARGV[5] == 'connect'
+local user = ARGV[11]
+local old_user = false
 if cur then
   local h = cjson.decode(cur)
   if ARGV[8] == '1' then
@@ -62,33 +77,59 @@ if cur then
   end
   local installed = tonumber(h['epoch'])
   local mine = tonumber(ARGV[2])
-  if ARGV[5] == 'connect' then
+  if connect then
     if installed >= mine then return {3, cur, fresh} end
   elseif installed > mine then return {0, cur, fresh}
   elseif installed == mine then install = false end
+  old_user = h['username'] or ''
 else
   local cap = tonumber(ARGV[4])
-  if ARGV[5] == 'connect' then
+  if connect then
     local q = tonumber(redis.call('HGET', KEYS[5], 'max_connections') or '0') or 0
     if q > 0 and (cap <= 0 or q < cap) then cap = q end
   end
   if cap > 0 and redis.call('HLEN', KEYS[1]) >= cap then return {2, tostring(cap), fresh} end
 end
+local moves = install and old_user ~= user
+if connect and moves and user ~= '' then
+  local ucap = tonumber(redis.call('HGET', KEYS[7], 'max_connections') or '0') or 0
+  if ucap > 0 and (tonumber(redis.call('HGET', KEYS[6], user) or '0') or 0) >= ucap then
+    return {5, tostring(ucap), fresh}
+  end
+end
+if connect and ARGV[12] == '1' and redis.call('SISMEMBER', KEYS[8], ARGV[1]) == 0 then
+  local scap = tonumber(redis.call('HGET', KEYS[5], 'max_sessions') or '0') or 0
+  if scap > 0 and redis.call('SCARD', KEYS[8]) >= scap then return {6, tostring(scap), fresh} end
+  redis.call('SADD', KEYS[8], ARGV[1])
+end
 if install then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
+if moves then
+  if old_user and old_user ~= '' then
+    if redis.call('HINCRBY', KEYS[6], old_user, -1) <= 0 then
+      redis.call('HDEL', KEYS[6], old_user)
+    end
+  end
+  if user ~= '' then redis.call('HINCRBY', KEYS[6], user, 1) end
+end
 redis.call('SADD', KEYS[3], ARGV[9])
 redis.call('SADD', KEYS[4], ARGV[10])
 return {1, cur or '', fresh}
 """
 
-# KEYS: tenant hash, the node's set of clients (or the tenant hash again: no node).
+# KEYS: tenant hash, the node's set of clients (or the tenant hash again: no node), the
+# tenant's connections per user.
 # ARGV: client id, epoch, member of the node's set ('' none).
 # Returns 1 removed, 0 a connection of another epoch is installed, -1 none at all.
 _RELEASE = """
 if ARGV[3] ~= '' then redis.call('SREM', KEYS[2], ARGV[3]) end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if not cur then return -1 end
-if tonumber(cjson.decode(cur)['epoch']) == tonumber(ARGV[2]) then
-  redis.call('HDEL', KEYS[1], ARGV[1]); return 1
+local h = cjson.decode(cur)
+if tonumber(h['epoch']) == tonumber(ARGV[2]) then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  local u = h['username'] or ''
+  if u ~= '' and redis.call('HINCRBY', KEYS[3], u, -1) <= 0 then redis.call('HDEL', KEYS[3], u) end
+  return 1
 end
 return 0
 """
@@ -116,6 +157,9 @@ class ClaimResult:
     previous: Holder | None
     full: bool = False  # refused: a new client id and the tenant at its connection cap
     cap: int = 0  # the cap that refused it (the setting's or the quota service's limit)
+    # refused by a quota of the quota service other than the tenant's connections:
+    # "max_connections_per_user" or "max_sessions" (`cap` is the limit)
+    quota: str = ""
     # refused: the installed connection belongs to another owner (nothing was installed)
     not_owner: bool = False
     epoch: int = 0  # the epoch installed (a CONNECT's may be above the one it asked for)
@@ -126,6 +170,15 @@ class ClaimResult:
 
 def _key(tenant: str) -> str:
     return f"st:clients:{tenant}"
+
+
+def _users_key(tenant: str) -> str:
+    return f"st:clients:{tenant}:users"
+
+
+def sessions_key(tenant: str) -> str:
+    """The set of the tenant's client ids that have a persistent session (max_sessions)."""
+    return f"st:sessions:{tenant}"
 
 
 def _node_key(node_id: str) -> str:
@@ -167,15 +220,25 @@ class Registry:
         return self._last_epoch
 
     async def claim(
-        self, holder: Holder, max_clients: int = 0, check_owner: bool = False
+        self,
+        holder: Holder,
+        max_clients: int = 0,
+        check_owner: bool = False,
+        persistent: bool = False,
     ) -> ClaimResult:
         """Install `holder` for a CONNECT, at its epoch or just above the installed one,
         unless the client id is not connected and the tenant already has `max_clients`
         connected (0: no cap), or (`check_owner`) the installed connection belongs to an
-        owner other than `holder.owner` (services/session/core.py `may_use`)."""
+        owner other than `holder.owner` (services/session/core.py `may_use`), or the user
+        (`holder.username`) is at its `max_connections`, or (`persistent`: the CONNECT opens
+        or keeps a persistent session) the client id has no persistent session counted yet
+        and the tenant is at its `max_sessions`. Counted, it stays counted until
+        `session_ended`."""
         generation = ""
         for _ in range(MAX_CLAIM_TRIES):
-            code, prev, fresh = await self._run_claim(holder, max_clients, "connect", check_owner)
+            code, prev, fresh = await self._run_claim(
+                holder, max_clients, "connect", check_owner, persistent
+            )
             generation = generation or fresh
             if code != 3:
                 break
@@ -189,6 +252,9 @@ class Registry:
             return ClaimResult(False, None, full=True, cap=int(prev), generation=generation)
         if code == 4:
             return ClaimResult(False, _decode(prev), not_owner=True, generation=generation)
+        if code in (5, 6):
+            quota = "max_connections_per_user" if code == 5 else "max_sessions"
+            return ClaimResult(False, None, cap=int(prev), quota=quota, generation=generation)
         return ClaimResult(
             bool(code), _decode(prev) if prev else None, epoch=holder.epoch, generation=generation
         )
@@ -202,7 +268,12 @@ class Registry:
         )
 
     async def _run_claim(
-        self, holder: Holder, max_clients: int, mode: str, check_owner: bool = False
+        self,
+        holder: Holder,
+        max_clients: int,
+        mode: str,
+        check_owner: bool = False,
+        persistent: bool = False,
     ) -> tuple[int, bytes | str, str]:
         # The node's set: which clients each node holds, what to release if the node dies.
         code, prev, fresh = await self._claim(
@@ -212,6 +283,9 @@ class Registry:
                 _node_key(holder.node_id),
                 _NODES,
                 quota_limits_key(holder.tenant),
+                _users_key(holder.tenant),
+                quota_limits_key(holder.tenant, holder.username),
+                sessions_key(holder.tenant),
             ],
             args=[
                 holder.client_id,
@@ -224,6 +298,8 @@ class Registry:
                 "1" if check_owner else "0",
                 _member(holder.tenant, holder.client_id),
                 holder.node_id,
+                holder.username,
+                "1" if persistent else "0",
             ],
         )
         return int(code), prev, fresh.decode() if isinstance(fresh, bytes) else fresh
@@ -249,7 +325,24 @@ class Registry:
             node, member = _node_key(node_id), _member(tenant, client_id)
         else:
             node, member = key, ""
-        return int(await self._release(keys=[key, node], args=[client_id, epoch, member]))
+        return int(
+            await self._release(
+                keys=[key, node, _users_key(tenant)], args=[client_id, epoch, member]
+            )
+        )
+
+    async def session_ended(self, tenant: str, client_id: str) -> None:
+        """The client id's persistent session ended (discarded or expired): it no longer
+        counts against the tenant's `max_sessions`."""
+        await self._redis.srem(sessions_key(tenant), client_id)  # type: ignore[misc]
+
+    async def connections_of_user(self, tenant: str, user: str) -> int:
+        raw = await self._redis.hget(_users_key(tenant), user)  # type: ignore[misc]
+        return int(raw or 0)
+
+    async def sessions(self, tenant: str) -> int:
+        """Persistent sessions of the tenant counted against its `max_sessions`."""
+        return int(await self._redis.scard(sessions_key(tenant)))  # type: ignore[misc]
 
     async def forget_on_node(self, node_id: str, tenant: str, client_id: str) -> None:
         await self._redis.srem(_node_key(node_id), _member(tenant, client_id))  # type: ignore[misc]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from services.common.store.ports import (
@@ -63,13 +64,21 @@ class Sessions:
         queues: QueueClient,
         max_expiry_s: int,
         events: Events,
+        session_ended: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._router = router
         self._queues = queues
         self._max_expiry = max_expiry_s
         self._events = events
+        # A persistent session's record is gone: it stops counting against the tenant's
+        # max_sessions (services/session/registry.py counts them at CONNECT).
+        self._session_ended = session_ended
         self._tasks = TaskSet()  # discards of ended sessions, off the CONNECT path
+
+    @property
+    def max_expiry_s(self) -> int:
+        return self._max_expiry
 
     async def read(self, tenant: str, client_id: str) -> SessionRecord | None:
         """The client id's session record as stored (it may have expired)."""
@@ -97,7 +106,9 @@ class Sessions:
             rec = await self._store.get_session(tenant, client_id)
         d = decide(rec, clean_start, expiry_s, time.time_ns() // 1000)
         if d.discard is not None:
-            self._tasks.spawn(self._discard(d.discard), name="session_discard")
+            # A new persistent session of the client id keeps the count the old one held.
+            discard = self._discard(d.discard, keep_count=d.persist)
+            self._tasks.spawn(discard, name="session_discard")
         if d.persist or d.present:
             await self._store.put_session(
                 SessionRecord(tenant, client_id, d.incarnation, expiry_s, True, owner=owner)
@@ -150,8 +161,9 @@ class Sessions:
             )
         )
 
-    async def _discard(self, rec: SessionRecord) -> None:
-        """End a session incarnation: forget its subscriptions, its queue, its record."""
+    async def _discard(self, rec: SessionRecord, keep_count: bool = False) -> None:
+        """End a session incarnation: forget its subscriptions, its queue, its record (and,
+        unless `keep_count`, its place in the tenant's session count)."""
         try:
             await self._router.drop_session(rec.tenant, rec.client_id, rec.incarnation)
             await self._queues.drop(rec.tenant, queue_id(rec.client_id, rec.incarnation))
@@ -159,7 +171,14 @@ class Sessions:
             log.warning("session_discard_failed", extra={"error": str(exc)})
             return
         await self._store.drop_qos2(rec.tenant, rec.client_id, rec.incarnation)
-        await self._store.delete_session(rec.tenant, rec.client_id, rec.incarnation)
+        deleted = await self._store.delete_session(rec.tenant, rec.client_id, rec.incarnation)
+        # Only if this incarnation's record was the one stored: a newer session of the client
+        # id (which replaced it) still counts.
+        if deleted and not keep_count and self._session_ended is not None:
+            try:
+                await self._session_ended(rec.tenant, rec.client_id)
+            except Exception as exc:  # stays counted (one too many) until Redis loses it
+                log.warning("session_count_release_failed", extra={"error": str(exc)})
 
     async def sweep(self) -> int:
         """End every session whose expiry has passed; works with no node up."""

@@ -14,6 +14,8 @@ from tests.connection.harness import PLAIN, kinds, written
 class FixedGate:
     """Admits the first `n` publishes."""
 
+    limits = None  # no count limits of the tenant
+
     def __init__(self, n: int) -> None:
         self.left = n
         self.sizes: list[int] = []

@@ -436,6 +436,7 @@ class Channel:
             asked_s = self._handshake.connect.keepalive_s if self._handshake.connect else 0
             self._limit("max_keepalive_s" if asked_s else "server_keepalive_s")
         self.out += encode(connack, self.level)
+        gate = self._gates(self.tenant, outcome.identity.partition("/")[2]) if self._gates else None
         self._inbound.start(
             self.level,
             self.tenant,
@@ -443,9 +444,10 @@ class Channel:
             acl,
             self.persistent,
             outcome.awaiting_release if outcome.session_present else (),
-            self._gates(self.tenant, outcome.identity.partition("/")[2]) if self._gates else None,
+            gate,
         )
-        self._subscriptions.start(self.level, acl, outcome.subscriptions)
+        quota = gate.limits if gate is not None else None
+        self._subscriptions.start(self.level, acl, outcome.subscriptions, quota)
 
     def _refuse(self, code: int) -> Close:
         """Refuse the CONNECT: CONNACK with `code` (the v3 return code on 3.1/3.1.1, which

@@ -42,10 +42,14 @@ from services.common.topics import validate_topic_name
 from services.connection.channel.actions import ReleaseQos2
 from services.connection.channel.config import ChannelConfig
 from services.connection.channel.problems import Problems, describe
+from services.connection.channel.subscriptions import SubscriptionQuota
 
 
 class PublishGate(Protocol):
-    """A connection's publish budgets (services/connection/budget.py)."""
+    """A connection's publish budgets (services/connection/budget.py), and its tenant's
+    count limits (`limits`, None: not known)."""
+
+    limits: SubscriptionQuota | None
 
     def admit(self, nbytes: int) -> bool: ...
 

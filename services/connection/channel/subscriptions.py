@@ -8,12 +8,15 @@ Invariant: `len(filters) + _reserved` bounds what the client holds once every SU
 flight is answered; a new filter is granted only while that stays within
 `max_subscriptions_per_client` (beyond: 0x97, 3.1.1 0x80), so a client firing SUBSCRIBEs
 without waiting for their SUBACKs cannot overshoot. Filters the node has not taken count
-until their SUBACK.
+until their SUBACK. The tenant's quota (`starling quota set --max-subscriptions-per-client`)
+lowers that cap for its clients; it is read at each SUBSCRIBE, so a change applies to
+connected clients too (filters already held are kept).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from services.common.acl import AclChecker
 from services.common.connect import IdentifiedSubscription
@@ -28,6 +31,13 @@ from services.connection.channel.problems import Problems, describe
 _V3_FAILURE = 0x80  # the one SUBACK failure code of 3.1.1
 
 
+class SubscriptionQuota(Protocol):
+    """The tenant's limits as the node last heard them (services/quota/copies.py)."""
+
+    @property
+    def max_subscriptions_per_client(self) -> int: ...  # 0: none
+
+
 class ClientSubscriptions:
     """`filters` maps each subscribed filter to its Subscription Identifier (None: none).
     Call `start` once the session is known."""
@@ -40,6 +50,7 @@ class ClientSubscriptions:
         "_on_limit",
         "_out",
         "_problems",
+        "_quota",
         "_reserved",
         "filters",
     )
@@ -60,14 +71,21 @@ class ClientSubscriptions:
         self._level = 4
         self._acl = acl
         self._reserved = 0  # new filters granted in SUBSCRIBEs not answered yet
+        self._quota: SubscriptionQuota | None = None
         self.filters: dict[str, int | None] = {}
 
     def start(
-        self, level: int, acl: AclChecker, resumed: tuple[IdentifiedSubscription, ...]
+        self,
+        level: int,
+        acl: AclChecker,
+        resumed: tuple[IdentifiedSubscription, ...],
+        quota: SubscriptionQuota | None = None,
     ) -> None:
-        """The client's protocol level and ACL, and the subscriptions of a resumed session."""
+        """The client's protocol level and ACL, the subscriptions of a resumed session, and
+        its tenant's quota (None: none)."""
         self._level = level
         self._acl = acl
+        self._quota = quota
         for sub, sub_id in resumed:
             self.filters[sub.filter] = sub_id
 
@@ -79,12 +97,13 @@ class ClientSubscriptions:
         codes: list[int] = []
         accepted: list[IdentifiedSubscription] = []
         new: set[str] = set()  # filters of this packet the client does not hold yet
-        room = self._max_subscriptions - len(self.filters) - self._reserved
+        cap, label = self._cap()
+        room = cap - len(self.filters) - self._reserved
         for s in p.subscriptions:
             code = self._grant(s)
             if code < 0x80 and s.filter not in self.filters and s.filter not in new:
                 if len(new) >= room:
-                    self._on_limit("max_subscriptions_per_client")
+                    self._on_limit(label)
                     code = RC.QUOTA_EXCEEDED if self._level == 5 else _V3_FAILURE
                 else:
                     new.add(s.filter)
@@ -94,6 +113,16 @@ class ClientSubscriptions:
         fresh = tuple(s.filter not in self.filters for s, _ in accepted)
         self._reserved += len(new)
         return SubscribeRequest(p.packet_id, tuple(accepted), tuple(codes), fresh, len(new))
+
+    def _cap(self) -> tuple[int, str]:
+        """Subscriptions the client may hold, and the refusal label of that cap: the node's
+        setting, or the tenant's quota where that is lower."""
+        cap = self._max_subscriptions
+        if self._quota is not None:
+            q = self._quota.max_subscriptions_per_client
+            if q and q < cap:
+                return q, "subscriptions_per_client"
+        return cap, "max_subscriptions_per_client"
 
     def subscribed(self, request: SubscribeRequest) -> None:
         """The node has the subscriptions in place: record them and answer with SUBACK."""
@@ -108,11 +137,12 @@ class ClientSubscriptions:
         not hold yet, that is valid and that its ACL allows, within its subscription limit,
         is recorded as its own at once (it may UNSUBSCRIBE it). No SUBACK. None: none is new."""
         accepted: list[IdentifiedSubscription] = []
+        cap, label = self._cap()
         for f, qos in subs:
             if f in self.filters:
                 continue  # e.g. a resumed session's, restored already
-            if len(self.filters) + self._reserved >= self._max_subscriptions:
-                self._on_limit("max_subscriptions_per_client")
+            if len(self.filters) + self._reserved >= cap:
+                self._on_limit(label)
                 break
             s = Subscription(f, qos)
             if self._grant(s) >= 0x80:

@@ -30,6 +30,8 @@ class _AppendResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AppendRe
     APPEND_RESULT_OK: _AppendResult.ValueType  # 1
     APPEND_RESULT_FENCED: _AppendResult.ValueType  # 2
     APPEND_RESULT_QUEUE_FULL: _AppendResult.ValueType  # 3
+    APPEND_RESULT_QUOTA_EXCEEDED: _AppendResult.ValueType  # 4
+    """The tenant's max_queue_depth (quota service) refused it: not stored in this queue."""
 
 class AppendResult(_AppendResult, metaclass=_AppendResultEnumTypeWrapper): ...
 
@@ -37,6 +39,8 @@ APPEND_RESULT_UNSPECIFIED: AppendResult.ValueType  # 0
 APPEND_RESULT_OK: AppendResult.ValueType  # 1
 APPEND_RESULT_FENCED: AppendResult.ValueType  # 2
 APPEND_RESULT_QUEUE_FULL: AppendResult.ValueType  # 3
+APPEND_RESULT_QUOTA_EXCEEDED: AppendResult.ValueType  # 4
+"""The tenant's max_queue_depth (quota service) refused it: not stored in this queue."""
 Global___AppendResult: _TypeAlias = AppendResult  # noqa: Y015
 
 @_typing.final

@@ -70,6 +70,8 @@ class Limits(_message.Message):
     MAX_BYTES_IN_PER_S_FIELD_NUMBER: _builtins.int
     MAX_BYTES_OUT_PER_S_FIELD_NUMBER: _builtins.int
     MAX_QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
+    MAX_RETAINED_MESSAGES_FIELD_NUMBER: _builtins.int
+    MAX_RETAINED_BYTES_FIELD_NUMBER: _builtins.int
     max_connections: _builtins.int
     max_sessions: _builtins.int
     max_subscriptions_per_client: _builtins.int
@@ -77,6 +79,12 @@ class Limits(_message.Message):
     max_bytes_in_per_s: _builtins.int
     max_bytes_out_per_s: _builtins.int
     max_queue_depth: _builtins.int
+    """Entries per session queue of the tenant (below the queue service's setting); more
+    are refused (PUBACK 0x97), not dropped.
+    """
+    max_retained_messages: _builtins.int
+    """Retained messages of the tenant, and their bytes (below the router's settings)."""
+    max_retained_bytes: _builtins.int
     def __init__(
         self,
         *,
@@ -87,10 +95,12 @@ class Limits(_message.Message):
         max_bytes_in_per_s: _builtins.int = ...,
         max_bytes_out_per_s: _builtins.int = ...,
         max_queue_depth: _builtins.int = ...,
+        max_retained_messages: _builtins.int = ...,
+        max_retained_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_bytes_in_per_s", b"max_bytes_in_per_s", "max_bytes_out_per_s", b"max_bytes_out_per_s", "max_connections", b"max_connections", "max_messages_per_s", b"max_messages_per_s", "max_queue_depth", b"max_queue_depth", "max_sessions", b"max_sessions", "max_subscriptions_per_client", b"max_subscriptions_per_client"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_bytes_in_per_s", b"max_bytes_in_per_s", "max_bytes_out_per_s", b"max_bytes_out_per_s", "max_connections", b"max_connections", "max_messages_per_s", b"max_messages_per_s", "max_queue_depth", b"max_queue_depth", "max_retained_bytes", b"max_retained_bytes", "max_retained_messages", b"max_retained_messages", "max_sessions", b"max_sessions", "max_subscriptions_per_client", b"max_subscriptions_per_client"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -168,7 +178,9 @@ class SetLimitsRequest(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     user: _builtins.str
-    """Non-empty: limits of this user of the tenant (rates only), on top of the tenant's."""
+    """Non-empty: limits of this user of the tenant (rates and max_connections), on top of
+    the tenant's.
+    """
     @_builtins.property
     def limits(self) -> Global___Limits: ...
     def __init__(

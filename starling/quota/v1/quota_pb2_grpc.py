@@ -50,6 +50,11 @@ class QuotaServiceStub:
                 request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.SerializeToString,
                 response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.FromString,
                 _registered_method=True)
+        self.GetLimits = channel.unary_unary(
+                '/starling.quota.v1.QuotaService/GetLimits',
+                request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.SerializeToString,
+                response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.FromString,
+                _registered_method=True)
 
 
 class QuotaServiceServicer:
@@ -76,6 +81,15 @@ class QuotaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLimits(self, request, context):
+        """A tenant's (or user's) limits, for the services that enforce count limits (nodes:
+        subscriptions per client; router: retained messages; queue: queue depth). They keep a
+        copy, refreshed when `ctl.quota.limits` announces a change.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QuotaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +107,11 @@ def add_QuotaServiceServicer_to_server(servicer, server):
                     servicer.AddBan,
                     request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.FromString,
                     response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.SerializeToString,
+            ),
+            'GetLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLimits,
+                    request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.FromString,
+                    response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +196,33 @@ class QuotaService:
             '/starling.quota.v1.QuotaService/AddBan',
             starling_dot_quota_dot_v1_dot_quota__pb2.AddBanRequest.SerializeToString,
             starling_dot_quota_dot_v1_dot_quota__pb2.AddBanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.quota.v1.QuotaService/GetLimits',
+            starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.SerializeToString,
+            starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,11 @@ class QuotaServiceStub:
     """Every ban in force (nodes and session services keep a copy; changes also come on NATS)."""
     AddBan: _grpc.UnaryUnaryMultiCallable[_quota_pb2.AddBanRequest, _quota_pb2.AddBanResponse]
     """A ban decided inside the mesh (flapping detection of the session service)."""
+    GetLimits: _grpc.UnaryUnaryMultiCallable[_quota_pb2.GetLimitsRequest, _quota_pb2.GetLimitsResponse]
+    """A tenant's (or user's) limits, for the services that enforce count limits (nodes:
+    subscriptions per client; router: retained messages; queue: queue depth). They keep a
+    copy, refreshed when `ctl.quota.limits` announces a change.
+    """
 
 @_typing.type_check_only
 class QuotaServiceAsyncStub(QuotaServiceStub):
@@ -49,6 +54,11 @@ class QuotaServiceAsyncStub(QuotaServiceStub):
     """Every ban in force (nodes and session services keep a copy; changes also come on NATS)."""
     AddBan: _aio.UnaryUnaryMultiCallable[_quota_pb2.AddBanRequest, _quota_pb2.AddBanResponse]  # type: ignore[assignment]
     """A ban decided inside the mesh (flapping detection of the session service)."""
+    GetLimits: _aio.UnaryUnaryMultiCallable[_quota_pb2.GetLimitsRequest, _quota_pb2.GetLimitsResponse]  # type: ignore[assignment]
+    """A tenant's (or user's) limits, for the services that enforce count limits (nodes:
+    subscriptions per client; router: retained messages; queue: queue depth). They keep a
+    copy, refreshed when `ctl.quota.limits` announces a change.
+    """
 
 class QuotaServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal: nodes take leases of per-tenant budgets."""
@@ -75,6 +85,17 @@ class QuotaServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_quota_pb2.AddBanResponse, _abc.Awaitable[_quota_pb2.AddBanResponse]]:
         """A ban decided inside the mesh (flapping detection of the session service)."""
+
+    @_abc_1.abstractmethod
+    def GetLimits(
+        self,
+        request: _quota_pb2.GetLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quota_pb2.GetLimitsResponse, _abc.Awaitable[_quota_pb2.GetLimitsResponse]]:
+        """A tenant's (or user's) limits, for the services that enforce count limits (nodes:
+        subscriptions per client; router: retained messages; queue: queue depth). They keep a
+        copy, refreshed when `ctl.quota.limits` announces a change.
+        """
 
 def add_QuotaServiceServicer_to_server(servicer: QuotaServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

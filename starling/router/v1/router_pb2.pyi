@@ -32,6 +32,10 @@ class _RouteResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RouteResu
     ROUTE_RESULT_NO_MATCH: _RouteResult.ValueType  # 2
     ROUTE_RESULT_TRY_LATER: _RouteResult.ValueType  # 3
     ROUTE_RESULT_QUOTA_EXCEEDED: _RouteResult.ValueType  # 4
+    ROUTE_RESULT_QUEUE_QUOTA_EXCEEDED: _RouteResult.ValueType  # 5
+    """A matching session's queue refused it (the tenant's max_queue_depth); the other
+    queues took it. MQTT 5: PUBACK/PUBREC 0x97; 3.1.1: the connection is closed unacked.
+    """
 
 class RouteResult(_RouteResult, metaclass=_RouteResultEnumTypeWrapper): ...
 
@@ -40,6 +44,10 @@ ROUTE_RESULT_STORED: RouteResult.ValueType  # 1
 ROUTE_RESULT_NO_MATCH: RouteResult.ValueType  # 2
 ROUTE_RESULT_TRY_LATER: RouteResult.ValueType  # 3
 ROUTE_RESULT_QUOTA_EXCEEDED: RouteResult.ValueType  # 4
+ROUTE_RESULT_QUEUE_QUOTA_EXCEEDED: RouteResult.ValueType  # 5
+"""A matching session's queue refused it (the tenant's max_queue_depth); the other
+queues took it. MQTT 5: PUBACK/PUBREC 0x97; 3.1.1: the connection is closed unacked.
+"""
 Global___RouteResult: _TypeAlias = RouteResult  # noqa: Y015
 
 @_typing.final

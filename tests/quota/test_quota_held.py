@@ -1,0 +1,160 @@
+"""Limits on what a tenant makes the broker hold, on the two-node mesh with real clients
+(issue 16): subscriptions per client (SUBACK 0x97; 3.1.1 0x80), entries per session queue
+(`max_queue_depth`: the publisher gets PUBACK 0x97 for what a queue refused and 0 only for
+what every queue kept; 3.1.1 publishers are disconnected unacknowledged) and retained
+messages. Each limit is the quota service's, held by the enforcing service as a copy that a
+change reaches without a restart and that outlives the quota service going down.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from services.common.mqtt import Publish
+from services.quota.client import Limits
+from tests.conftest import MeshInfo
+from tests.e2e.admin import Admin
+from tests.e2e.clients import Paho
+from tests.quota.test_quota_mesh import (
+    PASSWORD,
+    QUOTA_EXCEEDED,
+    connack,
+    quota,
+    raw_connect,
+    refusals_metric,
+)
+
+
+def _tenant(mesh: MeshInfo, limits: Limits) -> tuple[str, str]:
+    tenant = f"q{uuid.uuid4().hex[:8]}"
+    Admin(mesh).user(tenant, "dev", PASSWORD)
+    quota(mesh, lambda c: c.set_limits(tenant, limits))
+    return tenant, f"{tenant}/dev"
+
+
+def _client(mesh: MeshInfo, node: int, user: str, **kw: object) -> Paho:
+    return Paho(mesh.node(node), username=user, password=PASSWORD, **kw)  # type: ignore[arg-type]
+
+
+def _codes(rcs: list[object]) -> list[int]:
+    return [rc.value for rc in rcs]  # type: ignore[attr-defined]
+
+
+def _warm(mesh: MeshInfo, user: str) -> None:
+    """A connection on each node: the node asks for the tenant's limits at its CONNECT."""
+    for node in (0, 1):
+        c = _client(mesh, node, user)
+        c.connect()
+        c.close()
+
+
+def test_subscriptions_per_client_follow_the_tenants_quota(mesh: MeshInfo) -> None:
+    tenant, user = _tenant(mesh, Limits(max_subscriptions_per_client=3))
+    _warm(mesh, user)
+    clients = []
+    for node in (0, 1):
+        c = _client(mesh, node, user)
+        c.connect()
+        for i in range(3):
+            assert _codes(c.subscribe(f"s/{i}", 1)) == [1]
+        assert _codes(c.subscribe("s/3", 1)) == [QUOTA_EXCEEDED]
+        assert _codes(c.subscribe("s/0", 0)) == [0]  # a filter it holds is no new one
+        clients.append(c)
+    v3 = _client(mesh, 1, user, v5=False)
+    v3.connect()
+    for i in range(3):
+        v3.subscribe(f"v/{i}", 1)
+    assert _codes(v3.subscribe("v/3", 1)) == [0x80]
+    v3.close()
+    # Raised: the connected clients may hold more, without reconnecting.
+    quota(mesh, lambda c: c.set_limits(tenant, Limits(max_subscriptions_per_client=5)))
+    deadline = time.monotonic() + 5
+    while _codes(clients[0].subscribe("s/3", 1)) != [1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _codes(clients[0].subscribe("s/4", 1)) == [1]
+    assert _codes(clients[0].subscribe("s/5", 1)) == [QUOTA_EXCEEDED]
+    # Another tenant keeps the node's setting.
+    other = Paho(mesh.node(0))
+    other.connect()
+    for i in range(6):
+        assert _codes(other.subscribe(f"o/{i}", 0)) == [0]
+    other.close()
+    counted = sum(
+        refusals_metric(mesh, f"connection-{i}", tenant, "subscriptions_per_client") for i in (0, 1)
+    )
+    assert counted >= 3
+    for c in clients:
+        c.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_full_queue_refuses_and_only_acknowledged_messages_arrive(mesh: MeshInfo) -> None:
+    tenant, user = _tenant(mesh, Limits(max_queue_depth=5))
+    sub = _client(mesh, 0, user, client_id="sleeper")
+    sub.connect(clean_start=False, session_expiry=300)
+    assert _codes(sub.subscribe("q/#", 1)) == [1]
+    sub.close()  # offline: its queue fills
+    roomy = _client(mesh, 1, user, client_id="roomy")  # online: its queue drains
+    roomy.connect(clean_start=False, session_expiry=300)
+    roomy.subscribe("q/#", 1)
+    pub = _client(mesh, 1, user)  # the other node
+    pub.connect()
+    codes = {}
+    for i in range(5):
+        codes[i] = pub.publish("q/x", f"m{i}", 1).value
+    assert list(codes.values()) == [0] * 5
+    # The quota service goes down while messages flow: the queue keeps its copy of the limit.
+    mesh.launcher.terminate("quota")
+    try:
+        for i in range(5, 8):
+            codes[i] = pub.publish("q/x", f"m{i}", 1).value
+    finally:
+        mesh.launcher.restart("quota")
+    assert [codes[i] for i in range(5, 8)] == [QUOTA_EXCEEDED] * 3
+    # 3.1.1 has no refusing PUBACK: the publisher is disconnected, unacknowledged.
+    v3 = raw_connect(mesh.node(0), user, "v3-pub", level=4)
+    assert connack(v3).reason_code == 0
+    v3.send(Publish("q/x", b"v3", 1, packet_id=1))
+    assert v3.closed(5)
+    assert not v3.pending  # no PUBACK came
+    # The subscriber with room got everything; the sleeper gets exactly what was
+    # acknowledged (nothing refused sneaks in, nothing acknowledged is missing).
+    got = sorted(m.payload.decode() for m in roomy.expect(9))
+    assert got == sorted([*(f"m{i}" for i in range(8)), "v3"])
+    back = _client(mesh, 1, user, client_id="sleeper")
+    back.connect(clean_start=False, session_expiry=300)
+    assert [m.payload.decode() for m in back.expect(5)] == [f"m{i}" for i in range(5)]
+    back.nothing(0.5)
+    # Drained: room again.
+    assert pub.publish("q/x", "after", 1).value == 0
+    assert back.expect(1)[0].payload == b"after"
+    assert refusals_metric(mesh, "queue", tenant, "max_queue_depth") >= 4
+    for c in (back, roomy):
+        c.close(session_expiry=0)
+    pub.close()
+
+
+def test_retained_messages_follow_the_tenants_quota(mesh: MeshInfo) -> None:
+    tenant, user = _tenant(mesh, Limits(max_retained_messages=2, max_retained_bytes=4000))
+    pubs = [_client(mesh, node, user) for node in (0, 1)]
+    for p in pubs:
+        p.connect()
+    assert pubs[0].publish("r/a", "1", 1, retain=True).value == 0
+    assert pubs[1].publish("r/b", "2", 1, retain=True).value == 0
+    assert pubs[1].publish("r/c", "3", 1, retain=True).value == QUOTA_EXCEEDED
+    assert pubs[0].publish("r/a", "1bis", 1, retain=True).value == 0  # a replacement
+    assert pubs[0].publish("r/b", "x" * 5000, 1, retain=True).value == QUOTA_EXCEEDED  # bytes
+    assert pubs[1].publish("r/b", "", 1, retain=True).value == 0  # a delete always goes
+    assert pubs[1].publish("r/c", "3", 1, retain=True).value == 0
+    sub = _client(mesh, 1, user)
+    sub.connect()
+    sub.subscribe("r/#", 1)
+    assert sorted(m.payload.decode() for m in sub.expect(2)) == ["1bis", "3"]
+    sub.nothing(0.3)
+    assert refusals_metric(mesh, "router", tenant, "max_retained_messages") >= 1
+    assert refusals_metric(mesh, "router", tenant, "max_retained_bytes") >= 1
+    for c in (*pubs, sub):
+        c.close()
