@@ -26,7 +26,7 @@ from services.router.core import RouteResult, RouteTable, plan, settle
 from services.router.delayed import Schedule
 from services.router.fencing import RouteFence
 from services.router.limits import Caps, Usage, fits
-from services.router.retained import Retained, RetainedIndex
+from services.router.retained import Retained, RetainedIndex, is_sys
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 
@@ -235,7 +235,8 @@ class Publisher:
             await self.wrote("retained:" + m.tenant)
             return True
         data = m.SerializeToString()
-        if not await self._retained_fits(m.tenant, m.topic, len(data)):
+        # `$SYS` figures (services/metrics/sys_publisher.py) are the server's, never refused.
+        if not is_sys(m.topic) and not await self._retained_fits(m.tenant, m.topic, len(data)):
             limit = self._retained_limit(m.tenant, m.topic, len(data))
             self.refusals.count(limit, m.tenant)
             await self._quota_event(m.tenant, limit)
