@@ -47,12 +47,23 @@ class MetricsService:
         s = self._settings
         # One instance publishes `$SYS` (services/metrics/sys_publisher.py says why index 0).
         if s.sys_interval_s > 0 and s.instance_index == 0:
-            self._nc = await connect(s.nats_url, s.node_id, **s.nats_credentials())
-            self._router = RouterClient(s.router_addr)
-            publisher = SysPublisher(
-                self._stats, self._router, self._nc, s.node_id, s.sys_operator_tenant
-            )
-            self._sys = asyncio.create_task(publisher.run(s.sys_interval_s), name="sys-publisher")
+            self._sys = asyncio.create_task(self._publish_sys(), name="sys-publisher")
+
+    async def _publish_sys(self) -> None:
+        """Connect to NATS (in the background: the stats API serves meanwhile), then publish
+        `$SYS` until stopped."""
+        s = self._settings
+        while self._nc is None:
+            try:
+                self._nc = await connect(s.nats_url, s.node_id, **s.nats_credentials())
+            except Exception as exc:
+                log.warning("sys_nats_unavailable", extra={"error": type(exc).__name__})
+                await asyncio.sleep(s.sys_interval_s)
+        self._router = RouterClient(s.router_addr)
+        publisher = SysPublisher(
+            self._stats, self._router, self._nc, s.node_id, s.sys_operator_tenant
+        )
+        await publisher.run(s.sys_interval_s)
 
     async def stop(self) -> None:
         if self._sys is not None:
