@@ -4,9 +4,10 @@
 Counters are kept per batch, not per message, on the hot path: `Ingress` adds a batch's
 messages, QoS 1/2 counts and bytes to its tenant's `Tally` once per batch; deliveries, bytes
 out and drops are counted by each connection's outbound side (a few integer adds per PUBLISH
-written) and folded into the tenant's totals when the connection ends. Top topics are sampled
-(services/connection/top_topics.py). The publish-to-ack latency of QoS 1/2 publishes is
-observed when the router's answer releases the ack (`acked`).
+written) and folded into the tenant's totals when the connection ends, as are the
+packets and socket bytes each channel counts per read and per write (`$SYS` figures). Top
+topics are sampled (services/connection/top_topics.py). The publish-to-ack latency of QoS 1/2
+publishes is observed when the router's answer releases the ack (`acked`).
 """
 
 from __future__ import annotations

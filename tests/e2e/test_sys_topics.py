@@ -116,7 +116,8 @@ def test_each_tenant_sees_its_own_sys_figures_and_events_only(mesh: MeshInfo) ->
     leaked = [m.topic for m in watch_b.seen if pub.client_id in m.topic + m.payload.decode()]
     assert not leaked, "B saw A's client"
     everything_a.drain()
-    assert [m.topic for m in everything_a.seen] == [], "`#` matched a `$SYS` topic"
+    # `#` got A's own messages, and not one of the many `$SYS` ones published meanwhile.
+    assert sorted(m.topic for m in everything_a.seen) == [f"x/{i}" for i in range(5)]
     for w in (watch_a, watch_b, everything_a):
         w.client.close()
 
