@@ -181,6 +181,9 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
         "STARLING_MAX_QUEUED_MESSAGES": "100",
         "STARLING_RECEIVE_MAXIMUM": "20",
         "STARLING_STATS_INTERVAL_S": "0.5",
+        # `$SYS` refreshed every second; tenant "sysop" sees the cluster (test_sys_topics.py).
+        "STARLING_SYS_INTERVAL_S": "1",
+        "STARLING_SYS_OPERATOR_TENANT": "sysop",
         # A killed rules instance's unacknowledged batch comes back after this (tests/rules).
         "STARLING_RULES_ACK_WAIT_S": "5",
         # Server redirection (tests/conformance): tenants served by another server.

@@ -71,7 +71,9 @@ async def core_services(nats_url: str, redis_url: str, data_dir: Path) -> AsyncI
         metrics = await stack.enter_async_context(
             serving(
                 MetricsService(
-                    MetricsSettings(**common, node_id="metrics-t", cluster_metrics_port=-1)
+                    MetricsSettings(
+                        **common, node_id="metrics-t", cluster_metrics_port=-1, sys_interval_s=0
+                    )
                 )
             )
         )

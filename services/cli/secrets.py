@@ -141,6 +141,12 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
         },
         "subscribe": {"allow": ["ev.>", "_INBOX.>", "ctl.rules.>", "svc.rules.>"]},
     },
+    # mqd.>: `$SYS` topics to their tenants' online subscribers (services/metrics/
+    # sys_publisher.py; the router stores the retained copies over gRPC)
+    "metrics": {
+        "publish": {"allow": ["mqd.>", "_INBOX.>"]},
+        "subscribe": {"allow": ["_INBOX.>"]},
+    },
     "operator": {},  # no restriction: tools and tests
 }
 # The NATS user each service process runs as (none: the service does not use NATS).
@@ -151,6 +157,7 @@ NATS_USER_OF = {
     "queue": "queue",
     "rules": "rules",
     "quota": "quota",
+    "metrics": "metrics",
 }
 
 

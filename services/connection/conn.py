@@ -70,9 +70,11 @@ class Conn:
             self.shell.mark_dirty(self)
 
     def flush(self) -> None:
-        out = self.channel.out
+        ch = self.channel
+        out = ch.out
         if out:
             self.sink.write(bytes(out))
+            ch.bytes_sent += len(out)
             out.clear()
 
     def writable(self, ok: bool) -> None:

@@ -59,11 +59,20 @@ class Ingress:
         self._interest = interest
         self._rules = rules
 
-    def publish(self, msgs: list[Message], conn: Conn | None = None) -> None:
-        """Messages of one tenant, in the order the client sent them (`conn` None: a will)."""
+    def reaches(self, tenant: str) -> bool:
+        """May a message of `tenant` published here reach anyone: a subscriber on this node,
+        or another node that listens to the tenant (True when unsure)."""
+        if tenant in self._subs.tries:
+            return True
+        return self._interest is None or self._interest.wanted_elsewhere(tenant)
+
+    def publish(self, msgs: list[Message], conn: Conn | None = None, counted: bool = True) -> None:
+        """Messages of one tenant, in the order the client sent them (`conn` None: a will;
+        `counted` False: the node's own `$SYS` events, not the tenant's traffic)."""
         tenant = msgs[0].tenant
         stats = self._stats
-        stats.topics_of(tenant).sample(msgs)
+        if counted:
+            stats.topics_of(tenant).sample(msgs)
         node_id = self._node_id
         routing = self._routing
         trie = self._subs.tries.get(tenant)
@@ -111,7 +120,8 @@ class Ingress:
                 # Persistent sessions and retained messages: stored before the publisher is
                 # acknowledged.
                 routing.submit(conn, msg.packet_id, env)
-        self._count(stats.for_tenant(tenant), len(msgs), q1, q2, nbytes)
+        if counted:
+            self._count(stats.for_tenant(tenant), len(msgs), q1, q2, nbytes)
         if sent:
             self._mesh.added(sent)
         elif not mesh and self._interest is not None:

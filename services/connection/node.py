@@ -69,6 +69,7 @@ from services.connection.stats import NodeStats
 from services.connection.subscribing import Subscriber
 from services.connection.subscriptions import NodeSubscriptions
 from services.connection.sweeper import Sweeper
+from services.connection.sys_events import SysEvents
 from services.connection.wills import Wills
 from services.connection.writes import WriteBatcher
 from services.queue.client import QueueClient
@@ -150,6 +151,11 @@ class Node:
         )
         self._build_message_path(router, tracing)
         self.wills = Wills(self.node_id, self.ingress.publish, self.routing, router, self.ids)
+        self.sys_events = SysEvents(
+            self.node_id,
+            self.ingress.reaches,
+            lambda msgs: self.ingress.publish(msgs, None, counted=False),
+        )
         self.sessions = SessionLink(
             self.node_id,
             session,
@@ -158,6 +164,7 @@ class Node:
             self.registry,
             self.subscriber,
             self.wills,
+            self.sys_events,
             self.ops,
             self.writes,
             self.tasks,
@@ -362,6 +369,7 @@ class Node:
             return closing
         self.stats.connection_ended(conn)
         self.wills.connection_ended(ch)
+        self.sys_events.disconnected(ch)
         eo = conn.exactly_once
         if eo is not None and eo.busy:
             # Released only once its records are written: the next connection resumes a

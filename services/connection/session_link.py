@@ -48,6 +48,7 @@ from services.connection.peer_cert import PeerCert
 from services.connection.persistence import PersistentDelivery
 from services.connection.registry import Registry
 from services.connection.subscribing import Subscriber
+from services.connection.sys_events import SysEvents
 from services.connection.wills import Wills
 from services.connection.writes import WriteBatcher
 from services.queue.client import QueueClient, queue_id
@@ -96,6 +97,7 @@ class SessionLink:
         registry: Registry,
         subscriber: Subscriber,
         wills: Wills,
+        sys_events: SysEvents,
         ops: OrderedOps,
         writes: WriteBatcher,
         tasks: TaskSet,
@@ -109,6 +111,7 @@ class SessionLink:
         self._registry = registry
         self._subscriber = subscriber
         self._wills = wills
+        self._sys_events = sys_events
         self._ops = ops
         self._writes = writes
         self._tasks = tasks
@@ -147,6 +150,7 @@ class SessionLink:
                     self._tasks.spawn(
                         self._wills.settle(ch.tenant, ch.client_id, outcome.session_present)
                     )
+                self._sys_events.connected(ch, outcome.session_present)
                 if ch.persistent:
                     self._resume(conn, outcome)
                 # In place on this node at once, on the mesh moments after the CONNACK

@@ -4,9 +4,10 @@
 Counters are kept per batch, not per message, on the hot path: `Ingress` adds a batch's
 messages, QoS 1/2 counts and bytes to its tenant's `Tally` once per batch; deliveries, bytes
 out and drops are counted by each connection's outbound side (a few integer adds per PUBLISH
-written) and folded into the tenant's totals when the connection ends. Top topics are sampled
-(services/connection/top_topics.py). The publish-to-ack latency of QoS 1/2 publishes is
-observed when the router's answer releases the ack (`acked`).
+written) and folded into the tenant's totals when the connection ends, as are the
+packets and socket bytes each channel counts per read and per write (`$SYS` figures). Top
+topics are sampled (services/connection/top_topics.py). The publish-to-ack latency of QoS 1/2
+publishes is observed when the router's answer releases the ack (`acked`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from opentelemetry import metrics
 
 from services.common.refusals import Refusals
+from services.connection.channel import Channel
 from services.connection.channel.outbound import Outbound
 from services.connection.conn import Conn
 from services.connection.top_topics import TopTopics
@@ -56,6 +58,10 @@ class Tally:
     expired: int = 0
     ack_latency: list[int] = field(default_factory=_buckets)
     ack_latency_sum_ms: int = 0
+    packets_in: int = 0  # MQTT packets of any type
+    wire_bytes_in: int = 0  # socket bytes, every packet
+    wire_bytes_out: int = 0
+    connects: int = 0  # connections accepted (CONNACK 0)
 
     def add_outbound(self, ob: Outbound) -> None:
         """Add one connection's outbound counters."""
@@ -67,6 +73,14 @@ class Tally:
         self.dropped_queue_full += ob.dropped_queue_full
         self.dropped_too_large += ob.dropped_too_large
         self.expired += ob.expired
+
+    def add_connection(self, ch: Channel) -> None:
+        """Add one accepted connection's counters."""
+        self.add_outbound(ch.outbound)
+        self.packets_in += ch.packets_received
+        self.wire_bytes_in += ch.bytes_received
+        self.wire_bytes_out += ch.bytes_sent
+        self.connects += 1
 
     def copy(self) -> Tally:
         return Tally(
@@ -84,6 +98,10 @@ class Tally:
             self.expired,
             list(self.ack_latency),
             self.ack_latency_sum_ms,
+            self.packets_in,
+            self.wire_bytes_in,
+            self.wire_bytes_out,
+            self.connects,
         )
 
 
@@ -123,7 +141,7 @@ class NodeStats:
 
     def connection_ended(self, conn: Conn) -> None:
         ch = conn.channel
-        self.for_tenant(ch.tenant).add_outbound(ch.outbound)
+        self.for_tenant(ch.tenant).add_connection(ch)
 
     def by_tenant(self) -> dict[str, Tally]:
         """Per tenant: closed connections' totals plus the live ones' counters."""
@@ -135,7 +153,7 @@ class NodeStats:
             t = out.get(ch.tenant)
             if t is None:
                 t = out[ch.tenant] = Tally()
-            t.add_outbound(ch.outbound)
+            t.add_connection(ch)
         return out
 
     def connections_by_tenant(self) -> dict[str, int]:
@@ -200,6 +218,10 @@ class NodeStats:
                     top_topics=tuple(topics.take()) if topics is not None else (),
                     ack_latency_buckets=tuple(c.ack_latency),
                     ack_latency_sum_s=c.ack_latency_sum_ms / 1000,
+                    packets_in=c.packets_in,
+                    wire_bytes_in=c.wire_bytes_in,
+                    wire_bytes_out=c.wire_bytes_out,
+                    connects=c.connects,
                 )
             )
         return out

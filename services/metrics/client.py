@@ -50,6 +50,11 @@ class TenantCounters:
     queue_depth: int = 0
     queue_dropped: int = 0
     sessions_persistent_online: int = 0
+    packets_in: int = 0
+    wire_bytes_in: int = 0
+    wire_bytes_out: int = 0
+    connects: int = 0
+    sessions_expired: int = 0
     top_topics: tuple[tuple[str, int], ...] = ()  # since the previous report, busiest first
     ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last
     ack_latency_sum_s: float = 0.0

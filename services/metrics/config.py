@@ -21,3 +21,15 @@ class MetricsSettings(ServiceSettings):
         "every live reporter, docs/metrics.md), bound on `metrics_host`; 0 picks one, -1 "
         "disables. The process's own series stay on `metrics_port`.",
     )
+    sys_interval_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="How often each tenant's `$SYS/broker/...` topics are refreshed "
+        "(retained, only values that changed; docs/metrics.md); 0 publishes none. Only the "
+        "instance with `instance_index` 0 publishes.",
+    )
+    sys_operator_tenant: str = Field(
+        default="",
+        description="The tenant whose `$SYS` topics show the whole cluster's figures "
+        "instead of its own; empty: none.",
+    )

@@ -62,6 +62,11 @@ class TenantCounts:
     queue_depth: int = 0
     queue_dropped: int = 0
     sessions_persistent_online: int = 0
+    packets_in: int = 0
+    wire_bytes_in: int = 0
+    wire_bytes_out: int = 0
+    connects: int = 0
+    sessions_expired: int = 0
     # since the reporter's previous report (not cumulative): (topic, messages)
     top_topics: tuple[tuple[str, int], ...] = ()
     ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
 import grpc
+from nats.aio.client import Client
 
+from services.common.bus.client import connect, drain
 from services.common.runtime import run_service
 from services.common.store.open import open_usage_store
 from services.metrics.api import MetricsAdminApi, MetricsApi
 from services.metrics.config import MetricsSettings
 from services.metrics.core import ClusterStats
 from services.metrics.exporter import serve_cluster_metrics
+from services.metrics.sys_publisher import SysPublisher
+from services.router.client import RouterClient
 from starling.metrics.v1 import metrics_pb2 as pb
 from starling.metrics.v1 import metrics_pb2_grpc as pb_grpc
 
@@ -24,6 +29,9 @@ class MetricsService:
         self._settings = settings
         self._stats = ClusterStats(settings.node_stale_s)
         self._usage = open_usage_store(settings)
+        self._nc: Client | None = None
+        self._router: RouterClient | None = None
+        self._sys: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_MetricsServiceServicer_to_server(MetricsApi(self._stats, self._usage), server)
@@ -36,8 +44,35 @@ class MetricsService:
                 self._stats, self._settings.metrics_host, self._settings.cluster_metrics_port
             )
             log.info("cluster_metrics_serving", extra={"port": port})
+        s = self._settings
+        # One instance publishes `$SYS` (services/metrics/sys_publisher.py says why index 0).
+        if s.sys_interval_s > 0 and s.instance_index == 0:
+            self._sys = asyncio.create_task(self._publish_sys(), name="sys-publisher")
+
+    async def _publish_sys(self) -> None:
+        """Connect to NATS (in the background: the stats API serves meanwhile), then publish
+        `$SYS` until stopped."""
+        s = self._settings
+        while self._nc is None:
+            try:
+                self._nc = await connect(s.nats_url, s.node_id, **s.nats_credentials())
+            except Exception as exc:
+                log.warning("sys_nats_unavailable", extra={"error": type(exc).__name__})
+                await asyncio.sleep(s.sys_interval_s)
+        self._router = RouterClient(s.router_addr)
+        publisher = SysPublisher(
+            self._stats, self._router, self._nc, s.node_id, s.sys_operator_tenant
+        )
+        await publisher.run(s.sys_interval_s)
 
     async def stop(self) -> None:
+        if self._sys is not None:
+            self._sys.cancel()
+            await asyncio.gather(self._sys, return_exceptions=True)
+        if self._nc is not None:
+            await drain(self._nc)
+        if self._router is not None:
+            await self._router.close()
         await self._usage.close()
 
 

@@ -27,7 +27,7 @@ from services.router.core import RouteResult, RouteTable, plan, settle
 from services.router.delayed import Schedule
 from services.router.fencing import RouteFence
 from services.router.limits import Caps, Usage, fits
-from services.router.retained import Retained, RetainedIndex
+from services.router.retained import Retained, RetainedIndex, is_sys
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 
@@ -249,7 +249,10 @@ class Publisher:
             return True
         data = m.SerializeToString()
         caps = await self._retained_caps(m.tenant)
-        if not await self._retained_fits(m.tenant, m.topic, len(data), caps):
+        # `$SYS` figures (services/metrics/sys_publisher.py) are the server's, never refused.
+        if not is_sys(m.topic) and not await self._retained_fits(
+            m.tenant, m.topic, len(data), caps
+        ):
             limit = self._retained_limit(m.tenant, m.topic, len(data), caps)
             self.refusals.count(limit, m.tenant)
             await self._quota_event(m.tenant, limit)

@@ -7,12 +7,18 @@ fans out over the children of one level, `#` takes the whole subtree (and the pa
 So a SUBSCRIBE costs what it matches, not what is stored; `match` reports how many trie
 nodes it examined, which the admin API exposes. Per tenant the index also keeps how many
 messages and how many bytes (serialized size) it holds, which the retained caps are checked
-against.
+against: the tenant's own, not the `$SYS/` ones the metrics service publishes into its space
+(services/metrics/sys_publisher.py), which the tenant neither controls nor can delete.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+def is_sys(topic: str) -> bool:
+    """A `$SYS` topic: published by the server, not counted as the tenant's."""
+    return topic[:5] == "$SYS/"
 
 
 @dataclass(slots=True)
@@ -70,6 +76,9 @@ class RetainedIndex:
         node = self._roots.setdefault(tenant, _Node())
         for level in topic.split("/"):
             node = node.children.setdefault(level, _Node())
+        if is_sys(topic):  # not the tenant's: not counted (module doc)
+            node.value = value
+            return
         old = 0
         if node.value is None:
             self._counts[tenant] = self._counts.get(tenant, 0) + 1
@@ -92,8 +101,9 @@ class RetainedIndex:
         if value is None:
             return False
         path[-1].value = None
-        self._counts[tenant] -= 1
-        self._bytes[tenant] -= len(value.data)
+        if not is_sys(topic):
+            self._counts[tenant] -= 1
+            self._bytes[tenant] -= len(value.data)
         for parent, level in zip(reversed(path[:-1]), reversed(topic.split("/")), strict=True):
             child = parent.children[level]
             if child.value is not None or child.children:

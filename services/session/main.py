@@ -254,20 +254,27 @@ class SessionService:
                 )
                 await server.start()
                 self._servers.append(server)
-        # Refusals by the tenants' connection quota, decided here, go to the cluster view.
+        # Refusals by the tenants' connection quota, decided here, and the sessions this
+        # instance expired go to the cluster view.
         self._reporter = asyncio.create_task(
             report_every(
                 MetricsClient(self._settings.metrics_addr),
                 f"session:{self._settings.node_id}",
-                lambda: [
-                    TenantCounters(tenant=t, quota_refusals=n)
-                    for t, n in sorted(self._refusals.quota_by_tenant().items())
-                    if t != "-"
-                ],
+                self._report,
                 self._settings.stats_interval_s,
                 kind="session",
             )
         )
+
+    def _report(self) -> list[TenantCounters]:
+        refused = self._refusals.quota_by_tenant()
+        expired = self._sessions.expired_by_tenant
+        return [
+            TenantCounters(
+                tenant=t, quota_refusals=refused.get(t, 0), sessions_expired=expired.get(t, 0)
+            )
+            for t in sorted({*refused, *expired} - {"-"})
+        ]
 
     async def _watch_auth_changes(self, nc: Client) -> None:
         """Every instance drops its copies of a changed user or ACL (services/session/cache.py);

@@ -75,6 +75,9 @@ class Sessions:
         # max_sessions (services/session/registry.py counts them at CONNECT).
         self._session_ended = session_ended
         self._tasks = TaskSet()  # discards of ended sessions, off the CONNECT path
+        # Sessions this instance ended by their expiry, per tenant, since it started
+        # (`$SYS/broker/clients/expired`, reported to the metrics service).
+        self.expired_by_tenant: dict[str, int] = {}
 
     @property
     def max_expiry_s(self) -> int:
@@ -186,6 +189,7 @@ class Sessions:
         for rec in expired:
             await self._discard(rec)
             await self._events.emit(rec.tenant, rec.client_id, "session_expired")
+            self.expired_by_tenant[rec.tenant] = self.expired_by_tenant.get(rec.tenant, 0) + 1
             log.info("session_expired", extra={"tenant": rec.tenant, "client_id": rec.client_id})
         return len(expired)
 

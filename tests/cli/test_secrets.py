@@ -21,8 +21,8 @@ def test_secret_files_for_compose_and_kubernetes(tmp_path: Path) -> None:
         "starling_mesh_secret",
         "starling_redis_password",
         "starling_nats_route_password",
-        *(f"starling_nats_{u}_password" for u in ("connection", "session", "router")),
-        *(f"starling_nats_{u}_password" for u in ("queue", "rules", "quota", "operator")),
+        *(f"starling_nats_{u}_password" for u in ("connection", "session", "router", "queue")),
+        *(f"starling_nats_{u}_password" for u in ("rules", "quota", "metrics", "operator")),
         "nats.conf",
     }
     assert stat.S_IMODE(out.stat().st_mode) == 0o700

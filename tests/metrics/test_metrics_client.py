@@ -19,7 +19,7 @@ from tests.inproc import ADMIN_TOKEN, serving
 @pytest.fixture(scope="module")
 async def address() -> AsyncIterator[str]:
     async with serving(
-        MetricsService(MetricsSettings(metrics_port=-1, cluster_metrics_port=-1))
+        MetricsService(MetricsSettings(metrics_port=-1, cluster_metrics_port=-1, sys_interval_s=0))
     ) as addr:
         yield addr
 

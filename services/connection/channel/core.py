@@ -125,6 +125,8 @@ class Channel:
         "_problems",
         "_subscriptions",
         "acl",
+        "bytes_received",
+        "bytes_sent",
         "client_id",
         "config",
         "disconnect_expiry_s",
@@ -134,6 +136,7 @@ class Channel:
         "normal_disconnect",
         "out",
         "outbound",
+        "packets_received",
         "peer",
         "persistent",
         "session_expiry_s",
@@ -161,6 +164,12 @@ class Channel:
         self.state = State.AWAIT_CONNECT
         self.level = 4  # until CONNECT says otherwise
         self.out = bytearray()
+        # Every byte and packet the client sent, and every byte written to it (the shell
+        # adds those as it writes): `$SYS` figures, counted per read and per write, not per
+        # packet, so they cost nothing on the hot path.
+        self.bytes_received = 0
+        self.packets_received = 0
+        self.bytes_sent = 0
         self.client_id = ""
         self.username = ""
         self.tenant = ""
@@ -213,13 +222,16 @@ class Channel:
         if self.state is State.CLOSED:
             return actions
         self._keepalive.last_rx = now
+        self.bytes_received += len(data)
         try:
             packets = self._decoder.feed(data)
         except MqttError as exc:
             # The packets before the broken one still count, in order; then close.
+            self.packets_received += len(exc.packets)
             self._handle_all(cast("list[Packet]", exc.packets), now, actions, exc)
             return actions
         if packets:
+            self.packets_received += len(packets)
             self._handle_all(packets, now, actions)
         return actions
 

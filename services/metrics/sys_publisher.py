@@ -1,0 +1,123 @@
+"""Publishes the `$SYS/broker/...` tree (services/metrics/sys_tree.py) of every tenant into
+that tenant's own topic space every `sys_interval_s`, as retained QoS 0 messages; the
+operator tenant (`sys_operator_tenant`) gets the cluster's totals instead of its own.
+
+How a message gets there, as a node's retained publish does: the router stores it (its
+retained store answers every later SUBSCRIBE, on any node), then it goes out on its topic's
+NATS subject (`mqd.<tenant>...`, the `$`-topic prefix, so `#` never matches it
+[MQTT-4.7.2-1]) to the clients subscribed now. QoS 0: a persistent session that is away does
+not pile up stale figures in its queue; the retained value is there when it subscribes.
+
+Only one metrics instance publishes: the one with `instance_index` 0 (a fixed choice, no
+lease: with it down, `$SYS` stops being refreshed until it is back; the retained values stay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+from nats.aio.client import Client
+
+from services.common.envelope import to_envelope
+from services.common.message import Message
+from services.common.topics import topic_to_subject
+from services.connection.mesh import MessageIds
+from services.metrics.core import ClusterStats, TenantCounts
+from services.metrics.sys_tree import SysTree
+from services.router.client import RouterClient, RouteResult
+from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
+
+log = logging.getLogger("starling.metrics.sys")
+
+NO_TENANT = ("", "-")  # connections not yet authenticated belong to no tenant
+
+
+def starling_version() -> str:
+    try:
+        return version("starling")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def views(totals: dict[str, TenantCounts], operator: str) -> dict[str, TenantCounts]:
+    """What each tenant sees: its own figures; the operator tenant the sum of everyone's."""
+    out = {t: c for t, c in totals.items() if t not in NO_TENANT}
+    if operator:
+        cluster = TenantCounts()
+        for c in totals.values():
+            cluster.add(c)
+        out[operator] = cluster
+    return out
+
+
+class SysPublisher:
+    def __init__(
+        self,
+        stats: ClusterStats,
+        router: RouterClient,
+        nc: Client,
+        node_id: str,
+        operator_tenant: str,
+    ) -> None:
+        self._stats = stats
+        self._router = router
+        self._nc = nc
+        self._node_id = node_id
+        self._operator = operator_tenant
+        self._ids = MessageIds(node_id, time.time_ns())
+        self._version = starling_version()
+        self._trees: dict[str, SysTree] = {}
+        self._started = time.monotonic()
+
+    async def run(self, interval_s: float) -> None:
+        """Publish every `interval_s` until cancelled; a failed round is logged, and what it
+        could not store is published again the next time."""
+        while True:
+            try:
+                await self.publish_once()
+            except Exception:
+                log.exception("sys_publish_failed")
+            await asyncio.sleep(interval_s)
+
+    async def publish_once(self) -> int:
+        """One round; the number of messages published."""
+        now = time.monotonic()
+        _, totals = self._stats.totals(now)
+        wall = time.time()
+        messages: list[Message] = []
+        for tenant, c in sorted(views(totals, self._operator).items()):
+            tree = self._trees.get(tenant)
+            if tree is None:
+                tree = self._trees[tenant] = SysTree(self._version)
+            for topic, payload in tree.update(c, now, now - self._started):
+                messages.append(Message(tenant, topic, payload, 0, True, published_at=wall))
+        if messages:
+            await self._publish(messages)
+        return len(messages)
+
+    async def _publish(self, messages: Sequence[Message]) -> None:
+        envs = [to_envelope(m, self._node_id, self._ids.next()) for m in messages]
+        try:
+            results = await self._router.route(envs)
+        except Exception as exc:
+            log.warning("sys_store_failed", extra={"error": type(exc).__name__})
+            results = [RouteResult.TRY_LATER] * len(envs)
+        live: list[RoutedMessage] = []
+        for env, result in zip(envs, results, strict=True):
+            if result in (RouteResult.STORED, RouteResult.NO_MATCH):
+                live.append(env)
+                continue
+            # Not kept (the router unreachable, or the tenant at its retained cap): the
+            # value is published again next round.
+            tree = self._trees.get(env.tenant)
+            if tree is not None:
+                tree.published.pop(env.topic, None)
+        for env in live:
+            batch = RoutedBatch()
+            batch.messages.append(env)
+            subject = topic_to_subject(env.tenant, env.topic)
+            await self._nc.publish(subject, batch.SerializeToString())

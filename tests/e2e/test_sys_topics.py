@@ -1,0 +1,134 @@
+"""`$SYS` topics on a running mesh (docs/metrics.md): real MQTT clients of two fresh tenants
+subscribe to `$SYS/#`; each sees its own figures (connected clients, PUBLISH messages
+received) and its own clients' connect/disconnect events, never the other tenant's; `#`
+alone receives no `$SYS` topic; a publish to `$SYS` is refused; the operator tenant
+(`sys_operator_tenant`, "sysop" on the test mesh) sees the cluster's totals. The test mesh
+publishes `$SYS` every second (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import uuid
+from collections.abc import Callable
+
+import paho.mqtt.client as mqtt
+
+from tests.conftest import MeshInfo
+from tests.e2e.admin import Admin
+from tests.e2e.clients import Paho
+
+OPERATOR = "sysop"
+
+
+class Watcher:
+    """A client subscribed to `$SYS/#`; keeps every message it got, in order."""
+
+    def __init__(self, mesh: MeshInfo, node: int, tenant: str, filt: str = "$SYS/#") -> None:
+        self.client = Paho(mesh.node(node), username=f"{tenant}/u", password="pw")
+        self.client.connect()
+        self.client.subscribe(filt)
+        self.seen: list[mqtt.MQTTMessage] = []
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.seen.append(self.client.messages.get_nowait())
+            except queue.Empty:
+                return
+
+    def latest(self, topic: str) -> bytes | None:
+        self.drain()
+        found = [m.payload for m in self.seen if m.topic == topic]
+        return found[-1] if found else None
+
+    def until(self, ok: Callable[[], bool], what: str, timeout_s: float = 20) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ok():
+            assert time.monotonic() < deadline, f"{what}: saw {[m.topic for m in self.seen]}"
+            time.sleep(0.05)
+
+    def value_is(self, topic: str, want: bytes, what: str) -> None:
+        self.until(lambda: self.latest(topic) == want, f"{what} ({topic} = {want!r})")
+
+    def event(self, suffix: str) -> dict[str, object] | None:
+        self.drain()
+        for m in self.seen:
+            if m.topic.endswith(suffix):
+                return dict(json.loads(m.payload))
+        return None
+
+
+def _tenant(mesh: MeshInfo) -> str:
+    tenant = f"s{uuid.uuid4().hex[:8]}"
+    Admin(mesh).user(tenant, "u", "pw")
+    return tenant
+
+
+def test_each_tenant_sees_its_own_sys_figures_and_events_only(mesh: MeshInfo) -> None:
+    a, b = _tenant(mesh), _tenant(mesh)
+    Admin(mesh).user(OPERATOR, "u", "pw")
+    watch_a = Watcher(mesh, 0, a)
+    watch_b = Watcher(mesh, 1, b)
+    everything_a = Watcher(mesh, 0, a, "#")  # `#` never matches `$SYS` [MQTT-4.7.2-1]
+    pub = Paho(mesh.node(1), username=f"{a}/u", password="pw")
+    pub.connect()
+    connected = f"/clients/{pub.client_id}/connected"
+    watch_a.until(lambda: watch_a.event(connected) is not None, "A's connected event")
+    ev = watch_a.event(connected)
+    assert ev is not None
+    assert (ev["clientid"], ev["username"], ev["node"]) == (pub.client_id, "u", "connection-1")
+    assert watch_a.seen[-1].topic.startswith("$SYS/brokers/connection-1/clients/")
+
+    for i in range(5):
+        pub.publish(f"x/{i}", b"hello", qos=1)
+    # A: its three clients (two watchers and the publisher), the five PUBLISHes it made.
+    watch_a.value_is("$SYS/broker/clients/connected", b"3", "A's clients")
+    watch_a.value_is("$SYS/broker/publish/messages/received", b"5", "A's publishes")
+    sent = watch_a.latest("$SYS/broker/bytes/received")
+    assert sent is not None and int(sent) > 5 * len(b"hello")  # every byte of every packet
+    # B: its own single client and nothing received, whatever A does.
+    watch_b.value_is("$SYS/broker/clients/connected", b"1", "B's clients")
+    watch_b.value_is("$SYS/broker/publish/messages/received", b"0", "B's publishes")
+
+    # A client arriving later gets the latest figures at once: they are retained.
+    late = Watcher(mesh, 1, a, "$SYS/broker/clients/+")
+    late.until(lambda: late.latest("$SYS/broker/clients/connected") is not None, "retained")
+    assert next(m for m in late.seen if m.topic.endswith("/connected")).retain
+    late.client.close()
+
+    pub.close()
+    disconnected = f"/clients/{pub.client_id}/disconnected"
+    watch_a.until(lambda: watch_a.event(disconnected) is not None, "A's disconnected event")
+    assert watch_a.event(disconnected)["reason"] == "normal"  # type: ignore[index]
+
+    # The operator's tenant sees the cluster: at least every client connected here.
+    ops = Watcher(mesh, 0, OPERATOR, "$SYS/broker/clients/connected")
+    ops.until(
+        lambda: int(ops.latest("$SYS/broker/clients/connected") or 0) >= 4,
+        "the operator's cluster-wide count",
+    )
+    ops.client.close()
+
+    watch_b.drain()
+    assert all(m.topic.startswith("$SYS/") for m in watch_b.seen)
+    leaked = [m.topic for m in watch_b.seen if pub.client_id in m.topic + m.payload.decode()]
+    assert not leaked, "B saw A's client"
+    everything_a.drain()
+    # `#` got A's own messages, and not one of the many `$SYS` ones published meanwhile.
+    assert sorted(m.topic for m in everything_a.seen) == [f"x/{i}" for i in range(5)]
+    for w in (watch_a, watch_b, everything_a):
+        w.client.close()
+
+
+def test_a_client_cannot_publish_to_sys(mesh: MeshInfo) -> None:
+    tenant = _tenant(mesh)
+    watch = Watcher(mesh, 0, tenant, "$SYS/forged/#")
+    client = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
+    client.connect()
+    rc = client.publish("$SYS/forged/uptime", b"0 seconds", qos=1)
+    assert rc is not None and rc.value == 0x87  # Not authorized
+    watch.client.nothing(0.5)
+    client.close()
+    watch.client.close()
