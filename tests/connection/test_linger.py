@@ -4,16 +4,18 @@ asyncio's loop and on uvloop (the nodes' loop)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 import uvloop
 
 from services.connection.linger import Linger, TcpSink
 
-T = TypeVar("T")
-LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
+LOOPS: dict[str, Callable[[Coroutine[Any, Any, None]], None]] = {
+    "asyncio": asyncio.run,
+    "uvloop": uvloop.run,
+}
 
 
 class Server(asyncio.Protocol):
@@ -102,5 +104,5 @@ async def _over_the_limit_closed_at_once() -> None:
         _over_the_limit_closed_at_once,
     ],
 )
-def test_lingering_close(loop: str, case: Callable[[], Awaitable[None]]) -> None:
-    LOOPS[loop](case())  # type: ignore[operator]
+def test_lingering_close(loop: str, case: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    LOOPS[loop](case())
