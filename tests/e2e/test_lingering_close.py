@@ -4,7 +4,8 @@ Each client floods QoS 0 PUBLISHes and looks for input only between two writes. 
 socket with unread input resets it, and such a client then fails on its next write without
 reading its DISCONNECT; the node's lingering close (half-close, input dropped until the client
 closes) lets it read the reason code instead. Over TCP, TLS and WebSocket, for a takeover
-(0x8E) and a protocol error (0x90); the drain (0x9C) is in test_drain.py.
+(0x8E) and a protocol error (0x90); the drain (0x9C) is in test_drain.py. A WebSocket's close
+frame comes after the MQTT DISCONNECT.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from services.common.mqtt import (
     ConnAck,
     Connect,
     Decoder,
+    Disconnect,
     Publish,
     SubAck,
     Subscribe,
@@ -42,7 +44,9 @@ def _flooder(mesh: MeshInfo, transport: str, client_id: str) -> Flooder:
     connect = encode(Connect(client_id, 5), 5)
     subscribe = encode(Subscribe(1, (Subscription(topic, 0),)), 5)
     if transport == "ws":
-        ws = ws_connect(f"ws://127.0.0.1:{node.ws_port}/mqtt", subprotocols=["mqtt"])  # type: ignore[list-item]
+        url = f"ws://127.0.0.1:{node.ws_port}/mqtt"
+        # Entered by hand: the flooder's thread closes it.
+        ws = ws_connect(url, subprotocols=["mqtt"]).__enter__()  # type: ignore[list-item]
         ws.send(connect)
         [ack] = Decoder(5).feed(ws.recv(timeout=TIMEOUT))  # type: ignore[arg-type]
         assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
@@ -112,3 +116,19 @@ def test_a_client_busy_writing_reads_its_protocol_error(mesh: MeshInfo, transpor
     # A wildcard in a PUBLISH topic [MQTT-3.3.2-2], then the flood goes on.
     bad = encode(Publish("flood/+", b"x", 0), 5)
     _told(flooder, lambda: flooder.inject(bad), RC.TOPIC_NAME_INVALID)
+
+
+def test_a_websocket_text_frame_gets_disconnect_0x81_then_the_close_frame(
+    mesh: MeshInfo,
+) -> None:
+    """MQTT over WebSocket is binary frames only [MQTT-6.0.0-1]."""
+    port = mesh.mesh.by_name("connection-1").ws_port
+    with ws_connect(f"ws://127.0.0.1:{port}/mqtt", subprotocols=["mqtt"]) as ws:  # type: ignore[list-item]
+        ws.send(encode(Connect(f"text-{uuid.uuid4().hex[:8]}", 5), 5))
+        [ack] = Decoder(5).feed(ws.recv(timeout=TIMEOUT))  # type: ignore[arg-type]
+        assert isinstance(ack, ConnAck)
+        ws.send("not binary")
+        [bye] = Decoder(5).feed(ws.recv(timeout=TIMEOUT))  # type: ignore[arg-type]
+        assert isinstance(bye, Disconnect) and bye.reason_code == RC.MALFORMED_PACKET
+        with pytest.raises(ConnectionClosedOK):  # the close frame, after the DISCONNECT
+            ws.recv(timeout=TIMEOUT)
