@@ -1,9 +1,9 @@
 """A connection node: the composition root that wires the modules that own its behaviours.
 
 Who owns what (docs/architecture.md has the full map):
-- `conn.Conn` one connection (channel + transport); `listener` the sockets; `writes` batched
-  writes; `registry` connections by client id and kick tombstones; `admission` connections
-  per peer address;
+- `conn.Conn` one connection (channel + transport); `listener` the sockets; `linger` how
+  they close; `writes` batched writes; `registry` connections by client id and kick
+  tombstones; `admission` connections per peer address;
 - `ingress` a client's publishes (local fan-out, NATS batch, router); `mesh` batching onto
   NATS; `fanout` delivery to this node's clients; `shared` shared-subscription dispatch;
   `flow` back-pressure; `routing` the router pipeline that releases PUBACK/PUBREC;
