@@ -241,6 +241,31 @@ class ConnectionSettings(ServiceSettings):
         "Kubernetes' terminationGracePeriodSeconds above it).",
     )
 
+    close_linger_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="A connection the node closes (DISCONNECT of any reason, a drain, a refused "
+        "CONNECT) is half-closed once its last packet is written, and its input read and "
+        "dropped until the client closes, at most this long: closing with unread input would "
+        "reset the socket and lose that last packet.",
+    )
+    close_linger_max_sockets: int = Field(
+        default=10_000,
+        ge=0,
+        le=10_000_000,
+        description="At most this many connections linger at once (close_linger_s); past it, "
+        "one is closed at once (its client may see a reset instead of its DISCONNECT).",
+    )
+    close_ack_wait_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="A draining or stopping node stops reading a client, then waits at most "
+        "this long for the acks it still owes it (PUBACK/PUBREC of publishes being stored, "
+        "PUBCOMP of releases being written) before its DISCONNECT.",
+    )
+
     @field_validator("response_information")
     @classmethod
     def _response_information(cls, template: str) -> str:

@@ -12,7 +12,10 @@ after a crash serves as usual. Steps:
 2. close the open connections at `rate_per_s`, MQTT 5 clients first: they get DISCONNECT
    0x9C (Use another server) with the Server Reference; MQTT 3 clients are closed. Pacing
    keeps the reconnect wave (and the session service's CONNECT work on the other nodes)
-   bounded;
+   bounded. A connection stops being read when its turn comes, and its DISCONNECT waits
+   (at most the node's `ack_wait_s`) for the acks it is owed: PUBACK/PUBREC of publishes
+   being stored, PUBCOMP of releases being written. The socket then closes lingering
+   (linger.py), so a client busy writing still reads its DISCONNECT;
 3. once no connection is left, or at `timeout_s` (whatever remains is closed at once), wait
    for the session releases, wills and mesh publishes under way, then resolve `finished`:
    the process exits as on SIGTERM.
@@ -75,6 +78,8 @@ class Drain:
         self._task: asyncio.Task[None] | None = None
         self._deadline = 0.0
         self.reference = ""
+        # Connections no longer read, waiting for their acks before their DISCONNECT.
+        self._owed: dict[Conn, float] = {}
 
     @property
     def active(self) -> bool:
@@ -121,10 +126,13 @@ class Drain:
             # Once per pass, not per tick: a pass over 100k connections is not free. A pass
             # after the last one catches connections that opened while the listeners closed.
             pending = sorted(
-                (c for c in self._node.registry.conns if not c.closed),
+                (c for c in self._node.registry.conns if not c.closed and c not in self._owed),
                 key=lambda c: c.channel.level != 5,
             )
-            if not pending or time.monotonic() > self._deadline + SETTLE_S:
+            if time.monotonic() > self._deadline + SETTLE_S:
+                self._disconnect_owed(force=True)
+                return closed
+            if not pending and not self._owed:
                 return closed
             i = 0
             while i < len(pending):
@@ -134,14 +142,41 @@ class Drain:
                 else:
                     allowed = int((now - start) * self._rate) + 1 - closed
                 for conn in pending[i : i + max(0, allowed)]:
-                    self._close(conn)
+                    self._close(conn, now)
                     closed += 1
                 i += max(0, allowed)
+                self._disconnect_owed()
                 if i < len(pending):
                     await asyncio.sleep(TICK_S)
             await asyncio.sleep(TICK_S)  # let the closes run before looking again
+            self._disconnect_owed()
 
-    def _close(self, conn: Conn) -> None:
+    def _close(self, conn: Conn, now: float) -> None:
+        """Its DISCONNECT now, or once the acks it is owed are written (at most
+        `ack_wait_s`): it stops being read first, so no exchange begins meanwhile. Without
+        the wait a PUBREL whose release the node wrote gets no PUBCOMP here, and 0x92
+        (Packet Identifier not found) when the client sends it again on the next node."""
+        if conn.closed:
+            return
+        ch = conn.channel
+        ch.stop_reading()
+        if ch.owes_acks:
+            self._owed[conn] = now + self._node.ack_wait_s
+        else:
+            self._disconnect(conn)
+
+    def _disconnect_owed(self, force: bool = False) -> None:
+        """DISCONNECT the connections waiting for their acks that have them, or waited long
+        enough."""
+        if not self._owed:
+            return
+        now = time.monotonic()
+        for conn, until in list(self._owed.items()):
+            if force or now >= until or conn.closed or not conn.channel.owes_acks:
+                del self._owed[conn]
+                self._disconnect(conn)
+
+    def _disconnect(self, conn: Conn) -> None:
         if conn.closed:
             return
         actions = conn.channel.disconnect(RC.USE_ANOTHER_SERVER, REASON, self.reference)

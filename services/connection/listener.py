@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from services.connection.conn import Conn
+from services.connection.linger import Linger, TcpSink
 from services.connection.node import Node
 from services.connection.peer_cert import peer_cert
 
@@ -60,30 +61,33 @@ class TcpKeepalive:
 
 
 class MqttProtocol(asyncio.Protocol):
-    """One TCP/TLS connection. Write back-pressure marks the channel congested (QoS 0 drops)."""
+    """One TCP/TLS connection. Write back-pressure marks the channel congested (QoS 0 drops).
+    The node closes it through `TcpSink.close`, a lingering close (linger.py)."""
 
-    __slots__ = ("conn", "keepalive", "node", "transport")
+    __slots__ = ("conn", "keepalive", "node", "sink")
 
     def __init__(self, node: Node, keepalive: TcpKeepalive) -> None:
         self.node = node
         self.keepalive = keepalive
         self.conn: Conn | None = None
-        self.transport: asyncio.Transport | None = None
+        self.sink: TcpSink | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        self.transport = tcp
         self.keepalive.apply(tcp.get_extra_info("socket"))
         tcp.set_write_buffer_limits(high=1 << 20)
         peer = tcp.get_extra_info("peername")
         cert = peer_cert(tcp.get_extra_info("peercert"))  # TLS: verified by the handshake
-        self.conn = self.node.open(tcp, f"{peer[0]}:{peer[1]}" if peer else "?", cert)
+        self.sink = sink = TcpSink(tcp, self.node.linger)
+        self.conn = self.node.open(sink, f"{peer[0]}:{peer[1]}" if peer else "?", cert)
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None
-        self.conn.receive(data)
+        self.conn.receive(data)  # once closed, the channel drops it: the socket lingers
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.sink is not None:
+            self.sink.lost()
         if self.conn is not None:
             self.conn.lost()
 
@@ -162,10 +166,11 @@ class _WsSink:
         self.queue.put_nowait(None)
 
     async def run(self) -> None:
+        """Send the queued bytes in order until the node closes the connection (the handler
+        then sends the close frame, after them) or the WebSocket fails."""
         while True:
             data = await self.queue.get()
             if data is None:
-                await self.ws.close()
                 return
             try:
                 await self.ws.send_bytes(data)
@@ -174,13 +179,72 @@ class _WsSink:
             self._sent(len(data))
 
 
+async def _read(ws: web.WebSocketResponse, conn: Conn, node: Node) -> None:
+    """Hand the client's frames to its connection until the client closes or breaks a rule."""
+    async for msg in ws:
+        if msg.type is WSMsgType.BINARY:
+            conn.receive(msg.data)
+        elif msg.type is WSMsgType.TEXT:
+            # MQTT over WebSocket must use binary frames [MQTT-6.0.0-1].
+            node.carry_out(conn, conn.channel.disconnect(0x81, "text frame"))
+            return
+        elif msg.type is WSMsgType.ERROR:
+            err = msg.data
+            if isinstance(err, WebSocketError) and err.code == WSCloseCode.MESSAGE_TOO_BIG:
+                node.refusals.count("max_packet_size_bytes")  # aiohttp sent 1009
+            return
+
+
+async def _close_ws(
+    ws: web.WebSocketResponse,
+    request: web.Request,
+    reading: asyncio.Task[None],
+    writing: asyncio.Task[None],
+    linger: Linger,
+) -> None:
+    """The lingering close of a WebSocket (linger.py), at most `linger.timeout_s` in all:
+    the node's last MQTT bytes go out while the client's frames are still read (and dropped:
+    the channel is closed), then the close frame, then frames are dropped until the
+    client's close frame. `ws.close()` reads those itself, but closes the TCP transport at
+    once (unread input: a reset) when another task is receiving: so reading stops first.
+    Past the time, or with too many lingering, the transport is aborted."""
+    lingering = linger.begin()
+    closed = False  # the close handshake ended (or the client had closed first)
+    try:
+        if lingering:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + linger.timeout_s
+            await asyncio.wait((writing,), timeout=linger.timeout_s)
+            reading.cancel()
+            await asyncio.wait((reading,))
+            remaining = deadline - loop.time()
+            if writing.done() and remaining > 0:
+                try:
+                    await asyncio.wait_for(ws.close(), timeout=remaining)
+                    closed = True
+                except TimeoutError:
+                    pass
+    finally:
+        writing.cancel()
+        reading.cancel()
+        if lingering:
+            linger.end()
+        if not closed and request.transport is not None:
+            # No waiting for a flush a client that does not read would hold up.
+            request.transport.abort()
+
+
 def ws_app(node: Node, path: str, keepalive: TcpKeepalive = TcpKeepalive()) -> web.Application:
     # aiohttp refuses a message of max_msg_size bytes or more: one maximal packet still fits.
     max_msg_size = node.config.max_packet_size_bytes + 1
+    linger = node.linger
 
     async def handler(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(
-            protocols=WS_SUBPROTOCOLS, max_msg_size=max_msg_size, autoping=True
+            protocols=WS_SUBPROTOCOLS,
+            max_msg_size=max_msg_size,
+            autoping=True,
+            timeout=linger.timeout_s,  # waiting for the client's close frame
         )
         if request.transport is not None:
             keepalive.apply(request.transport.get_extra_info("socket"))
@@ -190,27 +254,15 @@ def ws_app(node: Node, path: str, keepalive: TcpKeepalive = TcpKeepalive()) -> w
         transport = request.transport
         cert = peer_cert(transport.get_extra_info("peercert")) if transport else None
         conn = sink.conn = node.open(sink, f"ws:{peer}", cert)
-        writer = asyncio.create_task(sink.run())
+        reading = asyncio.create_task(_read(ws, conn, node))
+        writing = asyncio.create_task(sink.run())
         try:
-            async for msg in ws:
-                if msg.type is WSMsgType.BINARY:
-                    conn.receive(msg.data)
-                elif msg.type is WSMsgType.TEXT:
-                    # MQTT over WebSocket must use binary frames [MQTT-6.0.0-1].
-                    node.carry_out(conn, conn.channel.disconnect(0x81, "text frame"))
-                    break
-                elif msg.type is WSMsgType.ERROR:
-                    err = msg.data
-                    if isinstance(err, WebSocketError) and err.code == WSCloseCode.MESSAGE_TOO_BIG:
-                        node.refusals.count("max_packet_size_bytes")  # aiohttp sent 1009
-                    break
+            # Until the client goes (reading ends) or the node closes it (writing ends).
+            await asyncio.wait((reading, writing), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            conn.lost()
+            conn.lost()  # nothing more when the node closed it
             sink.close()
-            try:
-                await asyncio.wait_for(writer, timeout=2)
-            except TimeoutError:
-                writer.cancel()
+            await _close_ws(ws, request, reading, writing, linger)
         return ws
 
     app = web.Application()

@@ -18,6 +18,7 @@ from services.connection.api import ConnectionAdminApi
 from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
 from services.connection.drain import Drain
+from services.connection.linger import Linger
 from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
 from services.connection.quota import NodeQuota
@@ -137,6 +138,8 @@ class ConnectionService:
             rule_feed=feed,
         )
         node.refusals = refusals
+        node.linger = Linger(s.close_linger_s, s.close_linger_max_sockets)
+        node.ack_wait_s = s.close_ack_wait_s
         await node.start()
         self.drain = Drain(
             node,

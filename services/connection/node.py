@@ -1,9 +1,9 @@
 """A connection node: the composition root that wires the modules that own its behaviours.
 
 Who owns what (docs/architecture.md has the full map):
-- `conn.Conn` one connection (channel + transport); `listener` the sockets; `writes` batched
-  writes; `registry` connections by client id and kick tombstones; `admission` connections
-  per peer address;
+- `conn.Conn` one connection (channel + transport); `listener` the sockets; `linger` how
+  they close; `writes` batched writes; `registry` connections by client id and kick
+  tombstones; `admission` connections per peer address;
 - `ingress` a client's publishes (local fan-out, NATS batch, router); `mesh` batching onto
   NATS; `fanout` delivery to this node's clients; `shared` shared-subscription dispatch;
   `flow` back-pressure; `routing` the router pipeline that releases PUBACK/PUBREC;
@@ -56,6 +56,7 @@ from services.connection.fanout import Fanout
 from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
 from services.connection.interest import MeshInterest
+from services.connection.linger import Linger
 from services.connection.mesh import MeshPublisher, MessageIds
 from services.connection.ordered import OrderedOps
 from services.connection.peer_cert import PeerCert
@@ -181,6 +182,10 @@ class Node:
         # Set while the node drains (services/connection/drain.py): the Server Reference a
         # CONNECT that still reaches it is refused with.
         self.drain_reference: str | None = None
+        # How the listeners close sockets (linger.py); main.py sets it from the settings.
+        self.linger = Linger()
+        # How long a drain or shutdown waits for the acks a client is owed (close_ack_wait_s).
+        self.ack_wait_s = 1.0
 
     def _build_message_path(self, router: RouterClient | None, tracing: bool) -> None:
         """Fan-out, shared dispatch, subscribing, flow control and ingress: the modules a
@@ -272,9 +277,28 @@ class Node:
             self.carry_out(conn, conn.channel.disconnect(reason, why))
 
     async def shutdown(self, grace_s: float = 2.0) -> None:
-        """Tell every client 0x8B, publish their wills, drain the mesh."""
+        """Tell every client 0x8B once the acks it is owed are written, publish their wills,
+        drain the mesh."""
+        deadline = time.monotonic() + grace_s
+        await self.answer_owed(list(self.registry.conns), min(self.ack_wait_s, grace_s / 2))
         self.shed(RC.SERVER_SHUTTING_DOWN, "shutdown")
-        await self.settle(grace_s)
+        await self.settle(deadline - time.monotonic())
+
+    async def answer_owed(self, conns: list[Conn], timeout_s: float) -> None:
+        """Before closing `conns`: stop reading them, then wait (at most `timeout_s`) until
+        the acks they are owed are written, so that no exchange the node finished is left
+        unanswered (a PUBREL whose release was written, answered PUBCOMP 0x92 on the next
+        node). Polled: it runs once, on the way out."""
+        owing = []
+        for conn in conns:
+            if not conn.closed:
+                conn.channel.stop_reading()
+                if conn.channel.owes_acks:
+                    owing.append(conn)
+        deadline = time.monotonic() + timeout_s
+        while owing and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+            owing = [c for c in owing if not c.closed and c.channel.owes_acks]
         await self._workers.cancel()
         await self.interest.stop()
         if self.quota is not None:
@@ -286,12 +310,16 @@ class Node:
 
     async def settle(self, grace_s: float) -> None:
         """Wait (at most `grace_s`) for what ended connections left under way: mesh
-        publishes, ordered operations, session releases and wills."""
+        publishes, ordered operations, session releases, wills and lingering closes."""
         deadline = time.monotonic() + grace_s
-        # Polling is fine here: it runs once, on the way out, for at most `grace_s`.
-        while (self.mesh.queued or not self.ops.empty()) and time.monotonic() < deadline:  # noqa: ASYNC110
+        # Polling is fine here: it runs once, on the way out, for at most `grace_s`. Lingering
+        # sockets (linger.py) too: their clients read their DISCONNECT before the exit.
+        while self._unsettled() and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         await self.tasks.wait(deadline - time.monotonic())
+
+    def _unsettled(self) -> bool:
+        return bool(self.mesh.queued or not self.ops.empty() or self.linger.count)
 
     def open(self, sink: Sink, peer: str, cert: PeerCert | None = None) -> Conn:
         now = time.time()

@@ -4,10 +4,24 @@ answered is refused with a CONNACK (0x9C and the reference; 3.1.1 return code 3)
 
 from __future__ import annotations
 
-from services.common.mqtt import ConnAck, Connect, Decoder, Disconnect, Will, encode
+from services.common.connect import ConnectOutcome
+from services.common.mqtt import (
+    ConnAck,
+    Connect,
+    Decoder,
+    Disconnect,
+    Properties,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Will,
+    encode,
+)
 from services.common.mqtt.reason import ReasonCode as RC
-from services.connection.channel import Close, State
-from tests.connection.harness import connected, new_channel, take, written
+from services.connection.channel import Channel, ChannelConfig, Close, State
+from tests.connection.harness import connected, kinds, new_channel, take, written
 
 REF = "b.example:1883 c.example:1883"
 
@@ -56,3 +70,39 @@ def test_mqtt311_connect_still_authenticating_gets_return_code_3() -> None:
     ch.receive(encode(Connect("c", 4), 4), 0.0)
     ch.disconnect(RC.USE_ANOTHER_SERVER, "draining", REF)
     assert take(ch) == bytes.fromhex("20 02 00 03")  # CONNACK: server unavailable
+
+
+def _persistent() -> tuple[Channel, Decoder]:
+    """An MQTT 5 session that outlives its connection, acks waiting for the node."""
+    ch = new_channel(ChannelConfig(reason_strings=False, defer_publish_acks=True))
+    props = Properties(session_expiry_interval=60)
+    ch.receive(encode(Connect("c", 5, clean_start=False, properties=props), 5), 0.0)
+    ch.authenticated(ConnectOutcome(tenant="t", epoch=1, session_expiry_s=60), 0.0)
+    ch.out.clear()
+    return ch, Decoder(5)
+
+
+def test_a_channel_that_stopped_reading_still_writes_the_acks_it_owes() -> None:
+    """A drain stops reading a client before its DISCONNECT, then waits until the acks it
+    owes are written (services/connection/drain.py)."""
+    ch, dec = _persistent()
+    assert kinds(ch.receive(encode(Publish("a", b"x", 2, packet_id=1), 5), 1.0)) == ["Route"]
+    ch.publish_routed(1)
+    assert written(ch, dec) == [PubRec(1)]
+    assert not ch.owes_acks
+    assert kinds(ch.receive(encode(PubRel(1), 5), 1.0)) == ["ReleaseQos2"]
+    assert kinds(ch.receive(encode(Publish("a", b"y", 1, packet_id=2), 5), 1.0)) == ["Route"]
+    assert ch.owes_acks  # PUBCOMP 1 waits for the release, PUBACK 2 for the routing
+
+    ch.stop_reading()
+    later = encode(Publish("a", b"z", 1, packet_id=3), 5) + encode(PubRel(7), 5)
+    assert ch.receive(later, 2.0) == []  # dropped: the client sends them again elsewhere
+    assert not ch.out
+    ch.qos2_released(1)
+    assert ch.owes_acks
+    ch.publish_routed(2)
+    assert not ch.owes_acks
+    assert written(ch, dec) == [PubComp(1), PubAck(2)]
+    ch.disconnect(RC.USE_ANOTHER_SERVER, "node draining", REF)
+    [bye] = written(ch, dec)
+    assert isinstance(bye, Disconnect) and bye.reason_code == RC.USE_ANOTHER_SERVER

@@ -5,10 +5,13 @@ on the project's codec (for malformed input and exact packet checks).
 from __future__ import annotations
 
 import queue
+import select
 import socket
 import ssl
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -16,7 +19,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProps
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from services.common.mqtt import Connect, Decoder, MqttError, Packet, encode
+from services.common.mqtt import Connect, Decoder, Disconnect, MqttError, Packet, Publish, encode
 
 TIMEOUT = 10.0
 
@@ -194,3 +197,89 @@ class Raw:
 
     def close(self) -> None:
         self.sock.close()
+
+
+READ_BYTES = 4096  # what a Flooder reads between two writes, at most
+
+
+class Flooder(threading.Thread):
+    """A client busy writing: QoS 0 PUBLISHes flat out on an open connection, looking for
+    input only between two writes, as a client whose loop writes before it reads. It stops
+    at the server's DISCONNECT (then closes, as a client does), at end of input, or at an
+    error (a reset: what it had not read is lost to it), and records which.
+
+    `send` writes bytes (blocking); `poll` returns what arrived (b"": end of input, None:
+    nothing yet); `close` closes the connection."""
+
+    def __init__(
+        self,
+        send: Callable[[bytes], None],
+        poll: Callable[[], bytes | None],
+        close: Callable[[], None],
+        level: int = 5,
+        topic: str = "flood/x",
+    ) -> None:
+        super().__init__(daemon=True)
+        self.topic = topic
+        self._send, self._poll, self._close = send, poll, close
+        self.level = level
+        self.sent_bytes = 0
+        self.received = 0  # PUBLISHes the server sent
+        self.disconnect: Disconnect | None = None
+        self.ended = ""  # "disconnect", "eof" or the error
+        self.done = threading.Event()
+        self._injected = b""
+
+    @classmethod
+    def over(cls, raw: Raw, topic: str = "flood/x") -> Flooder:
+        """On a connected `Raw` client (plain TCP or TLS)."""
+        sock = raw.sock
+
+        def poll() -> bytes | None:
+            pending = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+            if not pending and not select.select([sock], [], [], 0)[0]:
+                return None
+            try:
+                return sock.recv(READ_BYTES)
+            except ssl.SSLWantReadError:  # a TLS record not complete yet
+                return None
+
+        sock.settimeout(TIMEOUT)
+        return cls(sock.sendall, poll, raw.close, raw.level, topic)
+
+    def run(self) -> None:
+        batch = encode(Publish(self.topic, b"x" * 200, 0), self.level) * 32
+        decoder = Decoder(self.level)
+        try:
+            while True:
+                injected, self._injected = self._injected, b""
+                self._send(injected + batch if injected else batch)
+                self.sent_bytes += len(batch)
+                data = self._poll()
+                if data is None:
+                    continue
+                if not data:
+                    self.ended = "eof"
+                    return
+                for p in decoder.feed(data):
+                    if isinstance(p, Disconnect):
+                        self.disconnect, self.ended = p, "disconnect"
+                        return
+                    self.received += 1
+        except Exception as exc:  # a reset, a broken pipe, a closed WebSocket
+            self.ended = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._close()
+            self.done.set()
+
+    def inject(self, data: bytes) -> None:
+        """Send `data` before the next batch (then flood on)."""
+        self._injected = data
+
+    def flooding(self, nbytes: int = 256 << 10) -> None:
+        """Wait until `nbytes` went out (the server has unread input from now on)."""
+        deadline = time.monotonic() + TIMEOUT
+        while self.sent_bytes < nbytes and not self.done.is_set():
+            assert time.monotonic() < deadline, "the flood did not start"
+            time.sleep(0.01)
+        assert not self.done.is_set(), self.ended

@@ -38,13 +38,18 @@ from services.common.mqtt import (
     Disconnect,
     PubAck,
     Publish,
+    SubAck,
+    Subscribe,
+    Subscription,
     Will,
 )
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.rpc.server import check_health
 from services.common.runtime import LIVENESS
 from services.connection.client import ConnectionAdminClient, DrainProgress
-from tests.e2e.clients import Paho, Raw
+from tests.e2e.clients import Flooder, Paho, Raw
+from tests.faults.checker import Checker
+from tests.faults.load import Publisher as FaultPublisher
 
 RATE = 20  # connections closed per second while draining
 A, B = "connection-0", "connection-1"
@@ -374,3 +379,74 @@ def test_drain_needs_the_operator_token(launcher: Launcher, tmp_path: Path) -> N
     )
     assert out.returncode == 1 and "UNAUTHENTICATED" in out.stdout, out.stdout
     assert component_status(launcher.mesh.by_name(B)) == "SERVING"
+
+
+def _serving(launcher: Launcher, node: str) -> int:
+    """`node`'s MQTT port, started again first if an earlier test left it drained."""
+    if launcher.procs[node].poll() is not None:
+        launcher.restart(node)
+    return _port(launcher, node)
+
+
+def _echo_flooder(port: int, client_id: str, level: int) -> Flooder:
+    """A client that floods a topic it is subscribed to (so it gets as much as it writes,
+    and reads less than it gets)."""
+    raw = _raw(port, "flood", client_id, level)
+    topic = f"flood/{client_id}"
+    raw.send(Subscribe(1, (Subscription(topic, 0),)))
+    assert isinstance(raw.recv(), SubAck)
+    return Flooder.over(raw, topic)
+
+
+def test_clients_busy_writing_read_their_drain_disconnect(launcher: Launcher) -> None:
+    """The node closes lingering (services/connection/linger.py): MQTT 5 clients flooding
+    while their node drains read DISCONNECT 0x9C and its Server Reference; a 3.1.1 one sees
+    the end of the connection, not a reset."""
+    port_a, port_b = _serving(launcher, A), _port(launcher, B)
+    v5 = [_echo_flooder(port_a, f"flood5-{i}", 5) for i in range(3)]
+    v3 = _echo_flooder(port_a, "flood3", 4)
+    for f in (*v5, v3):
+        f.start()
+    for f in (*v5, v3):
+        f.flooding()  # the node has unread input from every one of them from now on
+    assert _drain(launcher, A).returncode == 0
+    for f in (*v5, v3):
+        assert f.done.wait(20), "still flooding: the node did not close it"
+    for f in v5:
+        assert f.ended == "disconnect", f"no DISCONNECT read: {f.ended}"
+        assert f.disconnect is not None
+        assert f.disconnect.reason_code == RC.USE_ANOTHER_SERVER
+        assert f.disconnect.properties.server_reference == f"127.0.0.1:{port_b}"
+    assert v3.ended == "eof", v3.ended
+    assert launcher.procs[A].wait(timeout=60) == 0
+    launcher.restart(A)
+
+
+def test_a_qos2_exchange_under_way_in_a_drain_is_completed(launcher: Launcher) -> None:
+    """QoS 2 publishers (persistent sessions) keep PUBRELs in flight while their node
+    drains; they follow the Server Reference and send again what had no answer. The node
+    wrote no PUBREL's release without its PUBCOMP: none gets PUBCOMP 0x92 (Packet
+    Identifier not found) on the next node, and every exchange completes."""
+    port_a, port_b = _serving(launcher, A), _port(launcher, B)
+    checker = Checker()
+    pubs = [
+        FaultPublisher(f"q2-{i}", lambda: [port_a, port_b], 0, 2, f"q2/{i}", checker, rate=300)
+        for i in range(3)
+    ]
+    for p in pubs:
+        p.start()
+    _poll(lambda: all(checker.acked_by(p.name) >= 100 for p in pubs))
+    assert _drain(launcher, A).returncode == 0
+    _poll(lambda: all(p.connects >= 2 and p.connected.is_set() for p in pubs))
+    for p in pubs:
+        p.pause()
+    _poll(lambda: all(p.unacked() == 0 for p in pubs))
+    for p in pubs:
+        p.stop()
+    for p in pubs:
+        assert p.server_disconnects == [(RC.USE_ANOTHER_SERVER, f"127.0.0.1:{port_b}")]
+        assert p.sessions_lost == 0
+        assert p.refusals == [], p.refusals
+        assert checker.acked_by(p.name) == p.seq  # every exchange completed
+    assert launcher.procs[A].wait(timeout=60) == 0
+    launcher.restart(A)

@@ -103,6 +103,16 @@ def _uncounted(limit: str, tenant: str) -> None:
     """The default `on_limit`: nobody counts."""
 
 
+class _Deaf(Decoder):
+    """The decoder of a channel that stopped reading (`Channel.stop_reading`): it drops
+    every byte, so the shell's receive path stays as it is."""
+
+    __slots__ = ()
+
+    def feed(self, data: bytes) -> list[Packet]:
+        return []
+
+
 class State(IntEnum):
     AWAIT_CONNECT = 1
     AUTHENTICATING = 2
@@ -307,6 +317,19 @@ class Channel:
             self.will = None  # a refused connection leaves no will
             return [self._refuse(code)]
         return [self._shut(code, reason, server_reference)]
+
+    @property
+    def owes_acks(self) -> bool:
+        """The node has yet to answer some of the client's packets: a PUBACK/PUBREC waits
+        for its publish to be stored, a PUBCOMP for its release to be written."""
+        return self._inbound.owes_acks
+
+    def stop_reading(self) -> None:
+        """The node is about to close this connection: drop the client's packets from now on,
+        so that no exchange begins while those under way finish and their acks are written
+        (what the client sent and got no answer for, it sends again on its next
+        connection [MQTT-4.4.0-1])."""
+        self._decoder = _Deaf(self._decoder.protocol_level)
 
     def tick(self, now: float) -> list[Action]:
         """Close a client silent for too long, one that never sent CONNECT, or one that has

@@ -82,6 +82,11 @@ class PublisherAcks:
         self._waiting: list[OwedAck] = []
         self.qos1_waiting = 0  # PUBACKs among `_waiting`: unacknowledged QoS 1 publishes
 
+    @property
+    def waiting(self) -> bool:
+        """Some ack waits for the node (it finishes routing the publish)."""
+        return bool(self._waiting)
+
     def owes(self, packet_id: int) -> bool:
         """An ack for `packet_id` has not been released yet."""
         return any(a.packet_id == packet_id for a in self._waiting)
@@ -251,6 +256,11 @@ class InboundPublishes:
             reason_code = 0  # 3.1/3.1.1 acks carry no reason: the client gets a plain ack
         for a in self._acks.settle(packet_id, reason_code):
             self._write_ack(a.packet_id, a.qos, a.reason_code, a.text)
+
+    @property
+    def owes_acks(self) -> bool:
+        """A PUBACK/PUBREC waits for its publish to be routed, or a PUBCOMP for its release."""
+        return self._acks.waiting or bool(self._releasing)
 
     def on_pubrel(self, p: PubRel) -> ReleaseQos2 | None:
         """Release of a QoS 2 message: it is forwarded already, PUBCOMP ends the exchange
