@@ -93,6 +93,15 @@ class ConnectionSettings(ServiceSettings):
         description="A connection must deliver its whole CONNECT within this many seconds "
         "of opening (TCP/TLS handshake or WebSocket upgrade done), or it is closed.",
     )
+    auto_subscribe_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="The CONNACK of a client its tenant's auto-subscriptions apply to waits "
+        "until they are in place on the mesh (NATS subscriptions, mesh interest confirmed, a "
+        "persistent session's stored subscriptions), as a SUBACK does, for at most this "
+        "long; past it (or when they fail) the CONNECT is refused with 0x88 Server "
+        "unavailable (3.1.1: return code 3) and the client retries (docs/rules.md).",
+    )
     tcp_keepalive_idle_s: int = Field(
         default=60,
         ge=0,

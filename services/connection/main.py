@@ -52,6 +52,7 @@ def channel_config(s: ConnectionSettings) -> ChannelConfig:
         max_keepalive_s=s.max_keepalive_s,
         server_keepalive_s=s.server_keepalive_s,
         connect_timeout_s=s.connect_timeout_s,
+        auto_subscribe_timeout_s=s.auto_subscribe_timeout_s,
         v3_inflight=s.v3_inflight,
         max_queued_messages=s.max_queued_messages,
         max_queued_bytes=s.max_queued_bytes,

@@ -39,6 +39,7 @@ from services.connection.admission import PerAddress
 from services.connection.channel import (
     Action,
     Authenticate,
+    AutoSubscribe,
     Channel,
     ChannelConfig,
     Close,
@@ -346,6 +347,10 @@ class Node:
                     conn.persistent.progress()
             elif isinstance(action, SubscribeRequest):
                 self.subscriber.subscribe(conn, action, persist=conn.channel.persistent)
+            elif isinstance(action, AutoSubscribe):
+                self.subscriber.subscribe(
+                    conn, action.request, persist=conn.channel.persistent, answer=False, auto=True
+                )
             elif isinstance(action, Unsubscribed):
                 self.subscriber.unsubscribe(
                     conn, action.filters, persist=conn.channel.persistent, announce=True

@@ -110,6 +110,8 @@ class PersistentDelivery:
         self._sub: NatsSubscription | None = None
 
     async def start(self) -> None:
+        if self.closed:  # the connection ended before its turn came
+            return
         self._sub = await self.nc.subscribe(
             subjects.queue_notice(self.tenant, self.queue_id), cb=self._on_notice
         )

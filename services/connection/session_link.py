@@ -4,8 +4,11 @@ CONNECT: gather the facts (`connect_attempt`), ask the session service (which au
 registers the connection under a new epoch and opens or resumes the session), then carry out
 its outcome: the channel answers CONNACK; an accepted connection joins the registry, settles a
 pending will, and a persistent session gets its stored subscriptions back and its queue
-delivered. A kick for this client that arrived while we asked means a newer connection won:
-this one is closed with 0x8E right after its CONNACK.
+delivered. The tenant's auto-subscriptions (docs/rules.md) are rendered for the client and
+handed to the channel with the outcome; when it takes any, its CONNACK waits until the node
+has them in place on the mesh (`AutoSubscribe`, carried out by the node's `Subscriber`), and
+the queue delivery starts after that. A kick for this client that arrived while we asked
+means a newer connection won: this one is closed with 0x8E right after its CONNACK.
 
 Takeover: the session service publishes a kick on `ctl.node.<node_id>` naming the epoch it
 supersedes; every connection of that client with an epoch at or below it is closed.
@@ -38,6 +41,7 @@ from services.common.topics.autosub import AutoSubscription, render_all
 from services.connection.channel import (
     Action,
     Authenticate,
+    Channel,
     Reauthenticate,
     State,
     SubscribeRequest,
@@ -140,8 +144,10 @@ class SessionLink:
         ):
             outcome = dataclasses.replace(outcome, taken_over=True)
         ch = conn.channel
-        actions = ch.authenticated(outcome, time.time())
-        if ch.state is State.CONNECTED:
+        auto = self._auto_subscriptions(ch, outcome)
+        actions = ch.authenticated(outcome, time.time(), auto)
+        delivery: PersistentDelivery | None = None
+        if ch.state in (State.ACCEPTED, State.CONNECTED):
             self._registry.accepted(conn)
             if outcome.taken_over:
                 actions += ch.disconnect(RC.SESSION_TAKEN_OVER, "a newer connection took it")
@@ -152,12 +158,13 @@ class SessionLink:
                     )
                 self._sys_events.connected(ch, outcome.session_present)
                 if ch.persistent:
-                    self._resume(conn, outcome)
-                # In place on this node at once, on the mesh moments after the CONNACK
-                # (docs/rules.md "Auto-subscription").
-                self._auto_subscribe(conn)
-        if actions:
+                    delivery = self._resume(conn, outcome)
+        if actions:  # an `AutoSubscribe` among them: the CONNACK waits for it
             self._carry_out(conn, actions)
+        if delivery is not None and not conn.closed:
+            # After the auto-subscriptions, whose operation releases the CONNACK: nothing
+            # from the queue may reach the client before it.
+            self._ops.put(delivery.start)
         if ch.out and not conn.closed:
             self._writes.mark(conn)
 
@@ -201,15 +208,16 @@ class SessionLink:
             log.warning("session_unavailable", extra={"error": str(exc)})
             return ConnectOutcome(reason_code=RC.SERVER_UNAVAILABLE)
 
-    def _resume(self, conn: Conn, outcome: ConnectOutcome) -> None:
-        """A persistent session: restore its subscriptions here, then deliver its queue."""
+    def _resume(self, conn: Conn, outcome: ConnectOutcome) -> PersistentDelivery | None:
+        """A persistent session: restore its subscriptions here (before the
+        auto-subscriptions, which skip what it holds); its queue delivery, to start."""
         ch = conn.channel
         if outcome.subscriptions:
             self._subscriber.subscribe(
                 conn, SubscribeRequest(0, outcome.subscriptions, ()), answer=False
             )
         if self._queue is None:
-            return
+            return None
         persistent = conn.persistent = PersistentDelivery(
             ch,
             self._queue,
@@ -219,21 +227,18 @@ class SessionLink:
             time.time,
             lambda: self._writes.mark(conn),
         )
-        self._ops.put(persistent.start)
+        return persistent
 
-    def _auto_subscribe(self, conn: Conn) -> None:
-        """The tenant's auto-subscriptions, for this client (after a resumed session's own,
-        so a filter it already holds is not added twice)."""
-        templates = self.auto_subscriptions(conn.channel.tenant) if self.auto_subscriptions else ()
+    def _auto_subscriptions(self, ch: Channel, outcome: ConnectOutcome) -> list[tuple[str, int]]:
+        """The tenant's auto-subscriptions rendered for this client (filter, QoS); none for a
+        refused or taken over connection (the channel skips those a resumed session holds)."""
+        if not outcome.ok or outcome.taken_over or self.auto_subscriptions is None:
+            return []
+        templates = self.auto_subscriptions(outcome.tenant)
         if not templates:
-            return
-        ch = conn.channel
-        user = ch.identity.partition("/")[2]
-        rendered = render_all(templates, ch.client_id, user, ch.config.topic_limits)
-        req = ch.auto_subscribe(rendered)
-        if req is None:
-            return None
-        return self._subscriber.subscribe(conn, req, persist=ch.persistent, answer=False, auto=True)
+            return []
+        user = outcome.identity.partition("/")[2]
+        return render_all(templates, ch.client_id, user, ch.config.topic_limits)
 
     def connection_ended(self, conn: Conn) -> None:
         ch = conn.channel

@@ -5,12 +5,14 @@ the SUBSCRIBE on any connection of this node already matches it. The NATS subscr
 its subjects (other nodes' traffic), the router (a persistent session's stored
 subscriptions) and then the SUBACK and retained replay follow in order on `OrderedOps`: the
 SUBACK goes out only once NATS confirmed the subscriptions with a flush, so a message
-published anywhere after the client saw its SUBACK is never missed.
+published anywhere after the client saw its SUBACK is never missed. The tenant's
+auto-subscriptions at connect take the same path, and the CONNACK stands in for the SUBACK.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -94,8 +96,9 @@ class Subscriber:
     ) -> None:
         """Add to the trie now; NATS, the router (`persist`), the SUBACK (`answer`) and
         retained replay follow in order. `auto`: the tenant's auto-subscriptions at connect
-        (no SUBACK, retained replay as for a SUBSCRIBE); neither `answer` nor `auto`: a
-        resumed session's subscriptions (restored, not new: no replay, no event)."""
+        (the CONNACK instead of a SUBACK, then retained replay as for a SUBSCRIBE); neither
+        `answer` nor `auto`: a resumed session's subscriptions (restored, not new: no
+        replay, no event)."""
         tenant = conn.channel.tenant
         new_subjects: list[str] = []
         new_groups: list[SharedGroup[Conn]] = []
@@ -117,6 +120,9 @@ class Subscriber:
             if answer:
                 conn.channel.subscribed(final)
                 self._writes.mark(conn)
+            elif auto:  # all of them, or the CONNECT is refused (Channel.auto_subscribed)
+                ok = len(final.subscriptions) == len(req.subscriptions)
+                conn.shell.carry_out(conn, conn.channel.auto_subscribed(ok, time.time()))
             if (answer or auto) and final.subscriptions:
                 await self._retained.replay(conn, final)
                 if self.events is not None:

@@ -36,6 +36,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[TenantCounts], int]], ...] = (
      lambda c: c.sessions_persistent),
     ("retained_messages", "Retained messages held", lambda c: c.retained_messages),
     ("retained_bytes", "Bytes of the retained messages held", lambda c: c.retained_bytes),
+    ("queue_depth", "Entries waiting in persistent sessions' queues", lambda c: c.queue_depth),
 )  # fmt: skip
 # (series, help, figure) of the per-tenant counters without another label
 _COUNTERS: tuple[tuple[str, str, Callable[[TenantCounts], int]], ...] = (

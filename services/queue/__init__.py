@@ -6,5 +6,6 @@ share each (services/queue/leases.py), and claim each leased partition in the st
 raises its fencing epoch so an older owner can no longer append (services/queue/ownership.py);
 they announce what they own on ctl.queue.owners, and callers send each queue's calls to its
 owner (services/queue/owner_calls.py). After entries commit, a `QueueNotice` on
-`qn.<tenant>.<queue_id>` tells the node that holds the session to read them.
+`qn.<tenant>.<queue_id>` tells the node that holds the session to read them. Each instance
+reports the entries waiting per tenant in the partitions it owns (services/queue/depths.py).
 """

@@ -23,6 +23,7 @@ from services.common.store.ports import AppendOutcome, AppendReport, NewQueueIte
 from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.queue.config import QueueSettings
 from services.queue.core import RouteVersions, expires_at_ms, partition_of
+from services.queue.depths import QueueDepths
 from services.queue.ownership import Partitions
 from services.queue.readers import Lease, Readers
 from services.quota.copies import LimitsCopies
@@ -124,8 +125,14 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self._tracing = settings.tracing
         self.readers = Readers()
         self.routes = RouteVersions()
+        # Entries waiting per tenant in this instance's partitions (reported to metrics).
+        self.depths = QueueDepths(parts.count, lambda: parts.epochs.keys())
+        parts.on_lost = self._lost
+
+    def _lost(self, lost: set[int]) -> None:
         # Readers move with their queue's owner: the partitions' new owner starts afresh.
-        parts.on_lost = lambda lost: self.readers.drop_partitions(lost, parts.count)
+        self.readers.drop_partitions(lost, self._parts.count)
+        self.depths.lost(lost)
 
     async def Append(
         self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
@@ -266,16 +273,21 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         epoch = self._parts.epochs.get(p)
         if epoch is None:
             return AppendReport([AppendOutcome.FENCED] * len(items))
-        report = await self._store.append(
-            tenant,
-            qid,
-            items,
-            p,
-            epoch,
-            depth,
-            drop_oldest,
-            mark_delivered=push,
-        )
+        report = AppendReport([])
+        self.depths.begin(p)
+        try:
+            report = await self._store.append(
+                tenant,
+                qid,
+                items,
+                p,
+                epoch,
+                depth,
+                drop_oldest,
+                mark_delivered=push,
+            )
+        finally:
+            self.depths.end(p, tenant, report.depth_change)
         if AppendOutcome.FENCED in report.outcomes:
             self._parts.fenced(p)  # another instance took the partition over
         if quota and AppendOutcome.FULL in report.outcomes:
@@ -382,7 +394,15 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         if request.detach_reader:
             self.readers.detach(request.tenant, request.queue_id, request.detach_reader)
         if request.through_seq:
-            await self._store.ack(request.tenant, request.queue_id, request.through_seq)
+            p = self.depths.partition(request.tenant, request.queue_id)
+            change = 0
+            self.depths.begin(p)
+            try:
+                change = await self._store.ack(
+                    request.tenant, request.queue_id, request.through_seq
+                )
+            finally:
+                self.depths.end(p, request.tenant, change)
         return pb.AckResponse()
 
     async def MarkReleased(
@@ -399,7 +419,13 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         self, request: pb.DropRequest, context: grpc.aio.ServicerContext
     ) -> pb.DropResponse:
         self.readers.drop(request.tenant, request.queue_id)
-        await self._store.drop(request.tenant, request.queue_id)
+        p = self.depths.partition(request.tenant, request.queue_id)
+        change = 0
+        self.depths.begin(p)
+        try:
+            change = await self._store.drop(request.tenant, request.queue_id)
+        finally:
+            self.depths.end(p, request.tenant, change)
         return pb.DropResponse()
 
 

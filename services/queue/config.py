@@ -60,6 +60,16 @@ class QueueSettings(ServiceSettings):
         "appends are read back. 0: never push.",
     )
 
+    queue_depth_resync_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Every this many seconds the instance scans the store's queue state "
+        "once (every queue with entries) to refresh its per-tenant queue depths "
+        "(starling_cluster_queue_depth); between scans it adds the depth change of each of "
+        "its appends, acks and drops. The scan takes in what it did not see: the compaction "
+        "job's expired entries, an ack served by an instance that does not own the queue.",
+    )
+
     @model_validator(mode="after")
     def _index(self) -> QueueSettings:
         if self.instance_index >= self.instance_count:

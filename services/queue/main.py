@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
+import time
 import uuid
 from collections.abc import Iterable
 
@@ -36,6 +38,10 @@ from services.quota.client import QuotaClient
 from services.quota.copies import LimitsCopies
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
+
+log = logging.getLogger("starling.queue")
+
+DEPTH_CHECK_S = 1.0  # how often the depth scanner looks for gained partitions
 
 
 class QueueService:
@@ -71,6 +77,7 @@ class QueueService:
         register_refusal_metrics(self._api.refusals, "starling.queue")
         self._servers: list[UnaryServer] = []
         self._reporter: asyncio.Task[None] | None = None
+        self._depth_scans: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QueueServiceServicer_to_server(self._api, server)
@@ -115,6 +122,7 @@ class QueueService:
             await server.start()
         await self._parts.announce()
         self._leasing = asyncio.create_task(self._parts.run(), name="queue-leases")
+        self._depth_scans = asyncio.create_task(self._scan_depths(), name="queue-depths")
         self._reporter = asyncio.create_task(
             report_every(
                 MetricsClient(self._s.metrics_addr),
@@ -126,21 +134,40 @@ class QueueService:
         )
 
     def _figures(self) -> list[TenantCounters]:
-        """This instance's drops by the depth limit and refusals by a tenant's
-        max_queue_depth, per tenant (the queues' depths are not counted yet: the stores keep
-        no per-tenant total)."""
+        """Per tenant: this instance's drops by the depth limit and refusals by a tenant's
+        max_queue_depth since it started, and the entries waiting in the queues of the
+        partitions it owns (services/queue/depths.py)."""
         dropped = self._api.dropped_by_tenant
         refused = self._api.refusals.quota_by_tenant()
+        depths = self._api.depths.by_tenant()
         return [
             TenantCounters(
-                tenant=t, queue_dropped=dropped.get(t, 0), quota_refusals=refused.get(t, 0)
+                tenant=t,
+                queue_dropped=dropped.get(t, 0),
+                quota_refusals=refused.get(t, 0),
+                queue_depth=depths.get(t, 0),
             )
-            for t in sorted({*dropped, *refused})
+            for t in sorted({*dropped, *refused, *depths})
         ]
+
+    async def _scan_depths(self) -> None:
+        """The depth scans: at start, when partitions were gained, every resync period."""
+        depths = self._api.depths
+        last = -1e9
+        while True:
+            if depths.needs_scan() or time.monotonic() - last >= self._s.queue_depth_resync_s:
+                try:
+                    await depths.scan(self._store)
+                    last = time.monotonic()
+                except Exception as exc:  # the store is away: try again next round
+                    log.warning("queue_depth_scan_failed", extra={"error": repr(exc)})
+            await asyncio.sleep(DEPTH_CHECK_S)
 
     async def stop(self) -> None:
         if self._reporter is not None:
             self._reporter.cancel()
+        if self._depth_scans is not None:
+            self._depth_scans.cancel()
         for server in self._servers:
             await server.stop()
         if self._leasing is not None:

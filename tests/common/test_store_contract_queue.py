@@ -183,6 +183,30 @@ async def test_depth_limit_policies(queues: QueueStore) -> None:
     assert st.dropped == 2
 
 
+async def test_every_write_reports_its_depth_change_and_depths_lists_queues(
+    queues: QueueStore,
+) -> None:
+    """What the queue service's per-tenant depth totals are made of (services/queue/depths.py):
+    each change adds up to the queue's own counter, and `depths` lists what is left."""
+    t = f"t{uuid.uuid4().hex[:6]}"
+    epoch = await queues.claim_partition(4)
+    assert (await queues.append(t, "a#1", _items(3), 4, epoch, 0, True)).depth_change == 3
+    assert (await queues.append(t, "a#1", _items(1), 4, epoch, 0, True)).depth_change == 0
+    assert await queues.ack(t, "a#1", 2) == -2
+    assert await queues.ack(t, "a#1", 2) == 0  # acked before: no change
+    assert await queues.ack(t, "nobody#1", 3) == 0
+    # At the depth limit: the oldest dropped for each new one, or the newest refused.
+    assert (await queues.append(t, "b#1", _items(3), 4, epoch, 2, True)).depth_change == 2
+    assert (await queues.append(t, "b#1", _items(1, 3), 4, epoch, 2, True)).depth_change == 0
+    assert (await queues.append(t, "c#1", _items(4), 4, epoch, 2, False)).depth_change == 2
+    mine = sorted(r for r in await queues.depths() if r[0] == t)
+    assert mine == [(t, "a#1", 1), (t, "b#1", 2), (t, "c#1", 2)]
+    assert await queues.drop(t, "b#1") == -2
+    assert await queues.drop(t, "b#1") == 0
+    assert await queues.ack(t, "a#1", 3) == -1
+    assert [r for r in await queues.depths() if r[0] == t] == [(t, "c#1", 2)]
+
+
 async def test_released_mark_and_drop(queues: QueueStore) -> None:
     t, q = f"t{uuid.uuid4().hex[:6]}", "c#2"
     epoch = await queues.claim_partition(3)

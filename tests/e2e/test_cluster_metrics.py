@@ -229,3 +229,31 @@ def test_red_series_appear_after_an_admin_call(mesh: MeshInfo, traffic: str) -> 
     # The router serves the persistent publish path over NATS request/reply.
     nats = red_samples(own_metrics(mesh, "router"), "starling_rpc_requests_total")
     assert any(k[3] == "nats" and k[2] == "OK" for k in nats), nats
+
+
+def test_the_cluster_endpoint_shows_the_queue_depth_of_an_offline_session(mesh: MeshInfo) -> None:
+    """QoS 1 messages for an offline persistent session wait in its queue: the tenant's
+    `starling_cluster_queue_depth` counts them, and drops to 0 once the session is back and
+    has acknowledged them."""
+    n = 12
+    tenant = f"m{uuid.uuid4().hex[:8]}"
+    Admin(mesh).user(tenant, "u", "pw")
+
+    def depth() -> float | None:
+        return scrape(mesh).get(("starling_cluster_queue_depth", frozenset({("tenant", tenant)})))
+
+    away = Paho(mesh.node(0), client_id="away", username=f"{tenant}/u", password="pw")
+    away.connect(clean_start=False, session_expiry=300)
+    away.subscribe("q/#", 1)
+    away.close()
+    pub = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
+    pub.connect()
+    for i in range(n):
+        pub.publish("q/x", b"%d" % i, 1)  # returns at its PUBACK: stored in the queue
+    pub.close()
+    _until(depth, lambda d: d == n, f"depth {n}")
+    back = Paho(mesh.node(0), client_id="away", username=f"{tenant}/u", password="pw")
+    back.connect(clean_start=False, session_expiry=300)
+    assert sorted(int(m.payload) for m in back.expect(n)) == list(range(n))
+    _until(depth, lambda d: d == 0, "depth 0 once acknowledged")
+    back.close()

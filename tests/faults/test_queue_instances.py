@@ -5,21 +5,27 @@ appends under way at it end when the new owner announces itself and go there. No
 acknowledged is lost, each publisher's order holds, and the pause in acknowledgements around
 the kill is measured (a figure in the fault suite's table; the bound asserted is loose, far
 above the target of 2 s, so that a loaded machine cannot fail it). The killed instance then
-comes back under the same load and takes its share again: nothing lost there either.
+comes back under the same load and takes its share again: nothing lost there either. Then
+the cluster's queue depth figure (each instance reports the partitions it owns) matches what
+the store holds for the tenant.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.cli.launcher import Launcher
 from services.cli.status import component_status
+from tests.e2e.clients import Paho
 from tests.faults import harness
 from tests.faults.checker import Checker
 from tests.faults.harness import MAX_PACKET, Load, record, wait_for
@@ -127,3 +133,37 @@ def test_sigkill_of_a_queue_instance_under_load(
     assert verdict.acked >= 2000, verdict.summary()
     # The target is 2 s (lease 1.2 s + a round); asserted loosely, reported exactly.
     assert max(pauses.values()) < 8.0, pauses
+    # Partitions moved to the survivor and back under load: the instances' depth reports
+    # still add up to the store's counters (the load runs as the anonymous tenant), with
+    # messages waiting for the two persistent subscribers, now offline.
+    pub = Paho(launcher.mesh.by_name("connection-0").port)
+    pub.connect()
+    for i in range(10):
+        pub.publish(f"{load.base}/after", b"%d" % i, 1)
+    pub.close()
+    assert wait_for(lambda: stored_depth(launcher, "default") >= 20, 10)
+
+    def figures() -> tuple[int, int]:
+        return cluster_depth(launcher, "default"), stored_depth(launcher, "default")
+
+    assert wait_for(lambda: len(set(figures())) == 1, 30), figures()
+
+
+def stored_depth(launcher: Launcher, tenant: str) -> int:
+    """The tenant's entries waiting, summed from the queue store's own counters."""
+    db = Path(launcher.mesh.data_dir) / "data" / "queues.db"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT sum(depth) FROM queue_state WHERE tenant=?", (tenant,))
+        return int(row.fetchone()[0] or 0)
+
+
+def cluster_depth(launcher: Launcher, tenant: str) -> int:
+    """starling_cluster_queue_depth{tenant} on the metrics service's cluster endpoint."""
+    port = launcher.mesh.by_name("metrics").port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "starling_cluster_queue_depth" and s.labels.get("tenant") == tenant:
+                return int(s.value)
+    return 0

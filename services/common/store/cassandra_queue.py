@@ -170,6 +170,7 @@ class CassandraQueueStore(CassandraBase):
         """Statements that drop a whole queue."""
         # Conditional like every other change of the row (LWT and plain writes do not mix).
         self._drop_state = p("DELETE FROM queue_state WHERE tenant=? AND queue_id=? IF EXISTS")
+        self._state_depths = p("SELECT tenant, queue_id, depth FROM queue_state")
         self._drop_bucket = p(
             "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND bucket=?"
         )
@@ -238,7 +239,12 @@ class CassandraQueueStore(CassandraBase):
                     seen = row.delivered_through
                     if seen is None or plan.last > seen:
                         await self._mark_delivered(tenant, queue_id, seen, plan.last)
-                return AppendReport(plan.outcomes, plan.last, plan.dropped - plan.dropped_before)
+                return AppendReport(
+                    plan.outcomes,
+                    plan.last,
+                    plan.dropped - plan.dropped_before,
+                    plan.depth - row.depth,
+                )
             if (getattr(res, "owner_epoch", None) or 0) > epoch:
                 return AppendReport([AppendOutcome.FENCED] * len(items))
             # Another writer changed the counters since we read them: read and plan again.
@@ -371,14 +377,14 @@ class CassandraQueueStore(CassandraBase):
                 return
             seen = current
 
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> int:
         for _ in range(MAX_CAS_TRIES):
             row = await self._row(self._state_get, (tenant, queue_id))
             if row is None:
-                return
+                return 0
             through = min(through_seq, row.last_seq)
             if through <= row.acked_through:
-                return
+                return 0
             depth = max(0, row.depth - (through - row.acked_through))
             res = await self._row(
                 self._state_ack,
@@ -389,17 +395,31 @@ class CassandraQueueStore(CassandraBase):
             first = row.acked_through + 1
             for bucket in range(first >> BUCKET_BITS, (through >> BUCKET_BITS) + 1):
                 await self._exec(self._entry_del_range, (tenant, queue_id, bucket, through))
-            return
+            return int(depth - row.depth)  # the change the compare-and-set made
         raise RuntimeError(f"ack of {queue_id!r} lost {MAX_CAS_TRIES} compare-and-sets")
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
         await self._exec(self._entry_release, (tenant, queue_id, seq >> BUCKET_BITS, seq))
 
-    async def drop(self, tenant: str, queue_id: str) -> None:
+    async def drop(self, tenant: str, queue_id: str) -> int:
         st = await self.state(tenant, queue_id)
         for bucket in range(0, (st.last_seq >> BUCKET_BITS) + 1):
             await self._exec(self._drop_bucket, (tenant, queue_id, bucket))
-        await self._exec(self._drop_state, (tenant, queue_id))
+        gone = await self._row(self._drop_state, (tenant, queue_id))
+        # The row as the conditional delete found it (an append may have moved it since the
+        # read above); nothing when another drop came first.
+        if gone is None or not gone[0]:
+            return 0
+        depth = getattr(gone, "depth", None)
+        return -int(st.depth if depth is None else depth)
+
+    async def depths(self) -> list[tuple[str, str, int]]:
+        # A scan of the whole table (paged by the driver): run at start and now and then,
+        # never per message. Filtered here: `depth>0` in CQL would need ALLOW FILTERING.
+        out: list[tuple[str, str, int]] = []
+        async for page in self._pages(self._state_depths, ()):
+            out += [(r.tenant, r.queue_id, int(r.depth)) for r in page if r.depth]
+        return out
 
 
 # ---- Compaction (analytics/jobs/queue_compaction.py) ---------------------------------------

@@ -222,12 +222,14 @@ class AppendOutcome:
 
 @dataclass(frozen=True, slots=True)
 class AppendReport:
-    """What one append did: an `AppendOutcome` per item, the queue's last seq after it, and
-    how many entries the depth limit dropped (oldest removed or newest refused)."""
+    """What one append did: an `AppendOutcome` per item, the queue's last seq after it, how
+    many entries the depth limit dropped (oldest removed or newest refused), and how much the
+    queue's depth changed (its counter after minus before, in the append's transaction)."""
 
     outcomes: list[str]
     last_seq: int = 0
     dropped: int = 0
+    depth_change: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,11 +280,19 @@ class QueueStore(Protocol):
         last entry returned, durably, before this returns: the caller writes the entries only
         afterwards, so a later reader never takes an entry that was sent for a first attempt."""
 
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None: ...
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> int:
+        """Acknowledge the entries up to `through_seq`; returns the change of the queue's
+        depth (<= 0)."""
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None: ...
 
-    async def drop(self, tenant: str, queue_id: str) -> None: ...
+    async def drop(self, tenant: str, queue_id: str) -> int:
+        """Remove the whole queue; returns the change of depth (minus what it held)."""
+
+    async def depths(self) -> list[tuple[str, str, int]]:
+        """(tenant, queue id, depth) of every queue holding entries: one scan of the
+        queues' state, for the per-tenant totals the queue service keeps (at start, and now
+        and then to take in what others changed: compaction, an ack served by a non-owner)."""
 
     async def state(self, tenant: str, queue_id: str) -> QueueState: ...
 

@@ -209,7 +209,7 @@ class SqliteQueueStore(SqliteDb):
             "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped",
             (tenant, queue_id, last, st.acked_through, depth, dropped),
         )
-        return AppendReport(out, last, dropped - st.dropped)
+        return AppendReport(out, last, dropped - st.dropped, depth - st.depth)
 
     def _prune_msgids_now_and_then(self, db: sqlite3.Connection, now_ms: int) -> None:
         """Every PRUNE_EVERY appends, forget message ids older than MSGID_RETENTION_MS: often
@@ -257,24 +257,25 @@ class SqliteQueueStore(SqliteDb):
             return await self.group.run(read)
         return await self.run(lambda: read(self.db))
 
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> None:
-        def ack(db: sqlite3.Connection) -> None:
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> int:
+        def ack(db: sqlite3.Connection) -> int:
             st = _state(db, tenant, queue_id)
             if through_seq <= st.acked_through:
-                return
+                return 0
             cur = db.execute(
                 "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq<=?",
                 (tenant, queue_id, through_seq),
             )
+            depth = max(0, st.depth - cur.rowcount)
             db.execute(
-                "UPDATE queue_state SET acked_through=?, depth=max(0, depth-?) "
-                "WHERE tenant=? AND queue_id=?",
-                (min(through_seq, st.last_seq), cur.rowcount, tenant, queue_id),
+                "UPDATE queue_state SET acked_through=?, depth=? WHERE tenant=? AND queue_id=?",
+                (min(through_seq, st.last_seq), depth, tenant, queue_id),
             )
+            return depth - st.depth
 
         # Lost on a power cut, an ack only makes its entries go out again (DUP=1, read back
         # past delivered_through), which QoS 1 and 2 allow: no fsync of its own.
-        await self.group.run(ack, durable=False)
+        return await self.group.run(ack, durable=False)
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
         def mark(db: sqlite3.Connection) -> None:
@@ -285,18 +286,29 @@ class SqliteQueueStore(SqliteDb):
 
         await self.group.run(mark)
 
-    async def drop(self, tenant: str, queue_id: str) -> None:
-        def drop(db: sqlite3.Connection) -> None:
+    async def drop(self, tenant: str, queue_id: str) -> int:
+        def drop(db: sqlite3.Connection) -> int:
+            depth = _state(db, tenant, queue_id).depth
             db.execute(
                 "DELETE FROM queue_entries WHERE tenant=? AND queue_id=?", (tenant, queue_id)
             )
             db.execute("DELETE FROM queue_state WHERE tenant=? AND queue_id=?", (tenant, queue_id))
             db.execute("DELETE FROM queue_msgids WHERE tenant=? AND queue_id=?", (tenant, queue_id))
+            return -depth
 
-        await self.group.run(drop)
+        return await self.group.run(drop)
 
     async def state(self, tenant: str, queue_id: str) -> QueueState:
         return await self.run(lambda: _state(self.db, tenant, queue_id))
+
+    async def depths(self) -> list[tuple[str, str, int]]:
+        def depths() -> list[tuple[str, str, int]]:
+            rows = self.db.execute(
+                "SELECT tenant, queue_id, depth FROM queue_state WHERE depth>0"
+            ).fetchall()
+            return [(str(t), str(q), int(d)) for t, q, d in rows]
+
+        return await self.run(depths)
 
 
 # ---- Compaction (analytics/jobs/queue_compaction.py) ---------------------------------------

@@ -18,6 +18,7 @@ return; write `Channel.out`. Modules (private; import from here):
 from services.connection.channel.actions import (
     Action,
     Authenticate,
+    AutoSubscribe,
     Close,
     DeliveryProgress,
     Reauthenticate,
@@ -41,6 +42,7 @@ __all__ = [
     "AWAIT_PUBREC",
     "Action",
     "Authenticate",
+    "AutoSubscribe",
     "Channel",
     "ChannelConfig",
     "Close",

@@ -62,6 +62,15 @@ class SubscribeRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class AutoSubscribe:
+    """The tenant's auto-subscriptions this client takes, already recorded as its own: put
+    them in place (node, mesh, a persistent session's stored subscriptions), then answer with
+    `Channel.auto_subscribed`. The CONNACK waits for that answer."""
+
+    request: SubscribeRequest
+
+
+@dataclass(frozen=True, slots=True)
 class Unsubscribed:
     """The client removed these filters (the UNSUBACK is already written)."""
 
@@ -96,6 +105,7 @@ Action = (
     | Authenticate
     | Reauthenticate
     | SubscribeRequest
+    | AutoSubscribe
     | Unsubscribed
     | Close
     | DeliveryProgress

@@ -23,6 +23,8 @@ class ChannelConfig:
     max_keepalive_s: int = 3600  # 0: accept what the client asks
     server_keepalive_s: int = 3600  # for MQTT 5 clients asking 0; 0: let them
     connect_timeout_s: float = 5.0
+    # The CONNACK waits this long at most for the auto-subscriptions (then: 0x88, retry).
+    auto_subscribe_timeout_s: float = 10.0
     v3_inflight: int = 256  # outbound window for clients that cannot tell us theirs
     max_queued_messages: int = 1000
     max_queued_bytes: int = 4 << 20  # QoS 1/2 waiting for the window or the transport

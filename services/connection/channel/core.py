@@ -14,10 +14,13 @@ Theory of operation:
 - Every call that returns actions returns a fresh `list[Action]` the caller owns and may
   extend; an empty list costs one small allocation per call, next to the decoding it follows.
 - CONNECT yields `Authenticate`; packets that arrive before `authenticated` are held and
-  replayed by it, in order, so it returns actions too. With enhanced authentication (MQTT 5
-  AUTH, enhanced_auth.py) `authenticated` may instead write AUTH 0x18; the client's AUTH
-  answer yields the next `Authenticate`. A connected client's AUTH 0x19 yields
-  `Reauthenticate`, answered by `reauthenticated`.
+  replayed by it, in order, so it returns actions too. When the tenant's auto-subscriptions
+  give the client any (`authenticated(..., auto=...)`), it returns `AutoSubscribe` instead and
+  the channel is ACCEPTED: the CONNACK and the held packets wait for `auto_subscribed`, so the
+  client gets its CONNACK once they are in place, as a resumed session's subscriptions are.
+  With enhanced authentication (MQTT 5 AUTH, enhanced_auth.py) `authenticated` may instead
+  write AUTH 0x18; the client's AUTH answer yields the next `Authenticate`. A connected
+  client's AUTH 0x19 yields `Reauthenticate`, answered by `reauthenticated`.
 - SUBSCRIBE yields `SubscribeRequest`; the SUBACK waits for `subscribed`.
 - A client that breaks a rule makes a family raise `MqttError` (its reason code says why);
   only this connection closes: DISCONNECT with the code on MQTT 5 (CONNACK with it while the
@@ -26,8 +29,8 @@ Theory of operation:
   peer nobody knows yet cannot make us read a large packet. Every configured limit a client
   exceeds is reported through `on_limit(setting name, tenant)` (the node counts them; the
   tenant is "" before authentication).
-- `state` only moves forward: AWAIT_CONNECT -> AUTHENTICATING -> CONNECTED -> CLOSED, and any
-  state may go straight to CLOSED. Nothing is written or returned after CLOSED.
+- `state` only moves forward: AWAIT_CONNECT -> AUTHENTICATING -> (ACCEPTED ->) CONNECTED ->
+  CLOSED, and any state may go straight to CLOSED. Nothing is written or returned after CLOSED.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from services.common.topics import validate_topic_name
 from services.connection.channel.actions import (
     Action,
     Authenticate,
+    AutoSubscribe,
     Close,
     DeliveryProgress,
     Reauthenticate,
@@ -116,8 +120,13 @@ class _Deaf(Decoder):
 class State(IntEnum):
     AWAIT_CONNECT = 1
     AUTHENTICATING = 2
-    CONNECTED = 3
-    CLOSED = 4
+    ACCEPTED = 3  # the session exists; the CONNACK waits for the auto-subscriptions
+    CONNECTED = 4
+    CLOSED = 5
+
+
+# Packets that come meanwhile are held for after the CONNACK.
+_BEFORE_CONNACK = frozenset({State.AUTHENTICATING, State.ACCEPTED})
 
 
 class Channel:
@@ -245,8 +254,14 @@ class Channel:
             self._handle_all(packets, now, actions)
         return actions
 
-    def authenticated(self, outcome: ConnectOutcome, now: float) -> list[Action]:
-        """The session service's answer to `Authenticate`: CONNACK, then the held packets."""
+    def authenticated(
+        self, outcome: ConnectOutcome, now: float, auto: Sequence[tuple[str, int]] = ()
+    ) -> list[Action]:
+        """The session service's answer to `Authenticate`: CONNACK, then the held packets.
+        `auto`: the tenant's auto-subscriptions (filter, QoS) rendered for this client by the
+        node; those it takes (not held yet, valid, allowed by its ACL, within its limit) are
+        recorded as its own and returned in `AutoSubscribe`, and the CONNACK waits for
+        `auto_subscribed`."""
         actions: list[Action] = []
         if self.state is not State.AUTHENTICATING:
             return actions
@@ -257,7 +272,30 @@ class Channel:
             self.will = None  # a refused connection leaves no will
             actions.append(self._refuse(outcome.reason_code))
             return actions
-        self._accept(outcome, now)
+        connack = self._accept(outcome, now)
+        request = self._subscriptions.auto(auto) if auto else None
+        if request is not None:
+            self.state = State.ACCEPTED
+            self._handshake.hold_connack(connack, now)
+            actions.append(AutoSubscribe(request))
+            return actions
+        self.out += connack
+        self._handle_all(self._handshake.release_held(), now, actions)
+        return actions
+
+    def auto_subscribed(self, ok: bool, now: float) -> list[Action]:
+        """The node carried out `AutoSubscribe`: the CONNACK goes, then the held packets. Not
+        `ok` (the node could not put them in place) refuses the CONNECT with 0x88 Server
+        unavailable: the client retries, rather than run without subscriptions its tenant
+        gives every client."""
+        actions: list[Action] = []
+        if self.state is not State.ACCEPTED:
+            return actions
+        if not ok:
+            self.will = None  # a refused connection leaves no will
+            actions.append(self._refuse(RC.SERVER_UNAVAILABLE))
+            return actions
+        self._release_connack()
         self._handle_all(self._handshake.release_held(), now, actions)
         return actions
 
@@ -278,14 +316,6 @@ class Channel:
         """The node carried out `request`: record the subscriptions and write the SUBACK."""
         if self.state is State.CONNECTED:
             self._subscriptions.subscribed(request)
-
-    def auto_subscribe(self, subs: Sequence[tuple[str, int]]) -> SubscribeRequest | None:
-        """The tenant's auto-subscriptions (filter, QoS), rendered for this client by the
-        node: those it takes are recorded as the client's own (no SUBACK); the node adds
-        them to the mesh. None when none applies."""
-        if self.state is not State.CONNECTED:
-            return None
-        return self._subscriptions.auto(subs)
 
     def publish_routed(self, packet_id: int, reason_code: int = 0) -> None:
         """The node finished routing a deferred publish: its PUBACK/PUBREC may go (with
@@ -311,7 +341,7 @@ class Channel:
         where to go [MQTT-3.14.2.2.5]; a client still authenticating gets it in its CONNACK."""
         if self.state is State.CLOSED:
             return []
-        if self.state is State.AUTHENTICATING and code in _REDIRECTS:
+        if self.state in _BEFORE_CONNACK and code in _REDIRECTS:
             # Refused before it began: CONNACK naming the server (3.1.1: return code 3).
             self._handshake.server_reference = server_reference
             self.will = None  # a refused connection leaves no will
@@ -348,6 +378,13 @@ class Channel:
             return [self._close(RC.MAXIMUM_CONNECT_TIME, "no CONNECT in time")]
         if state is State.AUTHENTICATING and self._auth.overdue(now, timeout_s):
             return [self._close(RC.MAXIMUM_CONNECT_TIME, "no AUTH in time")]
+        if state is State.ACCEPTED and self._handshake.connack_overdue(
+            now, self.config.auto_subscribe_timeout_s
+        ):
+            # The mesh did not confirm them in time: the client retries (see `auto_subscribed`).
+            self._limit("auto_subscribe_timeout_s")
+            self.will = None
+            return [self._refuse(RC.SERVER_UNAVAILABLE)]
         return []
 
     def _limit(self, name: str) -> None:
@@ -415,7 +452,7 @@ class Channel:
             return self._on_connect(p)
         if state is State.AUTHENTICATING and type(p) is Auth and self.level == 5:
             return self._on_connect_auth(p)
-        if state is State.AUTHENTICATING and not self._handshake.hold(p):
+        if state in _BEFORE_CONNACK and not self._handshake.hold(p):
             raise ProtocolViolationError("too many packets before CONNACK")
         return None
 
@@ -453,8 +490,8 @@ class Channel:
         assert connect is not None, "AUTH answered before CONNECT"
         return Authenticate(connect, self.client_id, data, self._auth.state)
 
-    def _accept(self, outcome: ConnectOutcome, now: float) -> None:
-        """Take on the session the service granted and write the CONNACK."""
+    def _accept(self, outcome: ConnectOutcome, now: float) -> bytes:
+        """Take on the session the service granted; the CONNACK to write."""
         self.tenant = outcome.tenant
         self.epoch = outcome.epoch
         self.incarnation = outcome.incarnation
@@ -470,7 +507,6 @@ class Channel:
             self._keepalive.interval_s = keepalive_s
             asked_s = self._handshake.connect.keepalive_s if self._handshake.connect else 0
             self._limit("max_keepalive_s" if asked_s else "server_keepalive_s")
-        self.out += encode(connack, self.level)
         gate = self._gates(self.tenant, outcome.identity.partition("/")[2]) if self._gates else None
         self._inbound.start(
             self.level,
@@ -483,6 +519,12 @@ class Channel:
         )
         quota = gate.limits if gate is not None else None
         self._subscriptions.start(self.level, acl, outcome.subscriptions, quota)
+        return encode(connack, self.level)
+
+    def _release_connack(self) -> None:
+        """ACCEPTED -> CONNECTED: write the CONNACK that waited."""
+        self.out += self._handshake.take_connack()
+        self.state = State.CONNECTED
 
     def _refuse(self, code: int) -> Close:
         """Refuse the CONNECT: CONNACK with `code` (the v3 return code on 3.1/3.1.1, which
@@ -529,6 +571,8 @@ class Channel:
     def _shut(self, code: int, reason: str, server_reference: str = "") -> Close:
         """Tell an MQTT 5 client why (DISCONNECT, or CONNACK before the session exists),
         then close. Not for a CLOSED channel."""
+        if self.state is State.ACCEPTED:
+            self._release_connack()  # the session exists: CONNACK, then DISCONNECT
         if self.level == 5:
             problems = self._problems
             if self.state is State.CONNECTED:

@@ -32,6 +32,8 @@ class Handshake:
 
     __slots__ = (
         "_config",
+        "_connack",
+        "_connack_since",
         "_held",
         "_held_bytes",
         "_new_client_id",
@@ -46,6 +48,8 @@ class Handshake:
         self._held: list[Packet] | None = None  # created on first use: most clients wait
         self.connect: Connect | None = None
         self.server_reference = ""  # where a redirected client should go instead
+        self._connack = b""  # the accepting CONNACK, while it waits (`hold_connack`)
+        self._connack_since = 0.0
 
     def begin(self, p: Connect) -> tuple[str, int]:
         """Check a CONNECT: (the client id to use, 0), or ("", the refusing reason code)."""
@@ -90,6 +94,19 @@ class Handshake:
         """The held packets, in the order they came, to handle now."""
         held, self._held = self._held, None
         return held or []
+
+    def hold_connack(self, connack: bytes, now: float) -> None:
+        """Keep the accepting CONNACK (encoded) until `take_connack`."""
+        self._connack = connack
+        self._connack_since = now
+
+    def take_connack(self) -> bytes:
+        connack, self._connack = self._connack, b""
+        return connack
+
+    def connack_overdue(self, now: float, timeout_s: float) -> bool:
+        """The held CONNACK has waited longer than `timeout_s`."""
+        return now - self._connack_since > timeout_s
 
     def refused(self, code: int) -> ConnAck:
         """The MQTT 5 CONNACK refusing the CONNECT with `code` (a redirect names the server)."""

@@ -1,0 +1,91 @@
+"""Per-tenant queue depth totals (services/queue/depths.py): loaded by a scan, moved by each
+write's depth change, only for the partitions owned, and never double-counting a write that
+raced a scan."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+from services.common.store.ports import QueueStore
+from services.queue.core import partition_of
+from services.queue.depths import QueueDepths
+
+PARTS = 8
+
+
+class ScanStore:
+    """`depths()` answers `rows`, once `release` is set (to let a write race the scan)."""
+
+    def __init__(self, rows: list[tuple[str, str, int]]) -> None:
+        self.rows = rows
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def depths(self) -> list[tuple[str, str, int]]:
+        await self.release.wait()
+        return list(self.rows)
+
+
+def _queue_in(partition: int, tenant: str) -> str:
+    """A queue id of `tenant` in `partition`."""
+    return next(
+        q for i in range(10_000) if partition_of(tenant, q := f"c{i}#1", PARTS) == partition
+    )
+
+
+async def test_scan_then_changes_per_owned_partition() -> None:
+    owned = {0, 1}
+    d = QueueDepths(PARTS, lambda: owned)
+    q0, q1, q2 = _queue_in(0, "t"), _queue_in(1, "t"), _queue_in(2, "t")
+    store = ScanStore([("t", q0, 3), ("t", q1, 4), ("t", q2, 100), ("u", _queue_in(0, "u"), 1)])
+    assert d.needs_scan()
+    await d.scan(cast(QueueStore, store))
+    assert not d.needs_scan()
+    assert d.by_tenant() == {"t": 7, "u": 1}  # partition 2 is another instance's
+    d.begin(0)
+    d.end(0, "t", 5)  # an append
+    d.begin(1)
+    d.end(1, "t", -4)  # an ack
+    d.begin(2)
+    d.end(2, "t", 9)  # not ours: its owner counts it
+    assert d.by_tenant() == {"t": 8, "u": 1}
+    d.lost({1})
+    owned.discard(1)
+    assert d.by_tenant() == {"t": 8, "u": 1}
+    owned.add(1)
+    assert d.needs_scan()  # gained again: loaded anew, not from what it had
+
+
+async def test_a_write_racing_a_scan_is_counted_once() -> None:
+    owned = {0}
+    d = QueueDepths(PARTS, lambda: owned)
+    q = _queue_in(0, "t")
+    store = ScanStore([("t", q, 2)])
+    await d.scan(cast(QueueStore, store))
+    # An append under way when a scan starts commits (depth 2 -> 5) before the scan reads:
+    # the scan sees 5, and the append adds its 3 after the scan's answer.
+    d.begin(0)
+    store.rows = [("t", q, 5)]
+    await d.scan(cast(QueueStore, store))
+    d.end(0, "t", 3)
+    assert d.by_tenant() == {"t": 5}
+    # An append that starts and ends while a scan runs, which read the row before it.
+    store.release.clear()
+    scan = asyncio.create_task(d.scan(cast(QueueStore, store)))
+    await asyncio.sleep(0)  # the scan is under way (waiting for its rows)
+    d.begin(0)
+    d.end(0, "t", 1)
+    store.release.set()
+    await scan
+    assert d.by_tenant() == {"t": 6}
+    store.rows = [("t", q, 6)]
+    await d.scan(cast(QueueStore, store))  # a quiet scan confirms it
+    assert d.by_tenant() == {"t": 6}
+    # Another instance acked 5 of them (it did not own the queue): the next scan takes it in.
+    store.rows = [("t", q, 1)]
+    await d.scan(cast(QueueStore, store))
+    assert d.by_tenant() == {"t": 1}
+    store.rows = []
+    await d.scan(cast(QueueStore, store))
+    assert d.by_tenant() == {}
