@@ -21,14 +21,25 @@ were pushed and never sent (at most one credit's worth): the durable mark covers
 lease ends when its reader detaches (its connection closed) or the queue is dropped; a reader
 that died without detaching keeps it until another reader of the queue reads: at most one
 lease per queue.
+
+A Read that was under way when its reader detached ends after the detach: it must not make
+that reader the queue's lease holder again (its connection is gone; entries pushed to it
+would be marked delivered and come back DUP=1 on the session's next connection). So the
+last DETACHED_KEPT detached readers are remembered and never take a lease again (a reader
+names one connection's delivery and is never reused).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
 
 from services.queue.core import partition_of
+
+# Detached readers remembered (a Read racing its reader's detach lasts a round trip, not
+# thousands of other detaches): bounded memory, ~100 bytes each.
+DETACHED_KEPT = 10_000
 
 
 @dataclass(slots=True)
@@ -42,6 +53,7 @@ class Lease:
 class Readers:
     def __init__(self) -> None:
         self._leases: dict[tuple[str, str], Lease] = {}
+        self._detached: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -78,7 +90,7 @@ class Readers:
         if lease is not None and lease.reader == reader:
             lease.caught_up = at_end
             lease.credit = room
-        elif at_end and reader:
+        elif at_end and reader and reader not in self._detached:
             # A new reader (a new connection of the session): it takes the queue over.
             self._leases[key] = Lease(reader, through, room)
         else:
@@ -94,6 +106,9 @@ class Readers:
         lease = self._leases.get((tenant, queue_id))
         if lease is not None and lease.reader == reader:
             del self._leases[(tenant, queue_id)]
+        self._detached[reader] = None
+        if len(self._detached) > DETACHED_KEPT:
+            self._detached.popitem(last=False)
 
     def drop(self, tenant: str, queue_id: str) -> None:
         self._leases.pop((tenant, queue_id), None)

@@ -1,0 +1,30 @@
+"""Push leases of queue readers (services/queue/readers.py)."""
+
+from __future__ import annotations
+
+from services.queue.readers import DETACHED_KEPT, Readers
+
+
+def test_a_read_that_ends_after_its_readers_detach_does_not_take_the_lease_again() -> None:
+    """The node closes a connection (detach) while that connection's last Read is still in
+    the store: when the Read ends, the gone reader must not become the queue's pushee, else
+    the next appends are marked delivered to nobody and reach the session's next connection
+    with DUP=1."""
+    r = Readers()
+    r.read("t", "q", "old", through=3, at_end=True, room=10)
+    assert r.get("t", "q") is not None
+    r.detach("t", "q", "old")
+    r.read("t", "q", "old", through=3, at_end=True, room=10)  # the late Read
+    assert r.get("t", "q") is None and r.push("t", "q", 1) is None
+    r.read("t", "q", "new", through=3, at_end=True, room=10)  # the next connection
+    lease = r.push("t", "q", 1)
+    assert lease is not None and lease.reader == "new"
+
+
+def test_detached_readers_are_remembered_within_a_bound() -> None:
+    r = Readers()
+    for i in range(DETACHED_KEPT + 5):
+        r.detach("t", f"q{i}", f"reader-{i}")
+    assert len(r._detached) == DETACHED_KEPT
+    r.read("t", "q0", "reader-0", through=1, at_end=True, room=1)  # forgotten: may lease
+    assert r.get("t", "q0") is not None
