@@ -13,7 +13,8 @@ Pure bookkeeping, no I/O (the leases that fill the buckets are services/connecti
 - deliveries to subscribers draw on "bytes_out_per_s" buckets through a `DeliveryGate`: a
   delivery goes while every budget has a positive balance and is charged in full, so the debt
   is at most one message (a message larger than a lease slice still goes); a connection the
-  gate stops waits on the bucket (`waiters`) and is woken by the next lease's answer.
+  gate stops waits on the bucket (`waiters`) and is woken by the next lease's answer. Before
+  the first answer only one delivery goes (see `Bucket.open`).
 """
 
 from __future__ import annotations
@@ -117,9 +118,12 @@ class Bucket:
         if self.state == LIMITED and self.tokens - n >= self.low and now < self.expires:
             return True
         if self.state == UNKNOWN:
+            # One delivery goes (charged: the first lease's grant pays it back), then the
+            # rest wait for the answer (a few ms): admitting all meanwhile would let a
+            # persistent session's whole first read batch through on every node it lands on.
             if not self.asking:
                 self.want(self)
-            return True
+            return self.tokens >= 0
         if now >= self.expires and self.tokens > 0:
             self.tokens = 0
         tokens = self.tokens
@@ -276,7 +280,7 @@ class DeliveryGate:
                     self._wait(b)
                 return False
         for b in self._buckets:
-            if b.state == LIMITED:
+            if b.state != UNLIMITED:
                 b.tokens -= nbytes
         return True
 
