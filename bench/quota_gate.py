@@ -2,15 +2,20 @@
 hot path in the channel) with no gate, with a tenant whose budgets are unlimited, and with a
 limited tenant whose buckets hold plenty of tokens. `python -m bench.quota_gate`.
 
-Prints microseconds per publish for each; the difference to "no gate" is the check."""
+Then the same for the outbound bandwidth check (bytes_out_per_s): a channel writing QoS 0
+deliveries with no delivery gate, an unlimited one and a limited one with tokens to spare.
+
+Prints microseconds per publish (delivery) for each; the difference to "no gate" is the
+check."""
 
 from __future__ import annotations
 
 import time
 
 from services.common.connect import ConnectOutcome
+from services.common.message import Message
 from services.common.mqtt import EMPTY, Connect, Publish, encode
-from services.connection.budget import LIMITED, UNLIMITED, Bucket, PublishGate
+from services.connection.budget import LIMITED, UNLIMITED, Bucket, DeliveryGate, PublishGate
 from services.connection.channel import Channel, ChannelConfig
 
 BATCH = 100  # publishes per receive() call, as a busy socket read delivers them
@@ -47,7 +52,51 @@ def run(gate: PublishGate | None, reps: int = 5) -> float:
     return best / (ROUNDS // 5 * BATCH) * 1e6
 
 
+def _out_gate(state: int) -> DeliveryGate:
+    def bucket() -> Bucket:
+        b = Bucket(("t", "", "bytes_out_per_s"), lambda b: None)
+        b.state, b.tokens, b.expires = state, 10**15, float("inf")
+        b.set_limit(10**12)
+        return b
+
+    return DeliveryGate(
+        "t", (bucket(), bucket()), time.monotonic, lambda r, t: None, lambda b: None
+    )
+
+
+def run_out(gate: DeliveryGate | None, reps: int = 5) -> float:
+    ch = Channel(ChannelConfig(), "peer", 0.0, lambda: "c")
+    ch.receive(encode(Connect("c", 5, keepalive_s=0, properties=EMPTY), 5), 0.0)
+    ch.authenticated(ConnectOutcome(tenant="t", epoch=1, identity="t/u"), 0.0)
+    ch.outbound.gate = gate
+    msg = Message("t", "bench/topic", b"x" * 32, 0, False)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.process_time()
+        for _ in range(ROUNDS // 5):
+            for _ in range(BATCH):
+                ch.deliver(msg, 0, False, (), 1.0)
+            ch.out.clear()  # as the transport takes it
+        best = min(best, time.process_time() - start)
+    return best / (ROUNDS // 5 * BATCH) * 1e6
+
+
 def main() -> None:
+    main_in()
+    cases: dict[str, DeliveryGate | None] = {
+        "no gate": None,
+        "unlimited tenant+user": _out_gate(UNLIMITED),
+        "limited tenant+user": _out_gate(LIMITED),
+    }
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(6):
+        for name, gate in cases.items():
+            best[name] = min(best[name], run_out(gate, 2))
+    for name, us in best.items():
+        print(f"out: {name:<19} {us:6.3f} us/delivery (+{us - best['no gate']:5.3f})")
+
+
+def main_in() -> None:
     cases: dict[str, PublishGate | None] = {
         "no gate": None,
         "unlimited tenant+user": _gate(UNLIMITED),

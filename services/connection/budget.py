@@ -10,12 +10,18 @@ Pure bookkeeping, no I/O (the leases that fill the buckets are services/connecti
   (unlimited) admits everything and asks nothing until the limits change.
 - a bucket below its low-water mark (or empty) marks itself `wanted`; the lease loop tops up
   the wanted ones, sized by recent demand. The publish path never waits for it.
+- deliveries to subscribers draw on "bytes_out_per_s" buckets through a `DeliveryGate`: a
+  delivery goes while every budget has a positive balance and is charged in full, so the debt
+  is at most one message (a message larger than a lease slice still goes); a connection the
+  gate stops waits on the bucket (`waiters`) and is woken by the next lease's answer. Before
+  the first answer only one delivery goes (see `Bucket.open`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from services.common.message import Message
 from services.connection.channel.subscriptions import SubscriptionQuota
 
 UNKNOWN, UNLIMITED, LIMITED = 0, 1, 2
@@ -37,6 +43,7 @@ class Bucket:
         "renew_at",
         "state",
         "tokens",
+        "waiters",
         "want",
     )
 
@@ -57,6 +64,8 @@ class Bucket:
         self.fallback = False
         self.renew_at = 0.0
         self.want = want
+        # Delivery gates stopped for want of tokens, woken when a lease answers.
+        self.waiters: list[DeliveryGate] = []
 
     def reset(self) -> None:
         """The limits changed: forget what was known; the next use asks again."""
@@ -98,6 +107,37 @@ class Bucket:
         # dropped every publish at each window's start, even far below the limit.
         return self.asking and not spent and tokens - n >= -self.low
 
+    def open(self, n: int, now: float) -> bool:
+        """A delivery of `n` units may go now: the balance is positive (or, while a lease is
+        on its way, the debt is within `low`); the caller then charges all `n`. Unlike
+        `has`, a message larger than the balance goes: it is written or held whole, and
+        holding one larger than every grant would stop its connection for good."""
+        if self.state == UNLIMITED:
+            return True
+        self.demand += n
+        if self.state == LIMITED and self.tokens - n >= self.low and now < self.expires:
+            return True
+        if self.state == UNKNOWN:
+            # One delivery goes (charged: the first lease's grant pays it back), then the
+            # rest wait for the answer (a few ms): admitting all meanwhile would let a
+            # persistent session's whole first read batch through on every node it lands on.
+            if not self.asking:
+                self.want(self)
+            return self.tokens >= 0
+        if now >= self.expires and self.tokens > 0:
+            self.tokens = 0
+        tokens = self.tokens
+        spent = now < self.not_before
+        if (
+            not self.asking
+            and not spent
+            and (tokens - n < self.low or (self.fallback and now >= self.renew_at))
+        ):
+            self.want(self)
+        if tokens > 0:
+            return True
+        return self.asking and not spent and tokens > -self.low
+
     def set_limit(self, limit: int) -> None:
         self.limit = limit
         self.low = self.low_water()
@@ -121,7 +161,7 @@ class PublishGate:
     that are limited or not known yet), checked together: a publish takes from all of them
     or from none."""
 
-    __slots__ = ("_buckets", "_clock", "_flat", "_on_refused", "limits", "tenant")
+    __slots__ = ("_buckets", "_clock", "_flat", "_on_refused", "delivery", "limits", "tenant")
 
     def __init__(
         self,
@@ -130,8 +170,10 @@ class PublishGate:
         clock: Callable[[], float],
         on_refused: Callable[[str, str], None],
         limits: SubscriptionQuota | None = None,
+        delivery: DeliveryGate | None = None,
     ) -> None:
         self.tenant = tenant
+        self.delivery = delivery  # the connection's outbound budgets, same scopes
         # The tenant's count limits as the node last heard them (updated in place).
         self.limits = limits
         self._buckets = buckets  # (messages, bytes) per scope
@@ -188,3 +230,68 @@ class PublishGate:
             if size.state == LIMITED:
                 size.tokens -= nbytes
         return True
+
+
+class DeliveryGate:
+    """The outbound bandwidth budgets one connection's deliveries draw on (its tenant's and
+    its user's "bytes_out_per_s"). `admit` is asked before each PUBLISH is written and
+    charges it; when it says no, the gate waits on the budget that ran out and calls `wake`
+    once a lease answered (the connection then retries what it holds)."""
+
+    __slots__ = ("_buckets", "_clock", "_on_refused", "_wait", "tenant", "waiting", "wake")
+
+    def __init__(
+        self,
+        tenant: str,
+        buckets: tuple[Bucket, ...],
+        clock: Callable[[], float],
+        on_refused: Callable[[str, str], None],
+        wait: Callable[[Bucket], None],
+    ) -> None:
+        self.tenant = tenant
+        self._buckets = buckets
+        self._clock = clock
+        self._on_refused = on_refused
+        self._wait = wait  # the bucket is out: make sure a lease will answer (and wake us)
+        self.waiting = False  # in a bucket's `waiters`
+        self.wake: Callable[[], None] = _nothing
+
+    def admit(self, msg: Message) -> bool:
+        """`msg` (payload and topic bytes) may be written now: True charges it."""
+        for b in self._buckets:  # most tenants have no limit: a few reads, no call
+            if b.state != UNLIMITED:
+                return self._admit(len(msg.payload) + len(msg.topic))
+        return True
+
+    def open(self) -> bool:
+        """Deliveries may go now (nothing charged): False waits for the next lease."""
+        for b in self._buckets:
+            if b.state != UNLIMITED:
+                return self._admit(0)
+        return True
+
+    def _admit(self, nbytes: int) -> bool:
+        now = self._clock()
+        for b in self._buckets:
+            if not b.open(nbytes, now):
+                if not self.waiting:
+                    self.waiting = True
+                    b.waiters.append(self)
+                    self._wait(b)
+                return False
+        for b in self._buckets:
+            if b.state != UNLIMITED:
+                b.tokens -= nbytes
+        return True
+
+    def refused(self) -> None:
+        """A QoS 0 delivery was dropped for want of tokens: count it."""
+        self._on_refused("bytes_out_per_s", self.tenant)
+        for b in self._buckets:
+            if b.state == LIMITED and b.tokens <= 0:
+                b.refused += 1
+                return
+
+
+def _nothing() -> None:
+    pass

@@ -60,6 +60,7 @@ class Conn:
         self.cert = cert  # a verified client certificate (mTLS), if any
         # A persistent session's publishes, QoS 2 recorded with the session first.
         self.exactly_once: ExactlyOnceInbound | None = None
+        channel.on_resume = self.resume_delivery
 
     def receive(self, data: bytes) -> None:
         ch = self.channel
@@ -87,6 +88,17 @@ class Conn:
                 self.persistent.pump()
             if ch.out:
                 self.shell.mark_dirty(self)
+
+    def resume_delivery(self) -> None:
+        """The outbound bandwidth budget has tokens again: send what it held."""
+        if self.closed:
+            return
+        ch = self.channel
+        ch.outbound.resume(time.time())
+        if self.persistent is not None:
+            self.persistent.pump()
+        if ch.out:
+            self.shell.mark_dirty(self)
 
     def pause_reading(self) -> bool:
         """Stop reading from the transport (TCP pushes back on the client); False if the

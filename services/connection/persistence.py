@@ -22,6 +22,10 @@ Invariants:
   returns the mark from before it, so seq <= that mark means "maybe sent before" (DUP=1) and
   a higher seq is a first attempt (DUP=0) [MQTT-3.3.1-1]. A connection that dies between
   the mark and the write errs towards DUP=1, never the reverse.
+- While the outbound bandwidth budget is spent (Outbound.gate) the window reads 0: nothing
+  is read, entries stay in the queue. A read batch stops at the first entry the budget does
+  not admit; it is read again (DUP=1, as for an entry whose packet id was taken) once the
+  gate wakes the connection.
 - Entries pushed in a queue notice (the queue does so while this delivery, its `reader`, is
   caught up; services/queue/readers.py) were marked delivered by the append itself. They are
   sent straight from the notice, DUP=0, only when they continue exactly at `next_read`, no
@@ -137,8 +141,12 @@ class PersistentDelivery:
             return False
         last = notice.first_seq + notice.pushed - 1
         self.next_read = last + 1
+        stopped = self._deliver(notice.entries(), notice.first_seq - 1)  # never handed out: DUP=0
+        if stopped:  # the rest is read back once the budget (or packet id) allows
+            self.next_read = stopped
+            last = stopped - 1
+            self.more = True
         self.read_through = max(self.read_through, last)
-        self._deliver(notice.entries(), notice.first_seq - 1)  # never handed out: DUP=0
         self._schedule_ack()
         return True
 
@@ -220,6 +228,10 @@ class PersistentDelivery:
                 ob.deliver(msg, 0, msg.retain, e.subscription_ids, now)
                 ob.completed.append(pid)
                 continue
+            if not ob.may_send(msg):  # the bandwidth budget is spent: read it again later
+                del self.by_pid[pid]
+                stopped = e.seq
+                break
             dup = e.seq <= delivered_before
             if msg.trace_context:  # sampled where it was published: this is its last hop
                 self._deliver_traced(e, pid, dup, now)

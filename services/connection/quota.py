@@ -1,7 +1,8 @@
 """A node's leases of tenant and user rate budgets (services/connection/budget.py holds the
 buckets): it tops up the buckets that ask, one request per bucket at a time, and acts on
 limit changes the quota service announces (`ctl.quota.limits`: the tenant's buckets forget
-their limit and ask again).
+their limit and ask again). Deliveries held for want of outbound tokens wait on their bucket:
+each lease answer wakes them; one whose window is spent asks again when the next one starts.
 
 When the quota service cannot be reached, `quota_unavailable` decides:
 - "keep" (default): a bucket whose limit is known keeps granting itself, per one-second
@@ -14,6 +15,7 @@ A failed request is retried after `RETRY_S`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -24,13 +26,21 @@ from nats.aio.msg import Msg
 
 from services.common.bus import subjects
 from services.common.tasks import TaskSet
-from services.connection.budget import LIMITED, UNKNOWN, UNLIMITED, Bucket, PublishGate
+from services.connection.budget import (
+    LIMITED,
+    UNKNOWN,
+    UNLIMITED,
+    Bucket,
+    DeliveryGate,
+    PublishGate,
+)
 from services.quota.client import QuotaClient
 from services.quota.copies import LimitsCopies
 
 log = logging.getLogger("starling.connection.quota")
 
 RESOURCES = ("messages_per_s", "bytes_in_per_s")
+OUT = "bytes_out_per_s"
 RETRY_S = 1.0
 Unavailable = Literal["keep", "allow", "deny"]
 
@@ -55,6 +65,7 @@ class NodeQuota:
         self._slices = slices
         self._clock = clock
         self._buckets: dict[tuple[str, str, str], Bucket] = {}
+        self._timed: set[Bucket] = set()  # spent buckets with waiters: asked at the window end
         self._tasks = TaskSet()
         self.available = True  # the last request reached the quota service
 
@@ -71,7 +82,9 @@ class NodeQuota:
             for t, u in scopes
         )
         limits = self._limits.get(tenant) if self._limits is not None else None
-        return PublishGate(tenant, pairs, self._clock, self._on_refused, limits)
+        out = tuple(self._bucket((t, u, OUT)) for t, u in scopes)
+        delivery = DeliveryGate(tenant, out, self._clock, self._on_refused, self._wait)
+        return PublishGate(tenant, pairs, self._clock, self._on_refused, limits, delivery)
 
     def _bucket(self, key: tuple[str, str, str]) -> Bucket:
         b = self._buckets.get(key)
@@ -82,6 +95,28 @@ class NodeQuota:
     def _want(self, bucket: Bucket) -> None:
         bucket.asking = True
         self._tasks.spawn(self._lease(bucket), name="quota-lease")
+
+    def _wait(self, b: Bucket) -> None:
+        """A delivery gate waits on `b`: a lease must answer (the answer wakes it). One is
+        under way, or this window's budget is spent: then ask when the next window starts."""
+        if b.asking or b in self._timed:
+            return
+        self._timed.add(b)
+        self._tasks.spawn(self._ask_at_window_end(b), name="quota-wait")
+
+    async def _ask_at_window_end(self, b: Bucket) -> None:
+        try:
+            await asyncio.sleep(max(0.0, max(b.not_before, b.expires) - self._clock()))
+        finally:
+            self._timed.discard(b)
+        if b.waiters and not b.asking:
+            self._want(b)  # its answer wakes them
+
+    def _wake(self, b: Bucket) -> None:
+        waiters, b.waiters = b.waiters, []
+        for gate in waiters:
+            gate.waiting = False
+            gate.wake()
 
     async def _lease(self, b: Bucket) -> None:
         tenant, user, resource = b.key
@@ -123,6 +158,8 @@ class NodeQuota:
                 b.not_before = b.expires  # the window's budget is spent: ask in the next
         finally:
             b.asking = False
+            if b.waiters:
+                self._wake(b)
 
     def _fallback(self, b: Bucket) -> None:
         """The quota service did not answer: apply `quota_unavailable` for RETRY_S, then
@@ -147,6 +184,8 @@ class NodeQuota:
         for key, b in self._buckets.items():
             if key[0] == tenant:
                 b.reset()
+                if b.waiters:  # the limit may be gone: held deliveries try again
+                    self._wake(b)
 
     async def on_limits_changed(self, msg: Msg) -> None:
         self.limits_changed(msg.data.decode())

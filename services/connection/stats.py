@@ -46,7 +46,7 @@ class Tally:
 
     messages_in: int = 0
     messages_out: int = 0
-    dropped: int = 0  # slow consumer + queue full + too large
+    dropped: int = 0  # slow consumer + queue full + too large + quota
     in_q1: int = 0
     in_q2: int = 0
     bytes_in: int = 0
@@ -62,6 +62,7 @@ class Tally:
     wire_bytes_in: int = 0  # socket bytes, every packet
     wire_bytes_out: int = 0
     connects: int = 0  # connections accepted (CONNACK 0)
+    dropped_quota: int = 0  # QoS 0 dropped: the bytes_out_per_s budget was spent
 
     def add_outbound(self, ob: Outbound) -> None:
         """Add one connection's outbound counters."""
@@ -72,6 +73,7 @@ class Tally:
         self.dropped += ob.dropped
         self.dropped_queue_full += ob.dropped_queue_full
         self.dropped_too_large += ob.dropped_too_large
+        self.dropped_quota += ob.dropped_quota
         self.expired += ob.expired
 
     def add_connection(self, ch: Channel) -> None:
@@ -102,6 +104,7 @@ class Tally:
             self.wire_bytes_in,
             self.wire_bytes_out,
             self.connects,
+            self.dropped_quota,
         )
 
 
@@ -207,9 +210,12 @@ class NodeStats:
                     msgs_out_q2=c.out_q2,
                     bytes_in=c.bytes_in,
                     bytes_out=c.bytes_out,
-                    dropped_slow_consumer=c.dropped - c.dropped_queue_full - c.dropped_too_large,
+                    dropped_slow_consumer=(
+                        c.dropped - c.dropped_queue_full - c.dropped_too_large - c.dropped_quota
+                    ),
                     dropped_queue_full=c.dropped_queue_full,
                     dropped_too_large=c.dropped_too_large,
+                    dropped_quota=c.dropped_quota,
                     expired=c.expired,
                     quota_refusals=refused.get(t, 0),
                     sessions_online=online,

@@ -55,6 +55,7 @@ class TenantCounters:
     wire_bytes_out: int = 0
     connects: int = 0
     sessions_expired: int = 0
+    dropped_quota: int = 0
     top_topics: tuple[tuple[str, int], ...] = ()  # since the previous report, busiest first
     ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last
     ack_latency_sum_s: float = 0.0

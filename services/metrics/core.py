@@ -67,6 +67,7 @@ class TenantCounts:
     wire_bytes_out: int = 0
     connects: int = 0
     sessions_expired: int = 0
+    dropped_quota: int = 0
     # since the reporter's previous report (not cumulative): (topic, messages)
     top_topics: tuple[tuple[str, int], ...] = ()
     ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last

@@ -48,6 +48,7 @@ _DROP_CAUSES: tuple[tuple[str, Callable[[TenantCounts], int]], ...] = (
     ("slow_consumer", lambda c: c.dropped_slow_consumer),
     ("queue_full", lambda c: c.dropped_queue_full),
     ("too_large", lambda c: c.dropped_too_large),
+    ("quota", lambda c: c.dropped_quota),
     ("expired", lambda c: c.expired),
     ("queue_depth_limit", lambda c: c.queue_dropped),
 )

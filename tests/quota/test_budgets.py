@@ -15,6 +15,7 @@ class FixedGate:
     """Admits the first `n` publishes."""
 
     limits = None  # no count limits of the tenant
+    delivery = None  # no outbound bandwidth budgets
 
     def __init__(self, n: int) -> None:
         self.left = n

@@ -103,6 +103,10 @@ _REDIRECTS = frozenset({RC.USE_ANOTHER_SERVER, RC.SERVER_MOVED})
 _DECODER_LIMITS = {"max_topic_filters": "max_filters_per_subscribe"}
 
 
+def _nothing() -> None:
+    pass
+
+
 def _uncounted(limit: str, tenant: str) -> None:
     """The default `on_limit`: nobody counts."""
 
@@ -153,6 +157,7 @@ class Channel:
         "incarnation",
         "level",
         "normal_disconnect",
+        "on_resume",
         "out",
         "outbound",
         "packets_received",
@@ -202,6 +207,8 @@ class Channel:
         self.will: Will | None = None
         self.normal_disconnect = False
         self.acl = AclChecker([], True)
+        # Called when held deliveries may move again (the shell sets it; see Outbound.gate).
+        self.on_resume: Callable[[], None] = _nothing
         self.outbound = Outbound(
             self.out,
             4,
@@ -518,6 +525,10 @@ class Channel:
             gate,
         )
         quota = gate.limits if gate is not None else None
+        delivery = gate.delivery if gate is not None else None
+        if delivery is not None:
+            delivery.wake = self.on_resume
+            self.outbound.gate = delivery
         self._subscriptions.start(self.level, acl, outcome.subscriptions, quota)
         return encode(connack, self.level)
 

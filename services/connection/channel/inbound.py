@@ -28,7 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from services.common.acl import AclChecker
 from services.common.message import Message, message_properties
@@ -44,12 +44,16 @@ from services.connection.channel.config import ChannelConfig
 from services.connection.channel.problems import Problems, describe
 from services.connection.channel.subscriptions import SubscriptionQuota
 
+if TYPE_CHECKING:  # budget.py imports the channel package
+    from services.connection.budget import DeliveryGate
+
 
 class PublishGate(Protocol):
-    """A connection's publish budgets (services/connection/budget.py), and its tenant's
-    count limits (`limits`, None: not known)."""
+    """A connection's publish budgets (services/connection/budget.py), its tenant's count
+    limits (`limits`, None: not known) and its outbound bandwidth budgets (`delivery`)."""
 
     limits: SubscriptionQuota | None
+    delivery: DeliveryGate | None
 
     def admit(self, nbytes: int) -> bool: ...
 

@@ -11,6 +11,11 @@ Invariants:
   session's deliveries stay in its durable queue meanwhile (the node reads no more).
 - A PUBLISH larger than the client's maximum packet size is discarded as if sent
   [MQTT-3.1.2-25]; it establishes no topic alias, since the client never sees it.
+- With an outbound bandwidth limit (`gate`, the tenant's and user's "bytes_out_per_s"
+  budgets) every PUBLISH is charged as it is written. While the budget is spent QoS 0 is
+  dropped and counted (`dropped_quota`); QoS 1/2 wait in `pending` (bounded as above) and a
+  persistent session's window reads 0, so its entries stay in its queue; the gate's `wake`
+  (the next lease) moves them on.
 - `inflight` maps each unacknowledged packet id to the ack it waits for (AWAIT_*).
 - A persistent session's PUBREL goes out only once its queue holds the entry as released
   (`send_pubrel`, called by persistence.py after the mark is durable): a client that got
@@ -23,12 +28,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from services.common.message import Message
 from services.common.mqtt.encoder import encode, encode_properties, frame_publish
 from services.common.mqtt.packets import PubRel
 from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
+
+if TYPE_CHECKING:  # budget.py imports the channel package
+    from services.connection.budget import DeliveryGate
 
 # inflight stage: the ack a delivery waits for
 AWAIT_PUBACK = 1
@@ -52,8 +61,10 @@ class Outbound:
         "congested_since",
         "dropped",
         "dropped_queue_full",
+        "dropped_quota",
         "dropped_too_large",
         "expired",
+        "gate",
         "inflight",
         "level",
         "max_packet_size",
@@ -106,7 +117,9 @@ class Outbound:
         self.dropped = 0
         self.dropped_queue_full = 0
         self.dropped_too_large = 0
+        self.dropped_quota = 0
         self.expired = 0
+        self.gate: DeliveryGate | None = None  # outbound bandwidth budgets (None: no quota)
         # Packet ids whose delivery finished (PUBACK/PUBCOMP, or PUBREC with an error), and
         # ids the client PUBREC'd: a persistent session reports them to its queue.
         self.completed: list[int] = []
@@ -140,10 +153,21 @@ class Outbound:
             if self.congested:
                 self.dropped += 1
                 return
+            gate = self.gate
+            if gate is not None and not gate.admit(msg):
+                self.dropped += 1
+                self.dropped_quota += 1
+                gate.refused()
+                return
             self._write(msg, 0, retain, sub_ids, 0, now)
             return
         pending = self.pending
-        if not pending and not self.congested and len(self.inflight) < self.receive_maximum:
+        if (
+            not pending
+            and not self.congested
+            and len(self.inflight) < self.receive_maximum
+            and (self.gate is None or self.gate.admit(msg))
+        ):
             self._send_acked(msg, qos, retain, sub_ids, now, origin)
             return
         size = queued_size(msg)
@@ -204,7 +228,21 @@ class Outbound:
 
     @property
     def free_window(self) -> int:
+        """Deliveries that may go into the window now: 0 while the bandwidth budget is spent
+        (the gate then wakes the connection when tokens come)."""
+        gate = self.gate
+        if gate is not None and not gate.open():
+            return 0
         return max(0, self.receive_maximum - len(self.inflight))
+
+    def may_send(self, msg: Message) -> bool:
+        """A stored entry may be written now (charged to the bandwidth budget if so)."""
+        gate = self.gate
+        return gate is None or gate.admit(msg)
+
+    def resume(self, now: float) -> None:
+        """The bandwidth budget has tokens again: move held deliveries into the window."""
+        self._pump(now)
 
     def unacked_shared(self) -> list[object]:
         """Origins of shared deliveries the client has not acknowledged (sent or queued)."""
@@ -341,12 +379,18 @@ class Outbound:
         pending = self.pending
         if pending is None:
             return
+        gate = self.gate
         while pending and not self.congested and len(self.inflight) < self.receive_maximum:
-            msg, qos, retain, sub_ids, origin = pending.popleft()
-            self.pending_bytes -= queued_size(msg)
+            msg = pending[0][0]
             if msg.expires_at is not None and msg.expires_at <= now:
+                pending.popleft()
+                self.pending_bytes -= queued_size(msg)
                 self.expired += 1
                 continue
+            if gate is not None and not gate.admit(msg):
+                return  # held until the gate wakes the connection
+            msg, qos, retain, sub_ids, origin = pending.popleft()
+            self.pending_bytes -= queued_size(msg)
             self._send_acked(msg, qos, retain, sub_ids, now, origin)
 
 
