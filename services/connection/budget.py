@@ -256,11 +256,14 @@ class DeliveryGate:
         self.waiting = False  # in a bucket's `waiters`
         self.wake: Callable[[], None] = _nothing
 
-    def admit(self, msg: Message) -> bool:
-        """`msg` (payload and topic bytes) may be written now: True charges it."""
+    def admit(self, msg: Message, qos0: bool = False) -> bool:
+        """`msg` (payload and topic bytes) may be written now: True charges it. `qos0`: a
+        QoS 0 delivery, dropped if refused, so a budget whose limit is not known yet (its
+        first lease on its way, a few ms) lets it through on credit: every tenant's budget
+        starts so on every node, and most tenants have no limit at all."""
         for b in self._buckets:  # most tenants have no limit: a few reads, no call
             if b.state != UNLIMITED:
-                return self._admit(len(msg.payload) + len(msg.topic))
+                return self._admit(len(msg.payload) + len(msg.topic), qos0)
         return True
 
     def open(self) -> bool:
@@ -270,9 +273,14 @@ class DeliveryGate:
                 return self._admit(0)
         return True
 
-    def _admit(self, nbytes: int) -> bool:
+    def _admit(self, nbytes: int, qos0: bool = False) -> bool:
         now = self._clock()
         for b in self._buckets:
+            if qos0 and b.state == UNKNOWN:
+                b.demand += nbytes
+                if not b.asking:
+                    b.want(b)
+                continue
             if not b.open(nbytes, now):
                 if not self.waiting:
                     self.waiting = True

@@ -182,3 +182,20 @@ async def test_a_tenant_without_the_limit_is_never_held() -> None:
     assert n == 200 and refused == []
     assert ch.outbound.free_window > 0
     await quota.stop()
+
+
+async def test_qos0_is_never_dropped_while_the_first_lease_is_on_its_way() -> None:
+    """Every budget of every tenant starts unknown on every node (its limit comes with the
+    first lease, a few ms later): QoS 0 deliveries meanwhile go, none is dropped; QoS 1
+    beyond the first waits for the answer instead."""
+    service, refused = Windows(LIMIT), []
+    quota = _quota(service, refused)
+    ch, dec, _ = _channel(quota)
+    for i in range(5):  # all before any lease answered (no loop turn in between)
+        ch.deliver(_msg(0, i), 0, False, (), 1.0)
+    assert len(written(ch, dec)) == 5
+    assert ch.outbound.dropped == 0 and refused == []
+    for i in range(5, 8):
+        ch.deliver(_msg(1, i), 1, False, (), 1.0)
+    assert len([p for p in written(ch, dec) if isinstance(p, Publish)]) <= 1
+    await quota.stop()

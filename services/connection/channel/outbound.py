@@ -154,7 +154,7 @@ class Outbound:
                 self.dropped += 1
                 return
             gate = self.gate
-            if gate is not None and not gate.admit(msg):
+            if gate is not None and not gate.admit(msg, qos0=True):
                 self.dropped += 1
                 self.dropped_quota += 1
                 gate.refused()
