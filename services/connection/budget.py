@@ -161,7 +161,17 @@ class PublishGate:
     that are limited or not known yet), checked together: a publish takes from all of them
     or from none."""
 
-    __slots__ = ("_buckets", "_clock", "_flat", "_on_refused", "delivery", "limits", "tenant")
+    __slots__ = (
+        "_buckets",
+        "_clock",
+        "_flat",
+        "_msgs",
+        "_on_refused",
+        "_size",
+        "delivery",
+        "limits",
+        "tenant",
+    )
 
     def __init__(
         self,
@@ -178,16 +188,40 @@ class PublishGate:
         self.limits = limits
         self._buckets = buckets  # (messages, bytes) per scope
         self._flat = tuple(b for pair in buckets for b in pair)
+        # A connection without a user name draws on its tenant's budgets alone (the usual
+        # case): `admit` checks that pair without a loop.
+        self._msgs, self._size = buckets[0] if len(buckets) == 1 else (None, None)
         self._clock = clock
         self._on_refused = on_refused
 
     def admit(self, nbytes: int) -> bool:
         """One publish of `nbytes` (payload and topic): True if within every budget (and
         taken from them); False counts a refusal of the budget that ran out."""
-        for b in self._flat:  # most tenants have no limits: a few reads, no call
-            if b.state != UNLIMITED:
-                return self._admit(nbytes)
-        return True
+        msgs, size = self._msgs, self._size
+        if msgs is None or size is None:
+            for b in self._flat:  # most tenants have no limits: a few reads, no call
+                if b.state != UNLIMITED:
+                    return self._admit(nbytes)
+            return True
+        ms, ss = msgs.state, size.state
+        if ms == UNLIMITED and ss == UNLIMITED:
+            return True
+        # Both budgets limited with tokens to spare in a live window: take and go (the
+        # common case of a limited tenant; anything else is decided by `_admit`).
+        if ms == LIMITED and ss == LIMITED:
+            now = self._clock()
+            if (
+                msgs.tokens > msgs.low
+                and size.tokens - nbytes >= size.low
+                and now < msgs.expires
+                and now < size.expires
+            ):
+                msgs.tokens -= 1
+                msgs.demand += 1
+                size.tokens -= nbytes
+                size.demand += nbytes
+                return True
+        return self._admit(nbytes)
 
     def _admit(self, nbytes: int) -> bool:
         now = self._clock()
