@@ -17,48 +17,12 @@ from starling.metrics.v1 import metrics_pb2_grpc as pb_grpc
 log = logging.getLogger("starling.metrics.client")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TenantCounters:
-    """One tenant's figures from one reporter (a node's counters since it started, a
-    service's current state), or the cluster's sum. Field meanings: TenantCounters in
-    protos/starling/metrics/v1/metrics.proto; the integer fields are `SUMMED`."""
+@dataclass(slots=True, kw_only=True)
+class TenantCounters(TenantCounts):
+    """One tenant's figures as a reporter sends them: the tenant and its counts (one list
+    of fields, services/metrics/core.py's)."""
 
     tenant: str
-    connections: int = 0  # open now
-    messages_in: int = 0
-    messages_out: int = 0
-    messages_dropped: int = 0
-    msgs_in_q0: int = 0
-    msgs_in_q1: int = 0
-    msgs_in_q2: int = 0
-    msgs_out_q0: int = 0
-    msgs_out_q1: int = 0
-    msgs_out_q2: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    dropped_slow_consumer: int = 0
-    dropped_queue_full: int = 0
-    dropped_too_large: int = 0
-    expired: int = 0
-    quota_refusals: int = 0
-    sessions_persistent: int = 0
-    sessions_online: int = 0
-    sessions_offline: int = 0
-    subscriptions: int = 0
-    retained_messages: int = 0
-    retained_bytes: int = 0
-    queue_depth: int = 0
-    queue_dropped: int = 0
-    sessions_persistent_online: int = 0
-    packets_in: int = 0
-    wire_bytes_in: int = 0
-    wire_bytes_out: int = 0
-    connects: int = 0
-    sessions_expired: int = 0
-    dropped_quota: int = 0
-    top_topics: tuple[tuple[str, int], ...] = ()  # since the previous report, busiest first
-    ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last
-    ack_latency_sum_s: float = 0.0
 
     def counts(self) -> TenantCounts:
         """The figures without the tenant, as the metrics service sums them."""
