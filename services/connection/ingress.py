@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
+from services.common.bus.ids import MessageIds
 from services.common.envelope import add_to_batch, to_envelope
 from services.common.message import Message
 from services.common.telemetry import TENANT_ATTRIBUTE, inject
@@ -22,7 +23,7 @@ from services.connection.conn import Conn
 from services.connection.fanout import Fanout, Matches
 from services.connection.flow import FlowControl
 from services.connection.interest import MeshInterest
-from services.connection.mesh import MeshPublisher, MessageIds
+from services.connection.mesh import MeshPublisher
 from services.connection.routing import RoutingPipeline
 from services.connection.stats import NodeStats, Tally
 from services.connection.subscriptions import NodeSubscriptions

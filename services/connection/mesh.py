@@ -17,7 +17,6 @@ sees it, instead of hiding in server buffers.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 
 from nats.aio.client import Client
@@ -30,21 +29,6 @@ log = logging.getLogger("starling.connection.mesh")
 
 MAX_BATCH = 64  # messages per NATS message
 FLUSH_EVERY = 1000  # messages between PING/PONG barriers under load
-
-
-class MessageIds:
-    """Message ids unique across nodes and restarts: node id, the start time of this node
-    process in nanoseconds, a counter. The queue's de-duplication keys on them, so a restarted
-    node must never hand out an id it used before."""
-
-    __slots__ = ("_counter", "prefix")
-
-    def __init__(self, node_id: str, started_ns: int) -> None:
-        self.prefix = f"{node_id}-{started_ns:x}-"
-        self._counter = itertools.count(1)
-
-    def next(self) -> str:
-        return self.prefix + str(next(self._counter))
 
 
 def pieces(batch: RoutedBatch, max_bytes: int) -> list[bytes]:

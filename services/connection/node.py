@@ -27,6 +27,7 @@ from nats.aio.client import Client
 
 from services.common.bans import BanList
 from services.common.bus import subjects
+from services.common.bus.ids import MessageIds
 from services.common.bus.large import Fetcher, Holder
 from services.common.connect import ConnectOutcome
 from services.common.envelope import to_envelope
@@ -58,7 +59,7 @@ from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
 from services.connection.interest import MeshInterest
 from services.connection.linger import Linger
-from services.connection.mesh import MeshPublisher, MessageIds
+from services.connection.mesh import MeshPublisher
 from services.connection.ordered import OrderedOps
 from services.connection.peer_cert import PeerCert
 from services.connection.quota import NodeQuota

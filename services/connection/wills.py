@@ -14,11 +14,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from services.common.bus.ids import MessageIds
 from services.common.envelope import to_envelope
 from services.common.message import Message, message_properties
 from services.connection.channel import Channel
 from services.connection.conn import Conn
-from services.connection.mesh import MessageIds
 from services.connection.routing import RoutingPipeline
 from services.router.client import RouterClient
 

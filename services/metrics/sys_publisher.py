@@ -2,10 +2,11 @@
 that tenant's own topic space every `sys_interval_s`, as retained QoS 0 messages; the
 operator tenant (`sys_operator_tenant`) gets the cluster's totals instead of its own.
 
-How a message gets there, as a node's retained publish does: the router stores it (its
-retained store answers every later SUBSCRIBE, on any node), then it goes out on its topic's
-NATS subject (`mqd.<tenant>...`, the `$`-topic prefix, so `#` never matches it
-[MQTT-4.7.2-1]) to the clients subscribed now. QoS 0: a persistent session that is away does
+How a message gets there, as a node's retained publish does (services/common/bus/
+publisher.py): the router stores it (its retained store answers every later SUBSCRIBE, on
+any node), then it goes out on its topic's NATS subject (`mqd.<tenant>...`, the `$`-topic
+prefix, so `#` never matches it [MQTT-4.7.2-1]) to the clients subscribed now. A value the
+router did not keep is published again next round. QoS 0: a persistent session that is away does
 not pile up stale figures in its queue; the retained value is there when it subscribes.
 
 Only one metrics instance publishes: the one with `instance_index` 0 (a fixed choice, no
@@ -17,19 +18,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from nats.aio.client import Client
 
-from services.common.envelope import to_envelope
+from services.common.bus.publisher import ServicePublisher
 from services.common.message import Message
-from services.common.topics import topic_to_subject
-from services.connection.mesh import MessageIds
 from services.metrics.core import ClusterStats, TenantCounts
 from services.metrics.sys_tree import SysTree
-from services.router.client import RouterClient, RouteResult
-from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
+from services.router.client import RouterClient
+from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.metrics.sys")
 
@@ -64,11 +62,8 @@ class SysPublisher:
         operator_tenant: str,
     ) -> None:
         self._stats = stats
-        self._router = router
-        self._nc = nc
-        self._node_id = node_id
         self._operator = operator_tenant
-        self._ids = MessageIds(node_id, time.time_ns())
+        self._publisher = ServicePublisher(nc, router, node_id, not_kept=self._not_kept)
         self._version = starling_version()
         self._trees: dict[str, SysTree] = {}
         self._started = time.monotonic()
@@ -96,28 +91,12 @@ class SysPublisher:
             for topic, payload in tree.update(c, now, now - self._started):
                 messages.append(Message(tenant, topic, payload, 0, True, published_at=wall))
         if messages:
-            await self._publish(messages)
+            await self._publisher.publish(messages)
         return len(messages)
 
-    async def _publish(self, messages: Sequence[Message]) -> None:
-        envs = [to_envelope(m, self._node_id, self._ids.next()) for m in messages]
-        try:
-            results = await self._router.route(envs)
-        except Exception as exc:
-            log.warning("sys_store_failed", extra={"error": type(exc).__name__})
-            results = [RouteResult.TRY_LATER] * len(envs)
-        live: list[RoutedMessage] = []
-        for env, result in zip(envs, results, strict=True):
-            if result in (RouteResult.STORED, RouteResult.NO_MATCH):
-                live.append(env)
-                continue
-            # Not kept (the router unreachable, or the tenant at its retained cap): the
-            # value is published again next round.
-            tree = self._trees.get(env.tenant)
-            if tree is not None:
-                tree.published.pop(env.topic, None)
-        for env in live:
-            batch = RoutedBatch()
-            batch.messages.append(env)
-            subject = topic_to_subject(env.tenant, env.topic)
-            await self._nc.publish(subject, batch.SerializeToString())
+    def _not_kept(self, env: RoutedMessage) -> None:
+        # Not kept (the router unreachable, or the tenant at its retained cap): the value is
+        # published again next round.
+        tree = self._trees.get(env.tenant)
+        if tree is not None:
+            tree.published.pop(env.topic, None)

@@ -34,6 +34,12 @@ class RouteResult(IntEnum):
     # it. The publisher is told (MQTT 5: 0x97; 3.1.1: the connection closes unacknowledged).
     QUEUE_QUOTA_EXCEEDED = 5
 
+    @property
+    def kept(self) -> bool:
+        """Every persistent subscriber has it (or there is none): nothing to send again.
+        What services publish through the router (services/common/bus/publisher.py) asks."""
+        return self is RouteResult.STORED or self is RouteResult.NO_MATCH
+
 
 @dataclass(frozen=True, slots=True)
 class Target:

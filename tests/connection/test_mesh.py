@@ -1,4 +1,4 @@
-"""Publishing into the mesh: per-subject batches in publish order, unique message ids."""
+"""Publishing into the mesh: per-subject batches in publish order."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 from services.common.bus.large import HEADROOM, REF_HEADER, Holder
 from services.common.rpc.limits import BATCH_BYTES
-from services.connection.mesh import MAX_BATCH, MeshPublisher, MessageIds, pieces
+from services.connection.mesh import MAX_BATCH, MeshPublisher, pieces
 from starling.common.v1.message_pb2 import RoutedBatch
 
 
@@ -62,14 +62,6 @@ async def test_batches_are_published_in_the_order_they_were_opened() -> None:
     task.cancel()
     assert nc.published == [("x", ["0", "1"]), ("y", ["2"]), ("x", ["3"])]
     assert mesh.queued == 0
-
-
-def test_message_ids_never_repeat_across_restarts_of_a_node() -> None:
-    first = MessageIds("node-0", 1_000)
-    second = MessageIds("node-0", 2_000)  # the same node id, started again
-    ids = [first.next() for _ in range(3)] + [second.next() for _ in range(3)]
-    assert len(set(ids)) == 6
-    assert MessageIds("node-1", 1_000).next() not in ids
 
 
 def test_batches_close_at_the_byte_budget() -> None:
