@@ -17,10 +17,12 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from opentelemetry import metrics
 
 from services.common.refusals import Refusals
+from services.common.topics.share import SHARE_PREFIX
 from services.connection.channel import Channel
 from services.connection.channel.outbound import Outbound
 from services.connection.conn import Conn
@@ -167,21 +169,24 @@ class NodeStats:
             out[t] = out.get(t, 0) + 1
         return out
 
-    def sessions_by_tenant(self) -> dict[str, tuple[int, int, int]]:
+    def sessions_by_tenant(self) -> dict[str, tuple[int, int, int, int]]:
         """Per tenant: (clients connected with a session, those whose session is
-        persistent, subscriptions of the others). A persistent session's subscriptions are
-        the router's to count (it holds them while the client is away too)."""
-        out: dict[str, tuple[int, int, int]] = {}
+        persistent, subscriptions of the others, of which shared). A persistent session's
+        subscriptions are the router's to count (it holds them while the client is away
+        too)."""
+        out: dict[str, tuple[int, int, int, int]] = {}
         for conn in list(self._conns):
             ch = conn.channel
             if not ch.tenant:
                 continue
-            online, persistent, subs = out.get(ch.tenant, (0, 0, 0))
+            online, persistent, subs, shared = out.get(ch.tenant, (0, 0, 0, 0))
             if ch.persistent:
                 persistent += 1
             else:
-                subs += len(ch.subscriptions)
-            out[ch.tenant] = (online + 1, persistent, subs)
+                filters = ch.subscriptions
+                subs += len(filters)
+                shared += sum(map(str.startswith, filters, repeat(SHARE_PREFIX)))
+            out[ch.tenant] = (online + 1, persistent, subs, shared)
         return out
 
     def report(self) -> list[TenantCounters]:
@@ -193,7 +198,7 @@ class NodeStats:
         out = []
         for t in sorted({*tallies, *conns, *refused} - {"-"}):
             c = tallies.get(t) or Tally()
-            online, persistent, subs = sessions.get(t, (0, 0, 0))
+            online, persistent, subs, shared = sessions.get(t, (0, 0, 0, 0))
             topics = self._topics.pop(t, None)
             out.append(
                 TenantCounters(
@@ -221,6 +226,7 @@ class NodeStats:
                     sessions_online=online,
                     sessions_persistent_online=persistent,
                     subscriptions=subs,
+                    subscriptions_shared=shared,
                     top_topics=tuple(topics.take()) if topics is not None else (),
                     ack_latency_buckets=tuple(c.ack_latency),
                     ack_latency_sum_s=c.ack_latency_sum_ms / 1000,

@@ -26,7 +26,13 @@ class MetricsApi(pb_grpc.MetricsServiceServicer):
         if not request.node_id:
             raise ValueError("node_id is required")
         tenants = {t.tenant: from_pb(t).counts() for t in request.tenants}
-        self._stats.report(request.node_id, time.monotonic(), tenants, request.reporter_kind)
+        self._stats.report(
+            request.node_id,
+            time.monotonic(),
+            tenants,
+            request.reporter_kind,
+            request.resident_memory_bytes,
+        )
         if self._usage is not None:
             # Written before the answer: a report the node saw answered is in the usage table.
             now_ms = int(time.time() * 1000)

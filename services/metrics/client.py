@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from starling.metrics.v1 import metrics_pb2 as pb
 from starling.metrics.v1 import metrics_pb2_grpc as pb_grpc
 
 log = logging.getLogger("starling.metrics.client")
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(slots=True, kw_only=True)
@@ -60,6 +63,16 @@ def from_pb(c: pb.TenantCounters) -> TenantCounters:
     )
 
 
+def resident_memory_bytes() -> int:
+    """This process's resident set size in bytes (Linux: /proc/self/statm, as Prometheus'
+    process_resident_memory_bytes); 0 where the system does not say."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class MetricsClient:
     def __init__(self, address: str, timeout_s: float = 5.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.MetricsServiceStub, timeout_s=timeout_s)
@@ -74,6 +87,7 @@ class MetricsClient:
             tenants=[to_pb(c.tenant, c) for c in counters],
             ts_ms=int(time.time() * 1000),
             reporter_kind=kind,
+            resident_memory_bytes=resident_memory_bytes(),
         )
         await self._rpc.call(self._rpc.stub.ReportNodeStats, req)
 

@@ -68,6 +68,7 @@ class TenantCounts:
     connects: int = 0
     sessions_expired: int = 0
     dropped_quota: int = 0
+    subscriptions_shared: int = 0  # of `subscriptions`, the `$share/...` ones
     # since the reporter's previous report (not cumulative): (topic, messages)
     top_topics: tuple[tuple[str, int], ...] = ()
     ack_latency_buckets: tuple[int, ...] = ()  # per bucket of LATENCY_BOUNDS_S, +Inf last
@@ -99,11 +100,27 @@ class ClusterStats:
 
     stale_s: float
     reports: dict[str, tuple[float, str, dict[str, TenantCounts]]] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)  # reporter -> resident bytes
 
     def report(
-        self, node_id: str, now: float, tenants: dict[str, TenantCounts], kind: str = ""
+        self,
+        node_id: str,
+        now: float,
+        tenants: dict[str, TenantCounts],
+        kind: str = "",
+        memory_bytes: int = 0,
     ) -> None:
         self.reports[node_id] = (now, kind, tenants)
+        self.memory[node_id] = memory_bytes
+
+    def memory_bytes(self, now: float) -> int:
+        """Resident memory summed over the live reporters, every instance of every kind
+        (each router instance holds the whole table, and each uses its own memory)."""
+        return sum(
+            self.memory.get(node_id, 0)
+            for node_id, (at, _, _) in list(self.reports.items())
+            if now - at <= self.stale_s
+        )
 
     def totals(self, now: float) -> tuple[int, dict[str, TenantCounts]]:
         """(live connection nodes, per tenant sums over the live reporters). A replicated

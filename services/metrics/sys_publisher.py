@@ -82,13 +82,15 @@ class SysPublisher:
         """One round; the number of messages published."""
         now = time.monotonic()
         _, totals = self._stats.totals(now)
+        memory = self._stats.memory_bytes(now)
         wall = time.time()
         messages: list[Message] = []
         for tenant, c in sorted(views(totals, self._operator).items()):
             tree = self._trees.get(tenant)
             if tree is None:
                 tree = self._trees[tenant] = SysTree(self._version)
-            for topic, payload in tree.update(c, now, now - self._started):
+            mine = memory if tenant == self._operator else None  # the cluster's, not a tenant's
+            for topic, payload in tree.update(c, now, now - self._started, mine):
                 messages.append(Message(tenant, topic, payload, 0, True, published_at=wall))
         if messages:
             await self._publisher.publish(messages)

@@ -2,7 +2,7 @@
 time comes in as an argument; services/metrics/sys_publisher.py publishes what it returns).
 
 Meanings follow Mosquitto 2.0 (src/sys_tree.c), name for name; docs/metrics.md lists all 53
-and says where each figure comes from, or why it is absent (`ABSENT`):
+and says where each figure comes from:
 - A value is published when it changed since the last publication (Mosquitto does the same),
   every value on the first one. `uptime` goes with every publication that has something
   else to say or while the tenant has clients connected, so an idle tenant costs nothing.
@@ -10,6 +10,9 @@ and says where each figure comes from, or why it is absent (`ABSENT`):
   interval of `dt` seconds in which a counter grew by `d`, `rate = d * 60 / dt` and
   `load = rate + exp(-dt / T) * (load - rate)` with T = 60, 300 or 900 s; published when it
   moved by 0.01 or more, as "%.2f". The first publication sets them to 0.00.
+- `heap/current` is the cluster's memory (the resident memory of every live reporter), so
+  only the operator tenant's tree has it and `heap/maximum` (the largest value seen, as
+  `clients/maximum` is).
 - Counters are sums over live reporters (services/metrics/core.py): when a node stops
   reporting, its part leaves the sum; a load never sees a negative growth (taken as 0).
 """
@@ -61,7 +64,9 @@ VALUES: tuple[tuple[str, Figure], ...] = (
     ("messages/stored", _stored),
     ("store/messages/count", _stored),
     ("store/messages/bytes", lambda c: c.retained_bytes),
-    ("subscriptions/count", lambda c: c.subscriptions),
+    # Mosquitto counts shared subscriptions apart from the others: so does Starling.
+    ("subscriptions/count", lambda c: max(0, c.subscriptions - c.subscriptions_shared)),
+    ("shared_subscriptions/count", lambda c: c.subscriptions_shared),
     ("retained messages/count", lambda c: c.retained_messages),
     ("messages/received", lambda c: c.packets_in),
     ("messages/sent", lambda c: c.messages_out),
@@ -74,6 +79,9 @@ VALUES: tuple[tuple[str, Figure], ...] = (
     ("publish/bytes/sent", lambda c: c.bytes_out),
 )
 MAXIMUM = "clients/maximum"  # the largest clients/total seen (Mosquitto's `client_max`)
+# Memory is the cluster's, not a tenant's: only the operator tenant's tree has these.
+HEAP_CURRENT = "heap/current"
+HEAP_MAXIMUM = "heap/maximum"  # the largest heap/current seen
 UPTIME = "uptime"
 VERSION = "version"
 # Counters whose rate the load averages follow: (topic under PREFIX + "load/", figure).
@@ -91,20 +99,14 @@ LOADS: tuple[tuple[str, Figure], ...] = (
     ("connections", lambda c: c.connects),
 )
 PERIODS_S: tuple[tuple[str, float], ...] = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
-# Mosquitto 2.0 names Starling does not publish, with the reason (docs/metrics.md).
-ABSENT: dict[str, str] = {
-    "heap/current": "memory is per process, not per tenant (process_resident_memory_bytes)",
-    "heap/maximum": "memory is per process, not per tenant (process_resident_memory_bytes)",
-    "shared_subscriptions/count": "shared subscriptions are not counted apart yet",
-}
 
 
 def names() -> list[str]:
     """Every Mosquitto 2.0 `$SYS` name, published or absent (53)."""
     out = [PREFIX + t for t, _ in VALUES]
     out += [PREFIX + MAXIMUM, PREFIX + UPTIME, PREFIX + VERSION]
-    out += [f"{PREFIX}load/{t}/{p}" for t, _ in LOADS for p, _ in PERIODS_S]
-    return out + [PREFIX + t for t in ABSENT]
+    out += [PREFIX + HEAP_CURRENT, PREFIX + HEAP_MAXIMUM]
+    return out + [f"{PREFIX}load/{t}/{p}" for t, _ in LOADS for p, _ in PERIODS_S]
 
 
 @dataclass(slots=True)
@@ -116,10 +118,14 @@ class SysTree:
     loads: dict[str, float] = field(default_factory=dict)  # load topic -> average
     counters: dict[str, int] = field(default_factory=dict)  # load source -> last value
     maximum: int = -1
+    heap_maximum: int = -1
     last_at: float | None = None
 
-    def update(self, c: TenantCounts, now: float, uptime_s: float) -> list[tuple[str, bytes]]:
-        """The (topic, payload) pairs to publish for figures `c` at `now` (seconds)."""
+    def update(
+        self, c: TenantCounts, now: float, uptime_s: float, memory_bytes: int | None = None
+    ) -> list[tuple[str, bytes]]:
+        """The (topic, payload) pairs to publish for figures `c` at `now` (seconds);
+        `memory_bytes`: the cluster's memory, for the operator tenant's tree only."""
         out: list[tuple[str, bytes]] = []
         first = self.last_at is None
         if first:
@@ -130,6 +136,8 @@ class SysTree:
         if total > self.maximum:
             self.maximum = total
             self._value(out, PREFIX + MAXIMUM, str(total).encode())
+        if memory_bytes is not None:
+            self._heap(out, memory_bytes)
         self._loads(out, c, now)
         if out or c.connections:
             out.append((PREFIX + UPTIME, f"{int(uptime_s)} seconds".encode()))
@@ -140,6 +148,12 @@ class SysTree:
         if self.published.get(topic) != payload:
             self.published[topic] = payload
             out.append((topic, payload))
+
+    def _heap(self, out: list[tuple[str, bytes]], memory_bytes: int) -> None:
+        self._value(out, PREFIX + HEAP_CURRENT, str(memory_bytes).encode())
+        if memory_bytes > self.heap_maximum:
+            self.heap_maximum = memory_bytes
+            self._value(out, PREFIX + HEAP_MAXIMUM, str(memory_bytes).encode())
 
     def _loads(self, out: list[tuple[str, bytes]], c: TenantCounts, now: float) -> None:
         dt = None if self.last_at is None else now - self.last_at

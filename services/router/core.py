@@ -12,6 +12,7 @@ from typing import NamedTuple
 from services.common.store.ports import SubscriptionRecord
 from services.common.topics import TopicTrie
 from services.common.topics.merge import merge_matches
+from services.common.topics.share import SHARE_PREFIX
 from services.queue.client import AppendResult, NewEntry, queue_id
 from starling.common.v1.message_pb2 import RoutedMessage
 
@@ -169,6 +170,11 @@ class RouteTable:
         """Subscriptions of one tenant."""
         trie = self._tries.get(tenant)
         return 0 if trie is None else len(trie)
+
+    def count_shared(self, tenant: str) -> int:
+        """Of `count`, the shared subscriptions (`$share/<group>/<filter>`)."""
+        trie = self._tries.get(tenant)
+        return 0 if trie is None else trie.count_under(SHARE_PREFIX.rstrip("/"))
 
     def records(self, tenant: str) -> list[SubscriptionRecord]:
         """Every subscription of one tenant."""

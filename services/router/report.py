@@ -22,6 +22,7 @@ def router_figures(
         TenantCounters(
             tenant=t,
             subscriptions=table.count(t),
+            subscriptions_shared=table.count_shared(t),
             sessions_persistent=sessions.get(t, 0),
             retained_messages=retained.count(t),
             retained_bytes=retained.size(t),

@@ -122,6 +122,44 @@ def test_each_tenant_sees_its_own_sys_figures_and_events_only(mesh: MeshInfo) ->
         w.client.close()
 
 
+def test_shared_subscriptions_count_apart_and_the_operator_sees_the_clusters_memory(
+    mesh: MeshInfo,
+) -> None:
+    # Mosquitto counts `$share/...` subscriptions in shared_subscriptions/count only; here
+    # from transient clients on both nodes and a persistent session (the router's figure).
+    tenant = _tenant(mesh)
+    watch = Watcher(mesh, 0, tenant, "$SYS/broker/+/count")  # itself one subscription
+    a = Paho(mesh.node(0), username=f"{tenant}/u", password="pw")
+    a.connect()
+    a.subscribe("$share/g/jobs")
+    a.subscribe("plain/+")
+    b = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
+    b.connect(clean_start=False, session_expiry=300)
+    b.subscribe("$share/g/jobs")
+    b.subscribe("$share/h/jobs")
+    watch.value_is("$SYS/broker/shared_subscriptions/count", b"3", "shared subscriptions")
+    watch.value_is("$SYS/broker/subscriptions/count", b"2", "the others")
+    a.close()
+    watch.value_is("$SYS/broker/shared_subscriptions/count", b"2", "A's gone")
+
+    Admin(mesh).user(OPERATOR, "u", "pw")
+    ops = Watcher(mesh, 0, OPERATOR, "$SYS/broker/heap/+")
+    # Every reporting process's resident memory: more than one Python process's 10 MB.
+    ops.until(lambda: int(ops.latest("$SYS/broker/heap/current") or 0) > 10 << 20, "cluster memory")
+    ops.until(
+        lambda: (
+            int(ops.latest("$SYS/broker/heap/maximum") or 0)
+            >= int(ops.latest("$SYS/broker/heap/current") or 0)
+        ),
+        "the largest memory seen",
+    )
+    mine = Watcher(mesh, 1, tenant, "$SYS/broker/heap/#")
+    mine.client.nothing(1.0)  # a tenant's tree has no memory figures (retained: at once)
+    b.close(session_expiry=0)
+    for c in (ops.client, mine.client, watch.client):
+        c.close()
+
+
 def test_a_client_cannot_publish_to_sys(mesh: MeshInfo) -> None:
     tenant = _tenant(mesh)
     watch = Watcher(mesh, 0, tenant, "$SYS/forged/#")

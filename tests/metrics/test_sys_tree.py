@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from services.metrics.core import TenantCounts
+from services.metrics.core import ClusterStats, TenantCounts
 from services.metrics.sys_publisher import views
-from services.metrics.sys_tree import ABSENT, SysTree, names
+from services.metrics.sys_tree import SysTree, names
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,8 +38,37 @@ def test_first_update_publishes_every_value_and_zero_loads() -> None:
     assert out["$SYS/broker/clients/maximum"] == b"7"
     assert out["$SYS/broker/uptime"] == b"42 seconds"
     assert out["$SYS/broker/load/connections/15min"] == b"0.00"
-    published = set(out)
-    assert published == set(names()) - {f"$SYS/broker/{n}" for n in ABSENT}
+    heap = {"$SYS/broker/heap/current", "$SYS/broker/heap/maximum"}
+    assert set(out) == set(names()) - heap  # memory is the operator tenant's only
+    operator = dict(SysTree("1.2.3").update(c, now=100.0, uptime_s=42.7, memory_bytes=7 << 20))
+    assert set(operator) == set(names())
+    assert operator["$SYS/broker/heap/current"] == str(7 << 20).encode()
+
+
+def test_shared_subscriptions_are_counted_apart_from_the_others() -> None:
+    out = dict(SysTree("1").update(_figures(subscriptions=5, subscriptions_shared=2), 0.0, 0.0))
+    assert out["$SYS/broker/subscriptions/count"] == b"3"
+    assert out["$SYS/broker/shared_subscriptions/count"] == b"2"
+
+
+def test_heap_maximum_is_the_largest_heap_seen() -> None:
+    tree = SysTree("1")
+    tree.update(_figures(), 0.0, 0.0, memory_bytes=1000)
+    out = dict(tree.update(_figures(), 1.0, 1.0, memory_bytes=800))
+    assert out["$SYS/broker/heap/current"] == b"800"
+    assert "$SYS/broker/heap/maximum" not in out
+    out = dict(tree.update(_figures(), 2.0, 2.0, memory_bytes=1200))
+    assert (out["$SYS/broker/heap/current"], out["$SYS/broker/heap/maximum"]) == (b"1200",) * 2
+
+
+def test_cluster_memory_sums_every_live_reporter_of_every_kind() -> None:
+    stats = ClusterStats(stale_s=10)
+    stats.report("node-0", 0.0, {}, "", memory_bytes=100)
+    stats.report("router-0", 5.0, {}, "router", memory_bytes=20)
+    stats.report("router-1", 5.0, {}, "router", memory_bytes=30)  # each instance's own
+    stats.report("queue-0", 5.0, {}, "queue", memory_bytes=4)
+    assert stats.memory_bytes(9.0) == 154
+    assert stats.memory_bytes(12.0) == 54  # node-0 went silent
 
 
 def test_unchanged_figures_of_an_idle_tenant_publish_nothing() -> None:

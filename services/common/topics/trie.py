@@ -46,6 +46,19 @@ class TopicTrie(Generic[K, V]):
     def __len__(self) -> int:
         return self._count
 
+    def count_under(self, level: str) -> int:
+        """Subscribers of the filters whose first level is `level` (`$share`: the shared
+        subscriptions), by a walk of that branch only."""
+        node = self._root.children.get(level)
+        if node is None:
+            return 0
+        count, stack = 0, [node]
+        while stack:
+            node = stack.pop()
+            count += len(node.subs)
+            stack.extend(node.children.values())
+        return count
+
     def add(self, filt: str, key: K, value: V) -> bool:
         """Insert or replace; True when (filt, key) is new."""
         node = self._root

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!starling/metrics/v1/metrics.proto\x12\x13starling.metrics.v1\"-\n\nTopicCount\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08messages\x18\x02 \x01(\x04\"\xf6\x06\n\x0eTenantCounters\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x63onnections\x18\x02 \x01(\x04\x12\x13\n\x0bmessages_in\x18\x03 \x01(\x04\x12\x14\n\x0cmessages_out\x18\x04 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x05 \x01(\x04\x12\x12\n\nmsgs_in_q0\x18\x06 \x01(\x04\x12\x12\n\nmsgs_in_q1\x18\x07 \x01(\x04\x12\x12\n\nmsgs_in_q2\x18\x08 \x01(\x04\x12\x13\n\x0bmsgs_out_q0\x18\t \x01(\x04\x12\x13\n\x0bmsgs_out_q1\x18\n \x01(\x04\x12\x13\n\x0bmsgs_out_q2\x18\x0b \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x0c \x01(\x04\x12\x11\n\tbytes_out\x18\r \x01(\x04\x12\x1d\n\x15\x64ropped_slow_consumer\x18\x0e \x01(\x04\x12\x1a\n\x12\x64ropped_queue_full\x18\x0f \x01(\x04\x12\x19\n\x11\x64ropped_too_large\x18\x10 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x11 \x01(\x04\x12\x16\n\x0equota_refusals\x18\x12 \x01(\x04\x12\x33\n\ntop_topics\x18\x13 \x03(\x0b\x32\x1f.starling.metrics.v1.TopicCount\x12\x1b\n\x13\x61\x63k_latency_buckets\x18\x14 \x03(\x04\x12\x19\n\x11\x61\x63k_latency_sum_s\x18\x15 \x01(\x01\x12\x1b\n\x13sessions_persistent\x18\x16 \x01(\x04\x12\x17\n\x0fsessions_online\x18\x17 \x01(\x04\x12\x18\n\x10sessions_offline\x18\x18 \x01(\x04\x12\x15\n\rsubscriptions\x18\x19 \x01(\x04\x12\x19\n\x11retained_messages\x18\x1a \x01(\x04\x12\x16\n\x0eretained_bytes\x18\x1b \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x1c \x01(\x04\x12\x15\n\rqueue_dropped\x18\x1d \x01(\x04\x12\"\n\x1asessions_persistent_online\x18\x1e \x01(\x04\x12\x12\n\npackets_in\x18\x1f \x01(\x04\x12\x15\n\rwire_bytes_in\x18  \x01(\x04\x12\x16\n\x0ewire_bytes_out\x18! \x01(\x04\x12\x10\n\x08\x63onnects\x18\" \x01(\x04\x12\x18\n\x10sessions_expired\x18# \x01(\x04\x12\x15\n\rdropped_quota\x18$ \x01(\x04\"\x85\x01\n\x16ReportNodeStatsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x34\n\x07tenants\x18\x02 \x03(\x0b\x32#.starling.metrics.v1.TenantCounters\x12\r\n\x05ts_ms\x18\x03 \x01(\x03\x12\x15\n\rreporter_kind\x18\x04 \x01(\t\"\x19\n\x17ReportNodeStatsResponse\"\x18\n\x16GetClusterStatsRequest\"^\n\x17GetClusterStatsResponse\x12\x34\n\x07tenants\x18\x01 \x03(\x0b\x32#.starling.metrics.v1.TenantCounters\x12\r\n\x05nodes\x18\x02 \x01(\r2~\n\x0eMetricsService\x12l\n\x0fReportNodeStats\x12+.starling.metrics.v1.ReportNodeStatsRequest\x1a,.starling.metrics.v1.ReportNodeStatsResponse2\x83\x01\n\x13MetricsAdminService\x12l\n\x0fGetClusterStats\x12+.starling.metrics.v1.GetClusterStatsRequest\x1a,.starling.metrics.v1.GetClusterStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!starling/metrics/v1/metrics.proto\x12\x13starling.metrics.v1\"-\n\nTopicCount\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08messages\x18\x02 \x01(\x04\"\x94\x07\n\x0eTenantCounters\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x63onnections\x18\x02 \x01(\x04\x12\x13\n\x0bmessages_in\x18\x03 \x01(\x04\x12\x14\n\x0cmessages_out\x18\x04 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x05 \x01(\x04\x12\x12\n\nmsgs_in_q0\x18\x06 \x01(\x04\x12\x12\n\nmsgs_in_q1\x18\x07 \x01(\x04\x12\x12\n\nmsgs_in_q2\x18\x08 \x01(\x04\x12\x13\n\x0bmsgs_out_q0\x18\t \x01(\x04\x12\x13\n\x0bmsgs_out_q1\x18\n \x01(\x04\x12\x13\n\x0bmsgs_out_q2\x18\x0b \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x0c \x01(\x04\x12\x11\n\tbytes_out\x18\r \x01(\x04\x12\x1d\n\x15\x64ropped_slow_consumer\x18\x0e \x01(\x04\x12\x1a\n\x12\x64ropped_queue_full\x18\x0f \x01(\x04\x12\x19\n\x11\x64ropped_too_large\x18\x10 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x11 \x01(\x04\x12\x16\n\x0equota_refusals\x18\x12 \x01(\x04\x12\x33\n\ntop_topics\x18\x13 \x03(\x0b\x32\x1f.starling.metrics.v1.TopicCount\x12\x1b\n\x13\x61\x63k_latency_buckets\x18\x14 \x03(\x04\x12\x19\n\x11\x61\x63k_latency_sum_s\x18\x15 \x01(\x01\x12\x1b\n\x13sessions_persistent\x18\x16 \x01(\x04\x12\x17\n\x0fsessions_online\x18\x17 \x01(\x04\x12\x18\n\x10sessions_offline\x18\x18 \x01(\x04\x12\x15\n\rsubscriptions\x18\x19 \x01(\x04\x12\x19\n\x11retained_messages\x18\x1a \x01(\x04\x12\x16\n\x0eretained_bytes\x18\x1b \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x1c \x01(\x04\x12\x15\n\rqueue_dropped\x18\x1d \x01(\x04\x12\"\n\x1asessions_persistent_online\x18\x1e \x01(\x04\x12\x12\n\npackets_in\x18\x1f \x01(\x04\x12\x15\n\rwire_bytes_in\x18  \x01(\x04\x12\x16\n\x0ewire_bytes_out\x18! \x01(\x04\x12\x10\n\x08\x63onnects\x18\" \x01(\x04\x12\x18\n\x10sessions_expired\x18# \x01(\x04\x12\x15\n\rdropped_quota\x18$ \x01(\x04\x12\x1c\n\x14subscriptions_shared\x18% \x01(\x04\"\xa4\x01\n\x16ReportNodeStatsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x34\n\x07tenants\x18\x02 \x03(\x0b\x32#.starling.metrics.v1.TenantCounters\x12\r\n\x05ts_ms\x18\x03 \x01(\x03\x12\x15\n\rreporter_kind\x18\x04 \x01(\t\x12\x1d\n\x15resident_memory_bytes\x18\x05 \x01(\x04\"\x19\n\x17ReportNodeStatsResponse\"\x18\n\x16GetClusterStatsRequest\"^\n\x17GetClusterStatsResponse\x12\x34\n\x07tenants\x18\x01 \x03(\x0b\x32#.starling.metrics.v1.TenantCounters\x12\r\n\x05nodes\x18\x02 \x01(\r2~\n\x0eMetricsService\x12l\n\x0fReportNodeStats\x12+.starling.metrics.v1.ReportNodeStatsRequest\x1a,.starling.metrics.v1.ReportNodeStatsResponse2\x83\x01\n\x13MetricsAdminService\x12l\n\x0fGetClusterStats\x12+.starling.metrics.v1.GetClusterStatsRequest\x1a,.starling.metrics.v1.GetClusterStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,17 +34,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICCOUNT']._serialized_start=58
   _globals['_TOPICCOUNT']._serialized_end=103
   _globals['_TENANTCOUNTERS']._serialized_start=106
-  _globals['_TENANTCOUNTERS']._serialized_end=992
-  _globals['_REPORTNODESTATSREQUEST']._serialized_start=995
-  _globals['_REPORTNODESTATSREQUEST']._serialized_end=1128
-  _globals['_REPORTNODESTATSRESPONSE']._serialized_start=1130
-  _globals['_REPORTNODESTATSRESPONSE']._serialized_end=1155
-  _globals['_GETCLUSTERSTATSREQUEST']._serialized_start=1157
-  _globals['_GETCLUSTERSTATSREQUEST']._serialized_end=1181
-  _globals['_GETCLUSTERSTATSRESPONSE']._serialized_start=1183
-  _globals['_GETCLUSTERSTATSRESPONSE']._serialized_end=1277
-  _globals['_METRICSSERVICE']._serialized_start=1279
-  _globals['_METRICSSERVICE']._serialized_end=1405
-  _globals['_METRICSADMINSERVICE']._serialized_start=1408
-  _globals['_METRICSADMINSERVICE']._serialized_end=1539
+  _globals['_TENANTCOUNTERS']._serialized_end=1022
+  _globals['_REPORTNODESTATSREQUEST']._serialized_start=1025
+  _globals['_REPORTNODESTATSREQUEST']._serialized_end=1189
+  _globals['_REPORTNODESTATSRESPONSE']._serialized_start=1191
+  _globals['_REPORTNODESTATSRESPONSE']._serialized_end=1216
+  _globals['_GETCLUSTERSTATSREQUEST']._serialized_start=1218
+  _globals['_GETCLUSTERSTATSREQUEST']._serialized_end=1242
+  _globals['_GETCLUSTERSTATSRESPONSE']._serialized_start=1244
+  _globals['_GETCLUSTERSTATSRESPONSE']._serialized_end=1338
+  _globals['_METRICSSERVICE']._serialized_start=1340
+  _globals['_METRICSSERVICE']._serialized_end=1466
+  _globals['_METRICSADMINSERVICE']._serialized_start=1469
+  _globals['_METRICSADMINSERVICE']._serialized_end=1600
 # @@protoc_insertion_point(module_scope)

@@ -86,6 +86,7 @@ class TenantCounters(_message.Message):
     CONNECTS_FIELD_NUMBER: _builtins.int
     SESSIONS_EXPIRED_FIELD_NUMBER: _builtins.int
     DROPPED_QUOTA_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_SHARED_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     connections: _builtins.int
     messages_in: _builtins.int
@@ -133,6 +134,10 @@ class TenantCounters(_message.Message):
     dropped_quota: _builtins.int
     """Nodes: QoS 0 deliveries dropped while the tenant's (user's) bytes_out_per_s budget was
     spent (also in messages_dropped).
+    """
+    subscriptions_shared: _builtins.int
+    """Of `subscriptions`, the shared ones (`$share/<group>/<filter>`, one per member): nodes
+    for their connected transient clients, the router for persistent sessions.
     """
     @_builtins.property
     def top_topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicCount]: ...
@@ -182,10 +187,11 @@ class TenantCounters(_message.Message):
         connects: _builtins.int = ...,
         sessions_expired: _builtins.int = ...,
         dropped_quota: _builtins.int = ...,
+        subscriptions_shared: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_latency_buckets", b"ack_latency_buckets", "ack_latency_sum_s", b"ack_latency_sum_s", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "connections", b"connections", "connects", b"connects", "dropped_queue_full", b"dropped_queue_full", "dropped_quota", b"dropped_quota", "dropped_slow_consumer", b"dropped_slow_consumer", "dropped_too_large", b"dropped_too_large", "expired", b"expired", "messages_dropped", b"messages_dropped", "messages_in", b"messages_in", "messages_out", b"messages_out", "msgs_in_q0", b"msgs_in_q0", "msgs_in_q1", b"msgs_in_q1", "msgs_in_q2", b"msgs_in_q2", "msgs_out_q0", b"msgs_out_q0", "msgs_out_q1", b"msgs_out_q1", "msgs_out_q2", b"msgs_out_q2", "packets_in", b"packets_in", "queue_depth", b"queue_depth", "queue_dropped", b"queue_dropped", "quota_refusals", b"quota_refusals", "retained_bytes", b"retained_bytes", "retained_messages", b"retained_messages", "sessions_expired", b"sessions_expired", "sessions_offline", b"sessions_offline", "sessions_online", b"sessions_online", "sessions_persistent", b"sessions_persistent", "sessions_persistent_online", b"sessions_persistent_online", "subscriptions", b"subscriptions", "tenant", b"tenant", "top_topics", b"top_topics", "wire_bytes_in", b"wire_bytes_in", "wire_bytes_out", b"wire_bytes_out"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_latency_buckets", b"ack_latency_buckets", "ack_latency_sum_s", b"ack_latency_sum_s", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "connections", b"connections", "connects", b"connects", "dropped_queue_full", b"dropped_queue_full", "dropped_quota", b"dropped_quota", "dropped_slow_consumer", b"dropped_slow_consumer", "dropped_too_large", b"dropped_too_large", "expired", b"expired", "messages_dropped", b"messages_dropped", "messages_in", b"messages_in", "messages_out", b"messages_out", "msgs_in_q0", b"msgs_in_q0", "msgs_in_q1", b"msgs_in_q1", "msgs_in_q2", b"msgs_in_q2", "msgs_out_q0", b"msgs_out_q0", "msgs_out_q1", b"msgs_out_q1", "msgs_out_q2", b"msgs_out_q2", "packets_in", b"packets_in", "queue_depth", b"queue_depth", "queue_dropped", b"queue_dropped", "quota_refusals", b"quota_refusals", "retained_bytes", b"retained_bytes", "retained_messages", b"retained_messages", "sessions_expired", b"sessions_expired", "sessions_offline", b"sessions_offline", "sessions_online", b"sessions_online", "sessions_persistent", b"sessions_persistent", "sessions_persistent_online", b"sessions_persistent_online", "subscriptions", b"subscriptions", "subscriptions_shared", b"subscriptions_shared", "tenant", b"tenant", "top_topics", b"top_topics", "wire_bytes_in", b"wire_bytes_in", "wire_bytes_out", b"wire_bytes_out"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -199,12 +205,15 @@ class ReportNodeStatsRequest(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     TS_MS_FIELD_NUMBER: _builtins.int
     REPORTER_KIND_FIELD_NUMBER: _builtins.int
+    RESIDENT_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     ts_ms: _builtins.int
     reporter_kind: _builtins.str
     """"" for a connection node; "session", "router" or "queue" for those services (they
     report the state they hold; `nodes` in GetClusterStatsResponse counts nodes only).
     """
+    resident_memory_bytes: _builtins.int
+    """The reporting process's resident memory (bytes), for `$SYS/broker/heap/...`."""
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantCounters]: ...
     def __init__(
@@ -214,10 +223,11 @@ class ReportNodeStatsRequest(_message.Message):
         tenants: _abc.Iterable[Global___TenantCounters] | None = ...,
         ts_ms: _builtins.int = ...,
         reporter_kind: _builtins.str = ...,
+        resident_memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "reporter_kind", b"reporter_kind", "tenants", b"tenants", "ts_ms", b"ts_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "reporter_kind", b"reporter_kind", "resident_memory_bytes", b"resident_memory_bytes", "tenants", b"tenants", "ts_ms", b"ts_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
