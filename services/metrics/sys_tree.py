@@ -132,10 +132,10 @@ class SysTree:
             out.append((PREFIX + VERSION, f"starling version {self.version}".encode()))
         for topic, figure in VALUES:
             self._value(out, PREFIX + topic, str(figure(c)).encode())
-        total = _total(c)
-        if total > self.maximum:
-            self.maximum = total
-            self._value(out, PREFIX + MAXIMUM, str(total).encode())
+        # Through `_value`, as the others: a maximum the router did not keep (forgotten in
+        # `published`) goes out again next round, though it did not grow.
+        self.maximum = max(self.maximum, _total(c))
+        self._value(out, PREFIX + MAXIMUM, str(self.maximum).encode())
         if memory_bytes is not None:
             self._heap(out, memory_bytes)
         self._loads(out, c, now)
@@ -151,9 +151,8 @@ class SysTree:
 
     def _heap(self, out: list[tuple[str, bytes]], memory_bytes: int) -> None:
         self._value(out, PREFIX + HEAP_CURRENT, str(memory_bytes).encode())
-        if memory_bytes > self.heap_maximum:
-            self.heap_maximum = memory_bytes
-            self._value(out, PREFIX + HEAP_MAXIMUM, str(memory_bytes).encode())
+        self.heap_maximum = max(self.heap_maximum, memory_bytes)
+        self._value(out, PREFIX + HEAP_MAXIMUM, str(self.heap_maximum).encode())
 
     def _loads(self, out: list[tuple[str, bytes]], c: TenantCounts, now: float) -> None:
         dt = None if self.last_at is None else now - self.last_at
