@@ -200,7 +200,7 @@ def _messages_in(port: int) -> int:
             s.value
             for f in text_string_to_metric_families(text)
             for s in f.samples
-            if s.name == "starling_messages_in_total"
+            if s.name == "starling_cluster_messages_received_total"
         )
     )
 
