@@ -27,7 +27,9 @@ came before the claim listed the partition (the claim takes the queue, and the s
 compare-and-set fails on owner_epoch), or the serial read comes after the claim's epoch
 (FENCED). Cost: a claim makes one lightweight transaction per queue of the partition (32 at a
 time); an owner's first append to a queue, one registration and one serial read. Rows of
-dropped queues stay registered (a claim's transaction on them changes nothing).
+dropped queues stay registered (a claim's transaction on them changes nothing). An append
+whose compare-and-set won before the take still writes its entries after it (seconds at
+most): the new owner may meet those seqs not yet written, as after a crash in between.
 """
 
 from __future__ import annotations
