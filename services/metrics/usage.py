@@ -22,6 +22,9 @@ def hour_of(now_ms: int) -> int:
 
 @dataclass
 class UsageTracker:
+    """The previous report of each reporter held in this process (one metrics instance;
+    several share theirs through Redis instead, services/metrics/shared.py)."""
+
     # reporter -> (report time ms, tenant -> counters) of its previous report
     last: dict[str, tuple[int, dict[str, TenantCounts]]] = field(default_factory=dict)
 
@@ -30,27 +33,39 @@ class UsageTracker:
     ) -> list[UsageDelta]:
         prev_at, prev = self.last.get(node_id, (now_ms, {}))
         self.last[node_id] = (now_ms, tenants)
-        hour = hour_of(now_ms)
-        out = []
-        for tenant, c in tenants.items():
-            if not tenant:
-                continue  # connections not yet authenticated belong to no tenant
-            p = prev.get(tenant, TenantCounts())
-            # A counter below its previous value: the reporter restarted and counts from 0.
-            restarted = any(getattr(c, n) < getattr(p, n) for n in _COUNTERS)
-            base = TenantCounts() if restarted else p
-            d = UsageDelta(
-                tenant,
-                hour,
-                node_id,
-                c.connections,
-                p.connections * max(0, now_ms - prev_at),
-                dropped=max(0, c.messages_dropped - base.messages_dropped),
-                **{n: getattr(c, n) - getattr(base, n) for n in _COUNTERS},
-            )
-            if d.connections or any(getattr(d, n) for n in USAGE_SUMMED):
-                out.append(d)
-        return out
+        return usage_deltas(node_id, now_ms, tenants, prev_at, prev)
+
+
+def usage_deltas(
+    node_id: str,
+    now_ms: int,
+    tenants: dict[str, TenantCounts],
+    prev_at: int,
+    prev: dict[str, TenantCounts],
+) -> list[UsageDelta]:
+    """The usage a report adds over the reporter's previous one (`prev`, received at
+    `prev_at`; none: empty, received now)."""
+    hour = hour_of(now_ms)
+    out = []
+    for tenant, c in tenants.items():
+        if not tenant:
+            continue  # connections not yet authenticated belong to no tenant
+        p = prev.get(tenant, TenantCounts())
+        # A counter below its previous value: the reporter restarted and counts from 0.
+        restarted = any(getattr(c, n) < getattr(p, n) for n in _COUNTERS)
+        base = TenantCounts() if restarted else p
+        d = UsageDelta(
+            tenant,
+            hour,
+            node_id,
+            c.connections,
+            p.connections * max(0, now_ms - prev_at),
+            dropped=max(0, c.messages_dropped - base.messages_dropped),
+            **{n: getattr(c, n) - getattr(base, n) for n in _COUNTERS},
+        )
+        if d.connections or any(getattr(d, n) for n in USAGE_SUMMED):
+            out.append(d)
+    return out
 
 
 def topic_counts(now_ms: int, tenants: dict[str, TenantCounts]) -> list[TopicDelta]:

@@ -3,6 +3,11 @@ logged after its checkpoint, or (no snapshot yet) from a scan of the subscriptio
 the events logged after the scan's position. The router (services/router/main.py) boots with
 it; services/router/compaction.py and the `routes-snapshot` Spark job write the snapshots.
 
+Several writers (routers on Cassandra): rows of the log can land out of order, so the replay
+of every tenant at once goes only up to the store's stable position (nothing at or below it
+can still appear); above it, each tenant that has later events is replayed on its own from
+the last event of it applied, along its chain (services/common/store/eventlog.py).
+
 Replaying is exact because a subscription event sets its row's whole state (a subscription
 with its options, or its absence): replayed in position order over a table that holds every
 change up to the checkpoint (and maybe some after it), the table ends as the subscriptions
@@ -28,7 +33,9 @@ PAGE = 10_000  # events read per store call while replaying
 class BootReport:
     source: str  # "snapshot" or "scan"
     checkpoint: int  # the snapshot's checkpoint, or the scan's position
-    position: int  # every event at or below it is in the table
+    # Every event at or below it is in the table, and it is stable: a tenant absent from
+    # tenant_positions continues from it (services/router/cluster.py).
+    position: int
     replayed: int = 0
     seconds: float = 0.0
     # Each tenant's last route event the table holds (tenants with none after the
@@ -54,20 +61,46 @@ async def replay(
     report: BootReport | None = None,
 ) -> int:
     """Apply every route event above `after` (of one tenant, or all); the last position
-    applied (`after` when there was none)."""
+    applied (`after` when there was none). Of one tenant, `after` must be the last of its
+    events the table holds, or a stable position none of its later events is applied at."""
     while True:
         events = await store.read_events(after, PAGE, tenant)
-        with gc_paused():
-            for e in events:
-                apply(table, e)
-                if report is not None:
-                    report.tenant_positions[e.tenant] = e.position
-        if report is not None:
-            report.replayed += len(events)
+        _apply(table, events, report)
         if events:
             after = events[-1].position
         if len(events) < PAGE:
             return after
+
+
+def _apply(table: RouteTable, events: list[LogEvent], report: BootReport | None) -> None:
+    with gc_paused():
+        for e in events:
+            apply(table, e)
+            if report is not None:
+                report.tenant_positions[e.tenant] = e.position
+    if report is not None:
+        report.replayed += len(events)
+
+
+async def replay_all(store: LoggedSessionStore, table: RouteTable, report: BootReport) -> int:
+    """Every tenant's route events above the report's checkpoint (a stable position): all
+    tenants at once up to the stable position, then tenant by tenant (module docstring). A
+    position the table holds every event at or below, stable."""
+    settled = max(report.checkpoint, await store.stable_position())
+    after = report.checkpoint
+    later: set[str] = set()
+    while True:
+        events = await store.read_events(after, PAGE)
+        below = [e for e in events if e.position <= settled]
+        _apply(table, below, report)
+        later.update(e.tenant for e in events[len(below) :])
+        if events:
+            after = events[-1].position
+        if len(events) < PAGE:
+            break
+    for tenant in sorted(later):
+        await replay(store, table, report.tenant_positions.get(tenant, settled), tenant, report)
+    return settled
 
 
 async def scan(store: LoggedSessionStore, table: RouteTable) -> int:
@@ -107,6 +140,6 @@ async def load_routes(store: LoggedSessionStore, table: RouteTable) -> BootRepor
         report = BootReport("scan", position, position)
     else:
         report = BootReport("snapshot", checkpoint, checkpoint)
-    report.position = await replay(store, table, report.checkpoint, report=report)
+    report.position = await replay_all(store, table, report)
     report.seconds = time.perf_counter() - started
     return report

@@ -29,6 +29,7 @@ from typing import Any
 
 from services.common.store.eventlog import LoggedSessionStore
 from services.router.boot import PAGE, BootReport, apply
+from services.router.copies import TablePositions
 from services.router.core import RouteTable, SessionKey
 
 PREFIX = "starling:router:"
@@ -48,11 +49,21 @@ class RouteReplay:
     """Applies a tenant's route events from the store that this instance has not applied
     yet (boot.py's replay, one tenant at a time, from where it last stopped)."""
 
-    def __init__(self, store: LoggedSessionStore, table: RouteTable, boot: BootReport) -> None:
+    def __init__(
+        self,
+        store: LoggedSessionStore,
+        table: RouteTable,
+        boot: BootReport,
+        table_positions: TablePositions | None = None,
+    ) -> None:
         self._store = store
         self._table = table
+        # A stable position: a tenant with no event applied above it continues from it
+        # along its chain (services/router/boot.py).
         self._default = boot.position
         self._positions = dict(boot.tenant_positions)
+        # Told what the table now holds, so a node's copy is built up to it (copies.py).
+        self._table_positions = table_positions
 
     async def replay(self, tenant: str, mine: set[SessionKey] | None = None) -> bool:
         """Apply the tenant's new route events; True when any concerned a session not in
@@ -69,6 +80,8 @@ class RouteReplay:
             if len(events) < PAGE:
                 break
         self._positions[tenant] = after
+        if self._table_positions is not None:
+            self._table_positions.logged(tenant, after)
         return foreign
 
 

@@ -122,8 +122,10 @@ class RouterService:
         # The latest routing snapshot and the events after its checkpoint (or a scan).
         self.boot = await load_routes(self._store, self._table)
         if self._shared is not None:
-            self._fence.replay = RouteReplay(self._store, self._table, self.boot)
+            self._fence.replay = RouteReplay(self._store, self._table, self.boot, self._positions)
         self._positions.booted(self.boot.position)
+        for tenant, position in self.boot.tenant_positions.items():
+            self._positions.logged(tenant, position)
         await self._publisher.load()
         log.info(
             "route_table_loaded",

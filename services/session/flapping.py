@@ -3,20 +3,53 @@
 Keyed on the client id AND the address together: each CONNECT counts against its
 (tenant, client id, address) and, when `max_per_address` is set, against its address alone,
 so a client that changes its client id on every reconnect is caught by the second count.
-The first count bans the client id (for its tenant); the second bans the address. Counts are
-this session service instance's (each instance sees the CONNECTs the nodes send it); the ban
-is cluster-wide (the quota service's list).
+The first count bans the client id (for its tenant); the second bans the address.
 
-Sliding windows kept as the times of the last connects, at most `max + 1` per key; at most
-`max_tracked` keys (the oldest dropped), so a flood of new ids cannot grow it without bound.
+The counts are in Redis, shared by every session service instance (a node's CONNECTs go to
+whichever instance the queue group picks, so per-instance counts would let a client connect
+as many times more as there are instances). One script per CONNECT keeps each key's sliding
+window as a sorted set of connect times: at most `max + 1` members, expiring a window after
+the last CONNECT, so a flood of new ids holds at most one small key per CONNECT of the last
+window. Redis unreachable: the CONNECT goes on uncounted (flapping protects the service; it
+must not take it down with Redis).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import hashlib
+import itertools
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 from services.common.bans import peer_ip
+
+log = logging.getLogger("starling.session.flapping")
+PREFIX = "starling:flap:"
+
+# KEYS: the (tenant, client id, address) key, the address key. ARGV: now ms, window ms,
+# max, max per address (0: none), a member unique to this CONNECT.
+# {0, 0}: fine; {1, n}: the client id flaps; {2, n}: the address does.
+_COUNT = """
+local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local function count(key, limit)
+  redis.call('ZADD', key, now, ARGV[5])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - window))
+  redis.call('ZREMRANGEBYRANK', key, 0, -(limit + 2))
+  redis.call('PEXPIRE', key, window)
+  local n = redis.call('ZCARD', key)
+  if n > limit then redis.call('DEL', key) end
+  return n
+end
+local max, max_address = tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = count(KEYS[1], max)
+if n > max then return {1, n} end
+if max_address > 0 then
+  n = count(KEYS[2], max_address)
+  if n > max_address then return {2, n} end
+end
+return {0, 0}
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,45 +63,52 @@ class Flap:
     connects: int
 
 
+def count_key(*parts: str) -> str:
+    # Hashed: client ids may be long, and a key's size should not depend on them.
+    digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=16).hexdigest()
+    return PREFIX + digest
+
+
 class FlapDetector:
     def __init__(
         self,
+        redis: Any,
         max_connects: int,
         window_s: float,
         max_per_address: int = 0,
-        max_tracked: int = 100_000,
+        instance: str = "",
     ) -> None:
+        self._redis = redis
         self._max = max_connects
         self._max_address = max_per_address
-        self._window = window_s
-        self._max_tracked = max_tracked
-        self._seen: OrderedDict[tuple[str, str, str], deque[float]] = OrderedDict()
+        self._window_ms = max(1, int(window_s * 1000))
+        self._instance = instance
+        self._seq = itertools.count()
 
-    def _count(self, key: tuple[str, str, str], limit: int, now: float) -> int:
-        times = self._seen.get(key)
-        if times is None:
-            times = self._seen[key] = deque(maxlen=limit + 1)
-            if len(self._seen) > self._max_tracked:
-                self._seen.popitem(last=False)
-        else:
-            self._seen.move_to_end(key)
-        times.append(now)
-        while times and now - times[0] > self._window:
-            times.popleft()
-        return len(times)
-
-    def connected(self, tenant: str, client_id: str, peer: str, now: float) -> Flap | None:
-        """Count one CONNECT; a `Flap` when it is one too many within the window (the count
-        starts over, so the next ban comes only after as many again)."""
+    async def connected(self, tenant: str, client_id: str, peer: str, now_ms: int) -> Flap | None:
+        """Count one CONNECT (at wall-clock `now_ms`); a `Flap` when it is one too many
+        within the window (the count starts over, so the next ban comes only after as many
+        again)."""
         ip = peer_ip(peer)
         address = str(ip) if ip is not None else peer
-        n = self._count((tenant, client_id, address), self._max, now)
-        if n > self._max:
-            self._seen.pop((tenant, client_id, address), None)
-            return Flap(tenant, client_id, address, n)
-        if self._max_address:
-            n = self._count(("", "", address), self._max_address, now)
-            if n > self._max_address:
-                self._seen.pop(("", "", address), None)
-                return Flap(tenant, "", address, n)
+        member = f"{now_ms}:{self._instance}:{next(self._seq)}"
+        try:
+            which, n = await self._redis.eval(
+                _COUNT,
+                2,
+                count_key(tenant, client_id, address),
+                count_key("", "", address),
+                now_ms,
+                self._window_ms,
+                self._max,
+                self._max_address,
+                member,
+            )
+        except Exception as exc:
+            log.warning("flapping_count_failed", extra={"error": type(exc).__name__})
+            return None
+        if int(which) == 1:
+            return Flap(tenant, client_id, address, int(n))
+        if int(which) == 2:
+            return Flap(tenant, "", address, int(n))
         return None

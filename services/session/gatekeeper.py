@@ -44,7 +44,7 @@ class Gatekeeper:
             return ban.reason or "banned"
         if self._flapping is None:
             return ""
-        flap = self._flapping.connected(tenant, client_id, peer, time.monotonic())
+        flap = await self._flapping.connected(tenant, client_id, peer, now_ms)
         if flap is None:
             return ""
         if flap.client_id:

@@ -127,9 +127,11 @@ class SessionService:
         flapping = None
         if settings.flapping_enabled:
             flapping = FlapDetector(
+                self._redis,
                 settings.flapping_max_connects,
                 settings.flapping_window_s,
                 settings.flapping_max_connects_per_address,
+                settings.node_id,
             )
         self._gatekeeper = Gatekeeper(
             self._ban_watch.bans, self._quota, flapping, settings.flapping_ban_s

@@ -3,6 +3,8 @@ Cassandra run needs STARLING_TEST_CASSANDRA, see test_store_contract_queue)."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import sqlite3
 import time
 import uuid
@@ -18,6 +20,7 @@ from services.common.store.eventlog import (
     LogEvent,
     LoggedSessionStore,
     bucket_of,
+    chained_prefix,
     next_position,
     position_at,
     position_ms,
@@ -172,3 +175,134 @@ async def test_sqlite_subscription_and_log_row_commit_together(tmp_path: Path) -
         assert len(await store.read_events(0, 10)) == 1
     finally:
         await store.close()
+
+
+@pytest.fixture(params=["sqlite", "cassandra"])
+async def two_writers(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[LoggedSessionStore, LoggedSessionStore]]:
+    """Two stores as two routers open them: on SQLite the one file of the data dir, on
+    Cassandra two connections (each its own writer id and head cache)."""
+    if request.param == "sqlite":
+        a: LoggedSessionStore = SqliteSessionStore(tmp_path / "s.db")
+        b: LoggedSessionStore = SqliteSessionStore(tmp_path / "s.db")
+    else:
+        a, b = _cassandra("s"), _cassandra("s")
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def test_two_writers_and_a_reader_see_every_change_once_in_one_order(
+    two_writers: tuple[LoggedSessionStore, LoggedSessionStore],
+) -> None:
+    """Two routers change one tenant's table at once while a third replays it as it goes:
+    the replaying reader applies every change exactly once, in the one order every later
+    reader sees too, and its table ends as the subscriptions table is."""
+    a, b = two_writers
+    t = _tenant()
+    start = position_at(int(time.time() * 1000) - 1000)
+    rounds = 25
+    done = asyncio.Event()
+
+    async def write(store: LoggedSessionStore, client: str) -> list[int]:
+        mine: list[int] = []
+        for i in range(rounds):
+            mine.append(
+                await store.put_subscriptions([SubscriptionRecord(t, client, 1, f"f/{i}", 1)])
+            )
+            if i % 3 == 0:  # a change that must come after the one above in every order
+                mine.append(await store.delete_subscriptions(t, client, 1, [f"f/{i}"]))
+        return mine
+
+    seen: list[LogEvent] = []
+
+    async def replay() -> None:
+        after = start
+        while True:
+            finished = done.is_set()  # read once more after the writers ended
+            events = await a.read_events(after, 7, tenant=t)  # small pages: many reads
+            seen.extend(events)
+            if events:
+                after = events[-1].position
+            elif finished:
+                return
+            else:
+                await asyncio.sleep(0.001)
+
+    reader = asyncio.create_task(replay())
+    written = await asyncio.gather(write(a, "x"), write(b, "y"))
+    done.set()
+    await asyncio.wait_for(reader, 30)
+
+    positions = [e.position for e in seen]
+    assert len(positions) == len(set(positions)) == 2 * (rounds + len(range(0, rounds, 3)))
+    assert positions == sorted(positions)
+    assert sorted(positions) == sorted(written[0] + written[1])
+    assert await a.read_events(start, 10_000, tenant=t) == seen  # every reader: one order
+    table: dict[tuple[str, str], LogEvent] = {}
+    for e in seen:
+        if e.kind == EventKind.SUBSCRIBED:
+            table[e.client_id, e.topic] = e
+        else:
+            table.pop((e.client_id, e.topic))  # an unsubscribe after its subscribe
+    stored = {(s.client_id, s.topic_filter) for s in await b.all_subscriptions() if s.tenant == t}
+    assert set(table) == stored and len(stored) == 2 * (rounds - len(range(0, rounds, 3)))
+
+
+def _chain(*links: tuple[str, int, int | None]) -> list[tuple[LogEvent, int | None]]:
+    return [(LogEvent(t, EventKind.SUBSCRIBED, position=p), prev) for t, p, prev in links]
+
+
+def test_a_reader_waits_for_a_link_still_on_its_way() -> None:
+    """The Cassandra reader's rule: a tenant's route events are applied along their chain;
+    a missing link holds back what follows it until it lands or is settled as never
+    coming (its writer died after taking the position)."""
+    # Writer 1 took 20 after 10, writer 2 took 30 after 20 and landed first.
+    ready, waiting = chained_prefix(_chain(("a", 10, 0), ("a", 30, 20)), 0, settled=5)
+    assert [e.position for e in ready] == [10] and waiting
+    ready, waiting = chained_prefix(_chain(("a", 10, 0), ("a", 20, 10), ("a", 30, 20)), 0, 5)
+    assert [e.position for e in ready] == [10, 20, 30] and not waiting
+    # The reader already holds 20: 30 follows on.
+    ready, waiting = chained_prefix(_chain(("a", 30, 20)), 20, 5)
+    assert [e.position for e in ready] == [30] and not waiting
+    # 20 never lands and is settled: 30 is applied after 10.
+    ready, waiting = chained_prefix(_chain(("a", 10, 0), ("a", 30, 20)), 0, settled=25)
+    assert [e.position for e in ready] == [10, 30] and not waiting
+    # Another tenant's chain and unchained rows (reports) are not held back before the gap.
+    rows = _chain(("b", 12, 0), ("a", 15, 0), ("a", 40, 35), ("b", 45, 12))
+    rows.insert(1, (LogEvent("a", EventKind.CONNECTED, position=13), None))
+    ready, waiting = chained_prefix(rows, 0, settled=5)
+    assert [e.position for e in ready] == [12, 13, 15] and waiting
+
+
+def test_interleaved_writers_replay_to_one_order() -> None:
+    """A model of several writers on Cassandra: positions taken by compare-and-set on the
+    head, rows landing in any order, a reader polling with `chained_prefix`. Whatever the
+    landing order, the reader applies each event once, in the order positions were taken."""
+    rng = random.Random(7)
+    for _ in range(200):
+        taken: list[tuple[int, int]] = []  # (prev, position) in the order the head moved
+        head = 0
+        for _ in range(rng.randint(1, 12)):
+            position = head + rng.randint(1, 5)
+            taken.append((head, position))
+            head = position
+        landing = taken[:]
+        rng.shuffle(landing)
+        landed: list[tuple[int, int]] = []
+        applied: list[int] = []
+        after = 0
+        while len(applied) < len(taken):
+            if landing and rng.random() < 0.6:
+                landed.append(landing.pop())
+            rows = [
+                (LogEvent("t", EventKind.SUBSCRIBED, position=p), prev)
+                for prev, p in sorted(landed, key=lambda link: link[1])
+                if p > after
+            ]
+            ready, _ = chained_prefix(rows, after, settled=0)  # nothing is given up
+            applied += [e.position for e in ready]
+            if ready:
+                after = ready[-1].position
+        assert applied == [p for _, p in taken]

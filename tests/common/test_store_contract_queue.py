@@ -167,6 +167,64 @@ async def test_fencing_rejects_a_stale_owner(queues: QueueStore) -> None:
     assert (await queues.append(t, q, _items(1), 9, new, 0, True)).outcomes == [AppendOutcome.OK]
 
 
+async def test_no_stale_append_lands_once_a_claim_returned(
+    queues: QueueStore, tmp_path: Path
+) -> None:
+    """An old owner keeps appending to its queues while another instance claims the
+    partition (on Cassandra, through a second connection): once the claim returned, every
+    append of the old epoch is FENCED and changes nothing, and every append answered OK is
+    in the queue, in order, with the counters matching."""
+    second = (
+        SqliteQueueStore(tmp_path / "q.db")
+        if isinstance(queues, SqliteQueueStore)
+        else _cassandra("queue")
+    )
+    t = f"t{uuid.uuid4().hex[:6]}"
+    names = [f"c{i}#1" for i in range(4)]
+    old = await queues.claim_partition(13)
+    for q in names[:2]:  # two queues the old owner already wrote to, two it has not yet
+        await queues.append(t, q, _named(1, 0, "pre-"), 13, old, 0, True)
+    ok: dict[str, list[str]] = {q: ["pre-0"] if q in names[:2] else [] for q in names}
+    claimed = asyncio.Event()
+    late: list[str] = []
+    fenced = 0
+
+    async def stale_owner() -> None:
+        for i in range(40):
+            q = names[i % len(names)]
+            after_claim = claimed.is_set()  # read before the call: it started after the claim
+            item = _named(1, i, "old-")
+            res = await queues.append(t, q, item, 13, old, 0, True)
+            if res.outcomes == [AppendOutcome.OK]:
+                ok[q].append(item[0].message_id)
+                if after_claim:
+                    late.append(item[0].message_id)
+            else:
+                nonlocal fenced
+                fenced += 1
+            await asyncio.sleep(0)
+
+    async def new_owner() -> int:
+        await asyncio.sleep(0.005)
+        epoch = await second.claim_partition(13)
+        claimed.set()
+        return epoch
+
+    try:
+        _, new = await asyncio.gather(stale_owner(), new_owner())
+        assert late == []  # nothing of the old epoch was taken after the claim returned
+        # The race happened: the old owner wrote before the claim and was fenced after it.
+        assert sum(len(v) for v in ok.values()) > 2 and fenced > 0
+        for q in names:
+            res = await second.append(t, q, _named(1, 0, "new-"), 13, new, 0, True)
+            assert res.outcomes == [AppendOutcome.OK]
+            entries, st = await second.read(t, q, 1, 100)
+            assert [e.seq for e in entries] == list(range(1, len(ok[q]) + 2))
+            assert st.last_seq == st.depth == len(ok[q]) + 1
+    finally:
+        await second.close()
+
+
 async def test_depth_limit_policies(queues: QueueStore) -> None:
     t = f"t{uuid.uuid4().hex[:6]}"
     epoch = await queues.claim_partition(2)

@@ -44,12 +44,12 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
 }
 # Read by the settings loader itself, not fields.
 SOURCE_VARIABLES = {"STARLING_SECRETS_DIR", "STARLING_CONFIG"}
-# Services that talk to Redis (and so need its password); a router only among several.
+# Services that talk to Redis (and so need its password); a router and the metrics service
+# only among several (their shared state).
 REDIS_USERS = {"session", "quota", "queue"}
-# One instance each, the reason said in the files' headers: several routers on Cassandra
-# (what the deploy files run) could miss a route (the event-log replay does not order two
-# writers' positions yet); two metrics instances would count a node's usage twice.
-SINGLE = {"router", "metrics"}
+SHARING = {"router", "metrics"}
+# One instance each, the reason said in the files' headers (none left: issue 18).
+SINGLE: set[str] = set()
 # Everything else runs at least this many.
 SCALED = 2
 GRPC_PORTS = {name: cls.model_fields["grpc_port"].default for name, cls in SETTINGS.items()}
@@ -130,12 +130,14 @@ def test_compose_instances_know_their_ordinal_and_count(compose: dict[str, Any])
     for name, (service, svc) in _starling_services(compose).items():
         env = svc["environment"]
         count = int(env.get("STARLING_INSTANCE_COUNT", 1))
-        if service in ("queue", "router") or "STARLING_INSTANCE_COUNT" in env:
+        if service in ("queue", "router", "metrics") or "STARLING_INSTANCE_COUNT" in env:
             assert count == counts[service], f"{name}: instance_count {count}"
         if "STARLING_INSTANCE_INDEX" in env:
             assert "replicas" not in svc.get("deploy", {}), f"{name}: replicas share one index"
             ordinals.setdefault(service, []).append(int(env["STARLING_INSTANCE_INDEX"]))
     assert sorted(ordinals.get("queue", [])) == list(range(counts["queue"]))
+    # Metrics instance 0 alone publishes `$SYS`: each instance its own ordinal too.
+    assert sorted(ordinals.get("metrics", [])) == list(range(counts["metrics"]))
 
 
 def test_compose_several_instances_are_addressed_as_several(compose: dict[str, Any]) -> None:
@@ -266,7 +268,7 @@ def test_compose_secrets_are_declared_written_and_mounted_where_needed(
             assert field in _secret_fields(SETTINGS[service]), f"{name}: {target} is no setting"
             targets[field] = source
         need = {"admin_token", "mesh_secret"}
-        if service in REDIS_USERS or (service == "router" and _instances(compose)[service] > 1):
+        if service in REDIS_USERS or (service in SHARING and _instances(compose)[service] > 1):
             need.add("redis_password")
         user = NATS_USER_OF.get(service)
         if user:
@@ -401,9 +403,12 @@ def test_k8s_queue_instances_know_their_ordinal_and_count(manifests: list[dict[s
     )
     env = _pod_env(manifests, "queue")
     assert int(env["STARLING_INSTANCE_COUNT"]) == queue["spec"]["replicas"]
-    router = _pod_env(manifests, "router")
-    replicas = _workloads(manifests)["router"]["spec"]["replicas"]
-    assert int(router.get("STARLING_INSTANCE_COUNT", 1)) == replicas
+    for service in SHARING:
+        env = _pod_env(manifests, service)
+        replicas = _workloads(manifests)[service]["spec"]["replicas"]
+        assert int(env.get("STARLING_INSTANCE_COUNT", 1)) == replicas, service
+    metrics = _workloads(manifests)["metrics"]
+    assert metrics["kind"] == "StatefulSet", "metrics instance 0 publishes $SYS: ordinals"
 
 
 def test_k8s_nats_is_a_cluster_of_three_with_locked_routes(

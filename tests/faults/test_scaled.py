@@ -1,9 +1,11 @@
-"""Several instances of the router, the queue and the session service (issue 18): `starling
-up --routers 2 --queues 2 --sessions 2`, one instance of each SIGKILLed in turn while at
-least 20,000 QoS 1 and QoS 2 messages flow to persistent sessions on two nodes. Nothing
-acknowledged is lost, each persistent session gets every publisher's messages in order, and
-every publisher's messages are acknowledged again soon after each kill (the figure is
-recorded).
+"""Several instances of the router, the queue, the session and the metrics service (issue 18):
+two of each (as `starling up --routers 2 --queues 2 --sessions 2` starts them, metrics too),
+one router, queue and session instance SIGKILLed in turn while at least 20,000 QoS 1 and
+QoS 2 messages flow to persistent sessions on two nodes. Nothing acknowledged is lost, each
+persistent session gets every publisher's messages in order, and every publisher's messages
+are acknowledged again soon after each kill (the figure is recorded). With two session
+instances a flapping client is banned at the same count as with one; with two metrics
+instances usage and the cluster endpoint count each message once.
 
 The nodes keep no copies of the route tables here (`route_copy_max_subscriptions` 0), so
 every QoS>=1 publish goes through a router: a kill hits the publish path itself.
@@ -11,14 +13,17 @@ every QoS>=1 publish goes through a router: a kill hits the publish path itself.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.cli.launcher import Launcher
 from services.cli.status import run_status
@@ -47,8 +52,9 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
             "STARLING_NODE_TIMEOUT_S": "3",
             "STARLING_MAX_PACKET_SIZE_BYTES": str(MAX_PACKET),
             "STARLING_ROUTE_COPY_MAX_SUBSCRIPTIONS": "0",
+            "STARLING_STATS_INTERVAL_S": "0.5",  # reports reach the metrics instances often
         },
-        instances={"router": 2, "queue": 2, "session": 2},
+        instances={"router": 2, "queue": 2, "session": 2, "metrics": 2},
     )
     launcher.start(timeout_s=90)
     try:
@@ -158,3 +164,77 @@ def test_every_router_sees_the_others_changes(scaled: Launcher) -> None:
         for c in [pub, *subs]:
             c.disconnect()
             c.loop_stop()
+
+
+def test_a_flapping_client_is_caught_across_two_session_instances(scaled: Launcher) -> None:
+    """The CONNECTs of one client id spread over both session instances (queue group) count
+    together: the 16th within the window is refused (flapping_max_connects 15)."""
+    ports = [scaled.mesh.by_name(f"connection-{i}").port for i in range(2)]
+    cid = f"flappy-{uuid.uuid4().hex[:8]}"
+    codes: list[int] = []
+    for i in range(18):
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv311)
+        got = threading.Event()
+        rc: list[int] = []
+        c.on_connect = lambda cl, u, f, reason, p, rc=rc, got=got: (
+            rc.append(reason.value),
+            got.set(),
+        )
+        c.connect("127.0.0.1", ports[i % 2])
+        c.loop_start()
+        assert got.wait(10), "no CONNACK"
+        c.disconnect()
+        c.loop_stop()
+        codes.append(rc[0])
+        if rc[0]:
+            break
+    assert codes[:15] == [0] * 15 and codes[15] != 0, codes
+
+
+def _messages_in(port: int) -> int:
+    """Every tenant's messages in, from a metrics instance's cluster endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return int(
+        sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "starling_cluster_messages_received_total"
+        )
+    )
+
+
+def _usage_in(data_dir: Path) -> int:
+    with sqlite3.connect(data_dir / "data" / "usage.db") as db:
+        return int(db.execute("SELECT COALESCE(SUM(messages_in), 0) FROM usage").fetchone()[0])
+
+
+def test_two_metrics_instances_count_each_message_once(scaled: Launcher) -> None:
+    """Nodes' reports go to both metrics instances in turn: the usage table and either
+    instance's cluster endpoint grow by exactly the messages clients published."""
+    endpoints = [scaled.mesh.by_name(n).port for n in ("metrics", "metrics-1")]
+    data_dir = Path(scaled.mesh.data_dir)
+
+    def settled() -> tuple[int, ...]:
+        """The figures once two reads 1.5 s apart (three report intervals) agree."""
+        last: tuple[int, ...] = ()
+        while True:
+            now = (_usage_in(data_dir), *(_messages_in(p) for p in endpoints))
+            if now == last and now[1] == now[2]:
+                return now
+            last = now
+            time.sleep(1.5)
+
+    before = settled()
+    port = scaled.mesh.by_name("connection-0").port
+    pub = _client(port)
+    try:
+        for i in range(50):
+            pub.publish(f"usage/{i}", b"x", 1).wait_for_publish(10)
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+    assert wait_for(lambda: _usage_in(data_dir) >= before[0] + 50, 15)
+    after = settled()
+    assert [a - b for a, b in zip(after, before, strict=True)] == [50, 50, 50]

@@ -1,14 +1,19 @@
-"""Attacks on the ban list's matching and on flapping detection (no I/O): an address ban
+"""Attacks on the ban list's matching and on flapping detection (its counts in the test
+session's Redis, shared by session instances): an address ban
 cannot be dodged by the form of the address (IPv4-mapped IPv6, WebSocket peers, a CIDR
 member), a tenant's ban does not reach another tenant, and a client that changes its id on
 every reconnect is caught by the per-address count."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
+
 import pytest
+from redis.asyncio import Redis
 
 from services.common.bans import Ban, BanKind, BanList, normalized
-from services.session.flapping import FlapDetector
+from services.session.flapping import FlapDetector, count_key
 
 
 def ban(kind: BanKind, value: str, tenant: str = "", expires: int = 0) -> Ban:
@@ -66,25 +71,65 @@ def test_a_client_id_or_user_ban_needs_a_tenant_and_an_address_must_parse() -> N
         ban(BanKind.ADDRESS, "not-an-ip")
 
 
-def test_flapping_of_one_client_id_from_one_address() -> None:
-    d = FlapDetector(max_connects=3, window_s=10)
-    assert [d.connected("t", "c", "192.0.2.1:1", float(i)) for i in range(3)] == [None] * 3
-    flap = d.connected("t", "c", "192.0.2.1:2", 3.0)
-    assert flap is not None and (flap.client_id, flap.address) == ("c", "192.0.2.1")
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    r = Redis.from_url(redis_url)
+    yield r
+    await r.aclose()
+
+
+async def test_flapping_of_one_client_id_from_one_address(redis: Redis) -> None:
+    d = FlapDetector(redis, max_connects=3, window_s=10)
+    c = f"c-{uuid.uuid4().hex}"
+    assert [await d.connected("t", c, "192.0.2.1:1", i * 1000) for i in range(3)] == [None] * 3
+    flap = await d.connected("t", c, "192.0.2.1:2", 3000)
+    assert flap is not None and (flap.client_id, flap.address) == (c, "192.0.2.1")
     # Spread over the window: never flapping.
-    d2 = FlapDetector(max_connects=3, window_s=10)
-    assert all(d2.connected("t", "c", "192.0.2.1:1", i * 4.0) is None for i in range(10))
+    c2 = f"c-{uuid.uuid4().hex}"
+    assert all([await d.connected("t", c2, "192.0.2.1:1", i * 4000) is None for i in range(10)])
 
 
-def test_changing_the_client_id_does_not_evade_the_address_count() -> None:
-    d = FlapDetector(max_connects=3, window_s=10, max_per_address=5)
-    flaps = [d.connected("t", f"id-{i}", "::ffff:192.0.2.7:9", float(i) / 10) for i in range(6)]
+async def test_changing_the_client_id_does_not_evade_the_address_count(redis: Redis) -> None:
+    d = FlapDetector(redis, max_connects=3, window_s=10, max_per_address=5)
+    ip = f"192.0.2.{uuid.uuid4().int % 250 + 1}"
+    flaps = [await d.connected("t", f"id-{i}", f"::ffff:{ip}:9", i * 100) for i in range(6)]
     assert flaps[:5] == [None] * 5
-    assert flaps[5] is not None and flaps[5].client_id == "" and flaps[5].address == "192.0.2.7"
+    assert flaps[5] is not None and flaps[5].client_id == "" and flaps[5].address == ip
 
 
-def test_flapping_memory_is_bounded() -> None:
-    d = FlapDetector(max_connects=3, window_s=10, max_tracked=100)
-    for i in range(1000):
-        d.connected("t", f"id-{i}", "192.0.2.1:1", 0.0)
-    assert len(d._seen) <= 100
+async def test_two_session_instances_count_together(redis_url: str) -> None:
+    """Each session instance has its own Redis connection; a client whose CONNECTs the
+    queue group spreads over both is caught at the same count as on one."""
+    instances = [Redis.from_url(redis_url) for _ in range(2)]
+    try:
+        ds = [FlapDetector(r, 15, 60.0, instance=f"session-{i}") for i, r in enumerate(instances)]
+        c = f"c-{uuid.uuid4().hex}"
+        flaps = [await ds[i % 2].connected("t", c, "192.0.2.9:1", 5_000 + i) for i in range(16)]
+        assert flaps[:15] == [None] * 15 and flaps[15] is not None
+        assert flaps[15].connects == 16
+        # The count started over: the next ban only after as many again.
+        assert await ds[0].connected("t", c, "192.0.2.9:1", 6_000) is None
+    finally:
+        for r in instances:
+            await r.aclose()
+
+
+async def test_flapping_memory_is_bounded(redis: Redis) -> None:
+    """Every key holds at most max + 1 times and expires a window after its last CONNECT."""
+    d = FlapDetector(redis, max_connects=3, window_s=10)
+    c = f"c-{uuid.uuid4().hex}"
+    for i in range(3):
+        await d.connected("t", c, "192.0.2.1:1", i)
+    for i in range(3, 41):  # a flood: bans come and go, the key never grows
+        await d.connected("t", c, "192.0.2.1:1", i)
+        key = count_key("t", c, "192.0.2.1")
+        assert await redis.zcard(key) <= 3
+    assert 0 < await redis.pttl(key) <= 10_000
+
+
+async def test_redis_unreachable_lets_the_connect_through() -> None:
+    dead = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    try:
+        assert await FlapDetector(dead, 1, 10.0).connected("t", "c", "192.0.2.1:1", 0) is None
+    finally:
+        await dead.aclose()

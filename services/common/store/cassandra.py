@@ -194,6 +194,8 @@ class CassandraBase:
         from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
         wanted = parse_replication(replication)
+        # For reads that must see every committed lightweight transaction (linearizable).
+        self._serial_cl = getattr(ConsistencyLevel, serial_consistency)
         profile = ExecutionProfile(
             load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
             consistency_level=getattr(ConsistencyLevel, consistency),

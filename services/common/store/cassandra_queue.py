@@ -14,10 +14,27 @@ compare-and-set won. Acked ranges go with range deletes; entries carry a TTL bac
 queue_state.delivered_through (the highest seq handed to a connection) only grows: readers
 raise it with a compare-and-set, so two readers of one queue during a takeover never lower it.
 A row from before that column has it null, read as "everything queued may have been sent".
+
+Fencing is strict (issue 13): once `claim_partition` returned a new epoch, no append of an
+older epoch changes any queue of the partition. The counters' compare-and-set is conditioned
+on queue_state.owner_epoch, but the partition's epoch is in another row, and Cassandra's
+conditions cover one partition; so a claim *takes* each queue of the partition: it raises
+that queue's owner_epoch with a compare-and-set before it returns. partition_queues
+((partition), tenant, queue_id) lists the queues to take: an owner registers a queue there
+before its first write to it under its epoch, then reads the partition's epoch at serial
+consistency (linearizable) and writes only if it is still its own. Either the registration
+came before the claim listed the partition (the claim takes the queue, and the stale append's
+compare-and-set fails on owner_epoch), or the serial read comes after the claim's epoch
+(FENCED). Cost: a claim makes one lightweight transaction per queue of the partition (32 at a
+time); an owner's first append to a queue, one registration and one serial read. Rows of
+dropped queues stay registered (a claim's transaction on them changes nothing). An append
+whose compare-and-set won before the take still writes its entries after it (seconds at
+most): the new owner may meet those seqs not yet written, as after a crash in between.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +53,7 @@ from services.common.store.ports import (
 
 BACKSTOP_TTL_S = 30 * 24 * 3600
 MAX_CAS_TRIES = 64  # compare-and-set rounds of one append or ack against concurrent writers
+TAKE_AT_ONCE = 32  # queues a claim takes concurrently
 
 MIGRATIONS = [
     Migration(
@@ -65,6 +83,16 @@ MIGRATIONS = [
     ),
     # Every change of the counters is a compare-and-set on this (null on rows from before).
     Migration(3, "queue_state.version", (AddColumn("queue_state", "version", "bigint"),)),
+    # The queues a claim takes (module docstring: strict fencing).
+    Migration(
+        4,
+        "partition_queues",
+        (
+            """CREATE TABLE IF NOT EXISTS partition_queues (
+             partition int, tenant text, queue_id text,
+             PRIMARY KEY ((partition), tenant, queue_id))""",
+        ),
+    ),
 ]
 
 
@@ -107,6 +135,15 @@ class CassandraQueueStore(CassandraBase):
     def _prepare_owner_and_state(self, p: Callable[[str], Any]) -> None:
         """Statements of partition_owner and queue_state (the fencing epochs and counters)."""
         self._owner_get = p("SELECT epoch FROM partition_owner WHERE partition=?")
+        self._owner_serial = p("SELECT epoch FROM partition_owner WHERE partition=?")
+        self._owner_serial.consistency_level = self._serial_cl
+        self._registered_put = p(
+            "INSERT INTO partition_queues (partition, tenant, queue_id) VALUES (?,?,?)"
+        )
+        self._registered = p("SELECT tenant, queue_id FROM partition_queues WHERE partition=?")
+        self._state_take = p(
+            "UPDATE queue_state SET owner_epoch=? WHERE tenant=? AND queue_id=? IF owner_epoch<?"
+        )
         self._owner_set = p("UPDATE partition_owner SET epoch=? WHERE partition=? IF epoch=?")
         self._owner_new = p(
             "INSERT INTO partition_owner (partition, epoch) VALUES (?, 1) IF NOT EXISTS"
@@ -188,7 +225,26 @@ class CassandraQueueStore(CassandraBase):
                 continue
             applied = await self._row(self._owner_set, (row.epoch + 1, partition, row.epoch))
             if applied[0]:
+                await self._take(partition, int(row.epoch + 1))
                 return int(row.epoch + 1)
+
+    async def _take(self, partition: int, epoch: int) -> None:
+        """Raise every registered queue of the partition to `epoch` (module docstring)."""
+        queues = [(r.tenant, r.queue_id) for r in await self._exec(self._registered, (partition,))]
+        for i in range(0, len(queues), TAKE_AT_ONCE):
+            await asyncio.gather(
+                *(
+                    self._exec(self._state_take, (epoch, tenant, queue_id, epoch))
+                    for tenant, queue_id in queues[i : i + TAKE_AT_ONCE]
+                )
+            )
+
+    async def _still_owner(self, tenant: str, queue_id: str, partition: int, epoch: int) -> bool:
+        """Before an epoch's first write to a queue: registered for the claims to take, then
+        the partition's epoch read linearizably (module docstring)."""
+        await self._exec(self._registered_put, (partition, tenant, queue_id))
+        owner = await self._row(self._owner_serial, (partition,))
+        return owner is not None and owner.epoch == epoch
 
     async def state(self, tenant: str, queue_id: str) -> QueueState:
         return _state_of(await self._row(self._state_get, (tenant, queue_id)))
@@ -208,7 +264,9 @@ class CassandraQueueStore(CassandraBase):
         if owner is None or owner.epoch != epoch:
             return AppendReport([AppendOutcome.FENCED] * len(items))
         for _ in range(MAX_CAS_TRIES):
-            row = await self._state_row(tenant, queue_id, epoch)
+            row = await self._state_row(tenant, queue_id, partition, epoch)
+            if row is None:
+                return AppendReport([AppendOutcome.FENCED] * len(items))
             plan = await self._plan_append(tenant, queue_id, items, row, max_depth, drop_oldest)
             # Reserve the seqs first (conditional on the counters read and on still owning the
             # queue), then write entries: a crash in between leaves a gap that readers skip,
@@ -250,9 +308,15 @@ class CassandraQueueStore(CassandraBase):
             # Another writer changed the counters since we read them: read and plan again.
         raise RuntimeError(f"append to {queue_id!r} lost {MAX_CAS_TRIES} compare-and-sets")
 
-    async def _state_row(self, tenant: str, queue_id: str, epoch: int) -> Any:
-        """The queue's queue_state row, created (zeroed, owned by `epoch`) if it has none."""
+    async def _state_row(self, tenant: str, queue_id: str, partition: int, epoch: int) -> Any:
+        """The queue's queue_state row, created (zeroed, owned by `epoch`) if it has none;
+        None when `epoch` no longer owns the partition (checked before the epoch's first
+        write to the queue)."""
         row = await self._row(self._state_get, (tenant, queue_id))
+        if row is not None and (row.owner_epoch or 0) >= epoch:
+            return row  # the epoch wrote here already (or a newer one did: the CAS fails)
+        if not await self._still_owner(tenant, queue_id, partition, epoch):
+            return None
         if row is None:
             await self._exec(self._state_new, (tenant, queue_id, 0, 0, 0, 0, epoch))
             row = await self._row(self._state_get, (tenant, queue_id))

@@ -15,8 +15,8 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+from services.common.store.cassandra_eventlog import CHAIN_MIGRATION, CassandraEventLog
 from services.common.store.cassandra_eventlog import MIGRATION as LOG_MIGRATION
-from services.common.store.cassandra_eventlog import CassandraEventLog
 from services.common.store.cassandra_schema import AddColumn, Migration
 from services.common.store.eventlog import EventKind, LogEvent, subscribed
 from services.common.store.ports import (
@@ -61,6 +61,7 @@ MIGRATIONS = [
         ),
     ),
     LOG_MIGRATION,
+    CHAIN_MIGRATION,
 ]
 
 
@@ -190,7 +191,7 @@ class CassandraSessionStore(CassandraEventLog):
         return out[:limit]
 
     async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> int:
-        statements, last = self.log_statements([subscribed(s) for s in subs])
+        statements, last = await self.log_statements([subscribed(s) for s in subs])
         for s in subs:
             args = (
                 s.tenant,
@@ -214,7 +215,7 @@ class CassandraSessionStore(CassandraEventLog):
         events = [
             LogEvent(tenant, EventKind.UNSUBSCRIBED, client_id, incarnation, f) for f in filters
         ]
-        statements, last = self.log_statements(events)
+        statements, last = await self.log_statements(events)
         statements += [(self._sub_del, (tenant, client_id, incarnation, f)) for f in filters]
         if filters:
             await self.run_batch(statements)
@@ -252,7 +253,7 @@ class CassandraSessionStore(CassandraEventLog):
 
     async def drop_subscriptions(self, tenant: str, client_id: str, incarnation: int) -> int:
         event = LogEvent(tenant, EventKind.SESSION_DROPPED, client_id, incarnation)
-        statements, last = self.log_statements([event])
+        statements, last = await self.log_statements([event])
         statements.append((self._sub_drop, (tenant, client_id, incarnation)))
         await self.run_batch(statements)
         return last

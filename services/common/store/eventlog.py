@@ -13,6 +13,15 @@ processes never make the same position (`WRITER_BITS`).
 
 Partitioning: (tenant, hour bucket of the position), so Cassandra spreads a busy log over
 tenants and hours and an old hour is dropped as a whole partition.
+
+Several writers (Cassandra, several routers): a tenant's route events form a chain. Each
+one's position is taken with a compare-and-set on the tenant's head (the last position
+given), and its row names the position before it (`prev`). Positions of one tenant thus
+grow in the order they were given, but rows can still land out of order (taken, then
+written). A reader applies a tenant's events only along the chain: an event whose `prev` is
+above what the reader holds and not in what it read is still on its way, and the reader
+waits for it (`chained_prefix`), unless it is older than the settle delay (its writer died
+between taking the position and writing the row: it never comes).
 """
 
 from __future__ import annotations
@@ -91,6 +100,27 @@ def next_position(last: int, now_ms: int, writer: int = 0) -> int:
     step = 1 << WRITER_BITS
     base = max(position_at(now_ms), (last | (step - 1)) + 1)
     return (base & ~(step - 1)) | writer
+
+
+def chained_prefix(
+    rows: list[tuple[LogEvent, int | None]], after: int, settled: int
+) -> tuple[list[LogEvent], bool]:
+    """The events of `rows` (by position, each with the position of its tenant's chained
+    event before it, None for events outside the chain) that a reader who holds every event
+    at or below `after` may apply now; and whether it stopped at an event whose predecessor
+    is missing yet may still land (above `settled`, the position every write has settled
+    by). `after` must be a position the reader holds exactly for each tenant: the last event
+    of the tenant it applied, or a settled position with none of the tenant's events
+    applied above it."""
+    held: dict[str, int] = {}
+    out: list[LogEvent] = []
+    for e, prev in rows:
+        if prev is not None:
+            if prev > held.get(e.tenant, after) and prev > settled:
+                return out, True
+            held[e.tenant] = e.position
+        out.append(e)
+    return out, False
 
 
 def bucket_of(position: int) -> int:
