@@ -83,6 +83,4 @@ async def load_latest(shared: SharedReports, stats: ClusterStats) -> None:
     for reporter, at_ms, kind, body in await shared.latest():
         report = pb.ReportNodeStatsRequest.FromString(body)
         tenants = {t.tenant: from_pb(t).counts() for t in report.tenants}
-        stats.report(
-            reporter, monotonic_of(at_ms), tenants, kind, report.resident_memory_bytes
-        )
+        stats.report(reporter, monotonic_of(at_ms), tenants, kind, report.resident_memory_bytes)
