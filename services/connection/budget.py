@@ -19,12 +19,14 @@ Pure bookkeeping, no I/O (the leases that fill the buckets are services/connecti
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from services.common.message import Message
 from services.connection.channel.subscriptions import SubscriptionQuota
 
 UNKNOWN, UNLIMITED, LIMITED = 0, 1, 2
+_PLENTY = 1 << 62  # the allowance of unlimited budgets
 
 
 class Bucket:
@@ -33,6 +35,7 @@ class Bucket:
         "demand",
         "expires",
         "fallback",
+        "gates",
         "granted_window",
         "keep_rate",
         "key",
@@ -66,6 +69,10 @@ class Bucket:
         self.want = want
         # Delivery gates stopped for want of tokens, woken when a lease answers.
         self.waiters: list[DeliveryGate] = []
+        # The delivery gates drawing on this (bytes-out) budget: told when it becomes or
+        # stops being unlimited, so a connection checks it only while it may limit. Weak:
+        # a closed connection's gate goes with it.
+        self.gates: weakref.WeakSet[DeliveryGate] = weakref.WeakSet()
 
     def reset(self) -> None:
         """The limits changed: forget what was known; the next use asks again."""
@@ -159,15 +166,27 @@ class Bucket:
 class PublishGate:
     """The budgets one connection's publishes draw on (its tenant's and its user's, those
     that are limited or not known yet), checked together: a publish takes from all of them
-    or from none."""
+    or from none.
+
+    Per batch, not per publish: the channel brackets the publishes of one socket read with
+    `begin`/`end`. Within it the first publish is checked against the buckets and, if every
+    budget has tokens to spare in a live window (or is unlimited), the gate takes note of
+    what is spare (the allowance: each budget's tokens above its low-water mark); the
+    following publishes only count it down, and `end` charges the buckets what was used.
+    Nothing else runs between `begin` and `end` (no await), so no other connection sees the
+    buckets meanwhile, and the allowance never outlives the read (a window's end, a limit
+    change). Outside a batch every publish is checked against the buckets."""
 
     __slots__ = (
+        "_b",
+        "_b0",
+        "_batch",
         "_buckets",
         "_clock",
         "_flat",
-        "_msgs",
+        "_n",
+        "_n0",
         "_on_refused",
-        "_size",
         "delivery",
         "limits",
         "tenant",
@@ -188,46 +207,88 @@ class PublishGate:
         self.limits = limits
         self._buckets = buckets  # (messages, bytes) per scope
         self._flat = tuple(b for pair in buckets for b in pair)
-        # A connection without a user name draws on its tenant's budgets alone (the usual
-        # case): `admit` checks that pair without a loop.
-        self._msgs, self._size = buckets[0] if len(buckets) == 1 else (None, None)
         self._clock = clock
         self._on_refused = on_refused
+        self._batch = False  # between begin() and end()
+        # The allowance of the batch: publishes and bytes left (_n, _b) of what was taken
+        # note of (_n0, _b0); 0 when none.
+        self._n = self._n0 = self._b = self._b0 = 0
+
+    def begin(self) -> None:
+        """A batch of publishes (one read from the socket) starts."""
+        self._batch = True
+
+    def end(self) -> None:
+        """The batch is over: the buckets are charged what its publishes used."""
+        if self._n0:
+            self._settle()
+        self._batch = False
 
     def admit(self, nbytes: int) -> bool:
         """One publish of `nbytes` (payload and topic): True if within every budget (and
         taken from them); False counts a refusal of the budget that ran out."""
-        msgs, size = self._msgs, self._size
-        if msgs is None or size is None:
-            for b in self._flat:  # most tenants have no limits: a few reads, no call
-                if b.state != UNLIMITED:
-                    return self._admit(nbytes)
+        left = self._b - nbytes
+        if left >= 0 and self._n > 0:  # within the batch's allowance: count it down
+            self._b = left
+            self._n -= 1
             return True
-        ms, ss = msgs.state, size.state
-        if ms == UNLIMITED and ss == UNLIMITED:
+        return self._refill(nbytes)
+
+    def _refill(self, nbytes: int) -> bool:
+        """No allowance (left): charge what was used, check this publish against the
+        buckets, and in a batch take note of the allowance for the publishes after it."""
+        if self._n0:
+            self._settle()
+        for b in self._flat:  # most tenants have no limits: a few reads, no call
+            if b.state != UNLIMITED:
+                break
+        else:
+            if self._batch:
+                self._n = self._n0 = self._b = self._b0 = _PLENTY
             return True
-        # Both budgets limited with tokens to spare in a live window: take and go (the
-        # common case of a limited tenant; anything else is decided by `_admit`).
-        if ms == LIMITED and ss == LIMITED:
-            now = self._clock()
-            if (
-                msgs.tokens > msgs.low
-                and size.tokens - nbytes >= size.low
-                and now < msgs.expires
-                and now < size.expires
-            ):
-                msgs.tokens -= 1
-                msgs.demand += 1
-                size.tokens -= nbytes
-                size.demand += nbytes
-                return True
-        return self._admit(nbytes)
+        if not self._admit(nbytes):
+            return False
+        if self._batch:
+            self._allow()
+        return True
+
+    def _allow(self) -> None:
+        """Every budget unlimited, or limited with tokens above its low-water mark in a live
+        window: what is above the mark may be counted down without asking the buckets."""
+        now = self._clock()
+        n = b = _PLENTY
+        for msgs, size in self._buckets:
+            state = msgs.state
+            if state == LIMITED and now < msgs.expires:
+                n = min(n, msgs.tokens - msgs.low)
+            elif state != UNLIMITED:
+                return
+            state = size.state
+            if state == LIMITED and now < size.expires:
+                b = min(b, size.tokens - size.low)
+            elif state != UNLIMITED:
+                return
+        if n > 0 and b > 0:
+            self._n = self._n0 = n
+            self._b = self._b0 = b
+
+    def _settle(self) -> None:
+        """Charge the buckets the allowance used (tokens and demand) and forget the rest."""
+        n, b = self._n0 - self._n, self._b0 - self._b
+        self._n = self._n0 = self._b = self._b0 = 0
+        for msgs, size in self._buckets:
+            if msgs.state == LIMITED:
+                msgs.tokens -= n
+                msgs.demand += n
+            if size.state == LIMITED:
+                size.tokens -= b
+                size.demand += b
 
     def _admit(self, nbytes: int) -> bool:
         now = self._clock()
-        # The common case, Bucket.has inlined for every budget at once (this runs per
-        # publish): each limited budget keeps tokens to spare above its low-water mark in a
-        # live window, so nothing needs asking for and everything is taken.
+        # The common case, Bucket.has inlined for every budget at once: each limited budget
+        # keeps tokens to spare above its low-water mark in a live window, so nothing needs
+        # asking for and everything is taken.
         for msgs, size in self._buckets:
             state = msgs.state
             if state != UNLIMITED and not (
@@ -270,9 +331,24 @@ class DeliveryGate:
     """The outbound bandwidth budgets one connection's deliveries draw on (its tenant's and
     its user's "bytes_out_per_s"). `admit` is asked before each PUBLISH is written and
     charges it; when it says no, the gate waits on the budget that ran out and calls `wake`
-    once a lease answered (the connection then retries what it holds)."""
+    once a lease answered (the connection then retries what it holds).
 
-    __slots__ = ("_buckets", "_clock", "_on_refused", "_wait", "tenant", "waiting", "wake")
+    A connection consults the gate only while one of its budgets may limit (not known yet,
+    or limited): `attach` is how the gate tells it (`refresh`, called at start and whenever
+    a budget becomes or stops being unlimited), so a tenant without the limit costs its
+    deliveries nothing."""
+
+    __slots__ = (
+        "__weakref__",
+        "_buckets",
+        "_clock",
+        "_on_refused",
+        "_wait",
+        "attach",
+        "tenant",
+        "waiting",
+        "wake",
+    )
 
     def __init__(
         self,
@@ -289,6 +365,19 @@ class DeliveryGate:
         self._wait = wait  # the bucket is out: make sure a lease will answer (and wake us)
         self.waiting = False  # in a bucket's `waiters`
         self.wake: Callable[[], None] = _nothing
+        # Puts the gate on (itself) or off (None) its connection's delivery path.
+        self.attach: Callable[[DeliveryGate | None], None] = _ignore
+        for b in buckets:
+            b.gates.add(self)
+
+    @property
+    def needed(self) -> bool:
+        """One of the budgets may limit: not known yet or limited."""
+        return any(b.state != UNLIMITED for b in self._buckets)
+
+    def refresh(self) -> None:
+        """Attach the gate to its connection while it is needed, detach it otherwise."""
+        self.attach(self if self.needed else None)
 
     def admit(self, msg: Message, qos0: bool = False) -> bool:
         """`msg` (payload and topic bytes) may be written now: True charges it. `qos0`: a
@@ -336,4 +425,8 @@ class DeliveryGate:
 
 
 def _nothing() -> None:
+    pass
+
+
+def _ignore(gate: DeliveryGate | None) -> None:
     pass

@@ -26,6 +26,12 @@ class FixedGate:
         self.left -= 1
         return self.left >= 0
 
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
 
 def gated(
     level: int, gate: FixedGate, acl_allow: bool = True
