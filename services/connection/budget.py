@@ -27,6 +27,9 @@ from services.connection.channel.subscriptions import SubscriptionQuota
 
 UNKNOWN, UNLIMITED, LIMITED = 0, 1, 2
 _PLENTY = 1 << 62  # the allowance of unlimited budgets
+# PublishGate._batch: outside a batch; before its first publish; after it (the next takes
+# note of an allowance); no allowance to be had in this batch (each publish is checked).
+_OUTSIDE, _FIRST, _MORE, _EACH = 0, 1, 2, 3
 
 
 class Bucket:
@@ -169,24 +172,29 @@ class PublishGate:
     or from none.
 
     Per batch, not per publish: the channel brackets the publishes of one socket read with
-    `begin`/`end`. Within it the first publish is checked against the buckets and, if every
-    budget has tokens to spare in a live window (or is unlimited), the gate takes note of
-    what is spare (the allowance: each budget's tokens above its low-water mark); the
-    following publishes only count it down, and `end` charges the buckets what was used.
-    Nothing else runs between `begin` and `end` (no await), so no other connection sees the
-    buckets meanwhile, and the allowance never outlives the read (a window's end, a limit
-    change). Outside a batch every publish is checked against the buckets."""
+    `begin`/`end`. Within it, the first publish is checked against the buckets alone (many
+    reads carry one); the second finds every budget unlimited or with tokens to spare in a
+    live window (the common case) and takes note of what is spare, the allowance (each
+    budget's tokens above its low-water mark); it and the publishes after it only count
+    the allowance down, and `end` charges the buckets what was used. Nothing
+    else runs between `begin` and `end` (no await), so no other connection sees the buckets
+    meanwhile, and the allowance never outlives the read (a window's end, a limit change).
+    Anything else (a budget running low, not known yet, a window over) and every publish
+    outside a batch is checked against the buckets one by one, as before."""
 
     __slots__ = (
         "_b",
         "_b0",
         "_batch",
         "_buckets",
+        "_charge",
         "_clock",
         "_flat",
+        "_msgs",
         "_n",
         "_n0",
         "_on_refused",
+        "_size",
         "delivery",
         "limits",
         "tenant",
@@ -207,22 +215,26 @@ class PublishGate:
         self.limits = limits
         self._buckets = buckets  # (messages, bytes) per scope
         self._flat = tuple(b for pair in buckets for b in pair)
+        # A connection without a user name draws on its tenant's budgets alone (the usual
+        # case): that pair is taken note of without a loop.
+        self._msgs, self._size = buckets[0] if len(buckets) == 1 else (None, None)
         self._clock = clock
         self._on_refused = on_refused
-        self._batch = False  # between begin() and end()
-        # The allowance of the batch: publishes and bytes left (_n, _b) of what was taken
-        # note of (_n0, _b0); 0 when none.
+        self._batch = _OUTSIDE  # where begin()/end() are, and the allowance's state
+        # The allowance: publishes and bytes left (_n, _b) of what was taken note of
+        # (_n0, _b0); 0 when none. `_charge`: some budget of it is limited (to be charged).
         self._n = self._n0 = self._b = self._b0 = 0
+        self._charge = False
 
     def begin(self) -> None:
         """A batch of publishes (one read from the socket) starts."""
-        self._batch = True
+        self._batch = _FIRST
 
     def end(self) -> None:
         """The batch is over: the buckets are charged what its publishes used."""
         if self._n0:
             self._settle()
-        self._batch = False
+        self._batch = _OUTSIDE
 
     def admit(self, nbytes: int) -> bool:
         """One publish of `nbytes` (payload and topic): True if within every budget (and
@@ -232,50 +244,86 @@ class PublishGate:
             self._b = left
             self._n -= 1
             return True
-        return self._refill(nbytes)
-
-    def _refill(self, nbytes: int) -> bool:
-        """No allowance (left): charge what was used, check this publish against the
-        buckets, and in a batch take note of the allowance for the publishes after it."""
-        if self._n0:
+        if self._n0:  # the allowance is used up: charge it, then look at the buckets
             self._settle()
-        for b in self._flat:  # most tenants have no limits: a few reads, no call
-            if b.state != UNLIMITED:
-                break
+        batch = self._batch
+        if batch == _MORE:
+            if self._take(nbytes):
+                return True
+            self._batch = _EACH
+        elif batch == _FIRST:
+            # A read's first publish is checked alone: many reads carry just one, and
+            # taking note of an allowance costs about what checking one publish does.
+            self._batch = _MORE
+        return self._admit(nbytes)
+
+    def _take(self, nbytes: int) -> bool:
+        """Take note of the allowance if every budget is unlimited or limited with more
+        than this publish to spare in a live window; count this publish from it."""
+        msgs, size = self._msgs, self._size
+        if msgs is None or size is None:
+            n, b = self._allowance()
         else:
-            if self._batch:
-                self._n = self._n0 = self._b = self._b0 = _PLENTY
-            return True
-        if not self._admit(nbytes):
+            ms, ss = msgs.state, size.state
+            if ms == LIMITED and ss == LIMITED:  # a limited tenant: no loop
+                now = self._clock()
+                if now >= msgs.expires or now >= size.expires:
+                    return False
+                n, b = msgs.tokens - msgs.low, size.tokens - size.low
+                self._charge = True
+            else:
+                n, b = self._allowance()
+        if n < 1 or b < nbytes:
             return False
-        if self._batch:
-            self._allow()
+        self._n0, self._b0 = n, b
+        self._n, self._b = n - 1, b - nbytes
         return True
 
-    def _allow(self) -> None:
-        """Every budget unlimited, or limited with tokens above its low-water mark in a live
-        window: what is above the mark may be counted down without asking the buckets."""
+    def _allowance(self) -> tuple[int, int]:
+        """`_take` for a tenant and a user: what is spare in all four budgets (0: none)."""
+        for bucket in self._flat:  # most tenants have no limits: no clock, nothing to charge
+            if bucket.state != UNLIMITED:
+                break
+        else:
+            self._charge = False
+            return _PLENTY, _PLENTY
         now = self._clock()
         n = b = _PLENTY
         for msgs, size in self._buckets:
             state = msgs.state
             if state == LIMITED and now < msgs.expires:
-                n = min(n, msgs.tokens - msgs.low)
+                spare = msgs.tokens - msgs.low
+                if spare < n:
+                    n = spare
             elif state != UNLIMITED:
-                return
+                return 0, 0
             state = size.state
             if state == LIMITED and now < size.expires:
-                b = min(b, size.tokens - size.low)
+                spare = size.tokens - size.low
+                if spare < b:
+                    b = spare
             elif state != UNLIMITED:
-                return
-        if n > 0 and b > 0:
-            self._n = self._n0 = n
-            self._b = self._b0 = b
+                return 0, 0
+        self._charge = n != _PLENTY or b != _PLENTY
+        return n, b
 
     def _settle(self) -> None:
         """Charge the buckets the allowance used (tokens and demand) and forget the rest."""
         n, b = self._n0 - self._n, self._b0 - self._b
         self._n = self._n0 = self._b = self._b0 = 0
+        if not self._charge:
+            return
+        msgs = self._msgs
+        if msgs is not None:  # a tenant alone: no loop
+            size = self._size
+            assert size is not None
+            if msgs.state == LIMITED:
+                msgs.tokens -= n
+                msgs.demand += n
+            if size.state == LIMITED:
+                size.tokens -= b
+                size.demand += b
+            return
         for msgs, size in self._buckets:
             if msgs.state == LIMITED:
                 msgs.tokens -= n
@@ -285,6 +333,31 @@ class PublishGate:
                 size.demand += b
 
     def _admit(self, nbytes: int) -> bool:
+        """One publish checked against the buckets (and taken from them)."""
+        msgs, size = self._msgs, self._size
+        if msgs is not None and size is not None:  # a tenant alone: the common cases inline
+            ms, ss = msgs.state, size.state
+            if ms == UNLIMITED and ss == UNLIMITED:
+                return True
+            if ms == LIMITED and ss == LIMITED:
+                now = self._clock()
+                if (
+                    msgs.tokens > msgs.low
+                    and size.tokens - nbytes >= size.low
+                    and now < msgs.expires
+                    and now < size.expires
+                ):
+                    msgs.tokens -= 1
+                    msgs.demand += 1
+                    size.tokens -= nbytes
+                    size.demand += nbytes
+                    return True
+        else:
+            for b in self._flat:  # most tenants have no limits: a few reads, no call
+                if b.state != UNLIMITED:
+                    break
+            else:
+                return True
         now = self._clock()
         # The common case, Bucket.has inlined for every budget at once: each limited budget
         # keeps tokens to spare above its low-water mark in a live window, so nothing needs
