@@ -217,7 +217,8 @@ class PublishGate:
         self._flat = tuple(b for pair in buckets for b in pair)
         # A connection without a user name draws on its tenant's budgets alone (the usual
         # case): that pair is taken note of without a loop.
-        self._msgs, self._size = buckets[0] if len(buckets) == 1 else (None, None)
+        self._msgs: Bucket | None = buckets[0][0] if len(buckets) == 1 else None
+        self._size: Bucket | None = buckets[0][1] if len(buckets) == 1 else None
         self._clock = clock
         self._on_refused = on_refused
         self._batch = _OUTSIDE  # where begin()/end() are, and the allowance's state
