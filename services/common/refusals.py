@@ -37,9 +37,9 @@ class Refusals:
     def __init__(self) -> None:
         self._counts: dict[tuple[str, str], int] = {}
 
-    def count(self, limit: str, tenant: str = UNKNOWN_TENANT) -> None:
+    def count(self, limit: str, tenant: str = UNKNOWN_TENANT, n: int = 1) -> None:
         key = (limit, tenant or UNKNOWN_TENANT)
-        self._counts[key] = self._counts.get(key, 0) + 1
+        self._counts[key] = self._counts.get(key, 0) + n
 
     def get(self, limit: str, tenant: str = UNKNOWN_TENANT) -> int:
         return self._counts.get((limit, tenant or UNKNOWN_TENANT), 0)

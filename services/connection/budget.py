@@ -19,12 +19,17 @@ Pure bookkeeping, no I/O (the leases that fill the buckets are services/connecti
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from services.common.message import Message
 from services.connection.channel.subscriptions import SubscriptionQuota
 
 UNKNOWN, UNLIMITED, LIMITED = 0, 1, 2
+_PLENTY = 1 << 62  # the allowance of unlimited budgets
+# PublishGate._batch: outside a batch; before its first publish; after it (the next takes
+# note of an allowance); no allowance to be had in this batch (each publish is checked).
+_OUTSIDE, _FIRST, _MORE, _EACH = 0, 1, 2, 3
 
 
 class Bucket:
@@ -33,6 +38,7 @@ class Bucket:
         "demand",
         "expires",
         "fallback",
+        "gates",
         "granted_window",
         "keep_rate",
         "key",
@@ -66,6 +72,10 @@ class Bucket:
         self.want = want
         # Delivery gates stopped for want of tokens, woken when a lease answers.
         self.waiters: list[DeliveryGate] = []
+        # The delivery gates drawing on this (bytes-out) budget: told when it becomes or
+        # stops being unlimited, so a connection checks it only while it may limit. Weak:
+        # a closed connection's gate goes with it.
+        self.gates: weakref.WeakSet[DeliveryGate] = weakref.WeakSet()
 
     def reset(self) -> None:
         """The limits changed: forget what was known; the next use asks again."""
@@ -159,13 +169,30 @@ class Bucket:
 class PublishGate:
     """The budgets one connection's publishes draw on (its tenant's and its user's, those
     that are limited or not known yet), checked together: a publish takes from all of them
-    or from none."""
+    or from none.
+
+    Per batch, not per publish: the channel brackets the publishes of one socket read with
+    `begin`/`end`. Within it, the first publish is checked against the buckets alone (many
+    reads carry one); the second finds every budget unlimited or with tokens to spare in a
+    live window (the common case) and takes note of what is spare, the allowance (each
+    budget's tokens above its low-water mark); it and the publishes after it only count
+    the allowance down, and `end` charges the buckets what was used. Nothing
+    else runs between `begin` and `end` (no await), so no other connection sees the buckets
+    meanwhile, and the allowance never outlives the read (a window's end, a limit change).
+    Anything else (a budget running low, not known yet, a window over) and every publish
+    outside a batch is checked against the buckets one by one, as before."""
 
     __slots__ = (
+        "_b",
+        "_b0",
+        "_batch",
         "_buckets",
+        "_charge",
         "_clock",
         "_flat",
         "_msgs",
+        "_n",
+        "_n0",
         "_on_refused",
         "_size",
         "delivery",
@@ -189,45 +216,153 @@ class PublishGate:
         self._buckets = buckets  # (messages, bytes) per scope
         self._flat = tuple(b for pair in buckets for b in pair)
         # A connection without a user name draws on its tenant's budgets alone (the usual
-        # case): `admit` checks that pair without a loop.
-        self._msgs, self._size = buckets[0] if len(buckets) == 1 else (None, None)
+        # case): that pair is taken note of without a loop.
+        self._msgs: Bucket | None = buckets[0][0] if len(buckets) == 1 else None
+        self._size: Bucket | None = buckets[0][1] if len(buckets) == 1 else None
         self._clock = clock
         self._on_refused = on_refused
+        self._batch = _OUTSIDE  # where begin()/end() are, and the allowance's state
+        # The allowance: publishes and bytes left (_n, _b) of what was taken note of
+        # (_n0, _b0); 0 when none. `_charge`: some budget of it is limited (to be charged).
+        self._n = self._n0 = self._b = self._b0 = 0
+        self._charge = False
+
+    def begin(self) -> None:
+        """A batch of publishes (one read from the socket) starts."""
+        self._batch = _FIRST
+
+    def end(self) -> None:
+        """The batch is over: the buckets are charged what its publishes used."""
+        if self._n0:
+            self._settle()
+        self._batch = _OUTSIDE
 
     def admit(self, nbytes: int) -> bool:
         """One publish of `nbytes` (payload and topic): True if within every budget (and
         taken from them); False counts a refusal of the budget that ran out."""
-        msgs, size = self._msgs, self._size
-        if msgs is None or size is None:
-            for b in self._flat:  # most tenants have no limits: a few reads, no call
-                if b.state != UNLIMITED:
-                    return self._admit(nbytes)
+        left = self._b - nbytes
+        if left >= 0 and self._n > 0:  # within the batch's allowance: count it down
+            self._b = left
+            self._n -= 1
             return True
-        ms, ss = msgs.state, size.state
-        if ms == UNLIMITED and ss == UNLIMITED:
-            return True
-        # Both budgets limited with tokens to spare in a live window: take and go (the
-        # common case of a limited tenant; anything else is decided by `_admit`).
-        if ms == LIMITED and ss == LIMITED:
-            now = self._clock()
-            if (
-                msgs.tokens > msgs.low
-                and size.tokens - nbytes >= size.low
-                and now < msgs.expires
-                and now < size.expires
-            ):
-                msgs.tokens -= 1
-                msgs.demand += 1
-                size.tokens -= nbytes
-                size.demand += nbytes
+        if self._n0:  # the allowance is used up: charge it, then look at the buckets
+            self._settle()
+        batch = self._batch
+        if batch == _MORE:
+            if self._take(nbytes):
                 return True
+            self._batch = _EACH
+        elif batch == _FIRST:
+            # A read's first publish is checked alone: many reads carry just one, and
+            # taking note of an allowance costs about what checking one publish does.
+            self._batch = _MORE
         return self._admit(nbytes)
 
-    def _admit(self, nbytes: int) -> bool:
+    def _take(self, nbytes: int) -> bool:
+        """Take note of the allowance if every budget is unlimited or limited with more
+        than this publish to spare in a live window; count this publish from it."""
+        msgs, size = self._msgs, self._size
+        if msgs is None or size is None:
+            n, b = self._allowance()
+        else:
+            ms, ss = msgs.state, size.state
+            if ms == LIMITED and ss == LIMITED:  # a limited tenant: no loop
+                now = self._clock()
+                if now >= msgs.expires or now >= size.expires:
+                    return False
+                n, b = msgs.tokens - msgs.low, size.tokens - size.low
+                self._charge = True
+            else:
+                n, b = self._allowance()
+        if n < 1 or b < nbytes:
+            return False
+        self._n0, self._b0 = n, b
+        self._n, self._b = n - 1, b - nbytes
+        return True
+
+    def _allowance(self) -> tuple[int, int]:
+        """`_take` for a tenant and a user: what is spare in all four budgets (0: none)."""
+        for bucket in self._flat:  # most tenants have no limits: no clock, nothing to charge
+            if bucket.state != UNLIMITED:
+                break
+        else:
+            self._charge = False
+            return _PLENTY, _PLENTY
         now = self._clock()
-        # The common case, Bucket.has inlined for every budget at once (this runs per
-        # publish): each limited budget keeps tokens to spare above its low-water mark in a
-        # live window, so nothing needs asking for and everything is taken.
+        n = b = _PLENTY
+        for msgs, size in self._buckets:
+            state = msgs.state
+            if state == LIMITED and now < msgs.expires:
+                spare = msgs.tokens - msgs.low
+                if spare < n:
+                    n = spare
+            elif state != UNLIMITED:
+                return 0, 0
+            state = size.state
+            if state == LIMITED and now < size.expires:
+                spare = size.tokens - size.low
+                if spare < b:
+                    b = spare
+            elif state != UNLIMITED:
+                return 0, 0
+        self._charge = n != _PLENTY or b != _PLENTY
+        return n, b
+
+    def _settle(self) -> None:
+        """Charge the buckets the allowance used (tokens and demand) and forget the rest."""
+        n, b = self._n0 - self._n, self._b0 - self._b
+        self._n = self._n0 = self._b = self._b0 = 0
+        if not self._charge:
+            return
+        msgs = self._msgs
+        if msgs is not None:  # a tenant alone: no loop
+            size = self._size
+            assert size is not None
+            if msgs.state == LIMITED:
+                msgs.tokens -= n
+                msgs.demand += n
+            if size.state == LIMITED:
+                size.tokens -= b
+                size.demand += b
+            return
+        for msgs, size in self._buckets:
+            if msgs.state == LIMITED:
+                msgs.tokens -= n
+                msgs.demand += n
+            if size.state == LIMITED:
+                size.tokens -= b
+                size.demand += b
+
+    def _admit(self, nbytes: int) -> bool:
+        """One publish checked against the buckets (and taken from them)."""
+        msgs, size = self._msgs, self._size
+        if msgs is not None and size is not None:  # a tenant alone: the common cases inline
+            ms, ss = msgs.state, size.state
+            if ms == UNLIMITED and ss == UNLIMITED:
+                return True
+            if ms == LIMITED and ss == LIMITED:
+                now = self._clock()
+                if (
+                    msgs.tokens > msgs.low
+                    and size.tokens - nbytes >= size.low
+                    and now < msgs.expires
+                    and now < size.expires
+                ):
+                    msgs.tokens -= 1
+                    msgs.demand += 1
+                    size.tokens -= nbytes
+                    size.demand += nbytes
+                    return True
+        else:
+            for b in self._flat:  # most tenants have no limits: a few reads, no call
+                if b.state != UNLIMITED:
+                    break
+            else:
+                return True
+        now = self._clock()
+        # The common case, Bucket.has inlined for every budget at once: each limited budget
+        # keeps tokens to spare above its low-water mark in a live window, so nothing needs
+        # asking for and everything is taken.
         for msgs, size in self._buckets:
             state = msgs.state
             if state != UNLIMITED and not (
@@ -270,9 +405,24 @@ class DeliveryGate:
     """The outbound bandwidth budgets one connection's deliveries draw on (its tenant's and
     its user's "bytes_out_per_s"). `admit` is asked before each PUBLISH is written and
     charges it; when it says no, the gate waits on the budget that ran out and calls `wake`
-    once a lease answered (the connection then retries what it holds)."""
+    once a lease answered (the connection then retries what it holds).
 
-    __slots__ = ("_buckets", "_clock", "_on_refused", "_wait", "tenant", "waiting", "wake")
+    A connection consults the gate only while one of its budgets may limit (not known yet,
+    or limited): `attach` is how the gate tells it (`refresh`, called at start and whenever
+    a budget becomes or stops being unlimited), so a tenant without the limit costs its
+    deliveries nothing."""
+
+    __slots__ = (
+        "__weakref__",
+        "_buckets",
+        "_clock",
+        "_on_refused",
+        "_wait",
+        "attach",
+        "tenant",
+        "waiting",
+        "wake",
+    )
 
     def __init__(
         self,
@@ -289,6 +439,19 @@ class DeliveryGate:
         self._wait = wait  # the bucket is out: make sure a lease will answer (and wake us)
         self.waiting = False  # in a bucket's `waiters`
         self.wake: Callable[[], None] = _nothing
+        # Puts the gate on (itself) or off (None) its connection's delivery path.
+        self.attach: Callable[[DeliveryGate | None], None] = _ignore
+        for b in buckets:
+            b.gates.add(self)
+
+    @property
+    def needed(self) -> bool:
+        """One of the budgets may limit: not known yet or limited."""
+        return any(b.state != UNLIMITED for b in self._buckets)
+
+    def refresh(self) -> None:
+        """Attach the gate to its connection while it is needed, detach it otherwise."""
+        self.attach(self if self.needed else None)
 
     def admit(self, msg: Message, qos0: bool = False) -> bool:
         """`msg` (payload and topic bytes) may be written now: True charges it. `qos0`: a
@@ -336,4 +499,8 @@ class DeliveryGate:
 
 
 def _nothing() -> None:
+    pass
+
+
+def _ignore(gate: DeliveryGate | None) -> None:
     pass

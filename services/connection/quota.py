@@ -139,7 +139,7 @@ class NodeQuota:
             if b.fallback:  # self-granted tokens end with the service's first answer
                 b.fallback, b.tokens, b.granted_window, b.expires = False, 0, 0, now
             if lease.limit == 0:
-                b.state = UNLIMITED
+                self._set_state(b, UNLIMITED)
                 b.set_limit(0)
                 return
             if b.state != LIMITED or now >= b.expires:
@@ -148,7 +148,7 @@ class NodeQuota:
                     b.keep_rate = b.granted_window
                 # Lapsed tokens go, a debt (publishes on credit) is paid from this grant.
                 b.tokens, b.granted_window = min(b.tokens, 0), 0
-            b.state = LIMITED
+            self._set_state(b, LIMITED)
             b.set_limit(lease.limit)
             b.tokens += lease.granted
             b.granted_window += lease.granted
@@ -160,6 +160,16 @@ class NodeQuota:
             b.asking = False
             if b.waiters:
                 self._wake(b)
+
+    @staticmethod
+    def _set_state(b: Bucket, state: int) -> None:
+        """A budget's state changes: the delivery gates on it attach when it stops being
+        unlimited and may detach when it becomes so."""
+        flips = (b.state == UNLIMITED) != (state == UNLIMITED)
+        b.state = state
+        if flips:
+            for gate in list(b.gates):
+                gate.refresh()
 
     def _fallback(self, b: Bucket) -> None:
         """The quota service did not answer: apply `quota_unavailable` for RETRY_S, then
@@ -176,14 +186,18 @@ class NodeQuota:
         else:
             tokens = 0
         if b.state != LIMITED:
-            b.state = LIMITED
+            self._set_state(b, LIMITED)
             b.set_limit(max(b.limit, 1))
         b.tokens = tokens
 
     def limits_changed(self, tenant: str) -> None:
         for key, b in self._buckets.items():
             if key[0] == tenant:
+                unlimited = b.state == UNLIMITED
                 b.reset()
+                if unlimited:  # its delivery gates may be needed again
+                    for gate in list(b.gates):
+                        gate.refresh()
                 if b.waiters:  # the limit may be gone: held deliveries try again
                     self._wake(b)
 

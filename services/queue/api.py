@@ -16,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from services.common.bus import subjects
+from services.common.log_summary import LogSummary
 from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError
 from services.common.rpc.limits import BATCH_BYTES
@@ -113,6 +114,8 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         # Tenants' max_queue_depth (quota service); None: only the setting applies.
         self._limits = limits
         self.refusals = Refusals()
+        # Refused appends can come per publish: the log gets a line per tenant per 10 s.
+        self._refused_log = LogSummary(log, "queue_quota_refused")
         self._parts = parts
         self._max_depth = settings.max_queue_depth
         self._drop_oldest = settings.depth_policy == "drop_oldest"
@@ -292,11 +295,8 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             self._parts.fenced(p)  # another instance took the partition over
         if quota and AppendOutcome.FULL in report.outcomes:
             refused = report.outcomes.count(AppendOutcome.FULL)
-            for _ in range(refused):
-                self.refusals.count("max_queue_depth", tenant)
-            log.info(
-                "queue_quota_refused", extra={"tenant": tenant, "queue_id": qid, "count": refused}
-            )
+            self.refusals.count("max_queue_depth", tenant, refused)
+            self._refused_log.add(tenant, refused, qid)
             # Refused, not dropped: the publisher is told (no drop event, no drop count).
             report = dataclasses.replace(report, dropped=0)
             report.outcomes[:] = [

@@ -26,6 +26,12 @@ class FixedGate:
         self.left -= 1
         return self.left >= 0
 
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
 
 def gated(
     level: int, gate: FixedGate, acl_allow: bool = True
@@ -166,3 +172,47 @@ def test_acl_checker_still_runs_before_the_budget() -> None:
     ch.receive(encode(Publish("a", b"x", 1, packet_id=1), 5), 1.0)
     assert written(ch, dec) == [PubAck(1, 0x87)]
     assert gate.sizes == []  # a refused publish spends no budget
+
+
+def _gate_channel(scopes: int, tokens: int, size_tokens: int) -> tuple[Channel, list[Bucket]]:
+    buckets = []
+    for _ in range(scopes):  # the tenant's budgets (and the user's)
+        buckets += [limited(tokens), limited(size_tokens, "bytes_in_per_s")]
+    pairs = tuple((buckets[i], buckets[i + 1]) for i in range(0, len(buckets), 2))
+    gate = PublishGate("t", pairs, lambda: 1.0, lambda r, t: None)
+    ch = Channel(PLAIN, "peer", 0.0, lambda: "auto", gates=lambda t, u: gate)
+    ch.receive(encode(Connect("c", 5, keepalive_s=10, properties=EMPTY), 5), 0.0)
+    ch.authenticated(ConnectOutcome(tenant="t", epoch=1, identity="t/alice"), 0.0)
+    return ch, buckets
+
+
+def test_a_read_of_many_publishes_is_charged_exactly_and_refused_at_the_same_point() -> None:
+    """The publishes of one socket read are counted down from an allowance and charged at
+    its end: the buckets end up where publish-by-publish checks leave them, and the
+    publishes beyond the budget are refused just the same, whatever the read's size."""
+    for scopes in (1, 2):
+        for per_read in (1, 2, 3, 20, 60):  # 60 publishes in reads of this many
+            # 35 message tokens (low-water 5: asking for more starts below it); the bytes
+            # budget has plenty. 60 publishes: 35 go, whatever the reads.
+            ch, buckets = _gate_channel(scopes, 35, 10_000)
+            data = encode(Publish("a/b", b"x" * 7, 0), 5)
+            admitted = 0
+            for _ in range(0, 60, per_read):
+                for action in ch.receive(data * per_read, 1.0):
+                    admitted += len(action.messages) if isinstance(action, Route) else 0
+            assert admitted == 35, (scopes, per_read)
+            msgs, size = buckets[0], buckets[1]  # the tenant's (refuses first)
+            assert (msgs.tokens, size.tokens) == (0, 10_000 - 35 * 10), (scopes, per_read)
+            assert (msgs.demand, size.demand) == (60, 35 * 10)  # the refused were asked too
+            assert msgs.refused == 25
+
+
+def test_bytes_run_out_mid_read_the_big_publish_is_refused_the_small_ones_go() -> None:
+    ch, (msgs, size) = _gate_channel(1, 1000, 125)  # 125 bytes (payload + topic)
+    small, big = Publish("a/b", b"x" * 7, 0), Publish("a/b", b"y" * 100, 0)
+    data = b"".join(encode(p, 5) for p in [small, small, big, small, big, small])
+    (route,) = ch.receive(data, 1.0)
+    assert isinstance(route, Route)
+    # 10 + 10 + 103 fit in 125; no other does (the allowance and the bucket agree).
+    assert [len(m.payload) for m in route.messages] == [7, 7, 100]
+    assert (msgs.tokens, size.tokens) == (997, 2)

@@ -199,3 +199,34 @@ async def test_qos0_is_never_dropped_while_the_first_lease_is_on_its_way() -> No
         ch.deliver(_msg(1, i), 1, False, (), 1.0)
     assert len([p for p in written(ch, dec) if isinstance(p, Publish)]) <= 1
     await quota.stop()
+
+
+async def test_the_gate_is_on_the_delivery_path_only_while_the_limit_exists() -> None:
+    """Limits change at runtime (`ctl.quota.limits`): a connection of a tenant without the
+    limit does not consult the gate per delivery, takes it on when the limit is set and off
+    again when it is removed, all without reconnecting."""
+    service, refused = Windows(0), []  # no limit yet
+    quota = _quota(service, refused)
+    ch, dec, _ = _channel(quota)
+    ob = ch.outbound
+    assert ob.gate is not None  # not known yet: the first delivery asks
+    ch.deliver(_msg(0, 0), 0, False, (), 1.0)
+    await _settle()
+    assert ob.gate is None  # unlimited: off the delivery path
+    service.limit = service.left = LIMIT
+    quota.limits_changed("t")
+    assert ob.gate is not None
+    for i in range(1, 31):
+        ch.deliver(_msg(0, i), 0, False, (), 1.0)
+        await _settle()
+    got = written(ch, dec)
+    assert 9 <= len(got) <= 13, len(got)  # the first, then about one window's worth
+    assert ob.dropped_quota == 31 - len(got) > 0
+    service.limit = 0
+    quota.limits_changed("t")
+    for i in range(100):
+        ch.deliver(_msg(0, i), 0, False, (), 1.0)
+        await _settle()
+    assert ob.gate is None
+    assert len(written(ch, dec)) == 100 and ob.dropped_quota == 31 - len(got)
+    await quota.stop()

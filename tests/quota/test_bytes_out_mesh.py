@@ -15,7 +15,7 @@ from collections import Counter
 from services.quota.client import Limits
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho
-from tests.quota.test_quota_mesh import PASSWORD, refusals_metric, tenant_with_user
+from tests.quota.test_quota_mesh import PASSWORD, quota, refusals_metric, tenant_with_user
 
 LIMIT = 20_000  # bytes out per second
 PAYLOAD = 1000  # + the topic: each delivery is charged ~1 kB
@@ -120,3 +120,43 @@ def test_a_persistent_qos1_subscriber_gets_every_message_just_slower(mesh: MeshI
     assert rest and rest[-1][0] - start >= 2.0
     pub.close()
     sub2.close(session_expiry=0)
+
+
+def test_the_outbound_limit_set_and_lifted_at_runtime_applies_to_connected_clients(
+    mesh: MeshInfo,
+) -> None:
+    """A subscriber connected while its tenant had no outbound limit (its node then skips
+    the check per delivery) is held to the limit once it is set, and gets everything again
+    once it is lifted: no reconnect, no restart."""
+    tenant, user = tenant_with_user(mesh, Limits())
+    sub = Paho(mesh.node(1), username=user, password=PASSWORD)
+    sub.connect()
+    sub.subscribe("bwrt/x", 0)
+    pub = Paho(mesh.node(0), username=user, password=PASSWORD)
+    pub.connect()
+
+    def burst(n: int) -> int:
+        """`n` QoS 0 publishes of ~1 kB at once; how many the subscriber got (the burst's
+        last one arrives before the drain ends, or it was dropped)."""
+        tag = uuid.uuid4().hex[:6].encode()
+        for i in range(n):
+            pub.c.publish("bwrt/x", tag + b"%06d" % i + b"x" * (PAYLOAD - 12), 0)
+        got = _drain(sub, time.time() + 0.7)
+        return sum(1 for _, p in got if p.startswith(tag))
+
+    assert burst(100) == 100  # no limit: 100 kB at once, all of it
+    quota(mesh, lambda c: c.set_limits(tenant, Limits(max_bytes_out_per_s=LIMIT)))
+    deadline, got = time.time() + 5, 100
+    while got == 100 and time.time() < deadline:  # the change takes effect within ms
+        got = burst(100)
+    # One 0.7 s drain touches at most two one-second windows: two grants and a message of
+    # debt in each.
+    assert got <= 2 * (LIMIT // PAYLOAD + 1) + 1, got
+    assert refusals_metric(mesh, "connection-1", tenant, "bytes_out_per_s") >= 100 - got
+    quota(mesh, lambda c: c.set_limits(tenant, Limits()))
+    deadline = time.time() + 5
+    while got < 100 and time.time() < deadline:
+        got = burst(100)
+    assert got == 100  # lifted: everything again, on the same connection
+    for c in (sub, pub):
+        c.close()

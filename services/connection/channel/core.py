@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from services.common.acl import AclChecker
 from services.common.connect import ConnectOutcome
@@ -94,6 +94,9 @@ from services.connection.channel.inbound import InboundPublishes, PublishGate
 from services.connection.channel.outbound import Outbound
 from services.connection.channel.problems import Problems, describe
 from services.connection.channel.subscriptions import ClientSubscriptions
+
+if TYPE_CHECKING:  # budget.py imports the channel package
+    from services.connection.budget import DeliveryGate
 
 _PROGRESS = DeliveryProgress()  # it carries nothing: one instance serves every channel
 _V3_UNACCEPTABLE_PROTOCOL = b"\x20\x02\x00\x01"  # CONNACK with 3.1.1 return code 1
@@ -416,6 +419,9 @@ class Channel:
         progress = False
         closing: Action | None = None
         inbound = self._inbound
+        gate = inbound.gate
+        if gate is not None:  # the read's publishes are charged to the budgets together
+            gate.begin()
         try:
             for p in packets:
                 if type(p) is Publish and self.state is State.CONNECTED:  # the hot path
@@ -439,6 +445,9 @@ class Channel:
                     actions.append(action)
         except MqttError as exc:
             broken = exc
+        finally:
+            if gate is not None:
+                gate.end()
         if progress:  # before a Close: the acks came before what closed the connection
             actions.append(_PROGRESS)
         if closing is not None:
@@ -528,9 +537,15 @@ class Channel:
         delivery = gate.delivery if gate is not None else None
         if delivery is not None:
             delivery.wake = self.on_resume
-            self.outbound.gate = delivery
+            delivery.attach = self._attach_delivery
+            delivery.refresh()
         self._subscriptions.start(self.level, acl, outcome.subscriptions, quota)
         return encode(connack, self.level)
+
+    def _attach_delivery(self, gate: DeliveryGate | None) -> None:
+        """The outbound bandwidth gate while its budgets may limit, None otherwise: a tenant
+        without the limit pays nothing per delivery (DeliveryGate.refresh)."""
+        self.outbound.gate = gate
 
     def _release_connack(self) -> None:
         """ACCEPTED -> CONNECTED: write the CONNACK that waited."""

@@ -57,6 +57,10 @@ class PublishGate(Protocol):
 
     def admit(self, nbytes: int) -> bool: ...
 
+    def begin(self) -> None: ...
+
+    def end(self) -> None: ...
+
 
 class OwedAck:
     """One PUBACK (QoS 1) or PUBREC (QoS 2) the publisher is owed."""
@@ -163,6 +167,12 @@ class InboundPublishes:
         self._unconfirmed: dict[int, str] = {}
         self._releasing: set[int] = set()  # PUBREL taken, its PUBCOMP waits for `released`
         self._gate: PublishGate | None = None
+
+    @property
+    def gate(self) -> PublishGate | None:
+        """The publish budgets (None: no rate limits); the channel brackets each read's
+        publishes with its `begin`/`end`."""
+        return self._gate
 
     def start(
         self,
