@@ -7,8 +7,9 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from contextlib import AsyncExitStack
+from typing import Any
 
 import grpc
 from nats.aio.client import Client
@@ -238,25 +239,30 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 # The tenant's quota binds: refused, never dropped, so the publisher learns
                 # (0x97) that a subscriber did not get it; no older entry is lost for it.
                 depth, drop_oldest, quota = cap, False, True
+
+        def appends() -> list[Coroutine[Any, Any, AppendReport]]:
+            return [
+                self._append_to_queue(
+                    tenant,
+                    qid,
+                    [it for _, it in items],
+                    pushes[qid] is not None,
+                    depth,
+                    drop_oldest,
+                    quota,
+                )
+                for qid, items in by_queue.items()
+            ]
+
+        if len(parts) == 1:  # one partition (the usual case): no AsyncExitStack
+            async with self._parts.locks[parts[0]]:
+                one = appends()
+                # One queue: no task (and loop turn) of its own for it.
+                return [await one[0]] if len(one) == 1 else list(await asyncio.gather(*one))
         async with AsyncExitStack() as stack:
             for p in parts:
                 await stack.enter_async_context(self._parts.locks[p])
-            return list(
-                await asyncio.gather(
-                    *(
-                        self._append_to_queue(
-                            tenant,
-                            qid,
-                            [it for _, it in items],
-                            pushes[qid] is not None,
-                            depth,
-                            drop_oldest,
-                            quota,
-                        )
-                        for qid, items in by_queue.items()
-                    )
-                )
-            )
+            return list(await asyncio.gather(*appends()))
 
     async def _append_to_queue(
         self,

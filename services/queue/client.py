@@ -40,6 +40,7 @@ from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 
 R = TypeVar("R", bound=ProtoMessage)
+T = TypeVar("T")
 
 __all__ = [
     "AppendResult",
@@ -174,6 +175,14 @@ def _append_request(
     return req
 
 
+async def _outcome(call: Awaitable[T]) -> T | Exception:
+    """`call`'s answer or the exception it raised, as `gather(return_exceptions=True)`."""
+    try:
+        return await call
+    except Exception as exc:
+        return exc
+
+
 # How long an append waits for a queue's new owner (its old one died: the lease runs out,
 # another instance claims the partition and announces it) before it answers FENCED.
 OWNER_WAIT_S = 3.0
@@ -254,20 +263,16 @@ class QueueClient:
         while todo:
             moved = calls.moved()  # before the calls: a change during them wakes the retry
             groups = self._by_owner(tenant, entries, todo)
-            answers = await asyncio.gather(
-                *(
-                    self._append_at(
-                        o,
-                        tenant,
-                        [entries[i] for i in idx],
-                        subject,
-                        routes_checked,
-                        routes_current,
-                    )
-                    for o, idx in groups.items()
-                ),
-                return_exceptions=True,
-            )
+            calls_of = [
+                self._append_at(
+                    o, tenant, [entries[i] for i in idx], subject, routes_checked, routes_current
+                )
+                for o, idx in groups.items()
+            ]
+            if len(calls_of) == 1:  # one owner (the usual case): no task of its own
+                answers: list[Any] = [await _outcome(calls_of[0])]
+            else:
+                answers = await asyncio.gather(*calls_of, return_exceptions=True)
             todo = []
             for (owner, idx), answer in zip(groups.items(), answers, strict=True):
                 if isinstance(answer, UnavailableError) and owner is not None:
