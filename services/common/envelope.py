@@ -57,7 +57,28 @@ def add_to_batch(batch: RoutedBatch, msg: Message, node_id: str, message_id: str
     return _finish(batch.messages.add(**_fields(msg, node_id, message_id)), msg)
 
 
-def from_envelope(env: RoutedMessage) -> Message:
+def _properties(mp: MessageProperties) -> Properties:
+    props = Properties(
+        payload_format_indicator=(
+            mp.payload_format_indicator if mp.HasField("payload_format_indicator") else None
+        ),
+        content_type=mp.content_type if mp.HasField("content_type") else None,
+        response_topic=mp.response_topic if mp.HasField("response_topic") else None,
+        correlation_data=mp.correlation_data if mp.HasField("correlation_data") else None,
+        user_property=tuple((u.key, u.value) for u in mp.user_properties),
+    )
+    return EMPTY if props == EMPTY else props
+
+
+def from_envelope(
+    env: RoutedMessage,
+    qos: int | None = None,
+    retain: bool | None = None,
+    expires_at_ms: int = 0,
+) -> Message:
+    """The message of `env`; a queue entry passes its own delivery `qos`, `retain` and
+    expiry (`expires_at_ms`, 0: the message's own), so the message is built once, not
+    built and then copied with those replaced (once per delivered entry: it counts)."""
     published_at = env.published_at_ms / 1000
     props = EMPTY
     expires_at = None
@@ -65,28 +86,21 @@ def from_envelope(env: RoutedMessage) -> Message:
         mp: MessageProperties = env.properties
         if mp.HasField("message_expiry_interval_s"):
             expires_at = published_at + mp.message_expiry_interval_s
-        props = Properties(
-            payload_format_indicator=(
-                mp.payload_format_indicator if mp.HasField("payload_format_indicator") else None
-            ),
-            content_type=mp.content_type if mp.HasField("content_type") else None,
-            response_topic=mp.response_topic if mp.HasField("response_topic") else None,
-            correlation_data=mp.correlation_data if mp.HasField("correlation_data") else None,
-            user_property=tuple((u.key, u.value) for u in mp.user_properties),
-        )
-        if props == EMPTY:
-            props = EMPTY
+        props = _properties(mp)
+    if expires_at_ms:
+        expires_at = expires_at_ms / 1000
+    tc = env.trace_context  # a map view costs even when empty: only made for sampled ones
     return Message(
         env.tenant,
         env.topic,
         env.payload,
-        env.qos,
-        env.retain,
+        env.qos if qos is None else qos,
+        env.retain if retain is None else retain,
         env.publisher.client_id,
         props,
         expires_at,
         published_at,
-        tuple(env.trace_context.items()),
+        tuple(tc.items()) if tc else (),
     )
 
 

@@ -28,10 +28,13 @@ Invariants:
   gate wakes the connection.
 - Entries pushed in a queue notice (the queue does so while this delivery, its `reader`, is
   caught up; services/queue/readers.py) were marked delivered by the append itself. They are
-  sent straight from the notice, DUP=0, only when they continue exactly at `next_read`, no
-  read is running and the window takes them all; otherwise they are read back like any
-  entry, and the queue reports the mark from before its pushes to this reader, so they still
-  go out DUP=0 (this delivery never reads back what it sent).
+  sent straight from the notice, DUP=0, from `next_read` on, only when the notice holds
+  `next_read` and the window takes the rest; otherwise they are read back like any entry,
+  and the queue reports the mark from before its pushes to this reader, so they still go
+  out DUP=0 (this delivery never reads back what it sent). A notice that comes while a read
+  is under way waits for it (at most STASH_MAX, no more entries than the reader's credit):
+  sent after the read's entries, it spares the read that would otherwise follow, which at
+  a steady rate kept reads going back to back (each notice came during the previous read).
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ ACK_EVERY = 64
 # stopped reading can pull into memory is one batch.
 READ_BATCH = 100
 ACK_DELAY_S = 0.02
+# Notices of pushed entries kept while a read is under way (each holds at most the reader's
+# credit, one read's room; services/queue/readers.py): past it they are read back.
+STASH_MAX = 16
 # Retry of a released mark the queue could not write: the PUBREL waits for it.
 RELEASE_RETRY_S = 0.2
 
@@ -97,7 +103,10 @@ class PersistentDelivery:
         self.read_through = 0  # highest seq read
         self.acked = 0
         self.more = True
-        self._notices = 0  # bumped by every notice; a read only clears `more` if unchanged
+        # Bumped by every notice not taken as pushed; a read only clears `more` if unchanged.
+        self._notices = 0
+        # Notices of pushed entries that came while a read was under way (STASH_MAX).
+        self._stash: list[Notice] = []
         self.announced = 0  # highest seq a notice reported
         self.reader = uuid.uuid4().hex  # names this delivery to the queue (pushes go to it)
         self.closed = False
@@ -123,31 +132,58 @@ class PersistentDelivery:
         self.pump()
 
     async def _on_notice(self, msg: Msg) -> None:
-        self._notices += 1
         notice = parse_notice(msg.data)
         self.announced = max(self.announced, notice.last_seq)
-        if notice.pushed and notice.reader == self.reader and self._take_pushed(notice):
-            return
+        if notice.pushed and notice.reader == self.reader and not self.closed:
+            if self._reading and len(self._stash) < STASH_MAX:
+                self._stash.append(notice)  # sent from here once the read is back
+                return
+            if not self._reading and self._take_pushed(notice) >= 0:
+                return
+        self._notices += 1
         self.more = True
         self.pump()
 
-    def _take_pushed(self, notice: Notice) -> bool:
-        """Send the entries the queue pushed to this reader, if they continue exactly where
-        it stands and fit the window now; False: they are read back instead."""
-        if self.closed or self._reading or notice.first_seq != self.next_read:
-            return False  # (next_read is 0 until the first read: nothing taken before it)
+    def _take_pushed(self, notice: Notice) -> int:
+        """Send the entries the queue pushed to this reader from `next_read` on, if the
+        notice holds `next_read` and the rest fits the window now. Returns -1 when nothing
+        was taken (the entries are read back instead), else the seq of the first entry that
+        waits for its packet id or the budget (0: all sent)."""
+        first, last = notice.first_seq, notice.first_seq + notice.pushed - 1
+        start = self.next_read  # (0 until the first read: nothing taken before it)
+        if self.closed or not first <= start <= last:
+            return -1
         ob = self.channel.outbound
-        if ob.congested or ob.free_window < notice.pushed:
-            return False
-        last = notice.first_seq + notice.pushed - 1
+        if ob.congested or ob.free_window < last - start + 1:
+            return -1
         self.next_read = last + 1
-        stopped = self._deliver(notice.entries(), notice.first_seq - 1)  # never handed out: DUP=0
+        # Entries before `start` came in a read. The rest were pushed to this reader only, and
+        # it never sent them: DUP=0.
+        stopped = self._deliver(notice.entries()[start - first :], start - 1)
         if stopped:  # the rest is read back once the budget (or packet id) allows
             self.next_read = stopped
             last = stopped - 1
             self.more = True
         self.read_through = max(self.read_through, last)
         self._schedule_ack()
+        return stopped
+
+    def _take_stash(self) -> bool:
+        """A read is back: send what the queue pushed meanwhile (the notices that came
+        during the read), so that those entries need no read of their own. False when an
+        entry waits for its packet id or the budget (read again from there later); a
+        notice that cannot be taken (a gap before it, no room) counts as an announcement
+        that makes the loop read on."""
+        stash, self._stash = self._stash, []
+        for notice in stash:
+            if notice.first_seq + notice.pushed <= self.next_read:
+                continue  # the read brought them all
+            stopped = self._take_pushed(notice)
+            if stopped < 0:
+                self._notices += 1
+                return True
+            if stopped:
+                return False
         return True
 
     def pump(self) -> None:
@@ -191,6 +227,8 @@ class PersistentDelivery:
                     self.acked = resp.acked_through
                     self.read_through = resp.acked_through
                 if resp.last_seq < from_seq:  # nothing left to scan, for now
+                    if not self._take_stash():
+                        return
                     if self._notices == notices:  # no new entries announced meanwhile
                         self.more = False
                         return
@@ -202,8 +240,13 @@ class PersistentDelivery:
                     return
                 self.next_read = resp.last_seq + 1
                 self.read_through = max(self.read_through, resp.last_seq)
+                if not self._take_stash():
+                    return
         finally:
             self._reading = False
+            if self._stash:  # not taken: those entries are read back
+                self._stash.clear()
+                self.more = True
             self._schedule_ack()
 
     def _deliver(self, entries: Sequence[QueueEntry], delivered_before: int) -> int:

@@ -192,7 +192,10 @@ class CopyRouter:
                 via += idx
         if via:
             jobs.append(self._via_router(via, messages, results))
-        await asyncio.gather(*jobs)
+        if len(jobs) == 1:  # the usual case: no task (and loop turn) of its own for it
+            await jobs[0]
+        else:
+            await asyncio.gather(*jobs)
         return results
 
     async def _straight(

@@ -88,6 +88,13 @@ _SHARED: dict[RouteGrant, RouteGrant] = {}
 # One tenant's sessions and the filters each holds (the trie answers the other way round).
 SessionFilters = dict[SessionKey, set[str]]
 
+# Answers of `targets` kept, over all tenants: a device fleet publishes to the same topics
+# over and over, and a cached answer costs a dict look-up instead of a trie walk, a merge and
+# a Target per queue (about 2.5 of the ~5 us per persistent message the plan took). Past the
+# bound the cache starts over: memory stays bounded whatever topics clients publish to.
+TARGETS_CACHED = 10_000
+_TargetsKey = tuple[str, int, bool, str, bool]  # topic, qos, retain, publisher, include_qos0
+
 
 class RouteTable:
     def __init__(self) -> None:
@@ -96,6 +103,15 @@ class RouteTable:
         # Tenants loaded from a snapshot whose session filters are made on first use: only
         # a change or a listing needs them, a publish never does (a faster boot).
         self._unmade: dict[str, Callable[[], SessionFilters]] = {}
+        # Per tenant, `targets` answers since the tenant's last change (TARGETS_CACHED).
+        self._targets: dict[str, dict[_TargetsKey, tuple[Target, ...]]] = {}
+        self._targets_cached = 0
+
+    def _changed(self, tenant: str) -> None:
+        """The tenant's subscriptions changed: its cached answers are void."""
+        cached = self._targets.pop(tenant, None)
+        if cached is not None:
+            self._targets_cached -= len(cached)
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._tries.values())
@@ -108,12 +124,14 @@ class RouteTable:
         return sessions
 
     def add(self, rec: SubscriptionRecord) -> None:
+        self._changed(rec.tenant)
         trie = self._tries.setdefault(rec.tenant, TopicTrie())
         key = (rec.client_id, rec.incarnation)
         trie.add(rec.topic_filter, key, RouteGrant.of(rec))
         self._sessions_of(rec.tenant).setdefault(key, set()).add(rec.topic_filter)
 
     def remove(self, tenant: str, client_id: str, incarnation: int, filt: str) -> None:
+        self._changed(tenant)
         trie = self._tries.get(tenant)
         if trie is not None:
             trie.remove(filt, (client_id, incarnation))
@@ -124,6 +142,8 @@ class RouteTable:
             self.remove(tenant, client_id, incarnation, f)
 
     def clear(self) -> None:
+        self._targets.clear()
+        self._targets_cached = 0
         self._tries.clear()
         self._sessions.clear()
         self._unmade.clear()
@@ -143,6 +163,7 @@ class RouteTable:
     ) -> None:
         """Take a tenant's trie and its sessions' filters (or what makes them, called on
         first use) as loaded from a snapshot, in place of whatever the table held for it."""
+        self._changed(tenant)
         self._tries[tenant] = trie
         self._sessions.pop(tenant, None)
         self._unmade.pop(tenant, None)
@@ -225,18 +246,30 @@ class RouteTable:
         retain: bool,
         publisher: str,
         include_qos0: bool = False,
-    ) -> list[Target]:
+    ) -> tuple[Target, ...]:
         """Queues for one message: per session the highest QoS of its matching
         subscriptions [MQTT-3.3.4-2] and all their identifiers; no-local honoured."""
+        key = (topic, qos, retain, publisher, include_qos0)
+        cached = self._targets.get(tenant)
+        if cached is not None:
+            hit = cached.get(key)
+            if hit is not None:
+                return hit
         trie = self._tries.get(tenant)
         if trie is None:
-            return []
+            return ()
         per = merge_matches(trie.match(topic), qos, retain, publisher, _client_of)
-        return [
+        found = tuple(
             Target(k[0], k[1], q, rap, ids)
             for k, (q, rap, ids) in per.items()
             if q > 0 or include_qos0
-        ]
+        )
+        if self._targets_cached >= TARGETS_CACHED:
+            self._targets.clear()
+            self._targets_cached = 0
+        self._targets.setdefault(tenant, {})[key] = found
+        self._targets_cached += 1
+        return found
 
 
 # Settled for the publisher: stored, or refused for good by the depth limit (counted there).

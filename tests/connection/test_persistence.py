@@ -340,6 +340,36 @@ async def test_pushed_entries_go_out_dup_0_without_a_read_only_where_they_fit() 
     assert _publishes(ch, dec) == [] and reads > before
 
 
+async def test_entries_pushed_during_a_read_go_out_after_it_once_in_order_dup_0() -> None:
+    queue = FakeQueue([_entry(1), _entry(2)])
+    reads = 0
+    gate = asyncio.Event()
+    real_read = queue.read
+
+    async def held_read(*args: object, **kwargs: object) -> QueueRead:
+        nonlocal reads
+        reads += 1
+        out = await real_read(*args, **kwargs)  # type: ignore[arg-type]
+        if reads == 1:
+            await gate.wait()  # the answer is on its way while 3 and 4 are appended
+        return out
+
+    queue.read = held_read  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    queue.entries += [_entry(3), _entry(4)]
+    # Pushed to this reader while its read is under way; 2 came in the read as well.
+    await pd._on_notice(_notice(pd.reader, [2, 3, 4], 4))  # type: ignore[arg-type]
+    assert _publishes(ch, dec) == []
+    gate.set()
+    await _settle()
+    assert _publishes(ch, dec) == [(pid_for(s), False, f"m{s}".encode()) for s in (1, 2, 3, 4)]
+    # One more read finds the end; 3 and 4 were not read back.
+    assert reads == 2 and not pd.more
+    await pd.close()
+
+
 async def _pubrecs(ch: object, pd: PersistentDelivery, *seqs: int) -> None:
     data = b"".join(encode(PubRec(pid_for(s)), 5) for s in seqs)
     ch.receive(data, 0.0)  # type: ignore[attr-defined]

@@ -37,6 +37,8 @@ from services.common.store.sqlite_base import SqliteDb
 
 MSGID_RETENTION_MS = 15 * 60 * 1000  # far longer than any retry of an append
 PRUNE_EVERY = 1000  # appends between prunes of old message ids
+# Message ids per duplicate-check query (SQLite allows 32,766 parameters; old builds 999).
+KNOWN_CHUNK = 500
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queue_entries (
@@ -93,6 +95,26 @@ def _is_known_message(db: sqlite3.Connection, tenant: str, queue_id: str, messag
     )
 
 
+def _known_messages(
+    db: sqlite3.Connection, tenant: str, queue_id: str, message_ids: list[str]
+) -> set[str]:
+    """Which of `message_ids` were appended to the queue already: one query per
+    KNOWN_CHUNK ids instead of one per id."""
+    known: set[str] = set()
+    for i in range(0, len(message_ids), KNOWN_CHUNK):
+        chunk = message_ids[i : i + KNOWN_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        known.update(
+            row[0]
+            for row in db.execute(
+                "SELECT message_id FROM queue_msgids WHERE tenant=? AND queue_id=? "
+                f"AND message_id IN ({marks})",
+                (tenant, queue_id, *chunk),
+            )
+        )
+    return known
+
+
 def _delete_oldest_entry(db: sqlite3.Connection, tenant: str, queue_id: str) -> bool:
     """Delete the queue's oldest entry, to make room (drop_oldest); False if it has none."""
     oldest = db.execute(
@@ -120,6 +142,36 @@ def _insert_entry(
         "INSERT INTO queue_msgids VALUES (?, ?, ?, ?, ?)",
         (tenant, queue_id, item.message_id, seq, now_ms),
     )
+
+
+def _append_all(
+    db: sqlite3.Connection,
+    tenant: str,
+    queue_id: str,
+    items: list[NewQueueItem],
+    last: int,
+    now_ms: int,
+) -> tuple[list[str], int]:
+    """Store every entry whose message id the queue has not seen (a repeat within `items`
+    included), in order from seq `last` + 1; the outcomes and the new last seq."""
+    known = _known_messages(db, tenant, queue_id, [it.message_id for it in items])
+    out: list[str] = []
+    rows = []
+    for item in items:
+        if item.message_id in known:
+            out.append(AppendOutcome.DUPLICATE)
+            continue
+        known.add(item.message_id)
+        last += 1
+        rows.append(entry_row(tenant, queue_id, last, item))
+        out.append(AppendOutcome.OK)
+    if rows:
+        db.executemany("INSERT INTO queue_entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)", rows)
+        db.executemany(
+            "INSERT INTO queue_msgids VALUES (?, ?, ?, ?, ?)",
+            [(tenant, queue_id, r[4], r[3], now_ms) for r in rows],
+        )
+    return out, last
 
 
 class SqliteQueueStore(SqliteDb):
@@ -185,6 +237,38 @@ class SqliteQueueStore(SqliteDb):
         last, depth, dropped = st.last_seq, st.depth, st.dropped
         now_ms = int(time.time() * 1000)
         self._prune_msgids_now_and_then(db, now_ms)
+        if not max_depth or depth + len(items) <= max_depth:
+            # No entry to refuse or drop: the batch in a few statements, not three per entry.
+            out, last = _append_all(db, tenant, queue_id, items, last, now_ms)
+            depth += out.count(AppendOutcome.OK)
+        else:
+            out, last, depth, dropped = self._append_one_by_one(
+                db, tenant, queue_id, items, last, depth, dropped, max_depth, drop_oldest, now_ms
+            )
+        # An upsert, not a replace: the row's delivered_through stays as it is.
+        db.execute(
+            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, queue_id) DO UPDATE SET "
+            "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped",
+            (tenant, queue_id, last, st.acked_through, depth, dropped),
+        )
+        return AppendReport(out, last, dropped - st.dropped, depth - st.depth)
+
+    @staticmethod
+    def _append_one_by_one(
+        db: sqlite3.Connection,
+        tenant: str,
+        queue_id: str,
+        items: list[NewQueueItem],
+        last: int,
+        depth: int,
+        dropped: int,
+        max_depth: int,
+        drop_oldest: bool,
+        now_ms: int,
+    ) -> tuple[list[str], int, int, int]:
+        """The append at the depth limit: each entry refused, or stored after the oldest
+        one is dropped, in turn."""
         out = []
         for item in items:
             if _is_known_message(db, tenant, queue_id, item.message_id):
@@ -202,14 +286,7 @@ class SqliteQueueStore(SqliteDb):
             _insert_entry(db, tenant, queue_id, last, item, now_ms)
             depth += 1
             out.append(AppendOutcome.OK)
-        # An upsert, not a replace: the row's delivered_through stays as it is.
-        db.execute(
-            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, queue_id) DO UPDATE SET "
-            "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped",
-            (tenant, queue_id, last, st.acked_through, depth, dropped),
-        )
-        return AppendReport(out, last, dropped - st.dropped, depth - st.depth)
+        return out, last, depth, dropped
 
     def _prune_msgids_now_and_then(self, db: sqlite3.Connection, now_ms: int) -> None:
         """Every PRUNE_EVERY appends, forget message ids older than MSGID_RETENTION_MS: often
