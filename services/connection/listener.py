@@ -8,9 +8,9 @@ incoming connections among them.
 Every accepted socket gets TCP keep-alive (`TcpKeepalive`), so a peer that vanished without
 a FIN is found even when its MQTT keep alive is off or long. The TCP/TLS listeners arm it on
 their listening sockets, whose options accepted sockets inherit (Linux, the BSDs): four
-setsockopt calls and a socket object per accept were ~4% of a node's CPU per CONNECT. A WebSocket message may be at
-most one maximal MQTT packet: aiohttp refuses a larger frame from its header, before
-buffering it, and closes with 1009 (Message Too Big).
+setsockopt calls and a socket object per accept were ~4% of a node's CPU per CONNECT.
+A WebSocket message may be at most one maximal MQTT packet: aiohttp refuses a larger frame
+from its header, before buffering it, and closes with 1009 (Message Too Big).
 """
 
 from __future__ import annotations

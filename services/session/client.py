@@ -146,9 +146,10 @@ class SessionClient:
         Over NATS, CONNECTs go together as one ConnectMany call (a reconnect storm: one
         message each way instead of one per client): those asked for in one event-loop turn,
         and, while a call is in flight, those asked for until it is answered (at most
-        CONNECT_LINGER_S); a lone one as Connect. A reply too large for one NATS message (a resumed session with megabytes of
-        subscriptions) is asked for again over gRPC: the second Connect takes the client id
-        again under a later epoch, as a quick reconnect of the same client would."""
+        CONNECT_LINGER_S); a lone one as Connect. A reply too large for one NATS message (a
+        resumed session with megabytes of subscriptions) is asked for again over gRPC: the
+        second Connect takes the client id again under a later epoch, as a quick reconnect
+        of the same client would."""
         req = _connect_request(attempt)
         if self._bus is None:
             return connect_outcome(await self._rpc.call(self._rpc.stub.Connect, req))

@@ -13,8 +13,10 @@ Sliding windows kept as the times of the last connects, at most `max + 1` per ke
 
 from __future__ import annotations
 
+import ipaddress
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from functools import lru_cache
 
 from services.common.bans import peer_ip
 
@@ -28,6 +30,31 @@ class Flap:
     client_id: str
     address: str
     connects: int
+
+
+@lru_cache(maxsize=4096)
+def _ip_text(host: str) -> str | None:
+    """`host` as a normalized IP (as `peer_ip` gives it), None when it is not one."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def address_of(peer: str) -> str:
+    """The IP a count is kept for: the peer's, normalized (an IPv4-mapped IPv6 address as
+    IPv4), or the peer as it is when it names no IP. Every CONNECT asks: the parse of an
+    "ip:port" peer is cached by its IP text (ports differ, addresses repeat)."""
+    host, sep, port = peer.rpartition(":")
+    if sep and port.isdigit() and not peer.startswith(("ws:", "[")):
+        text = _ip_text(host)
+        if text is not None:
+            return text
+    ip = peer_ip(peer)
+    return str(ip) if ip is not None else peer
 
 
 class FlapDetector:
@@ -60,8 +87,7 @@ class FlapDetector:
     def connected(self, tenant: str, client_id: str, peer: str, now: float) -> Flap | None:
         """Count one CONNECT; a `Flap` when it is one too many within the window (the count
         starts over, so the next ban comes only after as many again)."""
-        ip = peer_ip(peer)
-        address = str(ip) if ip is not None else peer
+        address = address_of(peer)
         n = self._count((tenant, client_id, address), self._max, now)
         if n > self._max:
             self._seen.pop((tenant, client_id, address), None)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.bans import Ban, BanKind, BanList, normalized
-from services.session.flapping import FlapDetector
+from services.common.bans import Ban, BanKind, BanList, normalized, peer_ip
+from services.session.flapping import FlapDetector, address_of
 
 
 def ban(kind: BanKind, value: str, tenant: str = "", expires: int = 0) -> Ban:
@@ -88,3 +88,22 @@ def test_flapping_memory_is_bounded() -> None:
     for i in range(1000):
         d.connected("t", f"id-{i}", "192.0.2.1:1", 0.0)
     assert len(d._seen) <= 100
+
+
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [
+        ("127.0.0.1:5000", "127.0.0.1"),
+        ("::1:5000", "::1"),
+        ("::ffff:10.0.0.1:80", "10.0.0.1"),  # IPv4-mapped: counted as the IPv4 address
+        ("[::1]:80", "::1"),
+        ("ws:1.2.3.4", "1.2.3.4"),
+        ("fake:1", "fake:1"),  # no IP: the peer as it is
+    ],
+)
+def test_flapping_counts_per_ip_whatever_the_peer_form(peer: str, address: str) -> None:
+    """The cached address parse gives what `peer_ip` gives, twice (the second from cache)."""
+    for _ in range(2):
+        assert address_of(peer) == address
+        ip = peer_ip(peer)
+        assert address == (str(ip) if ip is not None else peer)
