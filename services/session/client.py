@@ -295,6 +295,8 @@ class SessionClient:
         return reclaimed, superseded
 
     async def close(self) -> None:
+        if self._sending is not None:
+            self._sending.cancel()
         await self._tasks.cancel()
         await self._rpc.close()
 
