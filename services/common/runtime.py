@@ -39,16 +39,6 @@ from services.common.rpc.server import (
 )
 from services.common.telemetry import setup_telemetry
 
-# The collector's thresholds once serving: CPython's (700, 10, 10), with full collections
-# considered after 100 young-generation passes instead of 10. A node's live connections are
-# ~50 tracked objects each, all in the oldest generation, and every full collection walks
-# them all: with 10 (every ~70,000 surviving objects, ~1,400 connections), a node accepting
-# 10,000 connections spent a third of its CPU per CONNECT in full collections, each one a
-# pause of up to ~0.15 s for every client of the node (bench/connects.py). CPython still
-# skips a full collection until the oldest generation grew by a quarter, so on large heaps
-# nothing changes; on small ones the cyclic garbage of closed connections waits for up to
-# ~700,000 net allocations (tens of MB) instead of ~70,000 before it is freed.
-GC_THRESHOLDS = (700, 10, 100)
 log = logging.getLogger("starling.runtime")
 # gRPC health service name of liveness probes: SERVING while the process is worth keeping.
 # It stays SERVING while the service drains (NOT_SERVING on "" and the service names sends
@@ -130,7 +120,6 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
     # collector's sight so full collections stay short (tail latency on the hot path).
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
     log.info("service_serving", extra={"service": name, "grpc_port": port})
     try:
         await stop.wait()
