@@ -6,8 +6,8 @@ outstanding, and the CPU every mesh process spends per connect.
 log level WARNING), runs `loadgen.connect_rate` R times against node 0 and prints, per round,
 connects/s and CPU milliseconds per connect of each mesh process (utime + stime from
 /proc/<pid>/stat). `--mosquitto` runs the same rounds against `mosquitto` in the same run.
-`--profile S`: py-spy records the session service and node 0 for S seconds of the first
-round (raw collapsed stacks next to the mesh's data dir, paths printed).
+`--profile S`: py-spy records the session service, node 0 and the rules service for S
+seconds of the first round (raw collapsed stacks next to the mesh's data dir, paths printed).
 Numbers are measurements of this machine, never assertions.
 
 The scenario itself is `loadgen.connect_rate`, the same as make bench's connection-rate row.
@@ -55,7 +55,7 @@ def _quiet(pids: dict[str, int], seconds: float = 30.0) -> None:
 def _profile(pids: dict[str, int], folder: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
     spy = Path(sys.executable).parent / "py-spy"
     procs = []
-    for name in ("session", "connection-0"):
+    for name in ("session", "connection-0", "rules"):
         out = folder / f"profile-{name}.txt"
         print(f"  py-spy {name} -> {out}", flush=True)
         procs.append(

@@ -6,9 +6,11 @@ workers of `starling up --node-workers N`) listen on the same ports and the kern
 incoming connections among them.
 
 Every accepted socket gets TCP keep-alive (`TcpKeepalive`), so a peer that vanished without
-a FIN is found even when its MQTT keep alive is off or long. A WebSocket message may be at
-most one maximal MQTT packet: aiohttp refuses a larger frame from its header, before
-buffering it, and closes with 1009 (Message Too Big).
+a FIN is found even when its MQTT keep alive is off or long. The TCP/TLS listeners arm it on
+their listening sockets, whose options accepted sockets inherit (Linux, the BSDs): four
+setsockopt calls and a socket object per accept were ~4% of a node's CPU per CONNECT.
+A WebSocket message may be at most one maximal MQTT packet: aiohttp refuses a larger frame
+from its header, before buffering it, and closes with 1009 (Message Too Big).
 """
 
 from __future__ import annotations
@@ -64,17 +66,15 @@ class MqttProtocol(asyncio.Protocol):
     """One TCP/TLS connection. Write back-pressure marks the channel congested (QoS 0 drops).
     The node closes it through `TcpSink.close`, a lingering close (linger.py)."""
 
-    __slots__ = ("conn", "keepalive", "node", "sink")
+    __slots__ = ("conn", "node", "sink")
 
-    def __init__(self, node: Node, keepalive: TcpKeepalive) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
-        self.keepalive = keepalive
         self.conn: Conn | None = None
         self.sink: TcpSink | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        self.keepalive.apply(tcp.get_extra_info("socket"))
         tcp.set_write_buffer_limits(high=1 << 20)
         peer = tcp.get_extra_info("peername")
         cert = peer_cert(tcp.get_extra_info("peercert"))  # TLS: verified by the handshake
@@ -120,15 +120,20 @@ async def start_tcp(
     reuse_port: bool = False,
 ) -> asyncio.Server:
     loop = asyncio.get_running_loop()
-    return await loop.create_server(
-        lambda: MqttProtocol(node, keepalive),
+    server = await loop.create_server(
+        lambda: MqttProtocol(node),
         host,
         port,
         ssl=ssl_ctx,
         backlog=4096,
         reuse_address=True,
         reuse_port=reuse_port,
+        start_serving=False,
     )
+    for sock in server.sockets:  # before the first accept: every accepted socket inherits it
+        keepalive.apply(sock)
+    await server.start_serving()
+    return server
 
 
 # A WebSocket's unsent bytes: over HIGH the connection is congested (as a TCP transport over

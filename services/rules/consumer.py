@@ -87,9 +87,13 @@ _EVENT_NAMES = {
 _EVENT_TOPICS = {kind: EVENT_PREFIX + source for source, kind in EVENT_SOURCES.items()}
 
 
+def event_name(ev: event_pb2.Event) -> str | None:
+    """The name rules know the event by (`connected`, ...); None for a kind they do not see."""
+    return _EVENT_NAMES.get(event_pb2.EventType.Name(ev.type))
+
+
 def event_view(ev: event_pb2.Event, seq: int) -> MessageView | None:
-    kind = event_pb2.EventType.Name(ev.type)
-    name = _EVENT_NAMES.get(kind)
+    name = event_name(ev)
     if name is None:
         return None
     detail: dict[str, object] = {"clientid": ev.client_id, "node": ev.node_id, "ts": ev.ts_ms}
@@ -283,11 +287,14 @@ class StreamConsumer:
                 ev = event_pb2.Event.FromString(m.data)
             except Exception:
                 continue
-            view = event_view(ev, m.metadata.sequence.stream)
-            if view is None:
+            # The rules first: most events (every CONNECT's) concern no rule, and building
+            # the view (its JSON, the stream sequence from the reply subject) costs more.
+            name = event_name(ev)
+            rules = self._engine.match_event(ev.tenant, name) if name is not None else None
+            if not rules:
                 continue
-            rules = self._engine.match_event(ev.tenant, view.event)
-            if rules:
+            view = event_view(ev, m.metadata.sequence.stream)
+            if view is not None:
                 self._engine.evaluate(view, rules, pending)
         await self._settle(msgs, pending)
 

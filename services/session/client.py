@@ -30,6 +30,11 @@ from starling.session.v1 import session_pb2_grpc as pb_grpc
 
 RECLAIM_BATCH = 1000  # connections per Reclaim call; the session service refuses more
 CONNECT_BATCH = 64  # CONNECTs per ConnectMany call; the session service refuses more
+# While a CONNECT call is in flight, new CONNECTs wait for its answer (or this long, at most)
+# and then go together: under load the calls grow to many CONNECTs each instead of one per
+# event-loop turn, and an idle node's lone CONNECT still goes at once. Bounded so that one
+# slow call (a takeover waiting for a hung node's kick reply) does not hold back the rest.
+CONNECT_LINGER_S = 0.002
 
 # CONNACK reason code of each refusal; any other refusal is Not authorized.
 _REFUSALS: dict[int, ReasonCode] = {
@@ -121,7 +126,9 @@ class SessionClient:
         self._timeout_s = timeout_s
         self._bus: UnaryClient | None = None
         self._connect_subject = self._connect_many_subject = self._disconnect_subject = ""
-        self._connects: list[_PendingConnect] = []  # asked for in this loop turn
+        self._connects: list[_PendingConnect] = []  # asked for, not sent yet
+        self._sending: asyncio.Handle | None = None  # the scheduled `_send_connects`
+        self._in_flight = 0  # CONNECT calls sent and not answered yet
         self._tasks = TaskSet()
 
     def use_bus(self, nc: Client, subject: str = "svc.session") -> None:
@@ -136,24 +143,39 @@ class SessionClient:
     async def connect(self, attempt: ConnectAttempt) -> ConnectOutcome:
         """Authenticate, claim the client id in the registry, open or resume the session.
 
-        Over NATS, the CONNECTs asked for in one event-loop turn go as one ConnectMany call
-        (a reconnect storm: one message each way instead of one per client); a lone one as
-        Connect. A reply too large for one NATS message (a resumed session with megabytes of
-        subscriptions) is asked for again over gRPC: the second Connect takes the client id
-        again under a later epoch, as a quick reconnect of the same client would."""
+        Over NATS, CONNECTs go together as one ConnectMany call (a reconnect storm: one
+        message each way instead of one per client): those asked for in one event-loop turn,
+        and, while a call is in flight, those asked for until it is answered (at most
+        CONNECT_LINGER_S); a lone one as Connect. A reply too large for one NATS message (a
+        resumed session with megabytes of subscriptions) is asked for again over gRPC: the
+        second Connect takes the client id again under a later epoch, as a quick reconnect
+        of the same client would."""
         req = _connect_request(attempt)
         if self._bus is None:
             return connect_outcome(await self._rpc.call(self._rpc.stub.Connect, req))
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[pb.ConnectResponse] = loop.create_future()
         self._connects.append((req, answer))
-        if len(self._connects) == 1:
-            loop.call_soon(self._send_connects)
+        if len(self._connects) >= CONNECT_BATCH:
+            self._send_soon()
+        elif self._sending is None:
+            if self._in_flight:
+                self._sending = loop.call_later(CONNECT_LINGER_S, self._send_connects)
+            else:
+                self._sending = loop.call_soon(self._send_connects)
         return connect_outcome(await answer)
 
+    def _send_soon(self) -> None:
+        """Send what waits at the end of this loop turn (instead of after the linger)."""
+        if self._sending is not None:
+            self._sending.cancel()
+        self._sending = asyncio.get_running_loop().call_soon(self._send_connects)
+
     def _send_connects(self) -> None:
+        self._sending = None
         pending, self._connects = self._connects, []
         for i in range(0, len(pending), CONNECT_BATCH):
+            self._in_flight += 1
             self._tasks.spawn(self._connect_many(pending[i : i + CONNECT_BATCH]), "connects")
 
     async def _connect_many(self, calls: list[_PendingConnect]) -> None:
@@ -167,6 +189,10 @@ class SessionClient:
                 if not answer.done():
                     answer.set_exception(exc)
             return
+        finally:
+            self._in_flight -= 1
+            if self._connects:  # they waited for this answer: they go now
+                self._send_soon()
         for (_, answer), resp in zip(calls, answers, strict=True):
             if not answer.done():  # its caller may have given up
                 answer.set_result(resp)
@@ -269,6 +295,8 @@ class SessionClient:
         return reclaimed, superseded
 
     async def close(self) -> None:
+        if self._sending is not None:
+            self._sending.cancel()
         await self._tasks.cancel()
         await self._rpc.close()
 

@@ -17,9 +17,11 @@ must not take it down with Redis).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import itertools
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from services.common.bans import peer_ip
@@ -69,6 +71,31 @@ def count_key(*parts: str) -> str:
     return PREFIX + digest
 
 
+@lru_cache(maxsize=4096)
+def _ip_text(host: str) -> str | None:
+    """`host` as a normalized IP (as `peer_ip` gives it), None when it is not one."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def address_of(peer: str) -> str:
+    """The IP a count is kept for: the peer's, normalized (an IPv4-mapped IPv6 address as
+    IPv4), or the peer as it is when it names no IP. Every CONNECT asks: the parse of an
+    "ip:port" peer is cached by its IP text (ports differ, addresses repeat)."""
+    host, sep, port = peer.rpartition(":")
+    if sep and port.isdigit() and not peer.startswith(("ws:", "[")):
+        text = _ip_text(host)
+        if text is not None:
+            return text
+    ip = peer_ip(peer)
+    return str(ip) if ip is not None else peer
+
+
 class FlapDetector:
     def __init__(
         self,
@@ -89,8 +116,7 @@ class FlapDetector:
         """Count one CONNECT (at wall-clock `now_ms`); a `Flap` when it is one too many
         within the window (the count starts over, so the next ban comes only after as many
         again)."""
-        ip = peer_ip(peer)
-        address = str(ip) if ip is not None else peer
+        address = address_of(peer)
         member = f"{now_ms}:{self._instance}:{next(self._seq)}"
         try:
             which, n = await self._redis.eval(

@@ -7,33 +7,42 @@ import socket
 
 import pytest
 
-from services.connection.listener import TcpKeepalive
+from services.connection.linger import Linger, TcpSink
+from services.connection.listener import TcpKeepalive, start_tcp
+
+
+class _Node:
+    """What `MqttProtocol` needs of a node: it hands over each accepted transport."""
+
+    def __init__(self) -> None:
+        self.linger = Linger()
+        self.accepted: asyncio.Future[asyncio.Transport] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def open(self, sink: TcpSink, peer: str, cert: object) -> object:
+        self.accepted.set_result(sink._transport)
+        return object()
 
 
 async def _accepted_socket_options(keepalive: TcpKeepalive) -> dict[str, int]:
-    """Accept one real TCP connection through asyncio, arm `keepalive` on the transport's
-    socket as the listener does, and read the options back from it."""
-    seen: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
-
-    class Accept(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            sock = transport.get_extra_info("socket")
-            keepalive.apply(sock)
-            seen.set_result(
-                {
-                    "on": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
-                    "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
-                    "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
-                    "count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
-                }
-            )
-            transport.close()
-
-    server = await asyncio.get_running_loop().create_server(Accept, "127.0.0.1", 0)
+    """Accept one real TCP connection through the node's listener (`start_tcp`) and read the
+    keep-alive options of the accepted socket."""
+    node = _Node()
+    server = await start_tcp(node, "127.0.0.1", 0, keepalive=keepalive)  # type: ignore[arg-type]
     port = server.sockets[0].getsockname()[1]
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        return await asyncio.wait_for(seen, 5)
+        transport = await asyncio.wait_for(node.accepted, 5)
+        sock = transport.get_extra_info("socket")
+        opts = {
+            "on": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        }
+        transport.abort()
+        return opts
     finally:
         writer.close()
         server.close()

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from services.common.bans import Ban, BanKind, BanList, normalized
-from services.session.flapping import FlapDetector, count_key
+from services.common.bans import Ban, BanKind, BanList, normalized, peer_ip
+from services.session.flapping import FlapDetector, address_of, count_key
 
 
 def ban(kind: BanKind, value: str, tenant: str = "", expires: int = 0) -> Ban:
@@ -133,3 +133,22 @@ async def test_redis_unreachable_lets_the_connect_through() -> None:
         assert await FlapDetector(dead, 1, 10.0).connected("t", "c", "192.0.2.1:1", 0) is None
     finally:
         await dead.aclose()
+
+
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [
+        ("127.0.0.1:5000", "127.0.0.1"),
+        ("::1:5000", "::1"),
+        ("::ffff:10.0.0.1:80", "10.0.0.1"),  # IPv4-mapped: counted as the IPv4 address
+        ("[::1]:80", "::1"),
+        ("ws:1.2.3.4", "1.2.3.4"),
+        ("fake:1", "fake:1"),  # no IP: the peer as it is
+    ],
+)
+def test_flapping_counts_per_ip_whatever_the_peer_form(peer: str, address: str) -> None:
+    """The cached address parse gives what `peer_ip` gives, twice (the second from cache)."""
+    for _ in range(2):
+        assert address_of(peer) == address
+        ip = peer_ip(peer)
+        assert address == (str(ip) if ip is not None else peer)

@@ -1,7 +1,8 @@
 """CONNECTs over NATS (services/session/client.py `use_bus`), against the session service in
 this process (tests/inproc.py): the CONNECTs of one loop turn travel as one ConnectMany call
 and each gets its own answer, as if asked alone; a refusal stays its own; a lone CONNECT and a
-disconnect go as single requests; ConnectMany refuses more than CONNECT_BATCH."""
+disconnect go as single requests; CONNECTs asked for while a call is in flight wait for it and
+go together; ConnectMany refuses more than CONNECT_BATCH."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from services.common.connect import ConnectAttempt
 from services.common.mqtt.reason import ReasonCode
@@ -82,3 +84,42 @@ async def test_connect_many_refuses_more_than_a_batch(bus: Client) -> None:
         f"INVALID_ARGUMENT requests: at most {CONNECT_BATCH} per call"
     )
     assert InvalidArgumentError  # the status a gRPC caller gets for the same request
+
+
+async def test_connects_asked_for_while_one_is_in_flight_go_together(
+    core: Core, bus: Client, nats_url: str
+) -> None:
+    """CONNECTs arriving one per loop turn (as from separate sockets) while a call is in
+    flight wait for it and then share one ConnectMany, instead of one call each."""
+    calls: list[str] = []
+
+    async def spy(msg: Msg) -> None:
+        calls.append(msg.subject)
+
+    watch = await nats.connect(nats_url)
+    subs = [await watch.subscribe(f"svc.session.{s}", cb=spy) for s in ("connect", "connects")]
+    await watch.flush()
+    session = SessionClient(core.session)
+    session.use_bus(bus)
+    prefix = uuid.uuid4().hex[:6]
+    try:
+        lone = await session.connect(attempt(f"{prefix}-lone", f"{OPEN_TENANT}/{prefix}"))
+        assert lone.ok
+        await watch.flush()
+        assert calls == ["svc.session.connect"]  # nothing in flight: at once, alone
+        calls.clear()
+        pending = []
+        for i in range(20):  # one per loop turn
+            one = attempt(f"{prefix}-{i}", f"{OPEN_TENANT}/{prefix}-{i}")
+            pending.append(asyncio.ensure_future(session.connect(one)))
+            await asyncio.sleep(0)
+        outcomes = await asyncio.gather(*pending)
+        assert all(o.ok for o in outcomes)
+        await watch.flush()
+        assert 2 <= len(calls) <= 5, calls  # the first alone, the rest together
+        assert "svc.session.connects" in calls
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+        await watch.close()
+        await session.close()
