@@ -102,6 +102,13 @@ class PersistentDelivery:
         self.by_pid: dict[int, int] = {}  # packet id -> seq, delivered and not complete
         self.read_through = 0  # highest seq read
         self.acked = 0
+        # The queue's delivered mark at this connection's first read: what earlier
+        # connections of the session may have received. Every entry above it was handed, if
+        # at all, to this connection, which never reads back what it sent: an entry above it
+        # that is read again (its packet id was busy, the bandwidth budget was spent, a
+        # pushed entry was not taken) is still a first attempt, DUP=0, whatever the queue's
+        # mark says by then. None until the first read answers.
+        self.dup_through: int | None = None
         self.more = True
         # Bumped by every notice not taken as pushed; a read only clears `more` if unchanged.
         self._notices = 0
@@ -226,6 +233,8 @@ class PersistentDelivery:
                 if self.next_read == 0:
                     self.acked = resp.acked_through
                     self.read_through = resp.acked_through
+                if self.dup_through is None:
+                    self.dup_through = resp.delivered_through
                 if resp.last_seq < from_seq:  # nothing left to scan, for now
                     if not self._take_stash():
                         return
@@ -233,7 +242,7 @@ class PersistentDelivery:
                         self.more = False
                         return
                     continue
-                stopped = self._deliver(resp.entries, resp.delivered_through)
+                stopped = self._deliver(resp.entries, min(resp.delivered_through, self.dup_through))
                 if stopped:  # read again from there once its packet id is free
                     self.next_read = stopped
                     self.read_through = max(self.read_through, stopped - 1)
