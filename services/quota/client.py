@@ -43,6 +43,8 @@ class Limits:
     max_queue_depth: int = 0
     max_retained_messages: int = 0
     max_retained_bytes: int = 0
+    max_queued_bytes: int = 0
+    max_tenant_subscriptions: int = 0
 
 
 _LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
