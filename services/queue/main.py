@@ -98,6 +98,12 @@ class QueueService:
         # The first round before serving: alone, this instance owns every partition when
         # it reports SERVING; beside others it takes its share as they shed theirs.
         await self._parts.tick()
+        # The partitions' depths and bytes loaded before serving: a restarted instance
+        # checks max_queued_bytes against what its queues hold from its first append.
+        try:
+            await self._api.depths.scan(self._store)
+        except Exception as exc:  # the store is away: the scan loop tries again
+            log.warning("queue_depth_scan_failed", extra={"error": repr(exc)})
         # The persistent path's calls come over NATS too: on the shared subjects (a caller
         # that knows no owner yet; any instance) and on this instance's own ones.
         api = self._api

@@ -158,3 +158,53 @@ def test_retained_messages_follow_the_tenants_quota(mesh: MeshInfo) -> None:
     assert refusals_metric(mesh, "router", tenant, "max_retained_bytes") >= 1
     for c in (*pubs, sub):
         c.close()
+
+
+@pytest.mark.timeout(120)
+def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ack(
+    mesh: MeshInfo,
+) -> None:
+    """`max_queued_bytes` 5000: an offline session's queue takes four 1000-byte messages (a
+    stored entry is the payload plus topic, properties and a little framing, under 1250
+    bytes), the fifth and sixth are refused with 0x97; another tenant is not; the count
+    survives the queue service being killed; the subscriber gets exactly the acknowledged
+    ones and its acks make room again."""
+    tenant, user = _tenant(mesh, Limits(max_queued_bytes=5000))
+    _, other_user = _tenant(mesh, Limits())
+    for u in (user, other_user):
+        s = _client(mesh, 0, u, client_id="sleeper")
+        s.connect(clean_start=False, session_expiry=300)
+        assert _codes(s.subscribe("q/#", 1)) == [1]
+        s.close()  # offline: its queue fills
+    payloads = [bytes([65 + i]) * 1000 for i in range(6)]
+    pub = _client(mesh, 1, user)
+    pub.connect()
+    assert [pub.publish("q/x", p, 1).value for p in payloads] == [0] * 4 + [QUOTA_EXCEEDED] * 2
+    other_pub = _client(mesh, 1, other_user)
+    other_pub.connect()
+    assert [other_pub.publish("q/x", p, 1).value for p in payloads] == [0] * 6
+    other_pub.close()
+    assert refusals_metric(mesh, "queue", tenant, "max_queued_bytes") == 2
+    # Killed and started again: the queue state's bytes are loaded before it serves.
+    mesh.launcher.restart("queue")
+    pub.close()
+    pub = _client(mesh, 1, user)
+    pub.connect()
+    assert pub.publish("q/x", b"z" * 1000, 1).value == QUOTA_EXCEEDED
+    back = _client(mesh, 0, user, client_id="sleeper")
+    back.connect(clean_start=False, session_expiry=300)
+    assert [m.payload for m in back.expect(4)] == payloads[:4]
+    back.nothing(0.5)
+    # Acknowledged (paho acks on receipt): the bytes are freed, the next one is queued.
+    deadline = time.monotonic() + 5
+    code = QUOTA_EXCEEDED
+    while code == QUOTA_EXCEEDED and time.monotonic() < deadline:
+        code = pub.publish("q/x", b"after", 1).value
+    assert code == 0
+    assert back.expect(1)[-1].payload == b"after"
+    back.close(session_expiry=0)
+    got = _client(mesh, 0, other_user, client_id="sleeper")
+    got.connect(clean_start=False, session_expiry=300)
+    assert [m.payload for m in got.expect(6)] == payloads
+    got.close(session_expiry=0)
+    pub.close()
