@@ -8,6 +8,7 @@ change reaches without a restart and that outlives the quota service going down.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -208,3 +209,66 @@ def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ac
     assert [m.payload for m in got.expect(6)] == payloads
     got.close(session_expiry=0)
     pub.close()
+
+
+def _until(cond: object, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_tenant_subscriptions_are_counted_across_nodes_and_freed(mesh: MeshInfo) -> None:
+    """`max_tenant_subscriptions` 4 with clients on both nodes: the fifth new filter is
+    refused wherever it comes from (0x97; 3.1.1 0x80), a filter held already is no new one,
+    UNSUBSCRIBE and disconnect give slots back, another tenant is not limited."""
+    tenant, user = _tenant(mesh, Limits(max_tenant_subscriptions=4))
+    a = _client(mesh, 0, user)
+    a.connect()
+    assert _codes(a.subscribe("a/1", 1)) == [1]
+    assert _codes(a.subscribe("$share/g/a/2", 1)) == [1]  # shared ones count too
+    assert _codes(a.subscribe("a/3", 0)) == [0]
+    b = _client(mesh, 1, user)
+    b.connect()
+    assert _codes(b.subscribe("b/1", 1)) == [1]
+    assert _codes(b.subscribe("b/2", 1)) == [QUOTA_EXCEEDED]
+    assert _codes(a.subscribe("a/4", 1)) == [QUOTA_EXCEEDED]
+    assert _codes(a.subscribe("a/1", 0)) == [0]  # held already: re-granted
+    v3 = _client(mesh, 1, user, v5=False)
+    v3.connect()
+    assert _codes(v3.subscribe("v/1", 1)) == [0x80]
+    # A refused filter is not held: nothing published to it arrives.
+    pub = _client(mesh, 0, user)
+    pub.connect()
+    pub.publish("b/2", "no", 1)
+    pub.publish("b/1", "yes", 1)
+    assert [m.payload for m in b.expect(1)] == [b"yes"]
+    b.nothing(0.3)
+    # UNSUBSCRIBE on node 0 frees a slot for node 1.
+    unsubacked = threading.Event()
+    a.c.on_unsubscribe = lambda *_: unsubacked.set()
+    a.c.unsubscribe("a/3")
+    assert unsubacked.wait(5)
+    assert _until(lambda: _codes(b.subscribe("b/2", 1)) == [1])
+    assert _codes(b.subscribe("b/3", 1)) == [QUOTA_EXCEEDED]
+    # A disconnect frees what the client held (a/1 and the shared a/2).
+    a.close()
+    assert _until(lambda: _codes(v3.subscribe("v/1", 1)) == [1])
+    assert _codes(v3.subscribe("v/2", 1)) == [1]
+    assert _codes(v3.subscribe("v/3", 1)) == [0x80]
+    # Raised without a restart.
+    quota(mesh, lambda c: c.set_limits(tenant, Limits(max_tenant_subscriptions=5)))
+    assert _until(lambda: _codes(v3.subscribe("v/3", 1)) == [1])
+    other = Paho(mesh.node(1))
+    other.connect()
+    for i in range(8):
+        assert _codes(other.subscribe(f"o/{i}", 0)) == [0]
+    other.close()
+    counted = sum(
+        refusals_metric(mesh, f"connection-{i}", tenant, "max_tenant_subscriptions") for i in (0, 1)
+    )
+    assert counted >= 4
+    for c in (b, v3, pub):
+        c.close()

@@ -180,6 +180,61 @@ class AcquireLeaseResponse(_message.Message):
 Global___AcquireLeaseResponse: _TypeAlias = AcquireLeaseResponse  # noqa: Y015
 
 @_typing.final
+class HoldSubscriptionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    node_id: _builtins.str
+    held: _builtins.int
+    """The subscriptions the node's clients of the tenant hold, without this call's new ones
+    (absolute: it replaces the node's last figure).
+    """
+    amount: _builtins.int
+    """New filters asking for a slot each (0: only report held)."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        held: _builtins.int = ...,
+        amount: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "held", b"held", "node_id", b"node_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldSubscriptionsRequest: _TypeAlias = HoldSubscriptionsRequest  # noqa: Y015
+
+@_typing.final
+class HoldSubscriptionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTED_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    granted: _builtins.int
+    """How many of `amount` fit below the limit (all of them when the tenant has none)."""
+    limit: _builtins.int
+    def __init__(
+        self,
+        *,
+        granted: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["granted", b"granted", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldSubscriptionsResponse: _TypeAlias = HoldSubscriptionsResponse  # noqa: Y015
+
+@_typing.final
 class SetLimitsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
