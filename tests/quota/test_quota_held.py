@@ -14,9 +14,10 @@ import uuid
 
 import pytest
 
+from services.cli.main import main as cli
 from services.common.mqtt import Publish
 from services.quota.client import Limits
-from tests.conftest import MeshInfo
+from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
 from tests.quota.test_quota_mesh import (
@@ -220,7 +221,9 @@ def _until(cond: object, timeout_s: float = 5.0) -> bool:
     return True
 
 
-def test_tenant_subscriptions_are_counted_across_nodes_and_freed(mesh: MeshInfo) -> None:
+def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
+    mesh: MeshInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`max_tenant_subscriptions` 4 with clients on both nodes: the fifth new filter is
     refused wherever it comes from (0x97; 3.1.1 0x80), a filter held already is no new one,
     UNSUBSCRIBE and disconnect give slots back, another tenant is not limited."""
@@ -258,9 +261,12 @@ def test_tenant_subscriptions_are_counted_across_nodes_and_freed(mesh: MeshInfo)
     assert _until(lambda: _codes(v3.subscribe("v/1", 1)) == [1])
     assert _codes(v3.subscribe("v/2", 1)) == [1]
     assert _codes(v3.subscribe("v/3", 1)) == [0x80]
-    # Raised without a restart.
-    quota(mesh, lambda c: c.set_limits(tenant, Limits(max_tenant_subscriptions=5)))
+    # Raised without a restart, with the CLI.
+    monkeypatch.setenv("STARLING_ADMIN_TOKEN", ADMIN_TOKEN)
+    cmd = ["quota", "set", "--quota-addr", mesh.addr("quota"), "--tenant", tenant]
+    assert cli([*cmd, "--max-tenant-subscriptions", "5"]) == 0
     assert _until(lambda: _codes(v3.subscribe("v/3", 1)) == [1])
+    assert quota(mesh, lambda c: c.get_limits(tenant)) == Limits(max_tenant_subscriptions=5)
     other = Paho(mesh.node(1))
     other.connect()
     for i in range(8):
