@@ -22,8 +22,10 @@ through it) and size, and queue_state.acked_bytes is the offset the last ack rea
 first stored entry after the ack's seq gives it (its end_bytes - size), none gives
 appended_bytes. The queue holds appended_bytes - acked_bytes. Entries removed without an ack
 (the compaction of expired ones, a crash's gap) count until an ack passes them; so do
-entries the depth policy drops (drop_oldest), at most max_depth of them. Rows from before
-these columns count as 0 bytes.
+entries the depth policy drops (drop_oldest), at most max_depth of them. An ack racing an
+append whose entries are not written yet (seconds at most) may take those for gone: they
+leave the count early (one append's worth, until they are acked). Rows from before these
+columns count as 0 bytes.
 
 Fencing is strict (issue 13): once `claim_partition` returned a new epoch, no append of an
 older epoch changes any queue of the partition. The counters' compare-and-set is conditioned
