@@ -204,6 +204,9 @@ def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ac
         code = pub.publish("q/x", b"after", 1).value
     assert code == 0
     assert back.expect(1)[-1].payload == b"after"
+    # Lowered at runtime: the queue's copy of the limit follows without a restart.
+    quota(mesh, lambda c: c.set_limits(tenant, Limits(max_queued_bytes=100)))
+    assert _until(lambda: pub.publish("q/x", b"y" * 200, 1).value == QUOTA_EXCEEDED)
     back.close(session_expiry=0)
     got = _client(mesh, 0, other_user, client_id="sleeper")
     got.connect(clean_start=False, session_expiry=300)
