@@ -11,14 +11,20 @@ changed or since the limit appeared (a limit set while clients already hold subs
 counts them within a second). Calls for one tenant are serialized, each carrying the figure
 at the time it is sent, so the last one sent is the node's true figure.
 
+Every `HEAL_S` the node reports every limited tenant's figure even unchanged: a count
+Redis lost comes back within that.
+
 Without tenants limited the node makes no call. With the quota service unreachable new
-filters are admitted (not refused for want of an answer) and reported at the next sync.
+filters are admitted (not refused for want of an answer) and reported at the next sync; for
+`RETRY_S` after a failed call SUBSCRIBEs do not wait for another (the node's subscription
+operations are ordered: one waiting on a timeout would hold up every client's SUBACK).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from services.common.tasks import TaskSet
 from services.quota.client import QuotaClient
@@ -27,6 +33,8 @@ from services.quota.copies import LimitsCopies
 log = logging.getLogger("starling.connection.subscription_slots")
 
 SYNC_S = 1.0
+HEAL_S = 30.0
+RETRY_S = 1.0
 
 
 class SubscriptionSlots:
@@ -49,6 +57,7 @@ class SubscriptionSlots:
         self._tasks = TaskSet()
         self._loop: asyncio.Task[None] | None = None
         self._failing = False
+        self._failed_at = -1e18
 
     def _limited(self, tenant: str) -> bool:
         return self._limits.get(tenant).limits.max_tenant_subscriptions > 0
@@ -57,6 +66,9 @@ class SubscriptionSlots:
         """How many of `new` filters (already in the trie) may stay."""
         if not (await self._limits.fetch(tenant)).limits.max_tenant_subscriptions:
             return new  # reported by `sync` if a limit appears
+        if self._failing and time.monotonic() - self._failed_at < RETRY_S:
+            self._dirty.add(tenant)
+            return new
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             held = max(0, self._counts.get(tenant, 0) - new)
             try:
@@ -100,21 +112,27 @@ class SubscriptionSlots:
         if not self._failing:
             log.warning("subscription_slots_unavailable", extra={"error": type(exc).__name__})
         self._failing = True
+        self._failed_at = time.monotonic()
 
-    async def sync(self) -> None:
+    async def sync(self, everything: bool = False) -> None:
         """Report every tenant whose figure changed or that became limited since its last
-        report (a tenant no longer limited: until it is reported holding none)."""
+        report (a tenant no longer limited: until it is reported holding none);
+        `everything`: every limited tenant."""
         for tenant in list(self._counts.keys() | self._reported.keys()):
-            due = self._reported.get(tenant) != self._counts.get(tenant, 0)
+            due = everything or self._reported.get(tenant) != self._counts.get(tenant, 0)
             if due and (tenant in self._reported or self._limited(tenant)):
                 self._dirty.add(tenant)
                 await self._report(tenant)
 
     async def _run(self) -> None:
+        healed = time.monotonic()
         while True:
             await asyncio.sleep(SYNC_S)
+            heal = time.monotonic() - healed >= HEAL_S
+            if heal:
+                healed = time.monotonic()
             try:
-                await self.sync()
+                await self.sync(everything=heal)
             except Exception:  # keep syncing; one failed round must not stop it
                 log.exception("subscription_slots_sync_failed")
 

@@ -239,7 +239,7 @@ def test_queued_bytes_are_held_to_the_limit_across_instances(two_queues: Launche
         s.close()
     pub = Paho(port, username=f"{tenant}/dev")
     pub.connect()
-    codes = []
+    codes: list[int] = []
     while not codes or codes[-1] == 0:
         assert len(codes) < 10, codes
         codes.append(pub.publish("b/x", b"p" * 1000, 1).value)

@@ -109,9 +109,14 @@ async def test_a_node_asks_for_new_filters_and_reports_what_it_gave_back() -> No
     quota.fail = True
     counts["t"] = 4
     assert await slots.admit("t", 2) == 2
+    # Right after a failure the next SUBSCRIBE does not wait for another call.
+    calls = len(quota.calls)
+    counts["t"] = 5
+    assert await slots.admit("t", 1) == 1
+    assert len(quota.calls) == calls
     quota.fail = False
     await slots.sync()
-    assert quota.figures["n1"] == 4
+    assert quota.figures["n1"] == 5
     calls = len(quota.calls)
     await slots.sync()  # nothing changed: no call
     assert len(quota.calls) == calls
