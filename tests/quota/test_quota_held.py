@@ -281,3 +281,34 @@ def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
     assert counted >= 4
     for c in (b, v3, pub):
         c.close()
+
+
+def test_a_resumed_sessions_subscriptions_count_again(mesh: MeshInfo) -> None:
+    """Offline, a persistent session's subscriptions are not counted (the documented
+    bound); resumed, they count again, so the tenant's other clients get fewer slots."""
+    tenant, user = _tenant(mesh, Limits(max_tenant_subscriptions=3))
+    c = _client(mesh, 1, user)
+    c.connect()
+    assert _codes(c.subscribe("y/1", 1)) == [1]
+    p = _client(mesh, 0, user, client_id="keeper")
+    p.connect(clean_start=False, session_expiry=300)
+    assert _codes(p.subscribe("x/1", 1)) == [1]
+    assert _codes(p.subscribe("x/2", 1)) == [1]
+    assert _codes(c.subscribe("y/2", 1)) == [QUOTA_EXCEEDED]
+    p.close()  # offline: its two filters leave the count
+    assert _until(lambda: _codes(c.subscribe("y/2", 1)) == [1])
+    back = _client(mesh, 0, user, client_id="keeper")
+    back.connect(clean_start=False, session_expiry=300)  # resumed with x/1, x/2: 4 held
+    unsubacked = threading.Event()
+    c.c.on_unsubscribe = lambda *_: unsubacked.set()
+
+    def refused_after_unsubscribing() -> bool:
+        """Gives y/2 back (3 held if the resumed filters count, 1 if not) and asks again."""
+        unsubacked.clear()
+        c.c.unsubscribe("y/2")
+        assert unsubacked.wait(5)
+        return _codes(c.subscribe("y/2", 1)) == [QUOTA_EXCEEDED]
+
+    assert _until(refused_after_unsubscribing)
+    back.close(session_expiry=0)
+    c.close()
