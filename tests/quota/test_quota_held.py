@@ -286,7 +286,7 @@ def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
 def test_a_resumed_sessions_subscriptions_count_again(mesh: MeshInfo) -> None:
     """Offline, a persistent session's subscriptions are not counted (the documented
     bound); resumed, they count again, so the tenant's other clients get fewer slots."""
-    tenant, user = _tenant(mesh, Limits(max_tenant_subscriptions=3))
+    _, user = _tenant(mesh, Limits(max_tenant_subscriptions=3))
     c = _client(mesh, 1, user)
     c.connect()
     assert _codes(c.subscribe("y/1", 1)) == [1]
