@@ -299,8 +299,13 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         room: int | None = None
         size = 0
         if caps.queued_bytes:
-            # Taken before the first await: the appends of one request (and concurrent
-            # ones) see each other's reservations, so together they stay within the room.
+            try:
+                await self.depths.load(self._store, p)  # a partition just gained
+            except Exception as exc:  # the store is away: the append itself will tell
+                log.warning("queue_depth_scan_failed", extra={"error": repr(exc)})
+            # Taken with no await before the store call: the appends of one request (and
+            # concurrent ones) see each other's reservations, so together they stay within
+            # the room.
             room = max(0, caps.queued_bytes - self.depths.held_bytes(tenant, self._peers_ttl_s))
             size = sum(len(it.data) for it in items)
             self.depths.reserve(tenant, size)

@@ -24,11 +24,15 @@ Theory of operation:
   `queued_bytes_share_s` (NATS), and keeps the others' last announcements for three periods
   (an instance that died stops counting then; its partitions' new owner loads them from the
   store). A tenant's bytes = this instance's own (exact), plus the bytes of appends under
-  way here (`reserve`), plus the others' last figures (at most one period old).
+  way here (`reserve`), plus the others' last figures (at most one period old). A partition
+  this instance gained (at start, or from an instance that stopped or died) is loaded before
+  an append of a tenant with the limit goes to it (`load`), not only by the next round of
+  the scan loop: what the queues there hold counts from the first append.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -50,6 +54,7 @@ class QueueDepths:
         self._reserved: defaultdict[str, int] = defaultdict(int)  # appends under way: bytes
         # other instance -> (when heard, monotonic; tenant -> bytes)
         self._peers: dict[str, tuple[float, dict[str, int]]] = {}
+        self._scanning = asyncio.Lock()
         self._busy: defaultdict[int, int] = defaultdict(int)  # changes under way
         self._started: defaultdict[int, int] = defaultdict(int)  # changes ever started
 
@@ -125,9 +130,21 @@ class QueueDepths:
         """Whether a partition owned now is not loaded yet."""
         return any(p not in self._totals for p in self._owned())
 
+    async def load(self, store: QueueStore, partition: int) -> None:
+        """Have `partition` loaded (a scan if it is not; one at a time)."""
+        if partition in self._totals:
+            return
+        async with self._scanning:
+            if partition not in self._totals:
+                await self._scan(store)
+
     async def scan(self, store: QueueStore) -> None:
         """Load every owned partition's totals from the store (see the module doc for when
         a loaded partition keeps its own)."""
+        async with self._scanning:
+            await self._scan(store)
+
+    async def _scan(self, store: QueueStore) -> None:
         started = dict(self._started)
         busy = {p for p, n in self._busy.items() if n}
         rows = await store.depths()

@@ -112,3 +112,20 @@ async def test_held_bytes_adds_appends_under_way_and_other_instances() -> None:
     # A newer announcement replaces the older one (it held less after acks).
     d.peer("other-1", {}, now=101.7)
     assert d.held_bytes("t", 3.0, now=101.8) == 500
+
+
+async def test_a_gained_partition_is_loaded_before_it_counts() -> None:
+    """An append to a partition gained since the last scan loads it first (its queues'
+    bytes count from the first append, not from the next round of the scan loop)."""
+    owned = {0}
+    d = QueueDepths(PARTS, lambda: owned)
+    store = ScanStore([("t", _queue_in(0, "t"), 1, 100), ("t", _queue_in(1, "t"), 2, 300)])
+    await d.scan(cast(QueueStore, store))
+    assert d.held_bytes("t", 3.0) == 100
+    owned.add(1)  # gained: not loaded yet
+    assert d.held_bytes("t", 3.0) == 100
+    await d.load(cast(QueueStore, store), 1)
+    assert d.held_bytes("t", 3.0) == 400
+    store.rows = []
+    await d.load(cast(QueueStore, store), 1)  # loaded already: no scan
+    assert d.held_bytes("t", 3.0) == 400
