@@ -190,11 +190,19 @@ class Announcements(threading.Thread):
         self.heard: dict[str, tuple[float, dict[str, int]]] = {}
         self.ready = threading.Event()
         self.loop = asyncio.new_event_loop()
+        self._done: asyncio.Event | None = None
 
     def run(self) -> None:
         self.loop.run_until_complete(self._listen())
 
+    def stop(self) -> None:
+        """Close the connection (before the mesh stops: no reconnect attempts after)."""
+        if self._done is not None:
+            self.loop.call_soon_threadsafe(self._done.set)
+        self.join(5)
+
     async def _listen(self) -> None:
+        self._done = asyncio.Event()
         nc = await nats.connect(self.url)
 
         async def on(msg: Msg) -> None:
@@ -203,7 +211,8 @@ class Announcements(threading.Thread):
 
         await nc.subscribe(subjects.QUEUED_BYTES, cb=on)
         self.ready.set()
-        await asyncio.Event().wait()  # listens until the process ends (a daemon thread)
+        await self._done.wait()
+        await nc.close()
 
     def all_since(self, t: float) -> bool:
         """Whether two instances announced after `t`."""
@@ -231,6 +240,15 @@ def test_queued_bytes_are_held_to_the_limit_across_instances(two_queues: Launche
     heard = Announcements(launcher)
     heard.start()
     assert heard.ready.wait(10)
+    try:
+        _fill_to_the_limit(launcher, tenant, limit, heard)
+    finally:
+        heard.stop()
+
+
+def _fill_to_the_limit(launcher: Launcher, tenant: str, limit: int, heard: Announcements) -> None:
+    """Twelve offline sessions of `tenant`, then 1000-byte QoS 1 publishes to all of them,
+    each announced by both instances before the next, until one is refused."""
     port = launcher.mesh.by_name("connection-0").port
     for i in range(12):  # offline sessions: their queues keep what they are sent
         s = Paho(port, client_id=f"s{i}", username=f"{tenant}/dev")
