@@ -70,6 +70,7 @@ def build_store(data: Path, rows: int, now_ms: int) -> dict[str, int]:
                 ROWS_PER_QUEUE - acked,
                 0,
                 0,
+                (ROWS_PER_QUEUE - acked) * len(payload),  # bytes held
             )
         )
         if qn % 10 == 1:
@@ -77,7 +78,7 @@ def build_store(data: Path, rows: int, now_ms: int) -> dict[str, int]:
         else:
             expect["acked"] += acked
             expect["expired"] += sum(1 for s in range(acked + 1, ROWS_PER_QUEUE + 1) if s % 4 == 0)
-    q.executemany("INSERT INTO queue_state VALUES (?,?,?,?,?,?,?)", states)
+    q.executemany("INSERT INTO queue_state VALUES (?,?,?,?,?,?,?,?)", states)
     q.execute("COMMIT")
     q.close()
     s = sqlite3.connect(data / "sessions.db")

@@ -110,14 +110,19 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "svc.router.route",
                 "svc.router.will",
                 "ctl.queue.owners",
+                # a tenant's limits changed (retained messages and bytes: read again)
+                "ctl.quota.limits",
             ]
         },
     },
     "queue": {
-        # ctl.queue.owners: the partitions this instance owns (services/queue/ownership.py)
-        "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>", "ctl.queue.owners"]},
-        # svc.queue.<call> shared by every instance, svc.queue.<call>.<instance> its own
-        "subscribe": {"allow": ["_INBOX.>", "svc.queue.>"]},
+        # ctl.queue.owners: the partitions this instance owns (services/queue/ownership.py);
+        # ctl.queue.bytes: the bytes its partitions hold per tenant (services/queue/depths.py)
+        "publish": {"allow": ["qn.>", "ev.>", "_INBOX.>", "ctl.queue.owners", "ctl.queue.bytes"]},
+        # svc.queue.<call> shared by every instance, svc.queue.<call>.<instance> its own;
+        # ctl.queue.bytes: the other instances' figures; ctl.quota.limits: a tenant's
+        # limits changed (max_queue_depth, max_queued_bytes: its copy is read again)
+        "subscribe": {"allow": ["_INBOX.>", "svc.queue.>", "ctl.queue.bytes", "ctl.quota.limits"]},
     },
     # ctl.quota.limits / ctl.quota.bans: limits and the ban list changed (to nodes and
     # session services)

@@ -27,6 +27,8 @@ QUOTA_LIMITS = frozenset(
         "max_sessions",
         "subscriptions_per_client",
         "max_queue_depth",
+        "max_queued_bytes",
+        "max_tenant_subscriptions",
         "max_retained_messages",
         "max_retained_bytes",
     }

@@ -25,6 +25,7 @@ from services.connection.quota import NodeQuota
 from services.connection.replica import CopyRouter, RouteCopies
 from services.connection.rules_tap import RulesRouter
 from services.connection.stats import register_metrics
+from services.connection.subscription_slots import SubscriptionSlots
 from services.metrics.client import MetricsClient, report_every
 from services.queue.client import QueueClient
 from services.quota.client import QuotaClient
@@ -74,6 +75,7 @@ class ConnectionService:
         self._reporter: asyncio.Task[None] | None = None
         self._copies: RouteCopies | None = None
         self._bans: BanWatch | None = None
+        self._slots: SubscriptionSlots | None = None
 
         self._rule_feed: RuleFeed | None = None
         self.ports: dict[str, int] = {}
@@ -111,14 +113,16 @@ class ConnectionService:
         session.use_bus(nc, s.session_subject)
         refusals = Refusals()
         quota = None
+        limits = None
         if s.quota_enabled:
+            limits = LimitsCopies(QuotaClient(s.quota_addr, timeout_s=1.0))
             quota = NodeQuota(
                 s.node_id,
                 QuotaClient(s.quota_addr, timeout_s=1.0),
                 refusals.count,
                 s.quota_unavailable,
                 s.quota_lease_slices,
-                limits=LimitsCopies(QuotaClient(s.quota_addr, timeout_s=1.0)),
+                limits=limits,
             )
 
         # Which messages the rules read, known before the first client connects.
@@ -139,9 +143,18 @@ class ConnectionService:
             rule_feed=feed,
         )
         node.refusals = refusals
+        if limits is not None:
+            # Tenants' max_tenant_subscriptions, counted cluster-wide through the quota service.
+            self._slots = SubscriptionSlots(
+                QuotaClient(s.quota_addr, timeout_s=1.0), s.node_id, limits, node.subs.counts
+            )
+            node.subscriber.slots = self._slots
+            node.subscriber.on_refused = refusals.count
         node.linger = Linger(s.close_linger_s, s.close_linger_max_sockets)
         node.ack_wait_s = s.close_ack_wait_s
         await node.start()
+        if self._slots is not None:
+            self._slots.start()
         self.drain = Drain(
             node,
             s.drain_rate_per_s,
@@ -225,6 +238,8 @@ class ConnectionService:
             self._reporter.cancel()
         if self._bans is not None:
             await self._bans.stop()
+        if self._slots is not None:
+            await self._slots.stop()
         for srv in self._servers:
             srv.close()
         if self.node is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from nats.aio.client import Client
@@ -30,6 +30,7 @@ from services.connection.interest import MeshInterest
 from services.connection.ordered import OrderedOps
 from services.connection.retained import RetainedReplay
 from services.connection.shared import SharedDispatch
+from services.connection.subscription_slots import SubscriptionSlots
 from services.connection.subscriptions import (
     NodeSubscriptions,
     SharedGroup,
@@ -43,6 +44,26 @@ from starling.router.v1 import router_pb2
 log = logging.getLogger("starling.connection.subscribing")
 
 SUBSCRIBE_FAILED = 0x80  # SUBACK code for a filter the node could not subscribe
+QUOTA_EXCEEDED = 0x97  # MQTT 5 SUBACK code of a filter past the tenant's subscriptions
+
+
+def without(req: SubscribeRequest, filters: set[str], code: int) -> SubscribeRequest:
+    """The same SUBSCRIBE with `filters` refused with `code` (their slots among the reason
+    codes are those of the accepted subscriptions, in order)."""
+    codes = list(req.reason_codes)
+    kept, fresh = [], []
+    accepted = iter(enumerate(req.subscriptions))
+    for i, c in enumerate(codes):
+        if c >= 0x80:
+            continue
+        j, (s, sub_id) = next(accepted)
+        if s.filter in filters:
+            codes[i] = code
+        else:
+            kept.append((s, sub_id))
+            if req.fresh:
+                fresh.append(req.fresh[j])
+    return replace(req, subscriptions=tuple(kept), reason_codes=tuple(codes), fresh=tuple(fresh))
 
 
 def refused(req: SubscribeRequest) -> SubscribeRequest:
@@ -81,6 +102,9 @@ class Subscriber:
         self._nats_subs: dict[str, NatsSubscription] = {}
         self._keys: dict[str, set[str]] = {}  # tenant -> its keys in _nats_subs
         self._shared_keys: dict[str, set[str]] = {}  # tenant -> those of shared groups
+        # Tenants' max_tenant_subscriptions (None: not enforced) and the refusal counter.
+        self.slots: SubscriptionSlots | None = None
+        self.on_refused: Callable[[str, str, int], None] = lambda limit, tenant, n: None
 
     def inbound_backlog_bytes(self) -> int:
         """Bytes NATS handed us that no subscription task has delivered yet."""
@@ -102,6 +126,8 @@ class Subscriber:
         tenant = conn.channel.tenant
         new_subjects: list[str] = []
         new_groups: list[SharedGroup[Conn]] = []
+        held = self.subs.counts.get(tenant, 0)
+        added: list[str] = []  # filters the client did not hold: each takes a tenant slot
         for s, sub_id in req.subscriptions:
             shared = parse_shared(s.filter, NO_LIMITS)
             if shared is None:
@@ -114,9 +140,19 @@ class Subscriber:
                 g = self.subs.add_shared(tenant, shared.group, conn, entry)
                 if g is not None:
                     new_groups.append(g)
+            if self.subs.counts.get(tenant, 0) > held:
+                held += 1
+                added.append(s.filter)
+        # Only a client's SUBSCRIBE is checked: a resumed session's and the tenant's
+        # auto-subscriptions are counted (reported with the node's figure), never refused.
+        check = self.slots is not None and answer and added
 
         async def op() -> None:
-            final = await self._complete(conn, req, new_subjects, new_groups, persist)
+            if check:
+                req_now = await self._slots(conn, req, added)
+            else:
+                req_now = req
+            final = await self._complete(conn, req_now, new_subjects, new_groups, persist)
             if answer:
                 conn.channel.subscribed(final)
                 self._writes.mark(conn)
@@ -133,6 +169,20 @@ class Subscriber:
                     )
 
         self._ops.put(op)
+
+    async def _slots(self, conn: Conn, req: SubscribeRequest, added: list[str]) -> SubscribeRequest:
+        """Ask the tenant's slots for the SUBSCRIBE's new filters; those past the tenant's
+        max_tenant_subscriptions leave the node again and are refused (0x97; 3.1.1 0x80)."""
+        ch = conn.channel
+        if self.slots is None:
+            return req
+        granted = await self.slots.admit(ch.tenant, len(added))
+        if granted >= len(added):
+            return req
+        over = added[granted:]
+        self.on_refused("max_tenant_subscriptions", ch.tenant, len(over))
+        self.unsubscribe(conn, over)
+        return without(req, set(over), QUOTA_EXCEEDED if ch.level == 5 else SUBSCRIBE_FAILED)
 
     async def _complete(
         self,
@@ -225,6 +275,7 @@ class Subscriber:
 
             self._ops.put(forget)
         gone: list[str] = []
+        held = self.subs.counts.get(ch.tenant, 0)
         for f in filters:
             shared = parse_shared(f, NO_LIMITS)
             if shared is None:
@@ -233,6 +284,8 @@ class Subscriber:
                 g = self.subs.remove_shared(ch.tenant, shared.group, conn, shared.filter)
                 if g is not None:
                     gone += [f"{g.queue}|{s}" for s in (*g.subjects, redelivery_subject(g))]
+        if self.slots is not None and self.subs.counts.get(ch.tenant, 0) < held:
+            self.slots.changed(ch.tenant)
         if gone:
             tenant = ch.tenant
 

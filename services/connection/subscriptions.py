@@ -61,6 +61,16 @@ class NodeSubscriptions(Generic[C]):
         self.tries: dict[str, TopicTrie[C, SubEntry]] = {}
         self.subject_refs: dict[str, int] = {}
         self.shared: dict[tuple[str, str, str], SharedGroup[C]] = {}
+        # tenant -> (client, filter) pairs held, plain and shared: the node's figure in the
+        # tenant's subscription count (services/quota/subscriptions.py)
+        self.counts: dict[str, int] = {}
+
+    def _count(self, tenant: str, n: int) -> None:
+        left = self.counts.get(tenant, 0) + n
+        if left > 0:
+            self.counts[tenant] = left
+        else:
+            self.counts.pop(tenant, None)
 
     def add(self, tenant: str, client: C, entry: SubEntry) -> list[str]:
         """Add or replace; return subjects that now need a NATS subscription."""
@@ -71,6 +81,7 @@ class NodeSubscriptions(Generic[C]):
         trie.add(entry.filter, client, entry)
         if old is not None:
             return []
+        self._count(tenant, 1)
         new = []
         for s in entry.subjects:
             n = self.subject_refs.get(s, 0)
@@ -87,6 +98,7 @@ class NodeSubscriptions(Generic[C]):
         entry = trie.get(filt, client)
         if entry is None or not trie.remove(filt, client):
             return []
+        self._count(tenant, -1)
         if not len(trie):
             del self.tries[tenant]
         gone = []
@@ -115,6 +127,8 @@ class NodeSubscriptions(Generic[C]):
                 f"{shared_group(tenant, group)}.{digest}",
                 entry.subjects,
             )
+        if client not in g.members:
+            self._count(tenant, 1)
         g.members[client] = entry
         return g if created else None
 
@@ -123,6 +137,7 @@ class NodeSubscriptions(Generic[C]):
         g = self.shared.get((tenant, group, filt))
         if g is None or g.members.pop(client, None) is None:
             return None
+        self._count(tenant, -1)
         if g.members:
             return None
         del self.shared[(tenant, group, filt)]

@@ -7,5 +7,7 @@ raises its fencing epoch so an older owner can no longer append (services/queue/
 they announce what they own on ctl.queue.owners, and callers send each queue's calls to its
 owner (services/queue/owner_calls.py). After entries commit, a `QueueNotice` on
 `qn.<tenant>.<queue_id>` tells the node that holds the session to read them. Each instance
-reports the entries waiting per tenant in the partitions it owns (services/queue/depths.py).
+reports the entries waiting per tenant in the partitions it owns, and checks appends against
+a tenant's max_queued_bytes with the bytes every instance holds for it (services/queue/
+depths.py; instances announce theirs on ctl.queue.bytes).
 """

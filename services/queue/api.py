@@ -21,7 +21,13 @@ from services.common.log_summary import LogSummary
 from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError
 from services.common.rpc.limits import BATCH_BYTES
-from services.common.store.ports import AppendOutcome, AppendReport, NewQueueItem, QueueStore
+from services.common.store.ports import (
+    AppendOutcome,
+    AppendReport,
+    NewQueueItem,
+    QueueChange,
+    QueueStore,
+)
 from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.queue.config import QueueSettings
 from services.queue.core import RouteVersions, expires_at_ms, partition_of
@@ -45,7 +51,19 @@ _RESULT = {
     AppendOutcome.FULL: pb.APPEND_RESULT_QUEUE_FULL,
     AppendOutcome.FENCED: pb.APPEND_RESULT_FENCED,
     _QUOTA_REFUSED: pb.APPEND_RESULT_QUOTA_EXCEEDED,
+    AppendOutcome.OVER_BYTES: pb.APPEND_RESULT_QUOTA_EXCEEDED,
 }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Caps:
+    """What one append request may do: the depth cap and policy, whether the cap is the
+    tenant's quota, and the tenant's max_queued_bytes (0: none)."""
+
+    depth: int
+    drop_oldest: bool
+    quota: bool
+    queued_bytes: int = 0
 
 
 def _items_by_queue(
@@ -130,6 +148,8 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         # No message carries a trace context unless some process samples (the same settings
         # on every service): then no per-entry look for one.
         self._tracing = settings.tracing
+        # Other instances' byte figures older than three of their periods are forgotten.
+        self._peers_ttl_s = 3 * settings.queued_bytes_share_s
         self.readers = Readers()
         self.routes = RouteVersions()
         # Entries waiting per tenant in this instance's partitions (reported to metrics).
@@ -235,13 +255,16 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         (one fsync for the request instead of one per queue). The partitions' locks (one
         writer per partition) are taken in partition order, so two requests never deadlock."""
         parts = sorted({partition_of(tenant, qid, self._parts.count) for qid in by_queue})
-        depth, drop_oldest, quota = self._max_depth, self._drop_oldest, False
+        caps = _Caps(self._max_depth, self._drop_oldest, False)
         if self._limits is not None:
-            cap = (await self._limits.fetch(tenant)).limits.max_queue_depth
-            if cap and (not depth or cap < depth):
+            limits = (await self._limits.fetch(tenant)).limits
+            cap = limits.max_queue_depth
+            if cap and (not caps.depth or cap < caps.depth):
                 # The tenant's quota binds: refused, never dropped, so the publisher learns
                 # (0x97) that a subscriber did not get it; no older entry is lost for it.
-                depth, drop_oldest, quota = cap, False, True
+                caps = _Caps(cap, False, True)
+            if limits.max_queued_bytes:
+                caps = dataclasses.replace(caps, queued_bytes=limits.max_queued_bytes)
 
         def appends() -> list[Coroutine[Any, Any, AppendReport]]:
             return [
@@ -250,9 +273,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                     qid,
                     [it for _, it in items],
                     pushes[qid] is not None,
-                    depth,
-                    drop_oldest,
-                    quota,
+                    caps,
                 )
                 for qid, items in by_queue.items()
             ]
@@ -273,9 +294,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         qid: str,
         items: list[NewQueueItem],
         push: bool,
-        depth: int,
-        drop_oldest: bool,
-        quota: bool,
+        caps: _Caps,
     ) -> AppendReport:
         """Append to one queue under its partition's epoch (the caller holds the partition's
         lock); every item is FENCED when this instance does not (or no longer) own the
@@ -286,6 +305,19 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         if epoch is None:
             return AppendReport([AppendOutcome.FENCED] * len(items))
         report = AppendReport([])
+        room: int | None = None
+        size = 0
+        if caps.queued_bytes:
+            try:
+                await self.depths.load(self._store, p)  # a partition just gained
+            except Exception as exc:  # the store is away: the append itself will tell
+                log.warning("queue_depth_scan_failed", extra={"error": repr(exc)})
+            # Taken with no await before the store call: the appends of one request (and
+            # concurrent ones) see each other's reservations, so together they stay within
+            # the room.
+            room = max(0, caps.queued_bytes - self.depths.held_bytes(tenant, self._peers_ttl_s))
+            size = sum(len(it.data) for it in items)
+            self.depths.reserve(tenant, size)
         self.depths.begin(p)
         try:
             report = await self._store.append(
@@ -294,15 +326,22 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 items,
                 p,
                 epoch,
-                depth,
-                drop_oldest,
+                caps.depth,
+                caps.drop_oldest,
                 mark_delivered=push,
+                room_bytes=room,
             )
         finally:
-            self.depths.end(p, tenant, report.depth_change)
+            self.depths.end(p, tenant, QueueChange(report.depth_change, report.bytes_change))
+            if size:
+                self.depths.reserve(tenant, -size)
         if AppendOutcome.FENCED in report.outcomes:
             self._parts.fenced(p)  # another instance took the partition over
-        if quota and AppendOutcome.FULL in report.outcomes:
+        over = report.outcomes.count(AppendOutcome.OVER_BYTES)
+        if over:
+            self.refusals.count("max_queued_bytes", tenant, over)
+            self._refused_log.add(tenant, over, qid)
+        if caps.quota and AppendOutcome.FULL in report.outcomes:
             refused = report.outcomes.count(AppendOutcome.FULL)
             self.refusals.count("max_queue_depth", tenant, refused)
             self._refused_log.add(tenant, refused, qid)
@@ -401,7 +440,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             self.readers.detach(request.tenant, request.queue_id, request.detach_reader)
         if request.through_seq:
             p = self.depths.partition(request.tenant, request.queue_id)
-            change = 0
+            change = QueueChange()
             self.depths.begin(p)
             try:
                 change = await self._store.ack(
@@ -426,7 +465,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
     ) -> pb.DropResponse:
         self.readers.drop(request.tenant, request.queue_id)
         p = self.depths.partition(request.tenant, request.queue_id)
-        change = 0
+        change = QueueChange()
         self.depths.begin(p)
         try:
             change = await self._store.drop(request.tenant, request.queue_id)

@@ -47,7 +47,8 @@ class QueueSettings(ServiceSettings):
     depth_policy: Literal["drop_oldest", "reject_newest"] = "drop_oldest"
     quota_enabled: bool = Field(
         default=True,
-        description="Enforce tenants' `max_queue_depth` (`starling quota set`; below "
+        description="Enforce tenants' `max_queue_depth` and `max_queued_bytes` (`starling "
+        "quota set`; the depth below "
         "`max_queue_depth` here): an append past it is refused (the publisher gets PUBACK "
         "0x97), not dropped. Limits are copies refreshed on change (docs/quota.md).",
     )
@@ -68,6 +69,16 @@ class QueueSettings(ServiceSettings):
         "(starling_cluster_queue_depth); between scans it adds the depth change of each of "
         "its appends, acks and drops. The scan takes in what it did not see: the compaction "
         "job's expired entries, an ack served by an instance that does not own the queue.",
+    )
+
+    queued_bytes_share_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="Every this many seconds the instance announces on NATS the bytes its "
+        "partitions' queues hold per tenant; each instance checks a tenant's "
+        "`max_queued_bytes` against its own exact figure plus the others' last ones, so the "
+        "cluster may pass the limit by what the other instances took in one period "
+        "(docs/quota.md).",
     )
 
     @model_validator(mode="after")

@@ -11,8 +11,10 @@ import uuid
 from collections.abc import Iterable
 
 import grpc
+from nats.aio.msg import Msg
 from redis.asyncio import Redis
 
+from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect, drain
 from services.common.bus.unary import (
     ACK_SUBJECT,
@@ -78,6 +80,7 @@ class QueueService:
         self._servers: list[UnaryServer] = []
         self._reporter: asyncio.Task[None] | None = None
         self._depth_scans: asyncio.Task[None] | None = None
+        self._sharing: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QueueServiceServicer_to_server(self._api, server)
@@ -95,6 +98,12 @@ class QueueService:
         # The first round before serving: alone, this instance owns every partition when
         # it reports SERVING; beside others it takes its share as they shed theirs.
         await self._parts.tick()
+        # The partitions' depths and bytes loaded before serving: a restarted instance
+        # checks max_queued_bytes against what its queues hold from its first append.
+        try:
+            await self._api.depths.scan(self._store)
+        except Exception as exc:  # the store is away: the scan loop tries again
+            log.warning("queue_depth_scan_failed", extra={"error": repr(exc)})
         # The persistent path's calls come over NATS too: on the shared subjects (a caller
         # that knows no owner yet; any instance) and on this instance's own ones.
         api = self._api
@@ -123,6 +132,8 @@ class QueueService:
         await self._parts.announce()
         self._leasing = asyncio.create_task(self._parts.run(), name="queue-leases")
         self._depth_scans = asyncio.create_task(self._scan_depths(), name="queue-depths")
+        await nc.subscribe(subjects.QUEUED_BYTES, cb=self._on_peer_bytes)
+        self._sharing = asyncio.create_task(self._share_bytes(), name="queue-bytes")
         self._reporter = asyncio.create_task(
             report_every(
                 MetricsClient(self._s.metrics_addr),
@@ -163,7 +174,33 @@ class QueueService:
                     log.warning("queue_depth_scan_failed", extra={"error": repr(exc)})
             await asyncio.sleep(DEPTH_CHECK_S)
 
+    async def _share_bytes(self) -> None:
+        """Announce this instance's bytes per tenant every period (services/queue/depths.py);
+        also when it holds none, so the others stop counting what it held."""
+        while True:
+            if self._nats.nc is not None:
+                figures = pb.QueuedBytes(
+                    instance_id=self.instance_id,
+                    bytes_by_tenant=self._api.depths.bytes_by_tenant(),
+                )
+                try:
+                    await self._nats.nc.publish(subjects.QUEUED_BYTES, figures.SerializeToString())
+                except Exception as exc:  # NATS away: the next period tries again
+                    log.debug("queued_bytes_share_failed", extra={"error": repr(exc)})
+            await asyncio.sleep(self._s.queued_bytes_share_s)
+
+    async def _on_peer_bytes(self, msg: Msg) -> None:
+        try:
+            figures = pb.QueuedBytes.FromString(msg.data)
+        except Exception:  # not ours to crash on; logged
+            log.warning("queued_bytes_undecodable")
+            return
+        if figures.instance_id and figures.instance_id != self.instance_id:
+            self._api.depths.peer(figures.instance_id, dict(figures.bytes_by_tenant))
+
     async def stop(self) -> None:
+        if self._sharing is not None:
+            self._sharing.cancel()
         if self._reporter is not None:
             self._reporter.cancel()
         if self._depth_scans is not None:

@@ -22,6 +22,7 @@ from services.common.bus import subjects
 from services.common.rpc.errors import InvalidArgumentError, ResourceExhaustedError
 from services.common.store.ports import BanStore
 from services.quota.keys import limits_key
+from services.quota.subscriptions import SubscriptionCounts
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
 
@@ -208,6 +209,17 @@ class QuotaApi(pb_grpc.QuotaServiceServicer):
         self._ttl = lease_ttl_ms
         self._script = redis.register_script(_LEASE)
         self._bans = bans
+        self._subscriptions = SubscriptionCounts(redis)
+
+    async def HoldSubscriptions(
+        self, request: pb.HoldSubscriptionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HoldSubscriptionsResponse:
+        if not request.tenant or not request.node_id:
+            raise InvalidArgumentError("tenant and node_id are required")
+        granted, limit = await self._subscriptions.hold(
+            request.tenant, request.node_id, request.held, request.amount
+        )
+        return pb.HoldSubscriptionsResponse(granted=granted, limit=limit)
 
     async def AcquireLease(
         self, request: pb.AcquireLeaseRequest, context: grpc.aio.ServicerContext

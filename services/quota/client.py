@@ -43,6 +43,8 @@ class Limits:
     max_queue_depth: int = 0
     max_retained_messages: int = 0
     max_retained_bytes: int = 0
+    max_queued_bytes: int = 0
+    max_tenant_subscriptions: int = 0
 
 
 _LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
@@ -73,6 +75,15 @@ class QuotaClient:
         req = pb.GetLimitsRequest(tenant=tenant, user=user)
         resp = await self._rpc.call(self._rpc.stub.GetLimits, req)
         return Limits(**{name: getattr(resp.limits, name) for name in _LIMIT_FIELDS})
+
+    async def hold_subscriptions(
+        self, tenant: str, node_id: str, held: int, amount: int = 0
+    ) -> tuple[int, int]:
+        """Report the subscriptions `node_id` holds for `tenant` and ask slots for `amount`
+        new ones; returns (granted, the tenant's max_tenant_subscriptions; 0: none)."""
+        req = pb.HoldSubscriptionsRequest(tenant=tenant, node_id=node_id, held=held, amount=amount)
+        resp = await self._rpc.call(self._rpc.stub.HoldSubscriptions, req)
+        return resp.granted, resp.limit
 
     async def list_bans(self) -> list[Ban]:
         resp = await self._rpc.call(self._rpc.stub.ListBans, pb.ListBansRequest())

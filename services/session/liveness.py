@@ -3,7 +3,8 @@
 Nodes publish a heartbeat on `hb.node.<node_id>` every second. A node silent for
 `node_timeout_s` is declared dead: every client the registry says it held is released, and
 its persistent session is parked as disconnected at the node's last heartbeat, so session
-expiry runs even when a SIGKILLed node's clients never come back. Nodes named in the
+expiry runs even when a SIGKILLed node's clients never come back, and its figures in the
+tenants' subscription counts are removed (services/quota/subscriptions.py). Nodes named in the
 registry's set of nodes holding clients count as seen from the moment this service learns
 of them (at start, and on every check), so a node that died while the session service was
 down, or before its first heartbeat or hello reached this service, is found too.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from services.common.bus import subjects
@@ -24,8 +26,15 @@ log = logging.getLogger("starling.session.liveness")
 
 
 class NodeLiveness:
-    def __init__(self, registry: Registry, sessions: Sessions, timeout_s: float) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        sessions: Sessions,
+        timeout_s: float,
+        drop_subscriptions: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         self._registry = registry
+        self._drop_subscriptions = drop_subscriptions
         self._sessions = sessions
         self._timeout = timeout_s
         self.last_seen: dict[str, float] = {}  # node id -> time.monotonic()
@@ -68,6 +77,8 @@ class NodeLiveness:
                 await self._sessions.park(tenant, client_id, died_at_ms)
                 released += 1
         await self._registry.drop_node(node)
+        if self._drop_subscriptions is not None:
+            await self._drop_subscriptions(node)
         if released:
             log.warning("node_down", extra={"node": node, "released_clients": released})
         return released

@@ -29,6 +29,7 @@ from services.common.store.open import open_auth_store, open_session_store, open
 from services.metrics.client import MetricsClient, TenantCounters, report_every
 from services.queue.client import QueueClient
 from services.quota.client import QuotaClient
+from services.quota.subscriptions import SubscriptionCounts
 from services.quota.watch import BanWatch
 from services.router.client import RouterClient
 from services.session.api import SessionAdminApi, SessionApi
@@ -110,7 +111,12 @@ class SessionService:
             self._registry.session_ended,
         )
         self._sweeper: asyncio.Task[None] | None = None
-        self._liveness = NodeLiveness(self._registry, self._sessions, settings.node_timeout_s)
+        self._liveness = NodeLiveness(
+            self._registry,
+            self._sessions,
+            settings.node_timeout_s,
+            SubscriptionCounts(self._redis).drop_node,
+        )
         self._watcher: asyncio.Task[None] | None = None
         self._fence: asyncio.Task[None] | None = None
         self._recording: asyncio.Task[None] | None = None

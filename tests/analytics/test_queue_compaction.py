@@ -113,6 +113,14 @@ def test_compaction_removes_dead_rows_only(spark: SparkSession, data: Path) -> N
     # Depth is the rows left, so a later ack and the depth limit still add up.
     depth = dict(_rows(data, "SELECT queue_id, depth FROM queue_state"))
     assert depth == {"a#1": 4, "c#2": 1, "d#1": 4}
+    # And bytes are what the rows left hold (the tenant's max_queued_bytes counts these).
+    held = dict(_rows(data, "SELECT queue_id, bytes FROM queue_state"))
+    stored = _rows(
+        data,
+        "SELECT e.queue_id, sum(length(e.data)) FROM queue_entries e JOIN queue_state s "
+        "USING (tenant, queue_id) WHERE e.seq > s.acked_through GROUP BY e.queue_id",
+    )
+    assert held == dict(stored) and held["a#1"] > 0
     assert _rows(data, "SELECT count(*) FROM queue_msgids WHERE queue_id IN ('b#1','c#1')") == [
         (0,)
     ]

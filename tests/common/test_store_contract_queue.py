@@ -15,7 +15,9 @@ import pytest
 from services.common.store.ports import (
     NEVER_EXPIRES,
     AppendOutcome,
+    AppendReport,
     NewQueueItem,
+    QueueChange,
     QueueState,
     QueueStore,
     SessionRecord,
@@ -244,25 +246,48 @@ async def test_depth_limit_policies(queues: QueueStore) -> None:
 async def test_every_write_reports_its_depth_change_and_depths_lists_queues(
     queues: QueueStore,
 ) -> None:
-    """What the queue service's per-tenant depth totals are made of (services/queue/depths.py):
-    each change adds up to the queue's own counter, and `depths` lists what is left."""
+    """What the queue service's per-tenant depth and byte totals are made of
+    (services/queue/depths.py): each change adds up to the queue's own counters, and `depths`
+    lists what is left. Each test entry's data is 9 bytes."""
     t = f"t{uuid.uuid4().hex[:6]}"
     epoch = await queues.claim_partition(4)
-    assert (await queues.append(t, "a#1", _items(3), 4, epoch, 0, True)).depth_change == 3
-    assert (await queues.append(t, "a#1", _items(1), 4, epoch, 0, True)).depth_change == 0
-    assert await queues.ack(t, "a#1", 2) == -2
-    assert await queues.ack(t, "a#1", 2) == 0  # acked before: no change
-    assert await queues.ack(t, "nobody#1", 3) == 0
+
+    def change(r: AppendReport) -> tuple[int, int]:
+        return r.depth_change, r.bytes_change
+
+    assert change(await queues.append(t, "a#1", _items(3), 4, epoch, 0, True)) == (3, 27)
+    assert change(await queues.append(t, "a#1", _items(1), 4, epoch, 0, True)) == (0, 0)
+    assert await queues.ack(t, "a#1", 2) == QueueChange(-2, -18)
+    assert await queues.ack(t, "a#1", 2) == QueueChange()  # acked before: no change
+    assert await queues.ack(t, "nobody#1", 3) == QueueChange()
     # At the depth limit: the oldest dropped for each new one, or the newest refused.
-    assert (await queues.append(t, "b#1", _items(3), 4, epoch, 2, True)).depth_change == 2
+    assert change(await queues.append(t, "b#1", _items(3), 4, epoch, 2, True)) == (2, 18)
+    # (Bytes: a stored entry dropped for room counts on Cassandra until an ack passes it.)
     assert (await queues.append(t, "b#1", _items(1, 3), 4, epoch, 2, True)).depth_change == 0
-    assert (await queues.append(t, "c#1", _items(4), 4, epoch, 2, False)).depth_change == 2
-    mine = sorted(r for r in await queues.depths() if r[0] == t)
+    assert change(await queues.append(t, "c#1", _items(4), 4, epoch, 2, False)) == (2, 18)
+    mine = sorted(r[:3] for r in await queues.depths() if r[0] == t)
     assert mine == [(t, "a#1", 1), (t, "b#1", 2), (t, "c#1", 2)]
-    assert await queues.drop(t, "b#1") == -2
-    assert await queues.drop(t, "b#1") == 0
-    assert await queues.ack(t, "a#1", 3) == -1
-    assert [r for r in await queues.depths() if r[0] == t] == [(t, "c#1", 2)]
+    assert (await queues.state(t, "c#1")).bytes == 18
+    assert (await queues.drop(t, "b#1")).depth == -2
+    assert await queues.drop(t, "b#1") == QueueChange()
+    assert await queues.ack(t, "a#1", 3) == QueueChange(-1, -9)
+    assert [r for r in await queues.depths() if r[0] == t] == [(t, "c#1", 2, 18)]
+
+
+async def test_room_bytes_refuses_what_does_not_fit(queues: QueueStore) -> None:
+    """The tenant's max_queued_bytes at the store: entries past the room are OVER_BYTES
+    (not stored, no seq taken); a duplicate takes no room; the rest of the append goes."""
+    t = f"t{uuid.uuid4().hex[:6]}"
+    epoch = await queues.claim_partition(5)
+    res = await queues.append(t, "r#1", _items(4), 5, epoch, 0, True, room_bytes=20)
+    assert res.outcomes == [AppendOutcome.OK] * 2 + [AppendOutcome.OVER_BYTES] * 2
+    assert (res.last_seq, res.depth_change, res.bytes_change, res.dropped) == (2, 2, 18, 0)
+    res = await queues.append(t, "r#1", _items(3), 5, epoch, 0, True, room_bytes=9)
+    assert res.outcomes == [AppendOutcome.DUPLICATE] * 2 + [AppendOutcome.OK]
+    entries, st = await queues.read(t, "r#1", 1, 100)
+    assert [e.data for e in entries] == [b"payload-0", b"payload-1", b"payload-2"]
+    assert (st.depth, st.bytes) == (3, 27)
+    assert await queues.ack(t, "r#1", 3) == QueueChange(-3, -27)
 
 
 async def test_released_mark_and_drop(queues: QueueStore) -> None:
@@ -345,6 +370,28 @@ async def test_queue_survives_reopen(tmp_path: Path) -> None:
     await q3.close()
 
 
+async def test_held_bytes_survive_reopen_and_a_database_from_before_them_is_migrated(
+    tmp_path: Path,
+) -> None:
+    """Restart: the bytes are in queue_state, written with the depth. A queues.db from before
+    the column gets it, summed from the entries not acked (each 9 bytes here)."""
+    path = tmp_path / "q.db"
+    q1 = SqliteQueueStore(path)
+    e = await q1.claim_partition(0)
+    await q1.append("t", "c#1", _items(4), 0, e, 0, True)
+    await q1.ack("t", "c#1", 1)
+    await q1.close()
+    q2 = SqliteQueueStore(path)
+    assert (await q2.state("t", "c#1")).bytes == 27
+    await q2.close()
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE queue_state DROP COLUMN bytes")
+    q3 = SqliteQueueStore(path)
+    assert ((await q3.state("t", "c#1")).depth, (await q3.state("t", "c#1")).bytes) == (3, 27)
+    assert await q3.depths() == [("t", "c#1", 3, 27)]
+    await q3.close()
+
+
 async def test_a_database_from_before_delivered_through_is_migrated(tmp_path: Path) -> None:
     """An existing queues.db gets the column; what was queued then may have been sent (the
     old code sent it), so it counts as delivered: resent with DUP=1, never DUP=0."""
@@ -361,7 +408,7 @@ async def test_a_database_from_before_delivered_through_is_migrated(tmp_path: Pa
     assert await store.state("t", "old#1") == QueueState(9, 4, 5, 0, 9)
     epoch = await store.claim_partition(0)
     await store.append("t", "old#1", _items(1), 0, epoch, 0, True)  # the upsert still works
-    assert await store.state("t", "old#1") == QueueState(10, 4, 6, 0, 9)
+    assert await store.state("t", "old#1") == QueueState(10, 4, 6, 0, 9, 9)
     await store.close()
     again = SqliteQueueStore(path)  # opening a migrated database changes nothing
     assert (await again.state("t", "old#1")).delivered_through == 9

@@ -170,3 +170,55 @@ def test_delayed_publish_survives_a_restart_of_every_service(fault_mesh: Launche
     sub.loop_stop()
     assert [p for p, _ in got] == [b"survivor"]
     assert 20.0 <= got[0][1] <= 21.5  # within a second of its due time
+
+
+def test_a_dead_nodes_subscriptions_leave_the_tenant_count(fault_mesh: Launcher) -> None:
+    """`max_tenant_subscriptions` 3, all held by clients of node 1, which is SIGKILLed: once
+    the session service declares it dead (node timeout 3 s here) its figure leaves the
+    tenant's count, and a client on node 0 gets the slots back."""
+    import asyncio
+
+    from services.quota.client import Limits, QuotaAdminClient
+
+    tenant = f"k{uuid.uuid4().hex[:8]}"
+
+    async def limit() -> None:
+        c = QuotaAdminClient(
+            f"127.0.0.1:{fault_mesh.mesh.by_name('quota').grpc_port}", fault_mesh.admin_token
+        )
+        try:
+            await c.set_limits(tenant, Limits(max_tenant_subscriptions=3))
+        finally:
+            await c.close()
+
+    asyncio.run(limit())
+
+    def client(node: int) -> Raw:
+        raw = Raw(port(fault_mesh, node))
+        ack = raw.connect(Connect(f"c-{uuid.uuid4().hex[:8]}", 5, username=f"{tenant}/dev"))
+        assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
+        return raw
+
+    def sub(raw: Raw, pid: int, topic: str) -> int:
+        raw.send(Subscribe(pid, (Subscription(topic, 1),)))
+        ack = raw.recv()
+        assert isinstance(ack, SubAck), ack
+        return ack.reason_codes[0]
+
+    doomed = client(1)
+    assert [sub(doomed, i + 1, f"d/{i}") for i in range(3)] == [1, 1, 1]
+    survivor = client(0)
+    assert sub(survivor, 1, "s/0") == 0x97
+    fault_mesh.kill("connection-1")
+    try:
+        deadline = time.monotonic() + 15
+        pid = 2
+        while sub(survivor, pid, "s/0") != 1:
+            assert time.monotonic() < deadline, "the dead node's subscriptions still count"
+            pid += 1
+            time.sleep(0.3)
+        assert [sub(survivor, 50 + i, f"s/{i}") for i in (1, 2, 3)] == [1, 1, 0x97]
+    finally:
+        survivor.close()
+        doomed.close()
+        fault_mesh.restart("connection-1")

@@ -7,24 +7,34 @@ the kill is measured (a figure in the fault suite's table; the bound asserted is
 above the target of 2 s, so that a loaded machine cannot fail it). The killed instance then
 comes back under the same load and takes its share again: nothing lost there either. Then
 the cluster's queue depth figure (each instance reports the partitions it owns) matches what
-the store holds for the tenant.
+the store holds for the tenant. And a tenant's max_queued_bytes holds across the two
+instances (each announces its bytes per tenant; services/queue/depths.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
+import threading
 import time
 import urllib.request
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
+import nats
 import pytest
+from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.cli.launcher import Launcher
 from services.cli.status import component_status
+from services.common.bus import subjects
+from services.quota.client import Limits, QuotaAdminClient
+from starling.queue.v1 import queue_pb2
 from tests.e2e.clients import Paho
 from tests.faults import harness
 from tests.faults.checker import Checker
@@ -167,3 +177,104 @@ def cluster_depth(launcher: Launcher, tenant: str) -> int:
             if s.name == "starling_cluster_queue_depth" and s.labels.get("tenant") == tenant:
                 return int(s.value)
     return 0
+
+
+class Announcements(threading.Thread):
+    """The queue instances' ctl.queue.bytes announcements, as the operator sees them on
+    NATS: per instance, when it last announced and its figures."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        super().__init__(daemon=True)
+        password = launcher.secrets.nats["operator"]
+        self.url = f"nats://operator:{password}@127.0.0.1:{launcher.mesh.by_name('nats').port}"
+        self.heard: dict[str, tuple[float, dict[str, int]]] = {}
+        self.ready = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self._done: asyncio.Event | None = None
+
+    def run(self) -> None:
+        self.loop.run_until_complete(self._listen())
+
+    def stop(self) -> None:
+        """Close the connection (before the mesh stops: no reconnect attempts after)."""
+        if self._done is not None:
+            self.loop.call_soon_threadsafe(self._done.set)
+        self.join(5)
+
+    async def _listen(self) -> None:
+        self._done = asyncio.Event()
+        nc = await nats.connect(self.url)
+
+        async def on(msg: Msg) -> None:
+            b = queue_pb2.QueuedBytes.FromString(msg.data)
+            self.heard[b.instance_id] = (time.monotonic(), dict(b.bytes_by_tenant))
+
+        await nc.subscribe(subjects.QUEUED_BYTES, cb=on)
+        self.ready.set()
+        await self._done.wait()
+        await nc.close()
+
+    def all_since(self, t: float) -> bool:
+        """Whether two instances announced after `t`."""
+        return sum(1 for when, _ in self.heard.values() if when > t) >= 2
+
+
+def test_queued_bytes_are_held_to_the_limit_across_instances(two_queues: Launcher) -> None:
+    """A tenant's queues spread over both instances' partitions: with each publish's bytes
+    announced before the next, the cluster stops at the limit, not at the limit per
+    instance (each instance alone would take up to it)."""
+    launcher = two_queues
+    assert wait_for(lambda: owned_partitions(launcher, "queue-1") > 0, 10)
+    tenant, limit = f"b{uuid.uuid4().hex[:8]}", 40_000
+
+    async def set_limit() -> None:
+        c = QuotaAdminClient(
+            f"127.0.0.1:{launcher.mesh.by_name('quota').grpc_port}", launcher.admin_token
+        )
+        try:
+            await c.set_limits(tenant, Limits(max_queued_bytes=limit))
+        finally:
+            await c.close()
+
+    asyncio.run(set_limit())
+    heard = Announcements(launcher)
+    heard.start()
+    assert heard.ready.wait(10)
+    try:
+        _fill_to_the_limit(launcher, tenant, limit, heard)
+    finally:
+        heard.stop()
+
+
+def _fill_to_the_limit(launcher: Launcher, tenant: str, limit: int, heard: Announcements) -> None:
+    """Twelve offline sessions of `tenant`, then 1000-byte QoS 1 publishes to all of them,
+    each announced by both instances before the next, until one is refused."""
+    port = launcher.mesh.by_name("connection-0").port
+    for i in range(12):  # offline sessions: their queues keep what they are sent
+        s = Paho(port, client_id=f"s{i}", username=f"{tenant}/dev")
+        s.connect(clean_start=False, session_expiry=300)
+        s.subscribe("b/#", 1)
+        s.close()
+    pub = Paho(port, username=f"{tenant}/dev")
+    pub.connect()
+    codes: list[int] = []
+    while not codes or codes[-1] == 0:
+        assert len(codes) < 10, codes
+        codes.append(pub.publish("b/x", b"p" * 1000, 1).value)
+        after = time.monotonic()
+        assert wait_for(partial(heard.all_since, after), 5), "the instances did not announce"
+    pub.close()
+    stored = stored_bytes(launcher, tenant)
+    per_message = stored // (len(codes) - 1)
+    assert len(codes) >= 3 and stored <= limit < stored + per_message, (codes, stored)
+    # Both instances held some of it: the limit was held across them.
+    holding = [f for _, f in heard.heard.values() if f.get(tenant)]
+    assert len(holding) == 2, heard.heard
+
+
+def stored_bytes(launcher: Launcher, tenant: str) -> int:
+    """The tenant's queued bytes, summed from the queue store's own counters."""
+    db = Path(launcher.mesh.data_dir) / "data" / "queues.db"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT sum(bytes) FROM queue_state WHERE tenant=?", (tenant,))
+        return int(row.fetchone()[0] or 0)

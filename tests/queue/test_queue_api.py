@@ -65,3 +65,70 @@ async def test_append_notifies_and_events_depth_drops(
     await nc.close()
     await store.close()
     await redis.aclose()
+
+
+class _Limits:
+    """A LimitsCopies stand-in: every tenant has max_queued_bytes `cap`."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+
+    async def fetch(self, tenant: str) -> object:
+        from services.quota.client import Limits
+        from services.quota.copies import TenantLimits
+
+        t = TenantLimits(tenant)
+        t.limits, t.known = Limits(max_queued_bytes=self.cap), True
+        return t
+
+
+async def test_concurrent_appends_share_the_tenants_queued_bytes(
+    nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Appends of one tenant to many queues, in one request and in requests at once, see
+    each other's bytes before the store has them: together they stay within the limit;
+    acks give the room back; another tenant has its own."""
+    settings = QueueSettings(metrics_port=-1)
+    store = SqliteQueueStore(tmp_path / "q.db")
+    redis = Redis.from_url(redis_url)
+    leases = LeaseTable(redis, "q-test", settings.queue_partitions, 5000, f"t:{uuid.uuid4()}:")
+    parts = Partitions(settings, "q-test", leases, store)
+    await parts.tick()
+    nc = await connect(nats_url, "queue-test")
+    api = QueueApi(store, parts, settings, nc, _Limits(1000))  # type: ignore[arg-type]
+    await api.depths.scan(store)
+
+    def request(tenant: str, queues: list[str], tag: str) -> pb.AppendRequest:
+        m = RoutedMessage(tenant=tenant, topic="a", payload=b"x" * 180, message_id=tag)
+        return pb.AppendRequest(
+            tenant=tenant, entries=[pb.NewEntry(queue_id=q, qos=1, message=m) for q in queues]
+        )
+
+    size = len(
+        pb.QueueEntry(
+            message=request("t", ["q"], "m0").entries[0].message, qos=1
+        ).SerializeToString()
+    )
+    assert 180 < size < 200  # five of the eight entries fit in 1000 bytes
+    calls = [
+        api.Append(request("t", [f"c{i}#1", f"d{i}#1"], f"m{i}"), None)  # type: ignore[arg-type]
+        for i in range(4)
+    ]
+    results = [list(r.results) for r in await asyncio.gather(*calls)]
+    ok = sum(r.count(pb.APPEND_RESULT_OK) for r in results)
+    refused = sum(r.count(pb.APPEND_RESULT_QUOTA_EXCEEDED) for r in results)
+    assert (ok, refused) == (5, 3)
+    assert api.depths.held_bytes("t", 3.0) == ok * size
+    assert api.refusals.get("max_queued_bytes", "t") == refused
+    other = await api.Append(request("u", ["c0#1"], "m0"), None)  # type: ignore[arg-type]
+    assert list(other.results) == [pb.APPEND_RESULT_OK]
+    # The subscribers acknowledge: room again.
+    for i in range(4):
+        for q in (f"c{i}#1", f"d{i}#1"):
+            await api.Ack(pb.AckRequest(tenant="t", queue_id=q, through_seq=1), None)  # type: ignore[arg-type]
+    assert api.depths.held_bytes("t", 3.0) == 0
+    again = await api.Append(request("t", ["c9#1"], "m9"), None)  # type: ignore[arg-type]
+    assert list(again.results) == [pb.APPEND_RESULT_OK]
+    await nc.close()
+    await store.close()
+    await redis.aclose()

@@ -8,14 +8,16 @@ change reaches without a restart and that outlives the quota service going down.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
 import pytest
 
+from services.cli.main import main as cli
 from services.common.mqtt import Publish
 from services.quota.client import Limits
-from tests.conftest import MeshInfo
+from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
 from tests.quota.test_quota_mesh import (
@@ -158,3 +160,155 @@ def test_retained_messages_follow_the_tenants_quota(mesh: MeshInfo) -> None:
     assert refusals_metric(mesh, "router", tenant, "max_retained_bytes") >= 1
     for c in (*pubs, sub):
         c.close()
+
+
+@pytest.mark.timeout(120)
+def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ack(
+    mesh: MeshInfo,
+) -> None:
+    """`max_queued_bytes` 5000: an offline session's queue takes four 1000-byte messages (a
+    stored entry is the payload plus topic, properties and a little framing, under 1250
+    bytes), the fifth and sixth are refused with 0x97; another tenant is not; the count
+    survives the queue service being killed; the subscriber gets exactly the acknowledged
+    ones and its acks make room again."""
+    tenant, user = _tenant(mesh, Limits(max_queued_bytes=5000))
+    _, other_user = _tenant(mesh, Limits())
+    for u in (user, other_user):
+        s = _client(mesh, 0, u, client_id="sleeper")
+        s.connect(clean_start=False, session_expiry=300)
+        assert _codes(s.subscribe("q/#", 1)) == [1]
+        s.close()  # offline: its queue fills
+    payloads = [bytes([65 + i]) * 1000 for i in range(6)]
+    pub = _client(mesh, 1, user)
+    pub.connect()
+    assert [pub.publish("q/x", p, 1).value for p in payloads] == [0] * 4 + [QUOTA_EXCEEDED] * 2
+    other_pub = _client(mesh, 1, other_user)
+    other_pub.connect()
+    assert [other_pub.publish("q/x", p, 1).value for p in payloads] == [0] * 6
+    other_pub.close()
+    assert refusals_metric(mesh, "queue", tenant, "max_queued_bytes") == 2
+    # Killed and started again: the queue state's bytes are loaded before it serves.
+    mesh.launcher.restart("queue")
+    pub.close()
+    pub = _client(mesh, 1, user)
+    pub.connect()
+    assert pub.publish("q/x", b"z" * 1000, 1).value == QUOTA_EXCEEDED
+    back = _client(mesh, 0, user, client_id="sleeper")
+    back.connect(clean_start=False, session_expiry=300)
+    assert [m.payload for m in back.expect(4)] == payloads[:4]
+    back.nothing(0.5)
+    # Acknowledged (paho acks on receipt): the bytes are freed, the next one is queued.
+    deadline = time.monotonic() + 5
+    code = QUOTA_EXCEEDED
+    while code == QUOTA_EXCEEDED and time.monotonic() < deadline:
+        code = pub.publish("q/x", b"after", 1).value
+    assert code == 0
+    assert back.expect(1)[-1].payload == b"after"
+    # Lowered at runtime: the queue's copy of the limit follows without a restart.
+    quota(mesh, lambda c: c.set_limits(tenant, Limits(max_queued_bytes=100)))
+    assert _until(lambda: pub.publish("q/x", b"y" * 200, 1).value == QUOTA_EXCEEDED)
+    back.close(session_expiry=0)
+    got = _client(mesh, 0, other_user, client_id="sleeper")
+    got.connect(clean_start=False, session_expiry=300)
+    assert [m.payload for m in got.expect(6)] == payloads
+    got.close(session_expiry=0)
+    pub.close()
+
+
+def _until(cond: object, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
+    mesh: MeshInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`max_tenant_subscriptions` 4 with clients on both nodes: the fifth new filter is
+    refused wherever it comes from (0x97; 3.1.1 0x80), a filter held already is no new one,
+    UNSUBSCRIBE and disconnect give slots back, another tenant is not limited."""
+    tenant, user = _tenant(mesh, Limits(max_tenant_subscriptions=4))
+    a = _client(mesh, 0, user)
+    a.connect()
+    assert _codes(a.subscribe("a/1", 1)) == [1]
+    assert _codes(a.subscribe("$share/g/a/2", 1)) == [1]  # shared ones count too
+    assert _codes(a.subscribe("a/3", 0)) == [0]
+    b = _client(mesh, 1, user)
+    b.connect()
+    assert _codes(b.subscribe("b/1", 1)) == [1]
+    assert _codes(b.subscribe("b/2", 1)) == [QUOTA_EXCEEDED]
+    assert _codes(a.subscribe("a/4", 1)) == [QUOTA_EXCEEDED]
+    assert _codes(a.subscribe("a/1", 0)) == [0]  # held already: re-granted
+    v3 = _client(mesh, 1, user, v5=False)
+    v3.connect()
+    assert _codes(v3.subscribe("v/1", 1)) == [0x80]
+    # A refused filter is not held: nothing published to it arrives.
+    pub = _client(mesh, 0, user)
+    pub.connect()
+    pub.publish("b/2", "no", 1)
+    pub.publish("b/1", "yes", 1)
+    assert [m.payload for m in b.expect(1)] == [b"yes"]
+    b.nothing(0.3)
+    # UNSUBSCRIBE on node 0 frees a slot for node 1.
+    unsubacked = threading.Event()
+    a.c.on_unsubscribe = lambda *_: unsubacked.set()
+    a.c.unsubscribe("a/3")
+    assert unsubacked.wait(5)
+    assert _until(lambda: _codes(b.subscribe("b/2", 1)) == [1])
+    assert _codes(b.subscribe("b/3", 1)) == [QUOTA_EXCEEDED]
+    # A disconnect frees what the client held (a/1 and the shared a/2).
+    a.close()
+    assert _until(lambda: _codes(v3.subscribe("v/1", 1)) == [1])
+    assert _codes(v3.subscribe("v/2", 1)) == [1]
+    assert _codes(v3.subscribe("v/3", 1)) == [0x80]
+    # Raised without a restart, with the CLI.
+    monkeypatch.setenv("STARLING_ADMIN_TOKEN", ADMIN_TOKEN)
+    cmd = ["quota", "set", "--quota-addr", mesh.addr("quota"), "--tenant", tenant]
+    assert cli([*cmd, "--max-tenant-subscriptions", "5"]) == 0
+    assert _until(lambda: _codes(v3.subscribe("v/3", 1)) == [1])
+    assert quota(mesh, lambda c: c.get_limits(tenant)) == Limits(max_tenant_subscriptions=5)
+    other = Paho(mesh.node(1))
+    other.connect()
+    for i in range(8):
+        assert _codes(other.subscribe(f"o/{i}", 0)) == [0]
+    other.close()
+    counted = sum(
+        refusals_metric(mesh, f"connection-{i}", tenant, "max_tenant_subscriptions") for i in (0, 1)
+    )
+    assert counted >= 4
+    for c in (b, v3, pub):
+        c.close()
+
+
+def test_a_resumed_sessions_subscriptions_count_again(mesh: MeshInfo) -> None:
+    """Offline, a persistent session's subscriptions are not counted (the documented
+    bound); resumed, they count again, so the tenant's other clients get fewer slots."""
+    _, user = _tenant(mesh, Limits(max_tenant_subscriptions=3))
+    c = _client(mesh, 1, user)
+    c.connect()
+    assert _codes(c.subscribe("y/1", 1)) == [1]
+    p = _client(mesh, 0, user, client_id="keeper")
+    p.connect(clean_start=False, session_expiry=300)
+    assert _codes(p.subscribe("x/1", 1)) == [1]
+    assert _codes(p.subscribe("x/2", 1)) == [1]
+    assert _codes(c.subscribe("y/2", 1)) == [QUOTA_EXCEEDED]
+    p.close()  # offline: its two filters leave the count
+    assert _until(lambda: _codes(c.subscribe("y/2", 1)) == [1])
+    back = _client(mesh, 0, user, client_id="keeper")
+    back.connect(clean_start=False, session_expiry=300)  # resumed with x/1, x/2: 4 held
+    unsubacked = threading.Event()
+    c.c.on_unsubscribe = lambda *_: unsubacked.set()
+
+    def refused_after_unsubscribing() -> bool:
+        """Gives y/2 back (3 held if the resumed filters count, 1 if not) and asks again."""
+        unsubacked.clear()
+        c.c.unsubscribe("y/2")
+        assert unsubacked.wait(5)
+        return _codes(c.subscribe("y/2", 1)) == [QUOTA_EXCEEDED]
+
+    assert _until(refused_after_unsubscribing)
+    back.close(session_expiry=0)
+    c.close()

@@ -21,6 +21,9 @@ AUTH_CHANGED = "ctl.session.changed"
 # ban list changed (payload: the whole list, a ListBansResponse).
 QUOTA_LIMITS_CHANGED = "ctl.quota.limits"
 QUOTA_BANS_CHANGED = "ctl.quota.bans"
+# Every queue instance's held bytes per tenant (a starling.queue.v1.QueuedBytes), for the
+# tenants' max_queued_bytes (services/queue/depths.py).
+QUEUED_BYTES = "ctl.queue.bytes"
 
 
 def node_control(node_id: str) -> str:

@@ -15,6 +15,18 @@ queue_state.delivered_through (the highest seq handed to a connection) only grow
 raise it with a compare-and-set, so two readers of one queue during a takeover never lower it.
 A row from before that column has it null, read as "everything queued may have been sent".
 
+Held bytes (the tenant's max_queued_bytes) are cumulative offsets, so an ack needs no read of
+the entries it passes: queue_state.appended_bytes is the data bytes ever appended (moved by
+the append's compare-and-set with last_seq), each entry carries end_bytes (appended_bytes
+through it) and size, and queue_state.acked_bytes is the offset the last ack reached: the
+first stored entry after the ack's seq gives it (its end_bytes - size), none gives
+appended_bytes. The queue holds appended_bytes - acked_bytes. Entries removed without an ack
+(the compaction of expired ones, a crash's gap) count until an ack passes them; so do
+entries the depth policy drops (drop_oldest), at most max_depth of them. An ack racing an
+append whose entries are not written yet (seconds at most) may take those for gone: they
+leave the count early (one append's worth, until they are acked). Rows from before these
+columns count as 0 bytes.
+
 Fencing is strict (issue 13): once `claim_partition` returned a new epoch, no append of an
 older epoch changes any queue of the partition. The counters' compare-and-set is conditioned
 on queue_state.owner_epoch, but the partition's epoch is in another row, and Cassandra's
@@ -46,6 +58,7 @@ from services.common.store.ports import (
     AppendOutcome,
     AppendReport,
     NewQueueItem,
+    QueueChange,
     QueueState,
     StoredEntry,
     entry_row,
@@ -93,7 +106,23 @@ MIGRATIONS = [
              PRIMARY KEY ((partition), tenant, queue_id))""",
         ),
     ),
+    # Held bytes as cumulative offsets (module docstring).
+    Migration(
+        5,
+        "queue bytes offsets",
+        (
+            AddColumn("queue_state", "appended_bytes", "bigint"),
+            AddColumn("queue_state", "acked_bytes", "bigint"),
+            AddColumn("queue_entries", "end_bytes", "bigint"),
+            AddColumn("queue_entries", "size", "bigint"),
+        ),
+    ),
 ]
+
+
+def _held(row: Any) -> int:
+    """The bytes a queue_state row holds (null offsets, from before the columns: 0)."""
+    return max(0, (row.appended_bytes or 0) - (row.acked_bytes or 0))
 
 
 def _state_of(row: Any) -> QueueState:
@@ -103,7 +132,9 @@ def _state_of(row: Any) -> QueueState:
     if row is None:
         return QueueState(0, 0, 0, 0)
     delivered = row.last_seq if row.delivered_through is None else row.delivered_through
-    return QueueState(row.last_seq, row.acked_through, row.depth, row.dropped, delivered)
+    return QueueState(
+        row.last_seq, row.acked_through, row.depth, row.dropped, delivered, _held(row)
+    )
 
 
 @dataclass
@@ -119,6 +150,7 @@ class _AppendPlan:
     depth: int
     dropped: int
     dropped_before: int
+    appended_bytes: int  # queue_state.appended_bytes after it
 
 
 class CassandraQueueStore(CassandraBase):
@@ -150,7 +182,7 @@ class CassandraQueueStore(CassandraBase):
         )
         self._state_get = p(
             "SELECT last_seq, acked_through, depth, dropped, owner_epoch, delivered_through, "
-            "version FROM queue_state WHERE tenant=? AND queue_id=?"
+            "version, appended_bytes, acked_bytes FROM queue_state WHERE tenant=? AND queue_id=?"
         )
         self._state_new = p(
             "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, "
@@ -158,11 +190,12 @@ class CassandraQueueStore(CassandraBase):
             "VALUES (?,?,?,?,?,?,?,0,0) IF NOT EXISTS"
         )
         self._state_set = p(
-            "UPDATE queue_state SET last_seq=?, depth=?, dropped=?, owner_epoch=?, version=? "
+            "UPDATE queue_state SET last_seq=?, depth=?, dropped=?, owner_epoch=?, version=?, "
+            "appended_bytes=? "
             "WHERE tenant=? AND queue_id=? IF version=? AND owner_epoch<=?"
         )
         self._state_ack = p(
-            "UPDATE queue_state SET acked_through=?, depth=?, version=? "
+            "UPDATE queue_state SET acked_through=?, depth=?, version=?, acked_bytes=? "
             "WHERE tenant=? AND queue_id=? IF version=?"
         )
         # Compare-and-set on the value read; `last_seq>=?` fails on a row that is gone
@@ -185,12 +218,17 @@ class CassandraQueueStore(CassandraBase):
         """Statements of queue_entries."""
         self._entry_put = p(
             "INSERT INTO queue_entries (tenant, queue_id, bucket, seq, "
-            "message_id, qos, data, expires_at_ms, released) "
-            "VALUES (?,?,?,?,?,?,?,?,false) USING TTL ?"
+            "message_id, qos, data, expires_at_ms, released, end_bytes, size) "
+            "VALUES (?,?,?,?,?,?,?,?,false,?,?) USING TTL ?"
         )
         self._entry_read = p(
             "SELECT seq, qos, data, expires_at_ms, released FROM queue_entries "
             "WHERE tenant=? AND queue_id=? AND bucket=? AND seq>=? LIMIT ?"
+        )
+        # The first entry after an acked seq: where the acked bytes' offset now is.
+        self._entry_offset = p(
+            "SELECT end_bytes, size FROM queue_entries "
+            "WHERE tenant=? AND queue_id=? AND bucket=? AND seq>? LIMIT 1"
         )
         self._entry_del_one = p(
             "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND bucket=? AND seq=?"
@@ -207,7 +245,9 @@ class CassandraQueueStore(CassandraBase):
         """Statements that drop a whole queue."""
         # Conditional like every other change of the row (LWT and plain writes do not mix).
         self._drop_state = p("DELETE FROM queue_state WHERE tenant=? AND queue_id=? IF EXISTS")
-        self._state_depths = p("SELECT tenant, queue_id, depth FROM queue_state")
+        self._state_depths = p(
+            "SELECT tenant, queue_id, depth, appended_bytes, acked_bytes FROM queue_state"
+        )
         self._drop_bucket = p(
             "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND bucket=?"
         )
@@ -259,6 +299,7 @@ class CassandraQueueStore(CassandraBase):
         max_depth: int,
         drop_oldest: bool,
         mark_delivered: bool = False,
+        room_bytes: int | None = None,
     ) -> AppendReport:
         owner = await self._row(self._owner_get, (partition,))
         if owner is None or owner.epoch != epoch:
@@ -267,7 +308,9 @@ class CassandraQueueStore(CassandraBase):
             row = await self._state_row(tenant, queue_id, partition, epoch)
             if row is None:
                 return AppendReport([AppendOutcome.FENCED] * len(items))
-            plan = await self._plan_append(tenant, queue_id, items, row, max_depth, drop_oldest)
+            plan = await self._plan_append(
+                tenant, queue_id, items, row, max_depth, drop_oldest, room_bytes
+            )
             # Reserve the seqs first (conditional on the counters read and on still owning the
             # queue), then write entries: a crash in between leaves a gap that readers skip,
             # never a reused seq.
@@ -279,6 +322,7 @@ class CassandraQueueStore(CassandraBase):
                     plan.dropped,
                     epoch,
                     (row.version or 0) + 1,
+                    plan.appended_bytes,
                     tenant,
                     queue_id,
                     row.version,
@@ -290,7 +334,7 @@ class CassandraQueueStore(CassandraBase):
                     await self._exec(
                         self._entry_del_one, (tenant, queue_id, seq >> BUCKET_BITS, seq)
                     )
-                await self._write_entries(tenant, queue_id, plan.writes)
+                await self._write_entries(tenant, queue_id, plan.writes, row.appended_bytes or 0)
                 for item in plan.evicted_here:
                     await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, 0))
                 if mark_delivered and plan.writes:  # pushed to a reader: marked before told
@@ -302,6 +346,7 @@ class CassandraQueueStore(CassandraBase):
                     plan.last,
                     plan.dropped - plan.dropped_before,
                     plan.depth - row.depth,
+                    plan.appended_bytes - (row.appended_bytes or 0),
                 )
             if (getattr(res, "owner_epoch", None) or 0) > epoch:
                 return AppendReport([AppendOutcome.FENCED] * len(items))
@@ -330,6 +375,7 @@ class CassandraQueueStore(CassandraBase):
         row: Any,
         max_depth: int,
         drop_oldest: bool,
+        room_bytes: int | None,
     ) -> _AppendPlan:
         """Decide each item's outcome and seq from the state `row`, dropping the oldest
         entries where the depth policy says so; the new entries are not written yet."""
@@ -342,6 +388,10 @@ class CassandraQueueStore(CassandraBase):
         for item in items:
             if await self._row(self._msgid_get, (tenant, queue_id, item.message_id)):
                 out.append(AppendOutcome.DUPLICATE)
+                continue
+            added = sum(len(it.data) for _, it in plan)
+            if room_bytes is not None and added + len(item.data) > room_bytes:
+                out.append(AppendOutcome.OVER_BYTES)
                 continue
             if max_depth and depth >= max_depth:
                 if not drop_oldest:
@@ -364,15 +414,21 @@ class CassandraQueueStore(CassandraBase):
             depth += 1
             plan.append((last, item))
             out.append(AppendOutcome.OK)
-        return _AppendPlan(plan, evict, evicted_here, out, last, depth, dropped, dropped_before)
+        appended = (row.appended_bytes or 0) + sum(len(it.data) for _, it in plan)
+        return _AppendPlan(
+            plan, evict, evicted_here, out, last, depth, dropped, dropped_before, appended
+        )
 
     async def _write_entries(
-        self, tenant: str, queue_id: str, plan: list[tuple[int, NewQueueItem]]
+        self, tenant: str, queue_id: str, plan: list[tuple[int, NewQueueItem]], offset: int
     ) -> None:
-        """Write the planned entries at their reserved seqs, and their message ids."""
+        """Write the planned entries at their reserved seqs, each with its end offset (from
+        `offset`, appended_bytes before them), and their message ids."""
         for seq, item in plan:
+            offset += len(item.data)
             await self._exec(
-                self._entry_put, (*entry_row(tenant, queue_id, seq, item), BACKSTOP_TTL_S)
+                self._entry_put,
+                (*entry_row(tenant, queue_id, seq, item), offset, len(item.data), BACKSTOP_TTL_S),
             )
             await self._exec(self._msgid_put, (tenant, queue_id, item.message_id, seq))
 
@@ -441,31 +497,54 @@ class CassandraQueueStore(CassandraBase):
                 return
             seen = current
 
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> int:
+    async def _acked_offset(self, tenant: str, queue_id: str, through: int, row: Any) -> int:
+        """acked_bytes after an ack through `through` (module docstring), never below the
+        row's acked_bytes nor above its appended_bytes."""
+        appended, acked = row.appended_bytes or 0, row.acked_bytes or 0
+        offset = appended
+        for bucket in range(through >> BUCKET_BITS, (row.last_seq >> BUCKET_BITS) + 1):
+            nxt = await self._row(self._entry_offset, (tenant, queue_id, bucket, through))
+            if nxt is not None:
+                # An entry from before the offsets (null): the ack frees no bytes.
+                offset = acked if nxt.end_bytes is None else nxt.end_bytes - (nxt.size or 0)
+                break
+        return min(max(offset, acked), appended)
+
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> QueueChange:
         for _ in range(MAX_CAS_TRIES):
             row = await self._row(self._state_get, (tenant, queue_id))
             if row is None:
-                return 0
+                return QueueChange()
             through = min(through_seq, row.last_seq)
             if through <= row.acked_through:
-                return 0
+                return QueueChange()
             depth = max(0, row.depth - (through - row.acked_through))
+            acked_bytes = await self._acked_offset(tenant, queue_id, through, row)
             res = await self._row(
                 self._state_ack,
-                (through, depth, (row.version or 0) + 1, tenant, queue_id, row.version),
+                (
+                    through,
+                    depth,
+                    (row.version or 0) + 1,
+                    acked_bytes,
+                    tenant,
+                    queue_id,
+                    row.version,
+                ),
             )
             if not res[0]:
                 continue  # an append or another ack moved the counters: read again
             first = row.acked_through + 1
             for bucket in range(first >> BUCKET_BITS, (through >> BUCKET_BITS) + 1):
                 await self._exec(self._entry_del_range, (tenant, queue_id, bucket, through))
-            return int(depth - row.depth)  # the change the compare-and-set made
+            # The change the compare-and-set made.
+            return QueueChange(int(depth - row.depth), -(acked_bytes - (row.acked_bytes or 0)))
         raise RuntimeError(f"ack of {queue_id!r} lost {MAX_CAS_TRIES} compare-and-sets")
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None:
         await self._exec(self._entry_release, (tenant, queue_id, seq >> BUCKET_BITS, seq))
 
-    async def drop(self, tenant: str, queue_id: str) -> int:
+    async def drop(self, tenant: str, queue_id: str) -> QueueChange:
         st = await self.state(tenant, queue_id)
         for bucket in range(0, (st.last_seq >> BUCKET_BITS) + 1):
             await self._exec(self._drop_bucket, (tenant, queue_id, bucket))
@@ -473,16 +552,19 @@ class CassandraQueueStore(CassandraBase):
         # The row as the conditional delete found it (an append may have moved it since the
         # read above); nothing when another drop came first.
         if gone is None or not gone[0]:
-            return 0
+            return QueueChange()
         depth = getattr(gone, "depth", None)
-        return -int(st.depth if depth is None else depth)
+        held = _held(gone) if hasattr(gone, "appended_bytes") else st.bytes
+        return QueueChange(-int(st.depth if depth is None else depth), -held)
 
-    async def depths(self) -> list[tuple[str, str, int]]:
+    async def depths(self) -> list[tuple[str, str, int, int]]:
         # A scan of the whole table (paged by the driver): run at start and now and then,
         # never per message. Filtered here: `depth>0` in CQL would need ALLOW FILTERING.
-        out: list[tuple[str, str, int]] = []
+        out: list[tuple[str, str, int, int]] = []
         async for page in self._pages(self._state_depths, ()):
-            out += [(r.tenant, r.queue_id, int(r.depth)) for r in page if r.depth]
+            out += [
+                (r.tenant, r.queue_id, int(r.depth), _held(r)) for r in page if r.depth or _held(r)
+            ]
         return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from services.common.acl import AclRule
 from services.common.bans import Ban, BanKind
@@ -218,18 +218,29 @@ class AppendOutcome:
     DUPLICATE = "duplicate"  # same message_id already in the queue: not appended again
     FULL = "full"  # reject-newest policy at the depth limit
     FENCED = "fenced"  # another instance owns the partition now
+    OVER_BYTES = "over_bytes"  # the tenant's max_queued_bytes: no room left (not stored)
 
 
 @dataclass(frozen=True, slots=True)
 class AppendReport:
     """What one append did: an `AppendOutcome` per item, the queue's last seq after it, how
     many entries the depth limit dropped (oldest removed or newest refused), and how much the
-    queue's depth changed (its counter after minus before, in the append's transaction)."""
+    queue's depth and held bytes changed (its counters after minus before, in the append's
+    transaction)."""
 
     outcomes: list[str]
     last_seq: int = 0
     dropped: int = 0
     depth_change: int = 0
+    bytes_change: int = 0  # the same for the queue's held bytes (`QueueState.bytes`)
+
+
+class QueueChange(NamedTuple):
+    """How much a write changed a queue's counters (after minus before, in its transaction):
+    entries and held bytes."""
+
+    depth: int = 0
+    bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +252,9 @@ class QueueState:
     # The highest seq ever handed to a connection for delivery: entries above it have never
     # been sent, so their first PUBLISH carries DUP=0 [MQTT-3.3.1-1].
     delivered_through: int = 0
+    # The bytes the queue holds for its readers: the sum of its unacknowledged entries'
+    # `NewQueueItem.data` lengths (the tenant's max_queued_bytes counts these).
+    bytes: int = 0
 
 
 class QueueStore(Protocol):
@@ -259,10 +273,13 @@ class QueueStore(Protocol):
         max_depth: int,
         drop_oldest: bool,
         mark_delivered: bool = False,
+        room_bytes: int | None = None,
     ) -> AppendReport:
-        """Append in order, in one transaction. With `mark_delivered` (the queue pushes the new
-        entries to a reader) delivered_through is raised to the new last seq, durably, before
-        this returns."""
+        """Append in order, in one transaction. `room_bytes` (None: no cap): the bytes the
+        tenant may still queue; a new entry whose data would take the appended ones past it
+        is OVER_BYTES (not stored; duplicates take no room). With `mark_delivered` (the queue
+        pushes the new entries to a reader) delivered_through is raised to the new last seq,
+        durably, before this returns."""
 
     async def read(
         self,
@@ -280,17 +297,18 @@ class QueueStore(Protocol):
         last entry returned, durably, before this returns: the caller writes the entries only
         afterwards, so a later reader never takes an entry that was sent for a first attempt."""
 
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> int:
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> QueueChange:
         """Acknowledge the entries up to `through_seq`; returns the change of the queue's
-        depth (<= 0)."""
+        depth and bytes (<= 0)."""
 
     async def mark_released(self, tenant: str, queue_id: str, seq: int) -> None: ...
 
-    async def drop(self, tenant: str, queue_id: str) -> int:
-        """Remove the whole queue; returns the change of depth (minus what it held)."""
+    async def drop(self, tenant: str, queue_id: str) -> QueueChange:
+        """Remove the whole queue; returns the change of depth and bytes (minus what it
+        held)."""
 
-    async def depths(self) -> list[tuple[str, str, int]]:
-        """(tenant, queue id, depth) of every queue holding entries: one scan of the
+    async def depths(self) -> list[tuple[str, str, int, int]]:
+        """(tenant, queue id, depth, bytes) of every queue holding entries: one scan of the
         queues' state, for the per-tenant totals the queue service keeps (at start, and now
         and then to take in what others changed: compaction, an ack served by a non-owner)."""
 

@@ -29,6 +29,7 @@ from services.common.store.ports import (
     AppendOutcome,
     AppendReport,
     NewQueueItem,
+    QueueChange,
     QueueState,
     StoredEntry,
     entry_row,
@@ -53,7 +54,8 @@ CREATE INDEX IF NOT EXISTS queue_msgids_age ON queue_msgids (created_at_ms);
 CREATE TABLE IF NOT EXISTS queue_state (
   tenant TEXT NOT NULL, queue_id TEXT NOT NULL, last_seq INTEGER NOT NULL,
   acked_through INTEGER NOT NULL, depth INTEGER NOT NULL, dropped INTEGER NOT NULL,
-  delivered_through INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (tenant, queue_id));
+  delivered_through INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (tenant, queue_id));
 CREATE TABLE IF NOT EXISTS partition_owner (
   partition INTEGER PRIMARY KEY, epoch INTEGER NOT NULL);
 """
@@ -70,9 +72,23 @@ def _add_delivered_through(db: sqlite3.Connection) -> None:
         db.execute("UPDATE queue_state SET delivered_through=last_seq")
 
 
+def _add_bytes(db: sqlite3.Connection) -> None:
+    """Migrate a database made before queue_state had bytes: each queue's entries above its
+    acked_through, summed once."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(queue_state)")}
+    if "bytes" not in columns:
+        db.execute("ALTER TABLE queue_state ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
+        db.execute(
+            "UPDATE queue_state SET bytes=(SELECT coalesce(sum(length(e.data)), 0) FROM "
+            "queue_entries e WHERE e.tenant=queue_state.tenant AND "
+            "e.queue_id=queue_state.queue_id AND e.seq>queue_state.acked_through)"
+        )
+
+
 def _state(db: sqlite3.Connection, tenant: str, queue_id: str) -> QueueState:
     row = db.execute(
-        "SELECT last_seq, acked_through, depth, dropped, delivered_through FROM queue_state "
+        "SELECT last_seq, acked_through, depth, dropped, delivered_through, bytes "
+        "FROM queue_state "
         "WHERE tenant=? AND queue_id=?",
         (tenant, queue_id),
     ).fetchone()
@@ -95,6 +111,7 @@ def _is_known_message(db: sqlite3.Connection, tenant: str, queue_id: str, messag
     )
 
 
+<<<<<<< HEAD
 def _known_messages(
     db: sqlite3.Connection, tenant: str, queue_id: str, message_ids: list[str]
 ) -> set[str]:
@@ -119,15 +136,23 @@ def _delete_oldest_entry(db: sqlite3.Connection, tenant: str, queue_id: str) -> 
     """Delete the queue's oldest entry, to make room (drop_oldest); False if it has none."""
     oldest = db.execute(
         "SELECT min(seq) FROM queue_entries WHERE tenant=? AND queue_id=?",
+=======
+def _delete_oldest_entry(db: sqlite3.Connection, tenant: str, queue_id: str) -> int | None:
+    """Delete the queue's oldest entry, to make room (drop_oldest); its data's length, None
+    if it has none."""
+    row = db.execute(
+        "SELECT seq, length(data) FROM queue_entries WHERE tenant=? AND queue_id=? "
+        "ORDER BY seq LIMIT 1",
+>>>>>>> qbytes
         (tenant, queue_id),
-    ).fetchone()[0]
-    if oldest is None:
-        return False
+    ).fetchone()
+    if row is None:
+        return None
     db.execute(
         "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq=?",
-        (tenant, queue_id, oldest),
+        (tenant, queue_id, row[0]),
     )
-    return True
+    return int(row[1])
 
 
 def _insert_entry(
@@ -179,6 +204,7 @@ class SqliteQueueStore(SqliteDb):
         super().__init__(path, _SCHEMA, sync, background_checkpoint=True)
         # In a transaction: another process opening the same file migrates it only once.
         self.tx(_add_delivered_through)
+        self.tx(_add_bytes)
         self._appends = 0
         self.group = GroupCommit(self.db, self._pool, fsync=sync == "full")
 
@@ -203,10 +229,11 @@ class SqliteQueueStore(SqliteDb):
         max_depth: int,
         drop_oldest: bool,
         mark_delivered: bool = False,
+        room_bytes: int | None = None,
     ) -> AppendReport:
         def append(db: sqlite3.Connection) -> AppendReport:
             report = self._append_tx(
-                db, tenant, queue_id, items, partition, epoch, max_depth, drop_oldest
+                db, tenant, queue_id, items, partition, epoch, max_depth, drop_oldest, room_bytes
             )
             if mark_delivered and AppendOutcome.OK in report.outcomes:
                 db.execute(
@@ -228,13 +255,14 @@ class SqliteQueueStore(SqliteDb):
         epoch: int,
         max_depth: int,
         drop_oldest: bool,
+        room_bytes: int | None,
     ) -> AppendReport:
         """The body of `append`, inside its transaction."""
         # Checked in the same transaction as the writes: a fenced instance writes nothing.
         if not _owns_partition(db, partition, epoch):
             return AppendReport([AppendOutcome.FENCED] * len(items))
         st = _state(db, tenant, queue_id)
-        last, depth, dropped = st.last_seq, st.depth, st.dropped
+        last, depth, dropped, held = st.last_seq, st.depth, st.dropped, st.bytes
         now_ms = int(time.time() * 1000)
         self._prune_msgids_now_and_then(db, now_ms)
         if not max_depth or depth + len(items) <= max_depth:
@@ -274,19 +302,37 @@ class SqliteQueueStore(SqliteDb):
             if _is_known_message(db, tenant, queue_id, item.message_id):
                 out.append(AppendOutcome.DUPLICATE)
                 continue
+            if room_bytes is not None and held - st.bytes + len(item.data) > room_bytes:
+                out.append(AppendOutcome.OVER_BYTES)
+                continue
             if max_depth and depth >= max_depth:
                 if not drop_oldest:
                     dropped += 1
                     out.append(AppendOutcome.FULL)
                     continue
-                if _delete_oldest_entry(db, tenant, queue_id):
+                freed = _delete_oldest_entry(db, tenant, queue_id)
+                if freed is not None:
                     depth -= 1
                     dropped += 1
+                    held -= freed
             last += 1
             _insert_entry(db, tenant, queue_id, last, item, now_ms)
             depth += 1
+            held += len(item.data)
             out.append(AppendOutcome.OK)
+<<<<<<< HEAD
         return out, last, depth, dropped
+=======
+        # An upsert, not a replace: the row's delivered_through stays as it is.
+        db.execute(
+            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped, "
+            "bytes) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, queue_id) DO UPDATE SET "
+            "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped, "
+            "bytes=excluded.bytes",
+            (tenant, queue_id, last, st.acked_through, depth, dropped, held),
+        )
+        return AppendReport(out, last, dropped - st.dropped, depth - st.depth, held - st.bytes)
+>>>>>>> qbytes
 
     def _prune_msgids_now_and_then(self, db: sqlite3.Connection, now_ms: int) -> None:
         """Every PRUNE_EVERY appends, forget message ids older than MSGID_RETENTION_MS: often
@@ -334,21 +380,29 @@ class SqliteQueueStore(SqliteDb):
             return await self.group.run(read)
         return await self.run(lambda: read(self.db))
 
-    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> int:
-        def ack(db: sqlite3.Connection) -> int:
+    async def ack(self, tenant: str, queue_id: str, through_seq: int) -> QueueChange:
+        def ack(db: sqlite3.Connection) -> QueueChange:
             st = _state(db, tenant, queue_id)
             if through_seq <= st.acked_through:
-                return 0
+                return QueueChange()
+            # length() of a blob reads its size from the record header, not its content.
+            freed = db.execute(
+                "SELECT coalesce(sum(length(data)), 0) FROM queue_entries "
+                "WHERE tenant=? AND queue_id=? AND seq<=?",
+                (tenant, queue_id, through_seq),
+            ).fetchone()[0]
             cur = db.execute(
                 "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq<=?",
                 (tenant, queue_id, through_seq),
             )
             depth = max(0, st.depth - cur.rowcount)
+            held = max(0, st.bytes - int(freed))
             db.execute(
-                "UPDATE queue_state SET acked_through=?, depth=? WHERE tenant=? AND queue_id=?",
-                (min(through_seq, st.last_seq), depth, tenant, queue_id),
+                "UPDATE queue_state SET acked_through=?, depth=?, bytes=? "
+                "WHERE tenant=? AND queue_id=?",
+                (min(through_seq, st.last_seq), depth, held, tenant, queue_id),
             )
-            return depth - st.depth
+            return QueueChange(depth - st.depth, held - st.bytes)
 
         # Lost on a power cut, an ack only makes its entries go out again (DUP=1, read back
         # past delivered_through), which QoS 1 and 2 allow: no fsync of its own.
@@ -363,27 +417,27 @@ class SqliteQueueStore(SqliteDb):
 
         await self.group.run(mark)
 
-    async def drop(self, tenant: str, queue_id: str) -> int:
-        def drop(db: sqlite3.Connection) -> int:
-            depth = _state(db, tenant, queue_id).depth
+    async def drop(self, tenant: str, queue_id: str) -> QueueChange:
+        def drop(db: sqlite3.Connection) -> QueueChange:
+            st = _state(db, tenant, queue_id)
             db.execute(
                 "DELETE FROM queue_entries WHERE tenant=? AND queue_id=?", (tenant, queue_id)
             )
             db.execute("DELETE FROM queue_state WHERE tenant=? AND queue_id=?", (tenant, queue_id))
             db.execute("DELETE FROM queue_msgids WHERE tenant=? AND queue_id=?", (tenant, queue_id))
-            return -depth
+            return QueueChange(-st.depth, -st.bytes)
 
         return await self.group.run(drop)
 
     async def state(self, tenant: str, queue_id: str) -> QueueState:
         return await self.run(lambda: _state(self.db, tenant, queue_id))
 
-    async def depths(self) -> list[tuple[str, str, int]]:
-        def depths() -> list[tuple[str, str, int]]:
+    async def depths(self) -> list[tuple[str, str, int, int]]:
+        def depths() -> list[tuple[str, str, int, int]]:
             rows = self.db.execute(
-                "SELECT tenant, queue_id, depth FROM queue_state WHERE depth>0"
+                "SELECT tenant, queue_id, depth, bytes FROM queue_state WHERE depth>0 OR bytes>0"
             ).fetchall()
-            return [(str(t), str(q), int(d)) for t, q, d in rows]
+            return [(str(t), str(q), int(d), int(b)) for t, q, d, b in rows]
 
         return await self.run(depths)
 
@@ -410,17 +464,23 @@ def compact_expired(
     db: sqlite3.Connection, tenant: str, queue_id: str, lo_seq: int, hi_seq: int, now_ms: int
 ) -> int:
     """Delete the queue's entries with lo_seq <= seq <= hi_seq whose expiry has passed
-    (expires_at_ms 0 never expires) and lower the queue's depth by as many."""
-    n = db.execute(
-        "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq BETWEEN ? AND ? "
-        "AND expires_at_ms>0 AND expires_at_ms<?",
-        (tenant, queue_id, lo_seq, hi_seq, now_ms),
-    ).rowcount
+    (expires_at_ms 0 never expires) and lower the queue's depth and bytes by as many."""
+    where = (
+        "WHERE tenant=? AND queue_id=? AND seq BETWEEN ? AND ? "
+        "AND expires_at_ms>0 AND expires_at_ms<?"
+    )
+    args = (tenant, queue_id, lo_seq, hi_seq, now_ms)
+    freed = db.execute(
+        f"SELECT coalesce(sum(length(data)), 0) FROM queue_entries {where}", args
+    ).fetchone()[0]
+    n = db.execute(f"DELETE FROM queue_entries {where}", args).rowcount
     if n:
-        # The next ack counts only the rows it deletes, so depth stays equal to the rows left.
+        # The next ack counts only the rows it deletes, so depth and bytes stay equal to the
+        # rows left.
         db.execute(
-            "UPDATE queue_state SET depth=max(0, depth-?) WHERE tenant=? AND queue_id=?",
-            (n, tenant, queue_id),
+            "UPDATE queue_state SET depth=max(0, depth-?), bytes=max(0, bytes-?) "
+            "WHERE tenant=? AND queue_id=?",
+            (n, int(freed), tenant, queue_id),
         )
     return n
 

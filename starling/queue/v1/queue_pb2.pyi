@@ -31,7 +31,9 @@ class _AppendResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AppendRe
     APPEND_RESULT_FENCED: _AppendResult.ValueType  # 2
     APPEND_RESULT_QUEUE_FULL: _AppendResult.ValueType  # 3
     APPEND_RESULT_QUOTA_EXCEEDED: _AppendResult.ValueType  # 4
-    """The tenant's max_queue_depth (quota service) refused it: not stored in this queue."""
+    """The tenant's max_queue_depth or max_queued_bytes (quota service) refused it: not
+    stored in this queue.
+    """
 
 class AppendResult(_AppendResult, metaclass=_AppendResultEnumTypeWrapper): ...
 
@@ -40,7 +42,9 @@ APPEND_RESULT_OK: AppendResult.ValueType  # 1
 APPEND_RESULT_FENCED: AppendResult.ValueType  # 2
 APPEND_RESULT_QUEUE_FULL: AppendResult.ValueType  # 3
 APPEND_RESULT_QUOTA_EXCEEDED: AppendResult.ValueType  # 4
-"""The tenant's max_queue_depth (quota service) refused it: not stored in this queue."""
+"""The tenant's max_queue_depth or max_queued_bytes (quota service) refused it: not
+stored in this queue.
+"""
 Global___AppendResult: _TypeAlias = AppendResult  # noqa: Y015
 
 @_typing.final
@@ -579,3 +583,51 @@ class QueueOwners(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___QueueOwners: _TypeAlias = QueueOwners  # noqa: Y015
+
+@_typing.final
+class QueuedBytes(_message.Message):
+    """Every queue instance, every queued_bytes_share_s on NATS (ctl.queue.bytes): the bytes the
+    queues of the partitions it owns hold per tenant (tenants with none left out), so each
+    instance checks a tenant's max_queued_bytes against the cluster's total.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class BytesByTenantEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    BYTES_BY_TENANT_FIELD_NUMBER: _builtins.int
+    instance_id: _builtins.str
+    @_builtins.property
+    def bytes_by_tenant(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        instance_id: _builtins.str = ...,
+        bytes_by_tenant: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_by_tenant", b"bytes_by_tenant", "instance_id", b"instance_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueuedBytes: _TypeAlias = QueuedBytes  # noqa: Y015

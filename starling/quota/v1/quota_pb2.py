@@ -24,47 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstarling/quota/v1/quota.proto\x12\x11starling.quota.v1\"\x86\x02\n\x06Limits\x12\x17\n\x0fmax_connections\x18\x01 \x01(\x04\x12\x14\n\x0cmax_sessions\x18\x02 \x01(\x04\x12$\n\x1cmax_subscriptions_per_client\x18\x03 \x01(\x04\x12\x1a\n\x12max_messages_per_s\x18\x04 \x01(\x04\x12\x1a\n\x12max_bytes_in_per_s\x18\x05 \x01(\x04\x12\x1b\n\x13max_bytes_out_per_s\x18\x06 \x01(\x04\x12\x17\n\x0fmax_queue_depth\x18\x07 \x01(\x04\x12\x1d\n\x15max_retained_messages\x18\x08 \x01(\x04\x12\x1a\n\x12max_retained_bytes\x18\t \x01(\x04\"f\n\x13\x41\x63quireLeaseRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08resource\x18\x03 \x01(\t\x12\x0e\n\x06\x61mount\x18\x04 \x01(\x04\x12\x0c\n\x04user\x18\x05 \x01(\t\"v\n\x14\x41\x63quireLeaseResponse\x12.\n\x06result\x18\x01 \x01(\x0e\x32\x1e.starling.quota.v1.LeaseResult\x12\x0f\n\x07granted\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\x12\r\n\x05limit\x18\x04 \x01(\x04\"[\n\x10SetLimitsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12)\n\x06limits\x18\x02 \x01(\x0b\x32\x19.starling.quota.v1.Limits\x12\x0c\n\x04user\x18\x03 \x01(\t\"\x13\n\x11SetLimitsResponse\"0\n\x10GetLimitsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\">\n\x11GetLimitsResponse\x12)\n\x06limits\x18\x01 \x01(\x0b\x32\x19.starling.quota.v1.Limits\"\x9c\x01\n\x03\x42\x61n\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.starling.quota.v1.BanKind\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x05 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x06 \x01(\x04\x12\x0e\n\x06source\x18\x07 \x01(\t\"H\n\rAddBanRequest\x12#\n\x03\x62\x61n\x18\x01 \x01(\x0b\x32\x16.starling.quota.v1.Ban\x12\x12\n\nduration_s\x18\x02 \x01(\x04\"5\n\x0e\x41\x64\x64\x42\x61nResponse\x12#\n\x03\x62\x61n\x18\x01 \x01(\x0b\x32\x16.starling.quota.v1.Ban\"\x11\n\x0fListBansRequest\"8\n\x10ListBansResponse\x12$\n\x04\x62\x61ns\x18\x01 \x03(\x0b\x32\x16.starling.quota.v1.Ban\"[\n\x10RemoveBanRequest\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.starling.quota.v1.BanKind\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\"$\n\x11RemoveBanResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08*\x80\x01\n\x0bLeaseResult\x12\x1c\n\x18LEASE_RESULT_UNSPECIFIED\x10\x00\x12\x18\n\x14LEASE_RESULT_GRANTED\x10\x01\x12\x1d\n\x19LEASE_RESULT_EXCEED_LIMIT\x10\x02\x12\x1a\n\x16LEASE_RESULT_TRY_LATER\x10\x03*h\n\x07\x42\x61nKind\x12\x18\n\x14\x42\x41N_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42\x41N_KIND_CLIENT_ID\x10\x01\x12\x15\n\x11\x42\x41N_KIND_USERNAME\x10\x02\x12\x14\n\x10\x42\x41N_KIND_ADDRESS\x10\x03\x32\xeb\x02\n\x0cQuotaService\x12_\n\x0c\x41\x63quireLease\x12&.starling.quota.v1.AcquireLeaseRequest\x1a\'.starling.quota.v1.AcquireLeaseResponse\x12S\n\x08ListBans\x12\".starling.quota.v1.ListBansRequest\x1a#.starling.quota.v1.ListBansResponse\x12M\n\x06\x41\x64\x64\x42\x61n\x12 .starling.quota.v1.AddBanRequest\x1a!.starling.quota.v1.AddBanResponse\x12V\n\tGetLimits\x12#.starling.quota.v1.GetLimitsRequest\x1a$.starling.quota.v1.GetLimitsResponse2\xbf\x03\n\x11QuotaAdminService\x12V\n\tSetLimits\x12#.starling.quota.v1.SetLimitsRequest\x1a$.starling.quota.v1.SetLimitsResponse\x12V\n\tGetLimits\x12#.starling.quota.v1.GetLimitsRequest\x1a$.starling.quota.v1.GetLimitsResponse\x12M\n\x06\x41\x64\x64\x42\x61n\x12 .starling.quota.v1.AddBanRequest\x1a!.starling.quota.v1.AddBanResponse\x12S\n\x08ListBans\x12\".starling.quota.v1.ListBansRequest\x1a#.starling.quota.v1.ListBansResponse\x12V\n\tRemoveBan\x12#.starling.quota.v1.RemoveBanRequest\x1a$.starling.quota.v1.RemoveBanResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstarling/quota/v1/quota.proto\x12\x11starling.quota.v1\"\xc2\x02\n\x06Limits\x12\x17\n\x0fmax_connections\x18\x01 \x01(\x04\x12\x14\n\x0cmax_sessions\x18\x02 \x01(\x04\x12$\n\x1cmax_subscriptions_per_client\x18\x03 \x01(\x04\x12\x1a\n\x12max_messages_per_s\x18\x04 \x01(\x04\x12\x1a\n\x12max_bytes_in_per_s\x18\x05 \x01(\x04\x12\x1b\n\x13max_bytes_out_per_s\x18\x06 \x01(\x04\x12\x17\n\x0fmax_queue_depth\x18\x07 \x01(\x04\x12\x1d\n\x15max_retained_messages\x18\x08 \x01(\x04\x12\x1a\n\x12max_retained_bytes\x18\t \x01(\x04\x12\x18\n\x10max_queued_bytes\x18\n \x01(\x04\x12 \n\x18max_tenant_subscriptions\x18\x0b \x01(\x04\"f\n\x13\x41\x63quireLeaseRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08resource\x18\x03 \x01(\t\x12\x0e\n\x06\x61mount\x18\x04 \x01(\x04\x12\x0c\n\x04user\x18\x05 \x01(\t\"v\n\x14\x41\x63quireLeaseResponse\x12.\n\x06result\x18\x01 \x01(\x0e\x32\x1e.starling.quota.v1.LeaseResult\x12\x0f\n\x07granted\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\x12\r\n\x05limit\x18\x04 \x01(\x04\"Y\n\x18HoldSubscriptionsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04held\x18\x03 \x01(\x04\x12\x0e\n\x06\x61mount\x18\x04 \x01(\x04\";\n\x19HoldSubscriptionsResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x04\x12\r\n\x05limit\x18\x02 \x01(\x04\"[\n\x10SetLimitsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12)\n\x06limits\x18\x02 \x01(\x0b\x32\x19.starling.quota.v1.Limits\x12\x0c\n\x04user\x18\x03 \x01(\t\"\x13\n\x11SetLimitsResponse\"0\n\x10GetLimitsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\">\n\x11GetLimitsResponse\x12)\n\x06limits\x18\x01 \x01(\x0b\x32\x19.starling.quota.v1.Limits\"\x9c\x01\n\x03\x42\x61n\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.starling.quota.v1.BanKind\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x05 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x06 \x01(\x04\x12\x0e\n\x06source\x18\x07 \x01(\t\"H\n\rAddBanRequest\x12#\n\x03\x62\x61n\x18\x01 \x01(\x0b\x32\x16.starling.quota.v1.Ban\x12\x12\n\nduration_s\x18\x02 \x01(\x04\"5\n\x0e\x41\x64\x64\x42\x61nResponse\x12#\n\x03\x62\x61n\x18\x01 \x01(\x0b\x32\x16.starling.quota.v1.Ban\"\x11\n\x0fListBansRequest\"8\n\x10ListBansResponse\x12$\n\x04\x62\x61ns\x18\x01 \x03(\x0b\x32\x16.starling.quota.v1.Ban\"[\n\x10RemoveBanRequest\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.starling.quota.v1.BanKind\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\"$\n\x11RemoveBanResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08*\x80\x01\n\x0bLeaseResult\x12\x1c\n\x18LEASE_RESULT_UNSPECIFIED\x10\x00\x12\x18\n\x14LEASE_RESULT_GRANTED\x10\x01\x12\x1d\n\x19LEASE_RESULT_EXCEED_LIMIT\x10\x02\x12\x1a\n\x16LEASE_RESULT_TRY_LATER\x10\x03*h\n\x07\x42\x61nKind\x12\x18\n\x14\x42\x41N_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42\x41N_KIND_CLIENT_ID\x10\x01\x12\x15\n\x11\x42\x41N_KIND_USERNAME\x10\x02\x12\x14\n\x10\x42\x41N_KIND_ADDRESS\x10\x03\x32\xdb\x03\n\x0cQuotaService\x12_\n\x0c\x41\x63quireLease\x12&.starling.quota.v1.AcquireLeaseRequest\x1a\'.starling.quota.v1.AcquireLeaseResponse\x12S\n\x08ListBans\x12\".starling.quota.v1.ListBansRequest\x1a#.starling.quota.v1.ListBansResponse\x12M\n\x06\x41\x64\x64\x42\x61n\x12 .starling.quota.v1.AddBanRequest\x1a!.starling.quota.v1.AddBanResponse\x12V\n\tGetLimits\x12#.starling.quota.v1.GetLimitsRequest\x1a$.starling.quota.v1.GetLimitsResponse\x12n\n\x11HoldSubscriptions\x12+.starling.quota.v1.HoldSubscriptionsRequest\x1a,.starling.quota.v1.HoldSubscriptionsResponse2\xbf\x03\n\x11QuotaAdminService\x12V\n\tSetLimits\x12#.starling.quota.v1.SetLimitsRequest\x1a$.starling.quota.v1.SetLimitsResponse\x12V\n\tGetLimits\x12#.starling.quota.v1.GetLimitsRequest\x1a$.starling.quota.v1.GetLimitsResponse\x12M\n\x06\x41\x64\x64\x42\x61n\x12 .starling.quota.v1.AddBanRequest\x1a!.starling.quota.v1.AddBanResponse\x12S\n\x08ListBans\x12\".starling.quota.v1.ListBansRequest\x1a#.starling.quota.v1.ListBansResponse\x12V\n\tRemoveBan\x12#.starling.quota.v1.RemoveBanRequest\x1a$.starling.quota.v1.RemoveBanResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'starling.quota.v1.quota_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEASERESULT']._serialized_start=1266
-  _globals['_LEASERESULT']._serialized_end=1394
-  _globals['_BANKIND']._serialized_start=1396
-  _globals['_BANKIND']._serialized_end=1500
+  _globals['_LEASERESULT']._serialized_start=1478
+  _globals['_LEASERESULT']._serialized_end=1606
+  _globals['_BANKIND']._serialized_start=1608
+  _globals['_BANKIND']._serialized_end=1712
   _globals['_LIMITS']._serialized_start=53
-  _globals['_LIMITS']._serialized_end=315
-  _globals['_ACQUIRELEASEREQUEST']._serialized_start=317
-  _globals['_ACQUIRELEASEREQUEST']._serialized_end=419
-  _globals['_ACQUIRELEASERESPONSE']._serialized_start=421
-  _globals['_ACQUIRELEASERESPONSE']._serialized_end=539
-  _globals['_SETLIMITSREQUEST']._serialized_start=541
-  _globals['_SETLIMITSREQUEST']._serialized_end=632
-  _globals['_SETLIMITSRESPONSE']._serialized_start=634
-  _globals['_SETLIMITSRESPONSE']._serialized_end=653
-  _globals['_GETLIMITSREQUEST']._serialized_start=655
-  _globals['_GETLIMITSREQUEST']._serialized_end=703
-  _globals['_GETLIMITSRESPONSE']._serialized_start=705
-  _globals['_GETLIMITSRESPONSE']._serialized_end=767
-  _globals['_BAN']._serialized_start=770
-  _globals['_BAN']._serialized_end=926
-  _globals['_ADDBANREQUEST']._serialized_start=928
-  _globals['_ADDBANREQUEST']._serialized_end=1000
-  _globals['_ADDBANRESPONSE']._serialized_start=1002
-  _globals['_ADDBANRESPONSE']._serialized_end=1055
-  _globals['_LISTBANSREQUEST']._serialized_start=1057
-  _globals['_LISTBANSREQUEST']._serialized_end=1074
-  _globals['_LISTBANSRESPONSE']._serialized_start=1076
-  _globals['_LISTBANSRESPONSE']._serialized_end=1132
-  _globals['_REMOVEBANREQUEST']._serialized_start=1134
-  _globals['_REMOVEBANREQUEST']._serialized_end=1225
-  _globals['_REMOVEBANRESPONSE']._serialized_start=1227
-  _globals['_REMOVEBANRESPONSE']._serialized_end=1263
-  _globals['_QUOTASERVICE']._serialized_start=1503
-  _globals['_QUOTASERVICE']._serialized_end=1866
-  _globals['_QUOTAADMINSERVICE']._serialized_start=1869
-  _globals['_QUOTAADMINSERVICE']._serialized_end=2316
+  _globals['_LIMITS']._serialized_end=375
+  _globals['_ACQUIRELEASEREQUEST']._serialized_start=377
+  _globals['_ACQUIRELEASEREQUEST']._serialized_end=479
+  _globals['_ACQUIRELEASERESPONSE']._serialized_start=481
+  _globals['_ACQUIRELEASERESPONSE']._serialized_end=599
+  _globals['_HOLDSUBSCRIPTIONSREQUEST']._serialized_start=601
+  _globals['_HOLDSUBSCRIPTIONSREQUEST']._serialized_end=690
+  _globals['_HOLDSUBSCRIPTIONSRESPONSE']._serialized_start=692
+  _globals['_HOLDSUBSCRIPTIONSRESPONSE']._serialized_end=751
+  _globals['_SETLIMITSREQUEST']._serialized_start=753
+  _globals['_SETLIMITSREQUEST']._serialized_end=844
+  _globals['_SETLIMITSRESPONSE']._serialized_start=846
+  _globals['_SETLIMITSRESPONSE']._serialized_end=865
+  _globals['_GETLIMITSREQUEST']._serialized_start=867
+  _globals['_GETLIMITSREQUEST']._serialized_end=915
+  _globals['_GETLIMITSRESPONSE']._serialized_start=917
+  _globals['_GETLIMITSRESPONSE']._serialized_end=979
+  _globals['_BAN']._serialized_start=982
+  _globals['_BAN']._serialized_end=1138
+  _globals['_ADDBANREQUEST']._serialized_start=1140
+  _globals['_ADDBANREQUEST']._serialized_end=1212
+  _globals['_ADDBANRESPONSE']._serialized_start=1214
+  _globals['_ADDBANRESPONSE']._serialized_end=1267
+  _globals['_LISTBANSREQUEST']._serialized_start=1269
+  _globals['_LISTBANSREQUEST']._serialized_end=1286
+  _globals['_LISTBANSRESPONSE']._serialized_start=1288
+  _globals['_LISTBANSRESPONSE']._serialized_end=1344
+  _globals['_REMOVEBANREQUEST']._serialized_start=1346
+  _globals['_REMOVEBANREQUEST']._serialized_end=1437
+  _globals['_REMOVEBANRESPONSE']._serialized_start=1439
+  _globals['_REMOVEBANRESPONSE']._serialized_end=1475
+  _globals['_QUOTASERVICE']._serialized_start=1715
+  _globals['_QUOTASERVICE']._serialized_end=2190
+  _globals['_QUOTAADMINSERVICE']._serialized_start=2193
+  _globals['_QUOTAADMINSERVICE']._serialized_end=2640
 # @@protoc_insertion_point(module_scope)

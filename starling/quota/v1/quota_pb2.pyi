@@ -72,6 +72,8 @@ class Limits(_message.Message):
     MAX_QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
     MAX_RETAINED_MESSAGES_FIELD_NUMBER: _builtins.int
     MAX_RETAINED_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_QUEUED_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_TENANT_SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     max_connections: _builtins.int
     max_sessions: _builtins.int
     max_subscriptions_per_client: _builtins.int
@@ -85,6 +87,12 @@ class Limits(_message.Message):
     max_retained_messages: _builtins.int
     """Retained messages of the tenant, and their bytes (below the router's settings)."""
     max_retained_bytes: _builtins.int
+    max_queued_bytes: _builtins.int
+    """Bytes held in the tenant's session queues, cluster-wide (the stored entries: message
+    payload, topic and properties as the queue keeps them); past it appends are refused.
+    """
+    max_tenant_subscriptions: _builtins.int
+    """Subscriptions of the tenant's clients together, cluster-wide; past it SUBACK 0x97."""
     def __init__(
         self,
         *,
@@ -97,10 +105,12 @@ class Limits(_message.Message):
         max_queue_depth: _builtins.int = ...,
         max_retained_messages: _builtins.int = ...,
         max_retained_bytes: _builtins.int = ...,
+        max_queued_bytes: _builtins.int = ...,
+        max_tenant_subscriptions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_bytes_in_per_s", b"max_bytes_in_per_s", "max_bytes_out_per_s", b"max_bytes_out_per_s", "max_connections", b"max_connections", "max_messages_per_s", b"max_messages_per_s", "max_queue_depth", b"max_queue_depth", "max_retained_bytes", b"max_retained_bytes", "max_retained_messages", b"max_retained_messages", "max_sessions", b"max_sessions", "max_subscriptions_per_client", b"max_subscriptions_per_client"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_bytes_in_per_s", b"max_bytes_in_per_s", "max_bytes_out_per_s", b"max_bytes_out_per_s", "max_connections", b"max_connections", "max_messages_per_s", b"max_messages_per_s", "max_queue_depth", b"max_queue_depth", "max_queued_bytes", b"max_queued_bytes", "max_retained_bytes", b"max_retained_bytes", "max_retained_messages", b"max_retained_messages", "max_sessions", b"max_sessions", "max_subscriptions_per_client", b"max_subscriptions_per_client", "max_tenant_subscriptions", b"max_tenant_subscriptions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -168,6 +178,61 @@ class AcquireLeaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AcquireLeaseResponse: _TypeAlias = AcquireLeaseResponse  # noqa: Y015
+
+@_typing.final
+class HoldSubscriptionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    node_id: _builtins.str
+    held: _builtins.int
+    """The subscriptions the node's clients of the tenant hold, without this call's new ones
+    (absolute: it replaces the node's last figure).
+    """
+    amount: _builtins.int
+    """New filters asking for a slot each (0: only report held)."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        held: _builtins.int = ...,
+        amount: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "held", b"held", "node_id", b"node_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldSubscriptionsRequest: _TypeAlias = HoldSubscriptionsRequest  # noqa: Y015
+
+@_typing.final
+class HoldSubscriptionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTED_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    granted: _builtins.int
+    """How many of `amount` fit below the limit (all of them when the tenant has none)."""
+    limit: _builtins.int
+    def __init__(
+        self,
+        *,
+        granted: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["granted", b"granted", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldSubscriptionsResponse: _TypeAlias = HoldSubscriptionsResponse  # noqa: Y015
 
 @_typing.final
 class SetLimitsRequest(_message.Message):

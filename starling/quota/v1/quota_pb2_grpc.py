@@ -55,6 +55,11 @@ class QuotaServiceStub:
                 request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.SerializeToString,
                 response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.FromString,
                 _registered_method=True)
+        self.HoldSubscriptions = channel.unary_unary(
+                '/starling.quota.v1.QuotaService/HoldSubscriptions',
+                request_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.HoldSubscriptionsRequest.SerializeToString,
+                response_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.HoldSubscriptionsResponse.FromString,
+                _registered_method=True)
 
 
 class QuotaServiceServicer:
@@ -90,6 +95,14 @@ class QuotaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HoldSubscriptions(self, request, context):
+        """A node's subscriptions of a tenant, and slots for a SUBSCRIBE's new filters below the
+        tenant's max_tenant_subscriptions (services/quota/subscriptions.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QuotaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +125,11 @@ def add_QuotaServiceServicer_to_server(servicer, server):
                     servicer.GetLimits,
                     request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.FromString,
                     response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.SerializeToString,
+            ),
+            'HoldSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldSubscriptions,
+                    request_deserializer=starling_dot_quota_dot_v1_dot_quota__pb2.HoldSubscriptionsRequest.FromString,
+                    response_serializer=starling_dot_quota_dot_v1_dot_quota__pb2.HoldSubscriptionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +241,33 @@ class QuotaService:
             '/starling.quota.v1.QuotaService/GetLimits',
             starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsRequest.SerializeToString,
             starling_dot_quota_dot_v1_dot_quota__pb2.GetLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.quota.v1.QuotaService/HoldSubscriptions',
+            starling_dot_quota_dot_v1_dot_quota__pb2.HoldSubscriptionsRequest.SerializeToString,
+            starling_dot_quota_dot_v1_dot_quota__pb2.HoldSubscriptionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,10 @@ class QuotaServiceStub:
     subscriptions per client; router: retained messages; queue: queue depth). They keep a
     copy, refreshed when `ctl.quota.limits` announces a change.
     """
+    HoldSubscriptions: _grpc.UnaryUnaryMultiCallable[_quota_pb2.HoldSubscriptionsRequest, _quota_pb2.HoldSubscriptionsResponse]
+    """A node's subscriptions of a tenant, and slots for a SUBSCRIBE's new filters below the
+    tenant's max_tenant_subscriptions (services/quota/subscriptions.py).
+    """
 
 @_typing.type_check_only
 class QuotaServiceAsyncStub(QuotaServiceStub):
@@ -58,6 +62,10 @@ class QuotaServiceAsyncStub(QuotaServiceStub):
     """A tenant's (or user's) limits, for the services that enforce count limits (nodes:
     subscriptions per client; router: retained messages; queue: queue depth). They keep a
     copy, refreshed when `ctl.quota.limits` announces a change.
+    """
+    HoldSubscriptions: _aio.UnaryUnaryMultiCallable[_quota_pb2.HoldSubscriptionsRequest, _quota_pb2.HoldSubscriptionsResponse]  # type: ignore[assignment]
+    """A node's subscriptions of a tenant, and slots for a SUBSCRIBE's new filters below the
+    tenant's max_tenant_subscriptions (services/quota/subscriptions.py).
     """
 
 class QuotaServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -95,6 +103,16 @@ class QuotaServiceServicer(metaclass=_abc_1.ABCMeta):
         """A tenant's (or user's) limits, for the services that enforce count limits (nodes:
         subscriptions per client; router: retained messages; queue: queue depth). They keep a
         copy, refreshed when `ctl.quota.limits` announces a change.
+        """
+
+    @_abc_1.abstractmethod
+    def HoldSubscriptions(
+        self,
+        request: _quota_pb2.HoldSubscriptionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quota_pb2.HoldSubscriptionsResponse, _abc.Awaitable[_quota_pb2.HoldSubscriptionsResponse]]:
+        """A node's subscriptions of a tenant, and slots for a SUBSCRIBE's new filters below the
+        tenant's max_tenant_subscriptions (services/quota/subscriptions.py).
         """
 
 def add_QuotaServiceServicer_to_server(servicer: QuotaServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,87 @@
+"""The tenant-wide subscription count (a tenant's `max_tenant_subscriptions`), in Redis.
+
+Theory of operation: each connection node is the authority on the subscriptions its clients
+hold (its trie), and the count per tenant is a Redis hash node id -> what that node holds.
+A node reports its figure as an absolute value on every call (so a lost or repeated call is
+corrected by the next one), and asks for slots for a SUBSCRIBE's new filters in the same
+atomic step: the script writes the node's figure, sums the tenant's hash and grants what
+fits below the limit. The nodes' figures never fall below what they hold, so the cluster
+never grants past the limit (a node's figure can be high for a moment: filters it is still
+adding, or releases it has not reported yet). A node that dies leaves its figure behind until
+the session service declares it dead (`drop_node`, from the node's set of tenants), or it
+restarts (its hello does the same). Offline persistent sessions hold their subscriptions in
+the router, not on a node: they are not counted (docs/quota.md states the bound).
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from services.quota.keys import limits_key
+
+# KEYS: the tenant's limits hash, its subscription hash, the node's set of tenants.
+# ARGV: node id, held (the node's figure before this call's new filters), amount (new
+# filters asking for slots; 0: only report held), tenant. Returns {granted, limit}.
+_HOLD = """
+local held = tonumber(ARGV[2]); local amount = tonumber(ARGV[3])
+if held > 0 then
+  redis.call('HSET', KEYS[2], ARGV[1], held)
+  redis.call('SADD', KEYS[3], ARGV[4])
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+if amount <= 0 then return {0, 0} end
+local limit = tonumber(redis.call('HGET', KEYS[1], 'max_tenant_subscriptions') or '0')
+local grant = amount
+if limit > 0 then
+  local total = 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[2])) do total = total + tonumber(v) end
+  grant = math.max(0, math.min(amount, limit - total))
+end
+if grant > 0 then
+  redis.call('HINCRBY', KEYS[2], ARGV[1], grant)
+  redis.call('SADD', KEYS[3], ARGV[4])
+end
+return {grant, limit}
+"""
+
+
+def subscriptions_key(tenant: str) -> str:
+    """The hash node id -> subscriptions its clients of `tenant` hold."""
+    return f"st:quota:{tenant}:subscriptions"
+
+
+def node_tenants_key(node_id: str) -> str:
+    """The set of tenants whose subscription hash has a figure of `node_id`."""
+    return f"st:quota:node:{node_id}:subscriptions"
+
+
+class SubscriptionCounts:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._hold = redis.register_script(_HOLD)
+
+    async def hold(self, tenant: str, node_id: str, held: int, amount: int) -> tuple[int, int]:
+        """Record `held` as the node's figure and grant up to `amount` more below the
+        tenant's limit; returns (granted, limit; 0: none)."""
+        granted, limit = await self._hold(
+            keys=[limits_key(tenant), subscriptions_key(tenant), node_tenants_key(node_id)],
+            args=[node_id, held, amount, tenant],
+        )
+        return int(granted), int(limit)
+
+    async def total(self, tenant: str) -> int:
+        """The tenant's subscriptions as the nodes reported them."""
+        values = await self._redis.hvals(subscriptions_key(tenant))  # type: ignore[misc]
+        return sum(int(v) for v in values)
+
+    async def drop_node(self, node_id: str) -> None:
+        """A node died or restarted: it holds nothing any more."""
+        key = node_tenants_key(node_id)
+        tenants = await self._redis.smembers(key)  # type: ignore[misc]
+        if tenants:
+            pipe = self._redis.pipeline(transaction=False)
+            for t in tenants:
+                pipe.hdel(subscriptions_key(t.decode() if isinstance(t, bytes) else t), node_id)
+            await pipe.execute()
+        await self._redis.delete(key)
