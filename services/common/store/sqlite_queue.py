@@ -111,7 +111,6 @@ def _is_known_message(db: sqlite3.Connection, tenant: str, queue_id: str, messag
     )
 
 
-<<<<<<< HEAD
 def _known_messages(
     db: sqlite3.Connection, tenant: str, queue_id: str, message_ids: list[str]
 ) -> set[str]:
@@ -132,18 +131,12 @@ def _known_messages(
     return known
 
 
-def _delete_oldest_entry(db: sqlite3.Connection, tenant: str, queue_id: str) -> bool:
-    """Delete the queue's oldest entry, to make room (drop_oldest); False if it has none."""
-    oldest = db.execute(
-        "SELECT min(seq) FROM queue_entries WHERE tenant=? AND queue_id=?",
-=======
 def _delete_oldest_entry(db: sqlite3.Connection, tenant: str, queue_id: str) -> int | None:
     """Delete the queue's oldest entry, to make room (drop_oldest); its data's length, None
     if it has none."""
     row = db.execute(
         "SELECT seq, length(data) FROM queue_entries WHERE tenant=? AND queue_id=? "
         "ORDER BY seq LIMIT 1",
->>>>>>> qbytes
         (tenant, queue_id),
     ).fetchone()
     if row is None:
@@ -265,22 +258,37 @@ class SqliteQueueStore(SqliteDb):
         last, depth, dropped, held = st.last_seq, st.depth, st.dropped, st.bytes
         now_ms = int(time.time() * 1000)
         self._prune_msgids_now_and_then(db, now_ms)
-        if not max_depth or depth + len(items) <= max_depth:
+        fits_depth = not max_depth or depth + len(items) <= max_depth
+        if fits_depth and (room_bytes is None or sum(len(i.data) for i in items) <= room_bytes):
             # No entry to refuse or drop: the batch in a few statements, not three per entry.
             out, last = _append_all(db, tenant, queue_id, items, last, now_ms)
-            depth += out.count(AppendOutcome.OK)
+            ok = [it for it, o in zip(items, out, strict=True) if o == AppendOutcome.OK]
+            depth += len(ok)
+            held += sum(len(it.data) for it in ok)
         else:
-            out, last, depth, dropped = self._append_one_by_one(
-                db, tenant, queue_id, items, last, depth, dropped, max_depth, drop_oldest, now_ms
+            out, last, depth, dropped, held = self._append_one_by_one(
+                db,
+                tenant,
+                queue_id,
+                items,
+                last,
+                depth,
+                dropped,
+                held,
+                max_depth,
+                drop_oldest,
+                now_ms,
+                room_bytes,
             )
         # An upsert, not a replace: the row's delivered_through stays as it is.
         db.execute(
-            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, queue_id) DO UPDATE SET "
-            "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped",
-            (tenant, queue_id, last, st.acked_through, depth, dropped),
+            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped, "
+            "bytes) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, queue_id) DO UPDATE SET "
+            "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped, "
+            "bytes=excluded.bytes",
+            (tenant, queue_id, last, st.acked_through, depth, dropped, held),
         )
-        return AppendReport(out, last, dropped - st.dropped, depth - st.depth)
+        return AppendReport(out, last, dropped - st.dropped, depth - st.depth, held - st.bytes)
 
     @staticmethod
     def _append_one_by_one(
@@ -291,18 +299,22 @@ class SqliteQueueStore(SqliteDb):
         last: int,
         depth: int,
         dropped: int,
+        held: int,
         max_depth: int,
         drop_oldest: bool,
         now_ms: int,
-    ) -> tuple[list[str], int, int, int]:
-        """The append at the depth limit: each entry refused, or stored after the oldest
-        one is dropped, in turn."""
+        room_bytes: int | None,
+    ) -> tuple[list[str], int, int, int, int]:
+        """The append at the depth limit or near the tenant's queued bytes: each entry
+        refused, or stored (after the oldest one is dropped, at the depth limit), in turn.
+        `room_bytes`: how many bytes this append may add (None: no limit)."""
         out = []
+        start = held
         for item in items:
             if _is_known_message(db, tenant, queue_id, item.message_id):
                 out.append(AppendOutcome.DUPLICATE)
                 continue
-            if room_bytes is not None and held - st.bytes + len(item.data) > room_bytes:
+            if room_bytes is not None and held - start + len(item.data) > room_bytes:
                 out.append(AppendOutcome.OVER_BYTES)
                 continue
             if max_depth and depth >= max_depth:
@@ -320,19 +332,7 @@ class SqliteQueueStore(SqliteDb):
             depth += 1
             held += len(item.data)
             out.append(AppendOutcome.OK)
-<<<<<<< HEAD
-        return out, last, depth, dropped
-=======
-        # An upsert, not a replace: the row's delivered_through stays as it is.
-        db.execute(
-            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped, "
-            "bytes) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, queue_id) DO UPDATE SET "
-            "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped, "
-            "bytes=excluded.bytes",
-            (tenant, queue_id, last, st.acked_through, depth, dropped, held),
-        )
-        return AppendReport(out, last, dropped - st.dropped, depth - st.depth, held - st.bytes)
->>>>>>> qbytes
+        return out, last, depth, dropped, held
 
     def _prune_msgids_now_and_then(self, db: sqlite3.Connection, now_ms: int) -> None:
         """Every PRUNE_EVERY appends, forget message ids older than MSGID_RETENTION_MS: often
