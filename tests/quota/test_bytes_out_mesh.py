@@ -146,12 +146,17 @@ def test_the_outbound_limit_set_and_lifted_at_runtime_applies_to_connected_clien
 
     assert burst(100) == 100  # no limit: 100 kB at once, all of it
     quota(mesh, lambda c: c.set_limits(tenant, Limits(max_bytes_out_per_s=LIMIT)))
-    deadline, got = time.time() + 5, 100
-    while got == 100 and time.time() < deadline:  # the change takes effect within ms
-        got = burst(100)
     # One 0.7 s drain touches at most two one-second windows: two grants and a message of
     # debt in each.
-    assert got <= 2 * (LIMIT // PAYLOAD + 1) + 1, got
+    bound = 2 * (LIMIT // PAYLOAD + 1) + 1
+    deadline, got = time.time() + 5, 100
+    # The change reaches the node within ms; a burst under way when it lands is partly
+    # unlimited, so the bound is checked on the bursts after it.
+    while got > bound and time.time() < deadline:
+        got = burst(100)
+    assert got <= bound, got
+    got = burst(100)
+    assert got <= bound, got  # and it stays applied
     assert refusals_metric(mesh, "connection-1", tenant, "bytes_out_per_s") >= 100 - got
     quota(mesh, lambda c: c.set_limits(tenant, Limits()))
     deadline = time.time() + 5
