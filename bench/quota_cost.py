@@ -15,31 +15,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import loadgen
-from bench.run import WINDOW, Broker, start_starling
+from bench.run import Broker, quota_rounds, start_starling
 
 
 async def measure(b: Broker, rounds: int, seconds: float) -> None:
-    assert b.set_limits is not None
-    got: dict[tuple[int, str], list[float]] = {}
-    for _ in range(rounds):
-        for qos in (0, 1):
-            for case in ("off", "on"):
-                if case == "on":
-                    await b.set_limits(100_000_000, 100_000_000_000)
-                await asyncio.sleep(1)  # the nodes drop their buckets and lease again
-                r = await loadgen.throughput(
-                    b.port, 8, 8, "pairs", qos, seconds, window=WINDOW, cpu_pids=b.pids
-                )
-                if case == "on":
-                    await b.set_limits(0, 0)
-                us = r.cpu_us_per_message(0)
-                got.setdefault((qos, case), []).append(us)
-                print(f"QoS {qos} quotas {case:<3} {r.rate:9,.0f} msg/s  node {us:.2f} us/msg")
     for qos in (0, 1):
-        off = statistics.median(got[(qos, "off")])
-        on = statistics.median(got[(qos, "on")])
-        print(f"QoS {qos}: median node CPU off {off:.2f} us, on {on:.2f} us ({on / off - 1:+.1%})")
+        got = await quota_rounds(b, qos, rounds, seconds)
+        for off, on in zip(got["off"], got["on"], strict=True):
+            for case, r in (("off", off), ("on", on)):
+                us = r.cpu_us_per_message(0)
+                print(f"QoS {qos} quotas {case:<3} {r.rate:9,.0f} msg/s  node {us:.2f} us/msg")
+        off_us = statistics.median(r.cpu_us_per_message(0) for r in got["off"])
+        on_us = statistics.median(r.cpu_us_per_message(0) for r in got["on"])
+        print(
+            f"QoS {qos}: median node CPU off {off_us:.2f} us, on {on_us:.2f} us "
+            f"({on_us / off_us - 1:+.1%})"
+        )
 
 
 def main() -> None:
