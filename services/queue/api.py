@@ -428,6 +428,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 scanned,
                 scanned >= st.last_seq,
                 room=limit - len(entries),
+                mark=delivered,
             )
         resp.last_seq = scanned
         resp.delivered_through = delivered

@@ -81,10 +81,20 @@ class Readers:
         return durable
 
     def read(
-        self, tenant: str, queue_id: str, reader: str, through: int, at_end: bool, room: int
+        self,
+        tenant: str,
+        queue_id: str,
+        reader: str,
+        through: int,
+        at_end: bool,
+        room: int,
+        mark: int | None = None,
     ) -> None:
         """`reader` read (for delivery) through seq `through`; `at_end`: nothing after it;
-        `room`: how many more entries it said it could take."""
+        `room`: how many more entries it said it could take; `mark`: the delivered mark
+        before this read (default `through`). A new lease starts at `mark`: the entries this
+        read marked were handed to its reader only, which may read back those it could not
+        send yet, and they are still first attempts."""
         key = (tenant, queue_id)
         lease = self._leases.get(key)
         if lease is not None and lease.reader == reader:
@@ -92,7 +102,7 @@ class Readers:
             lease.credit = room
         elif at_end and reader and reader not in self._detached:
             # A new reader (a new connection of the session): it takes the queue over.
-            self._leases[key] = Lease(reader, through, room)
+            self._leases[key] = Lease(reader, through if mark is None else mark, room)
         else:
             # Another reader behind: the old one may be gone; push to nobody until one is
             # caught up again.

@@ -28,3 +28,13 @@ def test_detached_readers_are_remembered_within_a_bound() -> None:
     assert len(r._detached) == DETACHED_KEPT
     r.read("t", "q0", "reader-0", through=1, at_end=True, room=1)  # forgotten: may lease
     assert r.get("t", "q0") is not None
+
+
+def test_a_new_lease_starts_at_the_mark_before_the_read_that_took_it() -> None:
+    """A new connection reads 1..5 (an earlier one was handed 1..3) but sends only 1 (the
+    rest waits, e.g. for a packet id): reading 2..5 again, 4 and 5 are still first attempts;
+    2 and 3 may have reached the earlier connection."""
+    r = Readers()
+    r.read("t", "q", "new", through=5, at_end=True, room=10, mark=3)
+    assert r.delivered_before("t", "q", "new", durable=5) == 3
+    assert r.delivered_before("t", "q", "other", durable=5) == 5
