@@ -148,12 +148,21 @@ class Bucket:
             return True
         return self.asking and not spent and tokens > -self.low
 
-    def set_limit(self, limit: int) -> None:
+    def set_limit(self, limit: int, asked: int = 0) -> None:
+        """The limit a lease answered with; `asked`: what that lease asked for (0: unknown)."""
         self.limit = limit
-        self.low = self.low_water()
+        self.low = self.low_water(asked)
 
-    def low_water(self) -> int:
-        return max(1, self.slice_size() // 2)
+    def low_water(self, asked: int = 0) -> int:
+        """Ask for more below half a slice, or below half of what the last lease asked for
+        when that was less (demand far below the limit): a lease then brings the bucket
+        above its mark. With the mark at half a slice and the ask at a quarter, a node
+        asked three times at the start of every window and checked each publish the slow
+        way until the third answer came (quota_cost, QoS 1)."""
+        half = self.slice_size() // 2
+        if asked:
+            half = min(half, asked // 2)
+        return max(1, half)
 
     def slice_size(self, slices: int = 10) -> int:
         """The most one request asks for: a tenth of the limit, so that nodes that all want

@@ -121,7 +121,8 @@ class NodeQuota:
     async def _lease(self, b: Bucket) -> None:
         tenant, user, resource = b.key
         try:
-            amount = b.ask_size(self._slices) if b.state == LIMITED else 1
+            sized = b.state == LIMITED  # the first ask (limit not known) is for 1 unit
+            amount = b.ask_size(self._slices) if sized else 1
             assert self._client is not None
             try:
                 lease = await self._client.acquire_lease(
@@ -149,7 +150,7 @@ class NodeQuota:
                 # Lapsed tokens go, a debt (publishes on credit) is paid from this grant.
                 b.tokens, b.granted_window = min(b.tokens, 0), 0
             self._set_state(b, LIMITED)
-            b.set_limit(lease.limit)
+            b.set_limit(lease.limit, amount if sized else 0)
             b.tokens += lease.granted
             b.granted_window += lease.granted
             b.keep_rate = max(b.keep_rate, b.granted_window)
