@@ -47,6 +47,7 @@ class Bucket:
         "not_before",
         "refused",
         "renew_at",
+        "share",
         "state",
         "tokens",
         "waiters",
@@ -66,6 +67,9 @@ class Bucket:
         self.not_before = 0.0  # no request before this (the window's budget is spent)
         self.granted_window = 0  # granted in the current window (what "keep" reuses)
         self.keep_rate = 0  # the last full window's grants: the share kept if quota is down
+        # The most "keep" grants itself per second: the limit divided by the nodes the
+        # quota service last counted for this budget (so all nodes' self-grants fit in it).
+        self.share = 0
         # Tokens the node granted itself (quota service unreachable): ask again at renew_at.
         self.fallback = False
         self.renew_at = 0.0

@@ -6,8 +6,12 @@ each lease answer wakes them; one whose window is spent asks again when the next
 
 When the quota service cannot be reached, `quota_unavailable` decides:
 - "keep" (default): a bucket whose limit is known keeps granting itself, per one-second
-  window, what the service granted this node in its last full window (its share then; the
-  cluster stays near the limit while every node does the same); one never answered admits.
+  window, what the service granted this node in its last full window, at most its fair
+  share: the limit divided by the nodes the service last counted for the budget (each lease
+  says how many asked for it within the service's `share_horizon_s`). Grants of one window
+  are uneven (first come, first served), so the last windows' grants alone could sum past
+  the limit (two nodes once self-granted 301 msg/s of a 200 limit); the fair shares cannot.
+  A budget never answered admits.
 - "allow": every publish is admitted until the service answers again.
 - "deny": publishes of limited (or not yet known) budgets are refused meanwhile.
 A failed request is retried after `RETRY_S`.
@@ -151,6 +155,7 @@ class NodeQuota:
                 b.tokens, b.granted_window = min(b.tokens, 0), 0
             self._set_state(b, LIMITED)
             b.set_limit(lease.limit, amount if sized else 0)
+            b.share = lease.limit // lease.nodes if lease.nodes else lease.limit
             b.tokens += lease.granted
             b.granted_window += lease.granted
             b.keep_rate = max(b.keep_rate, b.granted_window)
@@ -183,13 +188,15 @@ class NodeQuota:
         if mode == "allow" or (mode == "keep" and b.state == UNKNOWN):
             tokens = 1 << 62
         elif mode == "keep":
-            tokens = b.keep_rate
+            tokens = min(b.keep_rate, b.share)
         else:
             tokens = 0
         if b.state != LIMITED:
             self._set_state(b, LIMITED)
             b.set_limit(max(b.limit, 1))
-        b.tokens = tokens
+        # A debt (publishes on credit while the failed request was under way) is paid from
+        # the self-grant, as from a lease: the node stays within its share per second.
+        b.tokens = min(b.tokens, 0) + tokens
 
     def limits_changed(self, tenant: str) -> None:
         for key, b in self._buckets.items():

@@ -38,19 +38,32 @@ _RATE_RESOURCES = {
 _TOTAL_RESOURCES = {"connections": "max_connections", "sessions": "max_sessions"}
 
 # One round trip: read the limit, grant min(amount, limit - used) of the window (or total)
-# atomically; 0 limit means unlimited (nothing counted). KEYS: limits hash, counter.
-# ARGV: limit field, amount, counter TTL (ms, 0: none). Returns {granted, limit}.
+# atomically; 0 limit means unlimited (nothing counted). A rate lease also records the
+# asking node in the budget's sorted set of nodes (score: the time it asked), drops those
+# that have not asked within the horizon and counts the rest: the `nodes` a node divides
+# the limit by when it cannot reach the service. KEYS: limits hash, counter, nodes set.
+# ARGV: limit field, amount, counter TTL (ms, 0: none), node id, now (ms), horizon (ms, 0:
+# no nodes set). Returns {granted, limit, nodes}.
 _LEASE = """
 local limit = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 local amount = tonumber(ARGV[2]); local ttl = tonumber(ARGV[3])
-if limit <= 0 then return {amount, 0} end
+if limit <= 0 then return {amount, 0, 0} end
 local used = tonumber(redis.call('GET', KEYS[2]) or '0')
 local grant = math.max(0, math.min(amount, limit - used))
 if grant > 0 then
   redis.call('INCRBY', KEYS[2], grant)
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
-return {grant, limit}
+local nodes = 0
+local horizon = tonumber(ARGV[6])
+if horizon > 0 then
+  local now = tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[3], now, ARGV[4])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - horizon)
+  redis.call('PEXPIRE', KEYS[3], horizon)
+  nodes = redis.call('ZCARD', KEYS[3])
+end
+return {grant, limit, nodes}
 """
 
 Publish = Callable[[str, bytes], Awaitable[None]]
@@ -204,9 +217,12 @@ class QuotaAdminApi(pb_grpc.QuotaAdminServiceServicer):
 
 
 class QuotaApi(pb_grpc.QuotaServiceServicer):
-    def __init__(self, redis: Redis, lease_ttl_ms: int, bans: Bans) -> None:
+    def __init__(
+        self, redis: Redis, lease_ttl_ms: int, bans: Bans, share_horizon_s: float = 60.0
+    ) -> None:
         self._redis = redis
         self._ttl = lease_ttl_ms
+        self._horizon_ms = int(share_horizon_s * 1000)
         self._script = redis.register_script(_LEASE)
         self._bans = bans
         self._subscriptions = SubscriptionCounts(redis)
@@ -233,22 +249,24 @@ class QuotaApi(pb_grpc.QuotaServiceServicer):
             raise InvalidArgumentError("tenant is required")
         scope = _scope(request.tenant, request.user)
         ttl_ms = self._ttl
+        now_ms = time.time_ns() // 1_000_000
+        horizon_ms = 0
         if res in _RATE_RESOURCES:
             # The budget of the current one-second window: a grant is good until it ends.
-            now_ms = time.time_ns() // 1_000_000
             key = f"{scope}:{res}:{now_ms // 1000}"
             counter_ttl = 2000
             ttl_ms = 1000 - now_ms % 1000
+            horizon_ms = self._horizon_ms
         else:
             key = f"{scope}:{res}"
             counter_ttl = 0
-        granted, limit = await self._script(
-            keys=[limits_key(request.tenant, request.user), key],
-            args=[field, request.amount, counter_ttl],
+        granted, limit, nodes = await self._script(
+            keys=[limits_key(request.tenant, request.user), key, f"{scope}:{res}:nodes"],
+            args=[field, request.amount, counter_ttl, request.node_id, now_ms, horizon_ms],
         )
         result = pb.LEASE_RESULT_GRANTED if granted > 0 else pb.LEASE_RESULT_EXCEED_LIMIT
         return pb.AcquireLeaseResponse(
-            result=result, granted=int(granted), ttl_ms=ttl_ms, limit=int(limit)
+            result=result, granted=int(granted), ttl_ms=ttl_ms, limit=int(limit), nodes=int(nodes)
         )
 
     async def ListBans(

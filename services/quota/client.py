@@ -28,6 +28,8 @@ class Lease:
     granted: int
     ttl_ms: int  # use the grant within this (rates: the rest of the one-second window)
     limit: int = 0  # the limit it came from; 0: unlimited
+    # Rate budgets: nodes that asked within the service's share horizon (0: not told).
+    nodes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,7 +70,7 @@ class QuotaClient:
             tenant=tenant, node_id=node_id, resource=resource, amount=amount, user=user
         )
         resp = await self._rpc.call(self._rpc.stub.AcquireLease, req)
-        return Lease(LeaseResult(resp.result), resp.granted, resp.ttl_ms, resp.limit)
+        return Lease(LeaseResult(resp.result), resp.granted, resp.ttl_ms, resp.limit, resp.nodes)
 
     async def get_limits(self, tenant: str, user: str = "") -> Limits:
         """The tenant's (or its user's) limits, as the enforcing services read them."""

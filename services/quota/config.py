@@ -19,6 +19,17 @@ class QuotaSettings(ServiceSettings):
         description="How long a lease of a total (connections, sessions) is good for; rate "
         "leases are good until the end of their one-second window.",
     )
+    share_horizon_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="A node counts in a rate budget's fair share for this long after it last "
+        "asked for the budget: each lease tells the node how many nodes asked within it, and "
+        "a node that cannot reach the quota service grants itself at most the limit divided "
+        "by that many (quota_unavailable=keep). Longer: a node that paused still counts "
+        "(shares are smaller, the sum stays within the limit); shorter: a node gone quiet "
+        "stops shrinking the others' shares sooner.",
+    )
     max_bans: int = Field(
         default=100_000,
         ge=1,

@@ -40,7 +40,13 @@ class QuotaService:
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QuotaServiceServicer_to_server(
-            QuotaApi(self._redis, self._settings.lease_ttl_ms, self._bans), server
+            QuotaApi(
+                self._redis,
+                self._settings.lease_ttl_ms,
+                self._bans,
+                self._settings.share_horizon_s,
+            ),
+            server,
         )
         pb_grpc.add_QuotaAdminServiceServicer_to_server(
             QuotaAdminApi(self._redis, self._bans, self._publish), server

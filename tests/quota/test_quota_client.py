@@ -107,11 +107,15 @@ async def test_rate_leases_are_per_window_and_per_user(address: str) -> None:
     await asyncio.sleep(1 - time.time() % 1 + 0.01)
     lease = await quota.acquire_lease(tenant, "n1", "messages_per_s", 8)
     assert (lease.granted, lease.limit) == (8, 10) and 0 < lease.ttl_ms <= 1000
-    assert (await quota.acquire_lease(tenant, "n2", "messages_per_s", 8)).granted == 2
+    assert lease.nodes == 1  # the nodes asking for the budget: its fair share is the limit
+    second = await quota.acquire_lease(tenant, "n2", "messages_per_s", 8)
+    assert (second.granted, second.nodes) == (2, 2)
+    # A node asking again is counted once; the user's budget counts its own nodes.
+    assert (await quota.acquire_lease(tenant, "n1", "messages_per_s", 1)).nodes == 2
     bob = await quota.acquire_lease(tenant, "n1", "messages_per_s", 8, user="bob")
-    assert (bob.granted, bob.limit) == (3, 3)
+    assert (bob.granted, bob.limit, bob.nodes) == (3, 3, 1)
     unlimited = await quota.acquire_lease(tenant, "n1", "bytes_in_per_s", 5)
-    assert (unlimited.result, unlimited.limit) == (LeaseResult.GRANTED, 0)
+    assert (unlimited.result, unlimited.limit, unlimited.nodes) == (LeaseResult.GRANTED, 0, 0)
     await admin.close()
     await quota.close()
 

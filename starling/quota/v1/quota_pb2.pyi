@@ -157,12 +157,19 @@ class AcquireLeaseResponse(_message.Message):
     GRANTED_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
     result: Global___LeaseResult.ValueType
     granted: _builtins.int
     ttl_ms: _builtins.int
     """Use the grant within this many ms (rates: what is left of the one-second window)."""
     limit: _builtins.int
     """The limit the grant was taken from (0: unlimited, ask no more until limits change)."""
+    nodes: _builtins.int
+    """Rate budgets with a limit: the nodes that asked for this budget within the quota
+    service's `share_horizon_s`, the asking one included. A node that cannot reach the
+    service grants itself at most limit / nodes per second (its fair share), so the
+    self-grants of every counted node together stay within the limit. 0: not told.
+    """
     def __init__(
         self,
         *,
@@ -170,10 +177,11 @@ class AcquireLeaseResponse(_message.Message):
         granted: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
         limit: _builtins.int = ...,
+        nodes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["granted", b"granted", "limit", b"limit", "result", b"result", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["granted", b"granted", "limit", b"limit", "nodes", b"nodes", "result", b"result", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
