@@ -7,7 +7,8 @@
 - bans by client id, user and CIDR refuse CONNECTs on both nodes within a second of the ban
   (CONNACK 0x8A; 3.1.1: 5) and kick clients already connected (DISCONNECT 0x98); a flapping
   client is banned by itself;
-- with the quota service stopped a limited tenant stays limited (`quota_unavailable=keep`).
+- with the quota service stopped a limited tenant stays limited (`quota_unavailable=keep`):
+  the nodes' self-granted fair shares sum to the limit at most.
 """
 
 from __future__ import annotations
@@ -272,11 +273,13 @@ def test_with_the_quota_service_down_a_limited_tenant_keeps_its_last_lease(
     down = time.time()
     try:
         time.sleep(4.5)
-        # Still limited, near the last shares (nodes grant themselves per second what they
-        # were last granted) and still publishing.
+        # Still limited and still publishing: each node grants itself per second what it
+        # was last granted, at most the limit over the two nodes the quota service counted
+        # (their fair shares), so together at most the limit (+ 10%: a self-grant's
+        # publishes on credit and acks counted by the second they came in).
         counts = per_second([a for f in floods for a in f.acks], int(down) + 1, int(down) + 4)
         rate = sum(counts.values()) / 3
-        assert 100 <= rate <= 300, counts
+        assert 100 <= rate <= 220, counts
         # CONNECTs still work (the ban list is a copy; connection limits are the session's).
         c = Paho(mesh.node(0), username=user, password=PASSWORD)
         c.connect()
