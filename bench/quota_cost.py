@@ -1,7 +1,7 @@
 """What quotas cost end to end, in node CPU per message: `make bench`'s "quota limits on"
 closed-loop pairs (QoS 0 and 1, the tenant limited far above what it sends) against the same
-load without limits, on one mesh, interleaved so that load from elsewhere on a shared
-machine weighs on both alike. `python -m bench.quota_cost [rounds] [seconds]`.
+load without limits, on one mesh, interleaved (in alternating order) so that load from
+elsewhere on a shared machine weighs on both alike. `python -m bench.quota_cost [rounds] [seconds]`.
 
 Prints the node's (connection-0's) CPU microseconds per message delivered, from
 /proc/<pid>/stat, per round and the median of each case: CPU, not the rate, because the

@@ -280,11 +280,13 @@ async def quota_rounds(
     """Closed-loop pairs at `qos`, `rounds` times without limits and with the tenant limited far
     above what it sends, one after the other on one mesh: load from elsewhere on a shared
     machine weighs on both alike (a single "on" run after the rest of the bench measured
-    the machine's drift as much as the quota)."""
+    the machine's drift as much as the quota). The order alternates (off, on; on, off; ...)
+    so that a trend over the rounds (the mesh warming up, load elsewhere coming or going)
+    does not always favour the same case."""
     assert b.set_limits is not None
     got: dict[str, list[loadgen.Result]] = {"off": [], "on": []}
-    for _ in range(rounds):
-        for case in ("off", "on"):
+    for i in range(rounds):
+        for case in ("off", "on") if i % 2 == 0 else ("on", "off"):
             if case == "on":
                 await b.set_limits(100_000_000, 100_000_000_000)
             try:
