@@ -192,8 +192,10 @@ class ConnectionSettings(ServiceSettings):
     quota_unavailable: Literal["keep", "allow", "deny"] = Field(
         default="keep",
         description="While the quota service cannot be reached: `keep` grants each limited "
-        "budget, per second, this node's share of the last window it was granted (tenants "
-        "never answered for are admitted); `allow` admits every publish; `deny` refuses "
+        "budget, per second, what this node was last granted in a whole window, at most the "
+        "limit divided by the nodes the quota service counted for it (so all nodes together "
+        "stay within the limit; tenants never answered for are admitted); `allow` admits "
+        "every publish; `deny` refuses "
         "the publishes of limited tenants and of tenants not known yet. Retried every second.",
     )
     quota_lease_slices: int = Field(
