@@ -95,12 +95,14 @@ def run_rounds(
     for r in range(args.rounds):
         _quiet(pids)
         before = {n: cpu_seconds(p) for n, p in pids.items()}
+        before["load generator"] = time.process_time()
         spies = _profile(pids, profile_dir, args.profile) if profile_dir and r == 0 else []
         cpu: dict[str, float] = {}
 
         def read_cpu(cpu: dict[str, float] = cpu, before: dict[str, float] = before) -> None:
             # Connecting only: read before the releases of the closed clients weigh.
             cpu.update({n: cpu_seconds(p) - before[n] for n, p in pids.items()})
+            cpu["load generator"] = time.process_time() - before["load generator"]
 
         async def one_round(read_cpu: Callable[[], None] = read_cpu) -> loadgen.ConnectRate:
             res = await loadgen.connect_rate(
