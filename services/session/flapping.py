@@ -7,14 +7,14 @@ The first count bans the client id (for its tenant); the second bans the address
 
 The counts are in Redis, shared by every session service instance (a node's CONNECTs go to
 whichever instance the queue group picks, so per-instance counts would let a client connect
-as many times more as there are instances). One script per CONNECT keeps each key's sliding
-window as a sorted set of connect times: at most `max + 1` members, expiring a window after
-the last CONNECT, so a flood of new ids holds at most one small key per CONNECT of the last
-window. The counts of CONNECTs answered together share one Redis pipeline (by the script's
-digest: services/session/pipelined.py); sent one EVAL each, with the script's text, they
-were a quarter of the session service's CPU per CONNECT (bench/connects.py, py-spy). Redis
-unreachable: the CONNECT goes on uncounted (flapping protects the service; it must not take
-it down with Redis).
+as many times more as there are instances). A Lua script keeps each key's sliding window
+as a sorted set of connect times: at most `max + 1` members, expiring a window after the
+last CONNECT, so a flood of new ids holds at most one small key per CONNECT of the last
+window. The CONNECTs of one event-loop turn are counted by one call of the script
+(services/session/pipelined.py BatchedScript); one EVAL each, with the script's text, took
+a quarter of the session service's CPU per CONNECT (bench/connects.py, py-spy). Redis
+unreachable: the CONNECT goes on uncounted (flapping protects the service; it must not
+take it down with Redis).
 """
 
 from __future__ import annotations
@@ -28,18 +28,19 @@ from functools import lru_cache
 from typing import Any
 
 from services.common.bans import peer_ip
-from services.session.pipelined import PipelinedScript
+from services.session.pipelined import BatchedScript
 
 log = logging.getLogger("starling.session.flapping")
 PREFIX = "starling:flap:"
 
-# KEYS: the (tenant, client id, address) key, the address key. ARGV: now ms, window ms,
-# max, max per address (0: none), a member unique to this CONNECT.
-# {0, 0}: fine; {1, n}: the client id flaps; {2, n}: the address does.
+# One call for every CONNECT of an event-loop turn (BatchedScript). KEYS, per CONNECT: its
+# (tenant, client id, address) key and its address key. ARGV: window ms, max, max per
+# address (0: none), then per CONNECT: now ms and a member unique to it.
+# Per CONNECT two replies: 0, 0: fine; 1, n: the client id flaps; 2, n: the address does.
 _COUNT = """
-local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
-local function count(key, limit)
-  redis.call('ZADD', key, now, ARGV[5])
+local window, max, max_address = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local function count(key, limit, now, member)
+  redis.call('ZADD', key, now, member)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - window))
   redis.call('ZREMRANGEBYRANK', key, 0, -(limit + 2))
   redis.call('PEXPIRE', key, window)
@@ -47,14 +48,21 @@ local function count(key, limit)
   if n > limit then redis.call('DEL', key) end
   return n
 end
-local max, max_address = tonumber(ARGV[3]), tonumber(ARGV[4])
-local n = count(KEYS[1], max)
-if n > max then return {1, n} end
-if max_address > 0 then
-  n = count(KEYS[2], max_address)
-  if n > max_address then return {2, n} end
+local out = {}
+for i = 1, #KEYS / 2 do
+  local now, member = tonumber(ARGV[2 + 2 * i]), ARGV[3 + 2 * i]
+  local which, n = 0, 0
+  local c = count(KEYS[2 * i - 1], max, now, member)
+  if c > max then
+    which, n = 1, c
+  elseif max_address > 0 then
+    c = count(KEYS[2 * i], max_address, now, member)
+    if c > max_address then which, n = 2, c end
+  end
+  out[#out + 1] = which
+  out[#out + 1] = n
 end
-return {0, 0}
+return out
 """
 
 
@@ -109,10 +117,12 @@ class FlapDetector:
         max_per_address: int = 0,
         instance: str = "",
     ) -> None:
-        self._count = PipelinedScript(redis, _COUNT)
         self._max = max_connects
         self._max_address = max_per_address
         self._window_ms = max(1, int(window_s * 1000))
+        self._count = BatchedScript(
+            redis, _COUNT, [self._window_ms, self._max, self._max_address], reply_len=2
+        )
         self._instance = instance
         self._seq = itertools.count()
 
@@ -125,7 +135,7 @@ class FlapDetector:
         try:
             which, n = await self._count(
                 [count_key(tenant, client_id, address), count_key("", "", address)],
-                [now_ms, self._window_ms, self._max, self._max_address, member],
+                [now_ms, member],
             )
         except Exception as exc:
             log.warning("flapping_count_failed", extra={"error": type(exc).__name__})

@@ -78,3 +78,60 @@ class PipelinedScript:
             for keys, args, _ in calls:
                 pipe.evalsha(self._sha, len(keys), *keys, *args)
             return list(await pipe.execute(raise_on_error=False))
+
+
+_Group = tuple[list[Any], list[Any], "asyncio.Future[list[Any]]"]
+
+
+class BatchedScript:
+    """Calls of one Redis Lua script made in the same event-loop turn, sent as ONE call of
+    it: KEYS are each call's keys one after the other, ARGV the `shared` arguments and then
+    each call's, and the script answers a flat list of `reply_len` items per call, in call
+    order. Where `PipelinedScript` saves the socket writes, this also saves redis-py's
+    per-command work (packing, parsing: most of a pipeline's cost) and Redis's per-script
+    set-up, for scripts written to loop over their calls (services/session/flapping.py).
+    A failing script fails every call of its batch."""
+
+    def __init__(self, redis: Redis, script: str, shared: list[Any], reply_len: int) -> None:
+        self._redis = redis
+        self._source = script
+        self._sha = redis.register_script(script).sha
+        self._shared = shared
+        self._reply_len = reply_len
+        self._pending: list[_Group] = []
+        self._scheduled = False
+        self._tasks = TaskSet()
+
+    async def __call__(self, keys: list[Any], args: list[Any]) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[list[Any]] = loop.create_future()
+        self._pending.append((keys, args, done))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._send_pending)
+        return await done
+
+    def _send_pending(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        for i in range(0, len(pending), MAX_BATCH):
+            self._tasks.spawn(self._send(pending[i : i + MAX_BATCH]), name="redis_batch")
+
+    async def _send(self, calls: list[_Group]) -> None:
+        keys = [k for ks, _, _ in calls for k in ks]
+        args = [*self._shared, *(a for _, call_args, _ in calls for a in call_args)]
+        try:
+            try:
+                reply = await self._redis.evalsha(self._sha, len(keys), *keys, *args)
+            except NoScriptError:  # Redis lost it (restart, SCRIPT FLUSH)
+                await self._redis.script_load(self._source)
+                reply = await self._redis.evalsha(self._sha, len(keys), *keys, *args)
+        except Exception as exc:
+            for *_, done in calls:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        n = self._reply_len
+        for i, (*_, done) in enumerate(calls):
+            if not done.done():  # its caller may have given up (cancelled)
+                done.set_result(list(reply[i * n : (i + 1) * n]))

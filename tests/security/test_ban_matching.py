@@ -6,6 +6,7 @@ every reconnect is caught by the per-address count."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -125,6 +126,21 @@ async def test_flapping_memory_is_bounded(redis: Redis) -> None:
         key = count_key("t", c, "192.0.2.1")
         assert await redis.zcard(key) <= 3
     assert 0 < await redis.pttl(key) <= 10_000
+
+
+async def test_connects_counted_together_are_counted_in_order(redis: Redis) -> None:
+    """The CONNECTs of one loop turn go as one script call: each still gets its own answer,
+    counted in the order they came (the 4th of max 3 flaps, the count starts over)."""
+    d = FlapDetector(redis, max_connects=3, window_s=10)
+    c = f"c-{uuid.uuid4().hex}"
+    other = f"c-{uuid.uuid4().hex}"
+    flaps = await asyncio.gather(
+        *(d.connected("t", c, "192.0.2.1:1", i) for i in range(6)),
+        d.connected("t", other, "192.0.2.1:1", 0),
+    )
+    assert [f is not None for f in flaps] == [False, False, False, True, False, False, False]
+    assert flaps[3] is not None and (flaps[3].client_id, flaps[3].connects) == (c, 4)
+    assert await redis.zcard(count_key("t", c, "192.0.2.1")) == 2
 
 
 async def test_redis_unreachable_lets_the_connect_through() -> None:
