@@ -1,4 +1,6 @@
-"""Calls of one Redis Lua script made in the same event-loop turn, sent as one pipeline.
+"""Calls of one Redis Lua script made in the same event-loop turn, sent together: as one
+pipeline of a call each (`PipelinedScript`), or as one call of a script written to loop over
+them (`BatchedScript`).
 
 Why: in a reconnect storm the session service answers hundreds of CONNECTs at once, each one
 registry script call. Sent one by one, every call pays redis-py's per-command work and a
@@ -26,14 +28,16 @@ MAX_BATCH = 512
 _Call = tuple[list[Any], list[Any], "asyncio.Future[Any]"]
 
 
-class PipelinedScript:
+class _TurnCalls:
+    """Calls of one Redis Lua script collected over an event-loop turn and sent together
+    at its end (`_send`, at most MAX_BATCH calls each), by digest (EVALSHA), not through
+    redis-py's pipeline scripts, which ask Redis whether the script is loaded (SCRIPT
+    EXISTS) before every pipeline: a Redis that lost it (restart, SCRIPT FLUSH) answers
+    NOSCRIPT, and the calls go again after SCRIPT LOAD."""
+
     def __init__(self, redis: Redis, script: str) -> None:
         self._redis = redis
         self._source = script
-        # By digest (EVALSHA), not through redis-py's pipeline scripts, which ask Redis
-        # whether the script is loaded (SCRIPT EXISTS) before every pipeline: a Redis that
-        # lost it (restart, SCRIPT FLUSH) answers NOSCRIPT, and the calls go again after
-        # SCRIPT LOAD.
         self._sha = redis.register_script(script).sha
         self._pending: list[_Call] = []
         self._scheduled = False
@@ -52,7 +56,20 @@ class PipelinedScript:
         self._scheduled = False
         pending, self._pending = self._pending, []
         for i in range(0, len(pending), MAX_BATCH):
-            self._tasks.spawn(self._send(pending[i : i + MAX_BATCH]), name="redis_pipeline")
+            self._tasks.spawn(self._send(pending[i : i + MAX_BATCH]), name="redis_script")
+
+    async def _send(self, calls: list[_Call]) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _fail(calls: list[_Call], exc: Exception) -> None:
+        for *_, done in calls:
+            if not done.done():
+                done.set_exception(exc)
+
+
+class PipelinedScript(_TurnCalls):
+    """One call of the script per caller, all in one pipeline."""
 
     async def _send(self, calls: list[_Call]) -> None:
         try:
@@ -61,9 +78,7 @@ class PipelinedScript:
                 await self._redis.script_load(self._source)
                 replies = await self._pipeline(calls)
         except Exception as exc:  # the connection failed: every call of the batch did
-            for *_, done in calls:
-                if not done.done():
-                    done.set_exception(exc)
+            self._fail(calls, exc)
             return
         for (*_, done), reply in zip(calls, replies, strict=True):
             if done.done():  # its caller gave up (cancelled)
@@ -80,10 +95,7 @@ class PipelinedScript:
             return list(await pipe.execute(raise_on_error=False))
 
 
-_Group = tuple[list[Any], list[Any], "asyncio.Future[list[Any]]"]
-
-
-class BatchedScript:
+class BatchedScript(_TurnCalls):
     """Calls of one Redis Lua script made in the same event-loop turn, sent as ONE call of
     it: KEYS are each call's keys one after the other, ARGV the `shared` arguments and then
     each call's, and the script answers a flat list of `reply_len` items per call, in call
@@ -93,31 +105,11 @@ class BatchedScript:
     A failing script fails every call of its batch."""
 
     def __init__(self, redis: Redis, script: str, shared: list[Any], reply_len: int) -> None:
-        self._redis = redis
-        self._source = script
-        self._sha = redis.register_script(script).sha
+        super().__init__(redis, script)
         self._shared = shared
         self._reply_len = reply_len
-        self._pending: list[_Group] = []
-        self._scheduled = False
-        self._tasks = TaskSet()
 
-    async def __call__(self, keys: list[Any], args: list[Any]) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[list[Any]] = loop.create_future()
-        self._pending.append((keys, args, done))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._send_pending)
-        return await done
-
-    def _send_pending(self) -> None:
-        self._scheduled = False
-        pending, self._pending = self._pending, []
-        for i in range(0, len(pending), MAX_BATCH):
-            self._tasks.spawn(self._send(pending[i : i + MAX_BATCH]), name="redis_batch")
-
-    async def _send(self, calls: list[_Group]) -> None:
+    async def _send(self, calls: list[_Call]) -> None:
         keys = [k for ks, _, _ in calls for k in ks]
         args = [*self._shared, *(a for _, call_args, _ in calls for a in call_args)]
         try:
@@ -127,9 +119,7 @@ class BatchedScript:
                 await self._redis.script_load(self._source)
                 reply = await self._redis.evalsha(self._sha, len(keys), *keys, *args)
         except Exception as exc:
-            for *_, done in calls:
-                if not done.done():
-                    done.set_exception(exc)
+            self._fail(calls, exc)
             return
         n = self._reply_len
         for i, (*_, done) in enumerate(calls):
