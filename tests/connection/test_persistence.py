@@ -65,6 +65,13 @@ def _entry(seq: int, qos: int = 1, released: bool = False) -> QueueEntry:
     return QueueEntry(seq, Message("t", "a/b", f"m{seq}".encode(), qos, False), (), released)
 
 
+def _pubacks(ch: object, pd: PersistentDelivery, *seqs: int) -> None:
+    """The client acknowledges these entries, one PUBACK each, in this order."""
+    for seq in seqs:
+        ch.receive(encode(PubAck(pid_for(seq)), 5), 0.0)  # type: ignore[attr-defined]
+        pd.progress()
+
+
 async def _settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
@@ -112,8 +119,7 @@ async def test_unacked_entries_of_a_dead_connection_are_dup_on_the_next_one() ->
     await pd.start()
     await _settle()
     assert [dup for _, dup, _ in _publishes(ch, dec)] == [False, False]
-    ch.receive(encode(PubAck(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
-    pd.progress()
+    _pubacks(ch, pd, 1)
     await pd.close()  # connection lost with 2 unacknowledged
     queue.entries.append(_entry(3))  # queued while offline
     pd2, ch2, dec2 = _delivery(queue)
@@ -141,8 +147,7 @@ async def test_the_queue_is_acked_only_through_what_the_client_completed() -> No
         pd.progress()
     await asyncio.sleep(0.05)
     assert queue.acked_through == 1
-    ch.receive(encode(PubAck(pid_for(2)), 5), 0.0)  # type: ignore[attr-defined]
-    pd.progress()
+    _pubacks(ch, pd, 2)
     await asyncio.sleep(0.05)
     assert queue.acked_through == 3
     await pd.close()
@@ -258,8 +263,7 @@ async def test_an_entry_whose_packet_id_is_in_flight_waits_and_is_never_lost() -
     await pd.start()
     await _settle()
     assert _publishes(ch, dec) == [(pid_for(1), False, b"m1")]  # the rest waits for id 2
-    ch.receive(encode(PubAck(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
-    pd.progress()
+    _pubacks(ch, pd, 1)
     await _settle()
     # Marked delivered by the earlier read, but that read was this connection's and did not
     # send them: still first attempts.
@@ -269,9 +273,7 @@ async def test_an_entry_whose_packet_id_is_in_flight_waits_and_is_never_lost() -
     ]
     await asyncio.sleep(0.05)
     assert queue.acked_through == 65535  # never past the entries still unacknowledged
-    for seq in (65537, 65536):
-        ch.receive(encode(PubAck(pid_for(seq)), 5), 0.0)  # type: ignore[attr-defined]
-        pd.progress()
+    _pubacks(ch, pd, 65537, 65536)
     await asyncio.sleep(0.05)
     assert queue.acked_through == 65537
     await pd.close()
@@ -288,8 +290,7 @@ async def test_an_entry_read_again_by_its_connection_keeps_the_mark_of_its_first
     await _settle()
     assert _publishes(ch, dec) == [(pid_for(1), True, b"m1")]
     assert queue.delivered_through == 65537
-    ch.receive(encode(PubAck(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
-    pd.progress()
+    _pubacks(ch, pd, 1)
     await _settle()
     assert _publishes(ch, dec) == [
         (pid_for(65536), False, b"m65536"),
@@ -309,10 +310,7 @@ async def test_a_queued_entry_never_takes_the_packet_id_of_a_shared_delivery() -
     assert [pid for pid, _, _ in _publishes(ch, dec)] == [pid_for(1)]
     await asyncio.sleep(0.05)
     assert queue.acked_through == 0  # entry 2 was not sent: nothing past 1 may be acked
-    ch.receive(encode(PubAck(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
-    pd.progress()
-    ch.receive(encode(PubAck(pid_for(2)), 5), 0.0)  # type: ignore[attr-defined]  # the shared one
-    pd.progress()
+    _pubacks(ch, pd, 1, 2)  # 2: the shared one
     await _settle()
     assert [(pid, payload) for pid, _, payload in _publishes(ch, dec)] == [(pid_for(2), b"m2")]
     await pd.close()
