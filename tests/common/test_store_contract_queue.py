@@ -188,11 +188,15 @@ async def test_no_stale_append_lands_once_a_claim_returned(
         await queues.append(t, q, _named(1, 0, "pre-"), 13, old, 0, True)
     ok: dict[str, list[str]] = {q: ["pre-0"] if q in names[:2] else [] for q in names}
     claimed = asyncio.Event()
+    writing = asyncio.Event()  # the old owner has appended a few: the claim races them
     late: list[str] = []
     fenced = 0
 
     async def stale_owner() -> None:
-        for i in range(40):
+        # Appends until it has tried a few after the claim returned (however fast or slow
+        # the claim is on this machine), at most 2,000.
+        after = 0
+        for i in range(2000):
             q = names[i % len(names)]
             after_claim = claimed.is_set()  # read before the call: it started after the claim
             item = _named(1, i, "old-")
@@ -204,10 +208,15 @@ async def test_no_stale_append_lands_once_a_claim_returned(
             else:
                 nonlocal fenced
                 fenced += 1
+            if i == 4:
+                writing.set()
+            after += after_claim
+            if after >= 5:
+                return
             await asyncio.sleep(0)
 
     async def new_owner() -> int:
-        await asyncio.sleep(0.005)
+        await writing.wait()
         epoch = await second.claim_partition(13)
         claimed.set()
         return epoch

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.errors import NoRespondersError
 from nats.js.errors import NotFoundError
 
 from services.cli.launcher import Launcher
@@ -58,8 +59,17 @@ async def test_an_existing_stream_gets_the_new_replica_count(cluster: list[str])
             max_age=EVENTS_MAX_AGE_S,
             num_replicas=1,
         )
-        for i in range(5):
-            await js.publish(f"ev.t1.connected.{i}", b"e")
+        # A stream just made in a cluster may not answer on every server yet (its leader
+        # is elected, its subjects' interest spreads): poll, as a client would retry.
+        deadline = time.monotonic() + 20
+        i = 0
+        while i < 5:
+            try:
+                await js.publish(f"ev.t1.connected.{i}", b"e")
+                i += 1
+            except NoRespondersError:
+                assert time.monotonic() < deadline, "the new stream never answered"
+                await asyncio.sleep(0.05)
 
         await ensure_stream(js, 3)
 
