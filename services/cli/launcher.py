@@ -427,9 +427,9 @@ class Launcher:
                     proc.kill()
                     proc.wait()
 
-    def restart(self, name: str, timeout_s: float = 30.0) -> Component:
+    def restart(self, name: str, timeout_s: float = 30.0, wait: bool = True) -> Component:
         """Start `name` again with the same command, environment and ports (after a crash or
-        a kill); returns once it serves.
+        a kill); returns once it serves (`wait`), or at once.
 
         Call it from a thread that outlives the child: PR_SET_PDEATHSIG fires when the thread
         that forked the child exits, not only the process."""
@@ -443,7 +443,11 @@ class Launcher:
         argv, env = self._specs[name]
         self._spawn(comp, argv, env)
         self.mesh.save()
-        if self.until(lambda: component_status(comp) == "SERVING", timeout_s, [name]) is not None:
+        if (
+            wait
+            and self.until(lambda: component_status(comp) == "SERVING", timeout_s, [name])
+            is not None
+        ):
             raise RuntimeError(f"{name} did not come back; see {comp.log}")
         return comp
 

@@ -104,6 +104,14 @@ class ServiceSettings(BaseSettings):
     )
     nats_user: str = Field(default="", description="NATS user of this service; empty: none.")
     nats_password: SecretStr = Field(default=SecretStr(""), description="NATS password.")
+    dependency_wait_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="At start-up, how long the process waits for NATS and Redis to answer "
+        "(retrying with backoff, NOT_SERVING meanwhile) before it exits with an error "
+        "(docs/failure-behaviour.md).",
+    )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         description="Redis URL (a password in it is accepted, and redacted in logs).",
@@ -275,9 +283,13 @@ class ServiceSettings(BaseSettings):
                 out[name] = value
         return out
 
-    def nats_credentials(self) -> dict[str, str]:
-        """`user`/`password` keyword arguments of services.common.bus.client.connect."""
-        return {"user": self.nats_user, "password": self.nats_password.get_secret_value()}
+    def nats_options(self) -> dict[str, Any]:
+        """`user`/`password`/`wait_s` keyword arguments of services.common.bus.client.connect."""
+        return {
+            "user": self.nats_user,
+            "password": self.nats_password.get_secret_value(),
+            "wait_s": self.dependency_wait_s,
+        }
 
     def secret_values(self) -> list[str]:
         """Every secret this process holds (for the log scrubber): SecretStr fields and

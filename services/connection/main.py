@@ -96,7 +96,7 @@ class ConnectionService:
         loop = asyncio.get_running_loop()
         self.unhealthy = loop.create_future()
         self.finished = loop.create_future()
-        creds = s.nats_credentials()
+        creds = s.nats_options()
         nc = await connect(s.nats_url, s.node_id, no_echo=True, on_closed=self._bus_closed, **creds)
         nc_shared = await connect(
             s.nats_url, f"{s.node_id}-shared", on_closed=self._bus_closed, **creds

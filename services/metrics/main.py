@@ -70,7 +70,7 @@ class MetricsService:
         s = self._settings
         while self._nc is None:
             try:
-                self._nc = await connect(s.nats_url, s.node_id, **s.nats_credentials())
+                self._nc = await connect(s.nats_url, s.node_id, **s.nats_options())
             except Exception as exc:
                 log.warning("sys_nats_unavailable", extra={"error": type(exc).__name__})
                 await asyncio.sleep(s.sys_interval_s)

@@ -28,6 +28,7 @@ from services.common.bus.unary import (
     instance_subject,
     servicer_handler,
 )
+from services.common.dependencies import wait_for
 from services.common.refusals import register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_queue_store
@@ -88,13 +89,13 @@ class QueueService:
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
-        self._nats.nc = await connect(
-            self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
-        )
+        self._nats.nc = await connect(self._s.nats_url, self._s.node_id, **self._s.nats_options())
         nc = self._nats.nc
         if self._limits is not None:
             await self._limits.start(nc)
         self._parts.publish = lambda data: nc.publish(QUEUE_OWNERS_SUBJECT, data)
+        # The leases live in Redis: its first round needs it.
+        await wait_for("redis", self._redis.ping, self._s.dependency_wait_s)  # type: ignore[arg-type]
         # The first round before serving: alone, this instance owns every partition when
         # it reports SERVING; beside others it takes its share as they shed theirs.
         await self._parts.tick()

@@ -10,6 +10,7 @@ from nats.aio.client import Client
 from redis.asyncio import Redis
 
 from services.common.bus.client import connect, drain
+from services.common.dependencies import wait_for
 from services.common.runtime import run_service
 from services.common.store.open import open_ban_store
 from services.quota.api import Bans, QuotaAdminApi, QuotaApi
@@ -54,9 +55,9 @@ class QuotaService:
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
-        await self._redis.ping()  # type: ignore[misc]
+        await wait_for("redis", self._redis.ping, self._settings.dependency_wait_s)  # type: ignore[arg-type]
         s = self._settings
-        self._nc = await connect(s.nats_url, s.node_id, **s.nats_credentials())
+        self._nc = await connect(s.nats_url, s.node_id, **s.nats_options())
 
     async def stop(self) -> None:
         if self._nc is not None and not self._nc.is_closed:

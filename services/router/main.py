@@ -17,6 +17,7 @@ from services.common.bus.unary import (
     UnaryServer,
     servicer_handler,
 )
+from services.common.dependencies import wait_for
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.rpc.limits import max_message_bytes
 from services.common.runtime import run_service
@@ -79,11 +80,12 @@ class RouterService:
         # Several instances share their state through the store and Redis
         # (services/router/cluster.py); one alone needs neither.
         self._shared: Shared | None = None
+        self._redis: Redis | None = None
         if settings.instance_count > 1:
-            redis = Redis.from_url(
+            self._redis = Redis.from_url(
                 settings.redis_url, password=settings.redis_password.get_secret_value() or None
             )
-            self._shared = self._publisher.shared = Shared(redis, settings.node_id)
+            self._shared = self._publisher.shared = Shared(self._redis, settings.node_id)
         self._scheduler: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
         self._api = RouterApi(
@@ -110,9 +112,9 @@ class RouterService:
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
-        self._nats.nc = await connect(
-            self._s.nats_url, self._s.node_id, **self._s.nats_credentials()
-        )
+        self._nats.nc = await connect(self._s.nats_url, self._s.node_id, **self._s.nats_options())
+        if self._redis is not None:  # the instances' shared state is read below
+            await wait_for("redis", self._redis.ping, self._s.dependency_wait_s)  # type: ignore[arg-type]
         # Delayed messages larger than one NATS message are published by reference.
         if self._limits is not None:
             await self._limits.start(self._nats.nc)

@@ -72,7 +72,7 @@ class RulesService:
 
     async def start(self) -> None:
         s = self._settings
-        self._nc = nc = await connect(s.nats_url, s.node_id, **s.nats_credentials())
+        self._nc = nc = await connect(s.nats_url, s.node_id, **s.nats_options())
         self._republisher = MeshRepublisher(nc, self._router, s.node_id)
         self.api.nc = nc
         await nc.subscribe(METRICS_SUBJECT, cb=self.api.answer_metrics)

@@ -23,6 +23,7 @@ from services.common.bus.unary import (
     UnaryServer,
     servicer_handler,
 )
+from services.common.dependencies import wait_for
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
@@ -228,9 +229,9 @@ class SessionService:
         ]
 
     async def start(self) -> None:
-        await self._redis.ping()  # type: ignore[misc]
+        await wait_for("redis", self._redis.ping, self._settings.dependency_wait_s)  # type: ignore[arg-type]
         self._nats.nc = await connect(
-            self._settings.nats_url, self._settings.node_id, **self._settings.nats_credentials()
+            self._settings.nats_url, self._settings.node_id, **self._settings.nats_options()
         )
         # 3 on a NATS cluster: one server may die without the stream stopping.
         await ensure_stream(self._nats.nc.jetstream(), self._settings.nats_stream_replicas)

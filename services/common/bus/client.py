@@ -1,7 +1,8 @@
 """NATS helpers: connect with bounded retries, protobuf publish/request with trace context.
 
-`connect(url)` retries with exponential backoff (tenacity) for at most `attempts` tries, then
-raises; nothing here retries forever.
+`connect(url)` retries with exponential backoff for at most `wait_s` seconds (setting
+`dependency_wait_s`, services/common/dependencies.py), then raises; nothing here retries
+forever.
 """
 
 from __future__ import annotations
@@ -15,13 +16,8 @@ import nats
 from google.protobuf.message import Message
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-)
 
+from services.common.dependencies import UNREACHABLE, wait_for
 from services.common.telemetry import inject
 
 log = logging.getLogger(__name__)
@@ -31,7 +27,7 @@ M = TypeVar("M", bound=Message)
 async def connect(
     url: str,
     name: str,
-    attempts: int = 10,
+    wait_s: float = 60.0,
     no_echo: bool = False,
     on_closed: Callable[[], Awaitable[None]] | None = None,
     user: str = "",
@@ -47,25 +43,21 @@ async def connect(
     credentials inside `url` work too.
     """
     auth = {"user": user, "password": password} if user else {}
-    async for attempt in AsyncRetrying(
-        stop=stop_after_attempt(attempts),
-        wait=wait_exponential(multiplier=0.1, max=2.0),
-        retry=retry_if_exception_type((OSError, nats.errors.Error, TimeoutError)),
-        reraise=True,
-    ):
-        with attempt:
-            return await nats.connect(
-                [u.strip() for u in url.split(",")],
-                name=name,
-                connect_timeout=2,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                allow_reconnect=True,
-                no_echo=no_echo,
-                **({"closed_cb": on_closed} if on_closed is not None else {}),
-                **auth,
-            )
-    raise RuntimeError("unreachable")  # pragma: no cover
+
+    async def attempt() -> Client:
+        return await nats.connect(
+            [u.strip() for u in url.split(",")],
+            name=name,
+            connect_timeout=2,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            allow_reconnect=True,
+            no_echo=no_echo,
+            **({"closed_cb": on_closed} if on_closed is not None else {}),
+            **auth,
+        )
+
+    return await wait_for("nats", attempt, wait_s, (*UNREACHABLE, nats.errors.Error))
 
 
 class LateClient:

@@ -1,0 +1,107 @@
+"""A soak under random faults: `python -m tests.faults.chaos [--minutes M] [--seed S]`.
+
+The fault suite's load (tests/faults/harness.py: QoS 1 publishers on both nodes, a QoS 2
+publisher, persistent subscribers on both nodes, one of them moving at QoS 2, and a clean
+one) runs on a two-node mesh with two instances of the router, the queue and the session
+service, for M minutes (default 4). Every 0.5-4 s one to three components, drawn at random
+from the nodes, those instances, Redis and NATS, are stopped (SIGKILL, or SIGTERM for a
+service), left down for up to 2 s, and started again (NATS and Redis first, as an
+orchestrator would have them back). Then the publishers stop, everything is settled, and the
+checker's verdict is printed: lost (acknowledged, never delivered to a persistent session),
+QoS 2 duplicates and order violations must be 0; clean-session losses are counted, as the
+transient path is at most once across a fault. Exit status 0 when the verdict holds.
+
+It runs for minutes, so it is not part of `make test`; its figures are in
+docs/failure-behaviour.md. The seed makes the fault schedule repeatable (the timing of the
+processes is not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from services.cli.launcher import Launcher
+from tests.faults.harness import MAX_PACKET, Load
+from tests.faults.test_under_load import heal
+
+INSTANCES = {"router": 2, "queue": 2, "session": 2}
+INFRA = ("nats", "redis")  # killed only (their restart is a cold start either way)
+
+
+def victims() -> list[str]:
+    services = [f"{s}{'' if i == 0 else f'-{i}'}" for s, n in INSTANCES.items() for i in range(n)]
+    return ["connection-0", "connection-1", *services, *INFRA]
+
+
+def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, bool]:
+    """Run the load under faults; the number of faults and whether the verdict held."""
+    load = Load(launcher, rate=100.0, moving_qos=2)
+    faults: list[str] = []
+    try:
+        load.start()
+        end = time.monotonic() + minutes * 60
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(0.5, 4.0))
+            chosen = rng.sample(victims(), rng.choice([1, 1, 2, 3]))
+            for name in chosen:
+                term = name not in INFRA and rng.random() < 0.5
+                faults.append(f"{name} {'SIGTERM' if term else 'SIGKILL'}")
+                (launcher.terminate if term else launcher.kill)(name)
+                time.sleep(rng.uniform(0, 0.5))
+            time.sleep(rng.uniform(0, 2.0))
+            for name in sorted(chosen, key=lambda n: n not in INFRA):
+                launcher.restart(name)
+            heal(launcher)
+        verdict = load.finish(120)
+    except BaseException:
+        print(f"faults so far: {faults}", flush=True)
+        load.close()
+        raise
+    unacked = {p.name: p.unacked() for p in load.publishers if p.unacked()}
+    print(f"{len(faults)} faults in {minutes:g} min: {', '.join(faults)}")
+    print(f"verdict: {verdict.summary()}")
+    print(f"never acknowledged: {unacked or 'none'}")
+    try:
+        verdict.check(clean_may_lose=True)
+    except AssertionError as exc:
+        print(f"FAILED: {exc}")
+        return len(faults), False
+    return len(faults), not unacked
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=4.0)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="starling-chaos-"))
+    launcher = Launcher(
+        folder / "run",
+        nodes=2,
+        mqtt_port=0,
+        anonymous=True,
+        ws=False,
+        extra_env={
+            "STARLING_LOG_LEVEL": "INFO",
+            "STARLING_NODE_TIMEOUT_S": "3",
+            "STARLING_MAX_PACKET_SIZE_BYTES": str(MAX_PACKET),
+        },
+        instances=INSTANCES,
+    )
+    launcher.start(timeout_s=60)
+    try:
+        _, held = soak(launcher, args.minutes, random.Random(args.seed))
+    finally:
+        launcher.stop()
+        print(f"logs: {folder / 'run' / 'logs'}")
+    print("verdict holds" if held else "verdict FAILED")
+    return 0 if held else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
