@@ -34,6 +34,7 @@ _OUTSIDE, _FIRST, _MORE, _EACH = 0, 1, 2, 3
 
 class Bucket:
     __slots__ = (
+        "answered",
         "asking",
         "demand",
         "expires",
@@ -57,6 +58,9 @@ class Bucket:
     def __init__(self, key: tuple[str, str, str], want: Callable[[Bucket], None]) -> None:
         self.key = key  # (tenant, user or "", resource)
         self.state = UNKNOWN
+        # The quota service answered for this budget since its limits last changed: its
+        # state says what the limit is (a self-granted budget's LIMITED does not).
+        self.answered = False
         self.limit = 0
         self.low = 1  # ask for more below this many tokens (low_water(), kept current)
         self.tokens = 0
@@ -84,6 +88,7 @@ class Bucket:
     def reset(self) -> None:
         """The limits changed: forget what was known; the next use asks again."""
         self.state = UNKNOWN
+        self.answered = False
         self.tokens = 0
         self.not_before = 0.0
         self.fallback = False
@@ -101,7 +106,8 @@ class Bucket:
 
     def _check(self, n: int, now: float) -> bool:
         if self.state == UNKNOWN:
-            if not self.asking:
+            # Asked at once; while the quota service cannot answer, once per retry period.
+            if not self.asking and now >= self.not_before:
                 self.want(self)
             return True
         if now >= self.expires and self.tokens > 0:
@@ -135,9 +141,10 @@ class Bucket:
             # One delivery goes (charged: the first lease's grant pays it back), then the
             # rest wait for the answer (a few ms): admitting all meanwhile would let a
             # persistent session's whole first read batch through on every node it lands on.
-            if not self.asking:
+            if not self.asking and now >= self.not_before:
                 self.want(self)
-            return self.tokens >= 0
+            # Unanswered because the service is away (`fallback`): nothing known to hold.
+            return self.fallback or self.tokens >= 0
         if now >= self.expires and self.tokens > 0:
             self.tokens = 0
         tokens = self.tokens

@@ -139,6 +139,7 @@ class NodeQuota:
                 self._fallback(b)
                 return
             self.available = True
+            b.answered = True
             now = self._clock()
             b.demand = 0
             if b.fallback:  # self-granted tokens end with the service's first answer
@@ -185,7 +186,13 @@ class NodeQuota:
         b.not_before = b.renew_at = now + RETRY_S
         b.expires = now + RETRY_S * 1.5
         mode = self._unavailable
-        if mode == "allow" or (mode == "keep" and b.state == UNKNOWN):
+        if not b.answered and mode != "deny":
+            # No limit known: it stays UNKNOWN, which admits everything and asks again once
+            # per RETRY_S. (Marked LIMITED with a self-grant instead, its second failed
+            # retry took it for a budget of 0: every publish refused, on a tenant that may
+            # have no limits at all.)
+            return
+        if mode == "allow":
             tokens = 1 << 62
         elif mode == "keep":
             tokens = min(b.keep_rate, b.share)

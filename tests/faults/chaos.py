@@ -23,6 +23,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from services.cli.launcher import Launcher
@@ -66,6 +67,11 @@ def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, b
     print(f"{len(faults)} faults in {minutes:g} min: {', '.join(faults)}")
     print(f"verdict: {verdict.summary()}")
     print(f"never acknowledged: {unacked or 'none'}")
+    # Publishes the broker refused (PUBACK/PUBREC reason code >= 0x80): no promise was made.
+    refused = Counter(
+        f"{kind} 0x{code:02X}" for p in load.publishers for kind, code, _ in p.refusals
+    )
+    print(f"refused: {dict(refused) or 'none'}")
     try:
         verdict.check(clean_may_lose=True)
     except AssertionError as exc:

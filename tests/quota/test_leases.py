@@ -121,3 +121,17 @@ async def test_with_the_service_down_nodes_keep_at_most_their_fair_share() -> No
         clock.now = second
         got = await _flood(a), await _flood(b)
         assert all(95 <= n <= 100 for n in got) and sum(got) <= 200, (second, got)
+
+
+async def test_a_tenant_never_answered_for_is_admitted_through_every_retry() -> None:
+    """A node (re)started while the quota service cannot answer (its Redis is down) knows no
+    limit for the tenant: `keep` admits its publishes, and still does after the retries
+    that fail too (the second failed retry used to take the tenant for one limited to 0:
+    every publish refused, PUBACK 0x97, on a tenant with no limits at all)."""
+    clock = Clock()
+    service = Service(200, clock)
+    service.down = True
+    _quota, gate = _node("n1", service, clock)
+    for second in (0.1, 1.2, 2.3, 3.4, 4.5):
+        clock.now = second
+        assert await _flood(gate, 300) == 300, second
