@@ -4,9 +4,10 @@ The fault suite's load (tests/faults/harness.py: QoS 1 publishers on both nodes,
 publisher, persistent subscribers on both nodes, one of them moving at QoS 2, and a clean
 one) runs on a two-node mesh with two instances of the router, the queue and the session
 service, for M minutes (default 4). Every 0.5-4 s one to three components, drawn at random
-from the nodes, those instances, Redis and NATS, are stopped (SIGKILL, or SIGTERM for a
-service), left down for up to 2 s, and started again (NATS and Redis first, as an
-orchestrator would have them back). Then the publishers stop, everything is settled, and the
+from the nodes, those instances, Redis and the NATS servers (`--nats 3`: a cluster, of which
+at most one server is down at a time), are stopped (SIGKILL, or SIGTERM for a service), left
+down for up to 2 s, and started again (NATS and Redis first, as an orchestrator would have
+them back). Then the publishers stop, everything is settled, and the
 checker's verdict is printed: lost (acknowledged, never delivered to a persistent session),
 QoS 2 duplicates and order violations must be 0; clean-session losses are counted, as the
 transient path is at most once across a fault. Exit status 0 when the verdict holds.
@@ -31,12 +32,27 @@ from tests.faults.harness import MAX_PACKET, Load
 from tests.faults.test_under_load import heal
 
 INSTANCES = {"router": 2, "queue": 2, "session": 2}
-INFRA = ("nats", "redis")  # killed only (their restart is a cold start either way)
 
 
-def victims() -> list[str]:
+def victims(launcher: Launcher) -> list[str]:
+    """What may be stopped: the nodes, the instances above, Redis and every NATS server."""
     services = [f"{s}{'' if i == 0 else f'-{i}'}" for s, n in INSTANCES.items() for i in range(n)]
-    return ["connection-0", "connection-1", *services, *INFRA]
+    return ["connection-0", "connection-1", *services, "redis", *infra(launcher)[1:]]
+
+
+def infra(launcher: Launcher) -> list[str]:
+    """Redis and the NATS servers (killed only: their restart is a cold start either way)."""
+    return ["redis", *(c.name for c in launcher.mesh.components if c.kind == "nats")]
+
+
+def pick(launcher: Launcher, rng: random.Random) -> list[str]:
+    """One to three victims; with a NATS cluster, at most one of its servers at a time (two
+    of three down is a lost quorum, an outage the cluster is not built to ride out)."""
+    chosen = rng.sample(victims(launcher), rng.choice([1, 1, 2, 3]))
+    nats = [n for n in chosen if n.startswith("nats")]
+    if launcher.nats_servers > 1 and len(nats) > 1:
+        chosen = [n for n in chosen if n not in nats[1:]]
+    return chosen
 
 
 def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, bool]:
@@ -48,14 +64,14 @@ def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, b
         end = time.monotonic() + minutes * 60
         while time.monotonic() < end:
             time.sleep(rng.uniform(0.5, 4.0))
-            chosen = rng.sample(victims(), rng.choice([1, 1, 2, 3]))
+            chosen = pick(launcher, rng)
             for name in chosen:
-                term = name not in INFRA and rng.random() < 0.5
+                term = name not in infra(launcher) and rng.random() < 0.5
                 faults.append(f"{name} {'SIGTERM' if term else 'SIGKILL'}")
                 (launcher.terminate if term else launcher.kill)(name)
                 time.sleep(rng.uniform(0, 0.5))
             time.sleep(rng.uniform(0, 2.0))
-            for name in sorted(chosen, key=lambda n: n not in INFRA):
+            for name in sorted(chosen, key=lambda n: n not in infra(launcher)):
                 launcher.restart(name)
             heal(launcher)
         verdict = load.finish(120)
@@ -84,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--nats", type=int, default=1, help="NATS servers (3: a cluster)")
     args = p.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="starling-chaos-"))
     launcher = Launcher(
@@ -98,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             "STARLING_MAX_PACKET_SIZE_BYTES": str(MAX_PACKET),
         },
         instances=INSTANCES,
+        nats_servers=args.nats,
     )
-    launcher.start(timeout_s=60)
+    launcher.start(timeout_s=90)
     try:
         _, held = soak(launcher, args.minutes, random.Random(args.seed))
     finally:
