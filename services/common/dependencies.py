@@ -1,4 +1,4 @@
-"""Start-up waits for the mesh's shared dependencies (NATS, Redis).
+"""Start-up waits for the mesh's shared dependencies (NATS, JetStream, Redis).
 
 A service process that starts while Redis or NATS is away (a restart of the whole mesh in any
 order, a pod rescheduled while Redis fails over) waits for it, retrying with backoff and
@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import nats.errors
 import redis.exceptions
 from tenacity import (
     AsyncRetrying,
@@ -35,6 +36,13 @@ UNREACHABLE: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
 )
+
+
+def jetstream_unreachable() -> tuple[type[BaseException], ...]:
+    """What a JetStream API call raises while the cluster cannot answer it yet (no server,
+    no meta leader after a restart, a stream without a leader): nats-py's errors, whose
+    timeout and 503 answers are of them."""
+    return (*UNREACHABLE, nats.errors.Error)
 
 
 async def wait_for(

@@ -32,7 +32,6 @@ from services.common.bus import subjects
 from services.common.tasks import TaskSet
 from services.connection.budget import (
     LIMITED,
-    UNKNOWN,
     UNLIMITED,
     Bucket,
     DeliveryGate,

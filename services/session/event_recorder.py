@@ -51,9 +51,15 @@ class EventRecorder:
 
     async def run(self) -> None:
         js = self._nc.jetstream()
-        sub = await js.pull_subscribe(
-            subjects.EVENTS_WILDCARD, self._durable, stream=subjects.EVENTS_STREAM
-        )
+        while True:  # a task of its own: it must outlast a JetStream that cannot answer yet
+            try:
+                sub = await js.pull_subscribe(
+                    subjects.EVENTS_WILDCARD, self._durable, stream=subjects.EVENTS_STREAM
+                )
+                break
+            except Exception as exc:
+                log.warning("event_consumer_unavailable", extra={"error": repr(exc)})
+                await asyncio.sleep(RETRY_S)
         while True:
             try:
                 msgs = await sub.fetch(self._batch, timeout=1.0)

@@ -23,7 +23,7 @@ from services.common.bus.unary import (
     UnaryServer,
     servicer_handler,
 )
-from services.common.dependencies import wait_for
+from services.common.dependencies import jetstream_unreachable, wait_for
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
@@ -234,7 +234,13 @@ class SessionService:
             self._settings.nats_url, self._settings.node_id, **self._settings.nats_options()
         )
         # 3 on a NATS cluster: one server may die without the stream stopping.
-        await ensure_stream(self._nats.nc.jetstream(), self._settings.nats_stream_replicas)
+        js = self._nats.nc.jetstream()
+        await wait_for(
+            "jetstream",
+            lambda: ensure_stream(js, self._settings.nats_stream_replicas),
+            self._settings.dependency_wait_s,
+            jetstream_unreachable(),
+        )
         self._sweeper = asyncio.create_task(
             self._sessions.run_sweeper(self._settings.session_expiry_sweep_s)
         )

@@ -7,7 +7,9 @@ service, for M minutes (default 4). Every 0.5-4 s one to three components, drawn
 from the nodes, those instances, Redis and the NATS servers (`--nats 3`: a cluster, of which
 at most one server is down at a time), are stopped (SIGKILL, or SIGTERM for a service), left
 down for up to 2 s, and started again (NATS and Redis first, as an orchestrator would have
-them back). Then the publishers stop, everything is settled, and the
+them back). In about one round in seven a node is also drained meanwhile (`starling drain
+NODE --wait`, the rolling-upgrade step), and started again once it has exited; a drain that
+fails counts against the verdict. Then the publishers stop, everything is settled, and the
 checker's verdict is printed: lost (acknowledged, never delivered to a persistent session),
 QoS 2 duplicates and order violations must be 0; clean-session losses are counted, as the
 transient path is at most once across a fault. Exit status 0 when the verdict holds.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +35,8 @@ from tests.faults.harness import MAX_PACKET, Load
 from tests.faults.test_under_load import heal
 
 INSTANCES = {"router": 2, "queue": 2, "session": 2}
+DRAIN_SHARE = 0.15  # of the rounds, in which a node is also drained
+STARLING = [sys.executable, "-m", "services.cli.main"]
 
 
 def victims(launcher: Launcher) -> list[str]:
@@ -59,12 +64,26 @@ def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, b
     """Run the load under faults; the number of faults and whether the verdict held."""
     load = Load(launcher, rate=100.0, moving_qos=2)
     faults: list[str] = []
+    failed_drains: list[str] = []
     try:
         load.start()
         end = time.monotonic() + minutes * 60
         while time.monotonic() < end:
             time.sleep(rng.uniform(0.5, 4.0))
             chosen = pick(launcher, rng)
+            draining = None
+            if rng.random() < DRAIN_SHARE:
+                # A node drained (`starling drain NODE --wait`, as in a rolling upgrade)
+                # while the other victims fail around it.
+                draining = rng.choice(["connection-0", "connection-1"])
+                chosen = [n for n in chosen if n != draining]
+                faults.append(f"{draining} drain")
+                drain = subprocess.Popen(
+                    [*STARLING, "drain", draining, "--data-dir", launcher.mesh.data_dir, "--wait"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             for name in chosen:
                 term = name not in infra(launcher) and rng.random() < 0.5
                 faults.append(f"{name} {'SIGTERM' if term else 'SIGKILL'}")
@@ -73,6 +92,11 @@ def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, b
             time.sleep(rng.uniform(0, 2.0))
             for name in sorted(chosen, key=lambda n: n not in infra(launcher)):
                 launcher.restart(name)
+            if draining is not None:
+                _, err = drain.communicate(timeout=120)
+                if drain.returncode != 0:
+                    failed_drains.append(f"{draining}: {err.strip()[-300:]}")
+                launcher.restart(draining)
             heal(launcher)
         verdict = load.finish(120)
     except BaseException:
@@ -88,12 +112,13 @@ def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, b
         f"{kind} 0x{code:02X}" for p in load.publishers for kind, code, _ in p.refusals
     )
     print(f"refused: {dict(refused) or 'none'}")
+    print(f"failed drains: {failed_drains or 'none'}")
     try:
         verdict.check(clean_may_lose=True)
     except AssertionError as exc:
         print(f"FAILED: {exc}")
         return len(faults), False
-    return len(faults), not unacked
+    return len(faults), not unacked and not failed_drains
 
 
 def main(argv: list[str] | None = None) -> int:
