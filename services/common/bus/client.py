@@ -1,7 +1,7 @@
 """NATS helpers: connect with bounded retries, protobuf publish/request with trace context.
 
-`connect(url)` retries with exponential backoff for at most `wait_s` seconds (setting
-`dependency_wait_s`, services/common/dependencies.py), then raises; nothing here retries
+`connect(url)` waits at most `wait_s` seconds (setting `dependency_wait_s`,
+services/common/dependencies.py) for a first connection, then raises; nothing here waits
 forever.
 """
 
@@ -17,7 +17,6 @@ from google.protobuf.message import Message
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.common.dependencies import UNREACHABLE, wait_for
 from services.common.telemetry import inject
 
 log = logging.getLogger(__name__)
@@ -43,21 +42,26 @@ async def connect(
     credentials inside `url` work too.
     """
     auth = {"user": user, "password": password} if user else {}
-
-    async def attempt() -> Client:
-        return await nats.connect(
-            [u.strip() for u in url.split(",")],
-            name=name,
-            connect_timeout=2,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            allow_reconnect=True,
-            no_echo=no_echo,
-            **({"closed_cb": on_closed} if on_closed is not None else {}),
-            **auth,
+    # nats-py itself retries the first connection until it succeeds (every 0.5 s, each
+    # failure logged as `nats: encountered error`: max_reconnect_attempts=-1 holds for it
+    # too), so the bound is a timeout around it.
+    try:
+        return await asyncio.wait_for(
+            nats.connect(
+                [u.strip() for u in url.split(",")],
+                name=name,
+                connect_timeout=2,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                allow_reconnect=True,
+                no_echo=no_echo,
+                **({"closed_cb": on_closed} if on_closed is not None else {}),
+                **auth,
+            ),
+            wait_s,
         )
-
-    return await wait_for("nats", attempt, wait_s, (*UNREACHABLE, nats.errors.Error))
+    except TimeoutError as exc:
+        raise TimeoutError(f"NATS ({url}) did not accept a connection in {wait_s:g} s") from exc
 
 
 class LateClient:
