@@ -22,6 +22,9 @@ Theory of operation:
 - A connection that ends with records being written is released to the session service
   only once they are written, and a takeover's kick is answered only then: the next
   connection, on any node, resumes a session that already knows every id this one took.
+  Both waits are bounded (the node's QOS2_SETTLE_S); past it, nothing still being written
+  is routed from this connection, even once written: the client, which got no PUBREC for
+  it, resends it to the next connection, which may already have taken it under a new id.
 - A record the session service did not confirm is written again (idempotent), with backoff,
   before anything of that connection is published: a failed call may have been written all
   the same, and giving up at once would leave a record that says "received" for a message
@@ -140,13 +143,14 @@ class ExactlyOnceInbound:
         self._idle = asyncio.Event()
         self._idle.set()
         self._broken = False
+        self._abandoned = False  # `idle` ran out: nothing pending is routed from here
         self.recorded: dict[int, str] = {}  # packet id -> message id, not released yet
         self._routed: set[int] = set()  # of `recorded`: the router has stored them
         self._ended = False
 
     def route(self, msgs: list[Message]) -> None:
         """A Route of the channel, in the order the client sent it."""
-        if self._broken:
+        if self._broken or self._abandoned:
             return
         if not self._queue and all(m.qos != 2 for m in msgs):
             self._publish(msgs)  # nothing to record, nothing ahead of it
@@ -169,6 +173,9 @@ class ExactlyOnceInbound:
                         self._queue.clear()
                         self._failed()
                         return
+                if self._abandoned:
+                    self._queue.clear()  # written too late to be routed from here: `idle`
+                    return
                 self._queue.popleft()
                 self._send(assigned)
         finally:
@@ -186,6 +193,13 @@ class ExactlyOnceInbound:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
             log.warning("qos2_records_still_pending")
+            # The connection's release (or a takeover's kick reply) goes ahead without them,
+            # so the client may resend these publishes to its next connection before they
+            # are written, which then takes them under new ids: routed from here as well once
+            # written, each would be stored twice (QoS 2 delivered twice). Nothing still
+            # being written is routed from here now; no PUBREC went out for it, so the client
+            # resends it, and its next connection routes it once.
+            self._abandoned = True
 
     def _assign(self, msgs: list[Message]) -> tuple[list[tuple[Message, bool]], list[Qos2Update]]:
         """Message ids for the new QoS 2 publishes of `msgs`, and their RECEIVED records;

@@ -1,5 +1,5 @@
 """The QoS 2 journal of a node (services/connection/exactly_once.py): what a failed record
-write does."""
+write does, and what a record written after its connection gave up waiting does."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import asyncio
 
 import pytest
 
+from services.common.message import Message
 from services.common.store.ports import Qos2Change, Qos2Update
-from services.connection.exactly_once import Qos2Journal
+from services.common.tasks import TaskSet
+from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal
 
 UPDATE = Qos2Update("t", "c", 1, Qos2Change.RECEIVED, 7, "m-7")
 
@@ -53,3 +55,50 @@ async def test_a_record_that_keeps_failing_fails_the_write_after_give_up() -> No
         assert len(recorder.calls) > 1  # retried before giving up
     finally:
         runner.cancel()
+
+
+class GatedRecorder:
+    """The session service, away until `gate` is set: then it writes what it was sent."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
+    async def record_qos2(self, updates: list[Qos2Update]) -> None:
+        await self.gate.wait()
+
+
+async def test_a_record_written_after_its_connection_gave_up_waiting_is_not_routed() -> None:
+    # A node drained while the session service was away: the connection's release went ahead
+    # after QOS2_SETTLE_S without its records, the client resent the publish to another node
+    # (which took it under a new id), and then the record landed here and this node routed
+    # it too: every subscriber got it twice at QoS 2 (found by tests/faults/chaos.py).
+    recorder = GatedRecorder()
+    journal = Qos2Journal(recorder, give_up_s=30.0)
+    runner = asyncio.ensure_future(journal.run())
+    published: list[Message] = []
+    tasks = TaskSet()
+    ids = iter(range(1, 100))
+    eo = ExactlyOnceInbound(
+        "t",
+        "c",
+        1,
+        journal,
+        lambda: f"m-{next(ids)}",
+        published.extend,
+        published.append,
+        lambda: None,
+        tasks,
+    )
+    try:
+        eo.route([Message("t", "a/b", b"x", 2, False, packet_id=7)])
+        assert eo.busy
+        await eo.idle(0.05)  # the connection's end waits no longer
+        recorder.gate.set()  # the session service is back: the record is written
+        await asyncio.wait_for(eo.idle(5.0), 5.0)
+        assert not eo.busy
+        assert published == []  # the client resends it to its next connection
+        eo.route([Message("t", "a/b", b"y", 1, False, packet_id=8)])
+        assert published == []  # nothing more from a connection that was given up
+    finally:
+        runner.cancel()
+        await tasks.wait(1.0)
