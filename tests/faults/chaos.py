@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 from services.cli.launcher import Launcher
-from tests.faults.harness import MAX_PACKET, Load
+from tests.faults.harness import Load, fault_launcher
 from tests.faults.test_under_load import heal
 
 INSTANCES = {"router": 2, "queue": 2, "session": 2}
@@ -128,25 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nats", type=int, default=1, help="NATS servers (3: a cluster)")
     args = p.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="starling-chaos-"))
-    launcher = Launcher(
-        folder / "run",
-        nodes=2,
-        mqtt_port=0,
-        anonymous=True,
-        ws=False,
-        extra_env={
-            "STARLING_LOG_LEVEL": "INFO",
-            "STARLING_NODE_TIMEOUT_S": "3",
-            "STARLING_MAX_PACKET_SIZE_BYTES": str(MAX_PACKET),
-        },
-        instances=INSTANCES,
-        nats_servers=args.nats,
-    )
-    launcher.start(timeout_s=90)
     try:
-        _, held = soak(launcher, args.minutes, random.Random(args.seed))
+        with fault_launcher(folder, instances=INSTANCES, nats_servers=args.nats) as launcher:
+            _, held = soak(launcher, args.minutes, random.Random(args.seed))
     finally:
-        launcher.stop()
         print(f"logs: {folder / 'run' / 'logs'}")
     print("verdict holds" if held else "verdict FAILED")
     return 0 if held else 1

@@ -31,7 +31,15 @@ MAX_PACKET = 16 << 20  # room for the 8 MiB messages of test_large_messages
 
 
 @contextmanager
-def fault_launcher(folder: Path, nodes: int = 2, **env: str) -> Iterator[Launcher]:
+def fault_launcher(
+    folder: Path,
+    nodes: int = 2,
+    instances: dict[str, int] | None = None,
+    nats_servers: int = 1,
+    **env: str,
+) -> Iterator[Launcher]:
+    """`instances`, `nats_servers`: as Launcher's (several copies of back-office services,
+    a NATS cluster)."""
     launcher = Launcher(
         folder / "run",
         nodes=nodes,
@@ -45,8 +53,10 @@ def fault_launcher(folder: Path, nodes: int = 2, **env: str) -> Iterator[Launche
             "STARLING_MAX_PACKET_SIZE_BYTES": str(MAX_PACKET),
             **env,
         },
+        instances=instances,
+        nats_servers=nats_servers,
     )
-    launcher.start(timeout_s=60)
+    launcher.start(timeout_s=90 if nats_servers > 1 else 60)
     try:
         yield launcher
     finally:
