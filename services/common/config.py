@@ -108,7 +108,8 @@ class ServiceSettings(BaseSettings):
         default=60.0,
         gt=0,
         le=3600,
-        description="At start-up, how long the process waits for NATS and Redis to answer "
+        description="At start-up, how long the process waits for NATS, JetStream and Redis to "
+        "answer "
         "(retrying with backoff, NOT_SERVING meanwhile) before it exits with an error "
         "(docs/failure-behaviour.md).",
     )

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import nats.errors
 import redis.exceptions
+from redis.asyncio import Redis
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -38,11 +39,10 @@ UNREACHABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def jetstream_unreachable() -> tuple[type[BaseException], ...]:
-    """What a JetStream API call raises while the cluster cannot answer it yet (no server,
-    no meta leader after a restart, a stream without a leader): nats-py's errors, whose
-    timeout and 503 answers are of them."""
-    return (*UNREACHABLE, nats.errors.Error)
+# What a JetStream API call raises while the cluster cannot answer it yet (no server, no
+# meta leader after a restart, a stream without a leader): nats-py's errors, whose timeout
+# and 503 answers are of them.
+JETSTREAM_UNREACHABLE: tuple[type[BaseException], ...] = (*UNREACHABLE, nats.errors.Error)
 
 
 async def wait_for(
@@ -76,3 +76,12 @@ async def wait_for(
         with step:
             return await attempt()
     raise RuntimeError("unreachable")  # pragma: no cover
+
+
+async def redis_ready(redis: Redis, wait_s: float) -> None:
+    """Start-up: Redis answers a PING (waiting for it as `wait_for` does)."""
+
+    async def ping() -> object:
+        return await redis.ping()
+
+    await wait_for("redis", ping, wait_s)

@@ -188,7 +188,8 @@ class ExactlyOnceInbound:
         return self._draining
 
     async def idle(self, timeout_s: float) -> None:
-        """Wait (at most `timeout_s`) until no record is being written."""
+        """Wait (at most `timeout_s`) until no record is being written; past it, this
+        connection is given up on: nothing it still has pending is routed from here."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:

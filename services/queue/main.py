@@ -28,7 +28,7 @@ from services.common.bus.unary import (
     instance_subject,
     servicer_handler,
 )
-from services.common.dependencies import wait_for
+from services.common.dependencies import redis_ready
 from services.common.refusals import register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_queue_store
@@ -95,7 +95,7 @@ class QueueService:
             await self._limits.start(nc)
         self._parts.publish = lambda data: nc.publish(QUEUE_OWNERS_SUBJECT, data)
         # The leases live in Redis: its first round needs it.
-        await wait_for("redis", self._redis.ping, self._s.dependency_wait_s)  # type: ignore[arg-type]
+        await redis_ready(self._redis, self._s.dependency_wait_s)
         # The first round before serving: alone, this instance owns every partition when
         # it reports SERVING; beside others it takes its share as they shed theirs.
         await self._parts.tick()

@@ -10,7 +10,7 @@ from nats.aio.client import Client
 from redis.asyncio import Redis
 
 from services.common.bus.client import connect, drain
-from services.common.dependencies import wait_for
+from services.common.dependencies import redis_ready
 from services.common.runtime import run_service
 from services.common.store.open import open_ban_store
 from services.quota.api import Bans, QuotaAdminApi, QuotaApi
@@ -55,7 +55,7 @@ class QuotaService:
         return [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()]
 
     async def start(self) -> None:
-        await wait_for("redis", self._redis.ping, self._settings.dependency_wait_s)  # type: ignore[arg-type]
+        await redis_ready(self._redis, self._settings.dependency_wait_s)
         s = self._settings
         self._nc = await connect(s.nats_url, s.node_id, **s.nats_options())
 

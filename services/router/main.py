@@ -17,7 +17,7 @@ from services.common.bus.unary import (
     UnaryServer,
     servicer_handler,
 )
-from services.common.dependencies import wait_for
+from services.common.dependencies import redis_ready
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.rpc.limits import max_message_bytes
 from services.common.runtime import run_service
@@ -114,7 +114,7 @@ class RouterService:
     async def start(self) -> None:
         self._nats.nc = await connect(self._s.nats_url, self._s.node_id, **self._s.nats_options())
         if self._redis is not None:  # the instances' shared state is read below
-            await wait_for("redis", self._redis.ping, self._s.dependency_wait_s)  # type: ignore[arg-type]
+            await redis_ready(self._redis, self._s.dependency_wait_s)
         # Delayed messages larger than one NATS message are published by reference.
         if self._limits is not None:
             await self._limits.start(self._nats.nc)

@@ -9,7 +9,7 @@ import grpc
 from nats.aio.client import Client
 
 from services.common.bus.client import connect, drain
-from services.common.dependencies import jetstream_unreachable, wait_for
+from services.common.dependencies import JETSTREAM_UNREACHABLE, wait_for
 from services.common.runtime import run_service
 from services.common.store.open import open_rule_store
 from services.router.client import RouterClient
@@ -90,10 +90,10 @@ class RulesService:
         # The stream exists before any node learns a filter (nodes store into it only then),
         # and the rules are installed before the first message is pulled (one pulled before
         # would match nothing and be acknowledged: lost for its rules).
-        unreachable = jetstream_unreachable()
-        await wait_for("jetstream", self.consumer.prepare, s.dependency_wait_s, unreachable)
+        js_down = JETSTREAM_UNREACHABLE
+        await wait_for("jetstream", self.consumer.prepare, s.dependency_wait_s, js_down)
         await self.registry.start(nc)
-        await wait_for("jetstream", self.consumer.start, s.dependency_wait_s, unreachable)
+        await wait_for("jetstream", self.consumer.start, s.dependency_wait_s, js_down)
         register_rule_metrics(
             lambda: [(r.record.tenant, r.record.rule_id, r.counters) for r in self.engine.rules()]
         )

@@ -23,7 +23,7 @@ from services.common.bus.unary import (
     UnaryServer,
     servicer_handler,
 )
-from services.common.dependencies import jetstream_unreachable, wait_for
+from services.common.dependencies import JETSTREAM_UNREACHABLE, redis_ready, wait_for
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
@@ -229,7 +229,7 @@ class SessionService:
         ]
 
     async def start(self) -> None:
-        await wait_for("redis", self._redis.ping, self._settings.dependency_wait_s)  # type: ignore[arg-type]
+        await redis_ready(self._redis, self._settings.dependency_wait_s)
         self._nats.nc = await connect(
             self._settings.nats_url, self._settings.node_id, **self._settings.nats_options()
         )
@@ -239,7 +239,7 @@ class SessionService:
             "jetstream",
             lambda: ensure_stream(js, self._settings.nats_stream_replicas),
             self._settings.dependency_wait_s,
-            jetstream_unreachable(),
+            JETSTREAM_UNREACHABLE,
         )
         self._sweeper = asyncio.create_task(
             self._sessions.run_sweeper(self._settings.session_expiry_sweep_s)

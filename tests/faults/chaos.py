@@ -60,8 +60,44 @@ def pick(launcher: Launcher, rng: random.Random) -> list[str]:
     return chosen
 
 
-def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, bool]:
-    """Run the load under faults; the number of faults and whether the verdict held."""
+def one_round(launcher: Launcher, rng: random.Random, faults: list[str]) -> str:
+    """Stop the victims (and maybe drain a node meanwhile), start them again; what a failed
+    drain said ("" if none failed)."""
+    chosen = pick(launcher, rng)
+    drain = None
+    if rng.random() < DRAIN_SHARE:
+        # A node drained (`starling drain NODE --wait`, as in a rolling upgrade) while the
+        # other victims fail around it.
+        draining = rng.choice(["connection-0", "connection-1"])
+        chosen = [n for n in chosen if n != draining]
+        faults.append(f"{draining} drain")
+        drain = subprocess.Popen(
+            [*STARLING, "drain", draining, "--data-dir", launcher.mesh.data_dir, "--wait"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    cold = infra(launcher)
+    for name in chosen:
+        term = name not in cold and rng.random() < 0.5
+        faults.append(f"{name} {'SIGTERM' if term else 'SIGKILL'}")
+        (launcher.terminate if term else launcher.kill)(name)
+        time.sleep(rng.uniform(0, 0.5))
+    time.sleep(rng.uniform(0, 2.0))
+    for name in sorted(chosen, key=lambda n: n not in cold):
+        launcher.restart(name)
+    failed = ""
+    if drain is not None:
+        _, err = drain.communicate(timeout=120)
+        if drain.returncode != 0:
+            failed = f"{draining}: {err.strip()[-300:]}"
+        launcher.restart(draining)
+    heal(launcher)
+    return failed
+
+
+def soak(launcher: Launcher, minutes: float, rng: random.Random) -> bool:
+    """Run the load under faults, print what happened; whether the verdict held."""
     load = Load(launcher, rate=100.0, moving_qos=2)
     faults: list[str] = []
     failed_drains: list[str] = []
@@ -70,34 +106,9 @@ def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, b
         end = time.monotonic() + minutes * 60
         while time.monotonic() < end:
             time.sleep(rng.uniform(0.5, 4.0))
-            chosen = pick(launcher, rng)
-            draining = None
-            if rng.random() < DRAIN_SHARE:
-                # A node drained (`starling drain NODE --wait`, as in a rolling upgrade)
-                # while the other victims fail around it.
-                draining = rng.choice(["connection-0", "connection-1"])
-                chosen = [n for n in chosen if n != draining]
-                faults.append(f"{draining} drain")
-                drain = subprocess.Popen(
-                    [*STARLING, "drain", draining, "--data-dir", launcher.mesh.data_dir, "--wait"],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            for name in chosen:
-                term = name not in infra(launcher) and rng.random() < 0.5
-                faults.append(f"{name} {'SIGTERM' if term else 'SIGKILL'}")
-                (launcher.terminate if term else launcher.kill)(name)
-                time.sleep(rng.uniform(0, 0.5))
-            time.sleep(rng.uniform(0, 2.0))
-            for name in sorted(chosen, key=lambda n: n not in infra(launcher)):
-                launcher.restart(name)
-            if draining is not None:
-                _, err = drain.communicate(timeout=120)
-                if drain.returncode != 0:
-                    failed_drains.append(f"{draining}: {err.strip()[-300:]}")
-                launcher.restart(draining)
-            heal(launcher)
+            failed = one_round(launcher, rng, faults)
+            if failed:
+                failed_drains.append(failed)
         verdict = load.finish(120)
     except BaseException:
         print(f"faults so far: {faults}", flush=True)
@@ -117,8 +128,8 @@ def soak(launcher: Launcher, minutes: float, rng: random.Random) -> tuple[int, b
         verdict.check(clean_may_lose=True)
     except AssertionError as exc:
         print(f"FAILED: {exc}")
-        return len(faults), False
-    return len(faults), not unacked and not failed_drains
+        return False
+    return not unacked and not failed_drains
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="starling-chaos-"))
     try:
         with fault_launcher(folder, instances=INSTANCES, nats_servers=args.nats) as launcher:
-            _, held = soak(launcher, args.minutes, random.Random(args.seed))
+            held = soak(launcher, args.minutes, random.Random(args.seed))
     finally:
         print(f"logs: {folder / 'run' / 'logs'}")
     print("verdict holds" if held else "verdict FAILED")
