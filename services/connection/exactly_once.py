@@ -25,6 +25,12 @@ Theory of operation:
   Both waits are bounded (the node's QOS2_SETTLE_S); past it, nothing still being written
   is routed from this connection, even once written: the client, which got no PUBREC for
   it, resends it to the next connection, which may already have taken it under a new id.
+- Every record carries the connection's registry epoch: once a later connection has resumed
+  the session (on any node), the session store ignores what an earlier one still writes.
+  Without it, a RECEIVED written after its connection was given up could land after the
+  next connection's RELEASED for the same id, and a third connection would take a new
+  message under that id for a resend of one never routed (stored, but not delivered to
+  clean subscribers).
 - A record the session service did not confirm is written again (idempotent), with backoff,
   before anything of that connection is published: a failed call may have been written all
   the same, and giving up at once would leave a record that says "received" for a message
@@ -130,8 +136,12 @@ class ExactlyOnceInbound:
         store_only: Callable[[Message], None],
         failed: Callable[[], None],
         tasks: TaskSet,
+        epoch: int = 0,
     ) -> None:
         self._key = (tenant, client_id, incarnation)
+        # The connection's registry epoch, on every record: once a later connection resumed
+        # the session, what this one still writes is ignored by the session store.
+        self._epoch = epoch
         self._journal = journal
         self._new_id = new_id
         self._publish = publish  # the node's whole path: fan-out, mesh and router
@@ -224,6 +234,7 @@ class ExactlyOnceInbound:
                             Qos2Change.RECEIVED,
                             m.packet_id,
                             m.message_id,
+                            self._epoch,
                         )
                     )
                 self.recorded[m.packet_id] = m.message_id
@@ -254,7 +265,13 @@ class ExactlyOnceInbound:
         if self._ended:  # routed after the connection ended: mark it now
             tenant, client_id, incarnation = self._key
             stored = Qos2Update(
-                tenant, client_id, incarnation, Qos2Change.STORED, packet_id, message_id
+                tenant,
+                client_id,
+                incarnation,
+                Qos2Change.STORED,
+                packet_id,
+                message_id,
+                self._epoch,
             )
             self._tasks.spawn(self._mark([stored]), name="qos2-stored")
 
@@ -265,7 +282,16 @@ class ExactlyOnceInbound:
         tenant, client_id, incarnation = self._key
         try:
             await self._journal.write(
-                [Qos2Update(tenant, client_id, incarnation, Qos2Change.RELEASED, packet_id)]
+                [
+                    Qos2Update(
+                        tenant,
+                        client_id,
+                        incarnation,
+                        Qos2Change.RELEASED,
+                        packet_id,
+                        epoch=self._epoch,
+                    )
+                ]
             )
         except Exception:
             self._failed()  # no PUBCOMP: the client resends PUBREL after reconnecting
@@ -278,7 +304,7 @@ class ExactlyOnceInbound:
         self._ended = True
         tenant, client_id, incarnation = self._key
         updates = [
-            Qos2Update(tenant, client_id, incarnation, Qos2Change.STORED, pid, mid)
+            Qos2Update(tenant, client_id, incarnation, Qos2Change.STORED, pid, mid, self._epoch)
             for pid, mid in self.recorded.items()
             if pid in self._routed
         ]

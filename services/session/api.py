@@ -325,7 +325,13 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             await self._settle_displaced(prev)
             known = UNREAD  # the displaced connection's end may have changed the record
         opened = await self._sessions.open(
-            tenant, client_id, request.clean_start, request.session_expiry_interval_s, owner, known
+            tenant,
+            client_id,
+            request.clean_start,
+            request.session_expiry_interval_s,
+            owner,
+            known,
+            epoch=epoch,
         )
         return epoch, opened
 
@@ -427,7 +433,9 @@ def qos2_updates(request: pb.RecordQos2Request) -> list[Qos2Update]:
         if change != Qos2Change.RELEASED and not u.message_id:
             raise InvalidArgumentError(f"updates[{i}].message_id is required for {change}")
         out.append(
-            Qos2Update(u.tenant, u.client_id, u.incarnation, change, u.packet_id, u.message_id)
+            Qos2Update(
+                u.tenant, u.client_id, u.incarnation, change, u.packet_id, u.message_id, u.epoch
+            )
         )
     return out
 

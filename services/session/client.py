@@ -277,6 +277,7 @@ class SessionClient:
                     change=_QOS2_CHANGES[u.change],
                     packet_id=u.packet_id,
                     message_id=u.message_id,
+                    epoch=u.epoch,
                 )
                 for u in updates
             ]

@@ -100,10 +100,13 @@ class Sessions:
         expiry_s: int,
         owner: str = "",
         rec: SessionRecord | Unread | None = UNREAD,
+        epoch: int = 0,
     ) -> Opened:
         """Resume or start the client id's session; a new or resumed one belongs to `owner`
         from now on. `rec`: its record as `read` returned it under the client id's lock, if
-        nothing changed it since (saves reading it again on the CONNECT path)."""
+        nothing changed it since (saves reading it again on the CONNECT path). `epoch`: the
+        registry epoch of the connection that opens it; a resumed session's QoS 2 state
+        ignores from now on what earlier connections still write (`list_qos2`'s fence)."""
         expiry_s = min(expiry_s, self._max_expiry)
         if isinstance(rec, Unread):
             rec = await self._store.get_session(tenant, client_id)
@@ -120,7 +123,9 @@ class Sessions:
         awaiting: tuple[InboundQos2, ...] = ()
         if d.present:
             subs = tuple(await self._store.list_subscriptions(tenant, client_id, d.incarnation))
-            awaiting = tuple(await self._store.list_qos2(tenant, client_id, d.incarnation))
+            awaiting = tuple(
+                await self._store.list_qos2(tenant, client_id, d.incarnation, fence=epoch)
+            )
         return Opened(d.present, d.incarnation, expiry_s, subs, awaiting, rec is not None)
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:

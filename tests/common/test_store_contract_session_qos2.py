@@ -33,8 +33,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     await s.close()
 
 
-def _u(client: str, change: str, pid: int, mid: str = "", inc: int = 1) -> Qos2Update:
-    return Qos2Update("t", client, inc, change, pid, mid)
+def _u(
+    client: str, change: str, pid: int, mid: str = "", inc: int = 1, epoch: int = 0
+) -> Qos2Update:
+    return Qos2Update("t", client, inc, change, pid, mid, epoch)
 
 
 async def test_received_until_released_in_order_across_sessions(store: SessionStore) -> None:
@@ -68,6 +70,49 @@ async def test_dropping_a_session_forgets_its_state(store: SessionStore) -> None
     await store.record_qos2([_u(a, Qos2Change.RECEIVED, p, f"m{p}") for p in (1, 2, 3)])
     await store.drop_qos2("t", a, 1)
     assert await store.list_qos2("t", a, 1) == []
+
+
+async def test_a_resumed_session_ignores_what_earlier_connections_write_late(
+    store: SessionStore,
+) -> None:
+    a = f"a{uuid.uuid4().hex[:6]}"
+    await store.record_qos2([_u(a, Qos2Change.RECEIVED, 1, "m1", epoch=10)])
+    # Connection 20 resumes the session: it takes over what connection 10 recorded.
+    assert await store.list_qos2("t", a, 1, fence=20) == [InboundQos2(1, "m1")]
+    # Connection 10 was given up on with writes under way; they land now. Taken, the
+    # RECEIVED would make a third connection take a new message under id 2 for a resend.
+    await store.record_qos2(
+        [
+            _u(a, Qos2Change.RECEIVED, 2, "late", epoch=10),
+            _u(a, Qos2Change.RELEASED, 1, epoch=10),
+            _u(a, Qos2Change.STORED, 1, "m1", epoch=10),
+        ]
+    )
+    assert await store.list_qos2("t", a, 1) == [InboundQos2(1, "m1")]
+    # The resuming connection's own changes, and those of a later one, are taken.
+    await store.record_qos2(
+        [_u(a, Qos2Change.RELEASED, 1, epoch=20), _u(a, Qos2Change.RECEIVED, 2, "m2", epoch=20)]
+    )
+    await store.record_qos2([_u(a, Qos2Change.STORED, 2, "m2", epoch=30)])
+    assert await store.list_qos2("t", a, 1, fence=30) == [InboundQos2(2, "m2", stored=True)]
+    # A lower fence never lowers it; a change without an epoch (a node from before
+    # fencing) is taken as before.
+    await store.list_qos2("t", a, 1, fence=20)
+    await store.record_qos2(
+        [_u(a, Qos2Change.RECEIVED, 3, "x", epoch=25), _u(a, Qos2Change.RECEIVED, 4, "y")]
+    )
+    assert [q.packet_id for q in await store.list_qos2("t", a, 1)] == [2, 4]
+    # Another session, or another incarnation of this one, has its own fence.
+    await store.record_qos2([_u(a, Qos2Change.RECEIVED, 1, "n", inc=2, epoch=10)])
+    assert await store.list_qos2("t", a, 2) == [InboundQos2(1, "n")]
+
+
+async def test_dropping_the_state_drops_its_fence(store: SessionStore) -> None:
+    a = f"a{uuid.uuid4().hex[:6]}"
+    await store.list_qos2("t", a, 1, fence=50)
+    await store.drop_qos2("t", a, 1)
+    await store.record_qos2([_u(a, Qos2Change.RECEIVED, 1, "m", epoch=10)])
+    assert await store.list_qos2("t", a, 1) == [InboundQos2(1, "m")]
 
 
 async def test_survives_reopen(tmp_path: Path) -> None:

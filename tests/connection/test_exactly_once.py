@@ -62,9 +62,11 @@ class GatedRecorder:
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
+        self.written: list[Qos2Update] = []
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         await self.gate.wait()
+        self.written += updates
 
 
 async def test_a_record_written_after_its_connection_gave_up_waiting_is_not_routed() -> None:
@@ -88,6 +90,7 @@ async def test_a_record_written_after_its_connection_gave_up_waiting_is_not_rout
         published.append,
         lambda: None,
         tasks,
+        epoch=42,
     )
     try:
         eo.route([Message("t", "a/b", b"x", 2, False, packet_id=7)])
@@ -97,6 +100,8 @@ async def test_a_record_written_after_its_connection_gave_up_waiting_is_not_rout
         await asyncio.wait_for(eo.idle(5.0), 5.0)
         assert not eo.busy
         assert published == []  # the client resends it to its next connection
+        # The late record names its connection: a session resumed since ignores it.
+        assert [(u.packet_id, u.epoch) for u in recorder.written] == [(7, 42)]
         eo.route([Message("t", "a/b", b"y", 1, False, packet_id=8)])
         assert published == []  # nothing more from a connection that was given up
     finally:

@@ -18,6 +18,7 @@ from services.common.rpc.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
+from services.common.store.ports import Qos2Change, Qos2Update
 from services.router.client import RouterClient
 from services.session.client import (
     ClientInfo,
@@ -107,6 +108,42 @@ async def test_connect_answers_with_reason_codes_and_acl(mesh: Mesh) -> None:
     ]
     codes = [(await mesh.session.connect(a)).reason_code for a in refusals]
     assert codes == [0x86, 0x86, 0x86, 0x86, 0x87, 0x85]
+
+
+async def test_a_resumed_session_ignores_qos2_records_its_earlier_connection_writes_late(
+    mesh: Mesh,
+) -> None:
+    """A node gave connection 1 up while one of its QoS 2 records was under way; the record
+    lands after connection 2 resumed the session and released the same packet id. Taken,
+    connection 3 would find id 5 'received' and take the client's next message under id 5
+    for a resend of a message that was never routed."""
+    cid = f"q2-{uuid.uuid4().hex[:6]}"
+
+    async def connect() -> ConnectOutcome:
+        out = await mesh.session.connect(
+            attempt(f"{OPEN_TENANT}/u", cid, clean_start=False, session_expiry_s=60)
+        )
+        assert out.ok
+        return out
+
+    def update(conn: ConnectOutcome, change: str, pid: int, mid: str = "") -> Qos2Update:
+        return Qos2Update(OPEN_TENANT, cid, conn.incarnation, change, pid, mid, conn.epoch)
+
+    first = await connect()
+    await mesh.session.record_qos2([update(first, Qos2Change.RECEIVED, 5, "m-first")])
+    second = await connect()  # takes the session over from the first
+    assert second.session_present and second.awaiting_release == ((5, "m-first", False),)
+    await mesh.session.record_qos2([update(second, Qos2Change.RELEASED, 5)])
+    # The first connection's late writes.
+    await mesh.session.record_qos2(
+        [
+            update(first, Qos2Change.RECEIVED, 5, "m-late"),
+            update(first, Qos2Change.RECEIVED, 6, "x"),
+        ]
+    )
+    await mesh.session.record_qos2([update(second, Qos2Change.RECEIVED, 7, "m-second")])
+    third = await connect()
+    assert third.awaiting_release == ((7, "m-second", False),)
 
 
 async def test_a_persistent_session_resumes_with_its_subscriptions(mesh: Mesh) -> None:

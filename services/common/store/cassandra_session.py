@@ -6,6 +6,12 @@ session_expiry ((shard), expires_at_ms, tenant, client_id) so expired sessions a
 shard in time order without a full scan;
 subscriptions ((tenant, client_id, incarnation), topic_filter);
 inbound_qos2 ((tenant, client_id, incarnation), packet_id): QoS 2 publishes awaiting PUBREL;
+qos2_fence ((tenant, client_id, incarnation)): the epoch of the connection that last resumed
+the session (migration 6); a change of an earlier connection is dropped. Unlike the embedded
+store, the check and the write are two statements: a late change checked in the milliseconds
+before a resume raised the fence can still land (a lightweight transaction per QoS 2 change
+would close that window, at four round trips each). Such a change exists only when a node
+gave a connection up while one of its writes was under way;
 the event log and routing snapshots (cassandra_eventlog.py, migration 4): a subscription
 change and its log rows go in one logged batch, so the log holds every durable change.
 """
@@ -62,6 +68,15 @@ MIGRATIONS = [
     ),
     LOG_MIGRATION,
     CHAIN_MIGRATION,
+    Migration(
+        6,
+        "QoS 2 fences",
+        (
+            """CREATE TABLE IF NOT EXISTS qos2_fence (
+             tenant text, client_id text, incarnation bigint, epoch bigint,
+             PRIMARY KEY ((tenant, client_id, incarnation)))""",
+        ),
+    ),
 ]
 
 
@@ -126,6 +141,15 @@ class CassandraSessionStore(CassandraEventLog):
         )
         self._q2_drop = p(
             "DELETE FROM inbound_qos2 WHERE tenant=? AND client_id=? AND incarnation=?"
+        )
+        self._fence_get = p(
+            "SELECT epoch FROM qos2_fence WHERE tenant=? AND client_id=? AND incarnation=?"
+        )
+        self._fence_put = p(
+            "INSERT INTO qos2_fence (tenant, client_id, incarnation, epoch) VALUES (?,?,?,?)"
+        )
+        self._fence_drop = p(
+            "DELETE FROM qos2_fence WHERE tenant=? AND client_id=? AND incarnation=?"
         )
 
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
@@ -262,7 +286,14 @@ class CassandraSessionStore(CassandraEventLog):
         # In order, one statement each: a session's changes come from the one node that
         # holds it, so later ones never race earlier ones. A STORED is an upsert of the same
         # row: the node sends it only for ids still awaiting PUBREL, after their RECEIVED.
+        fences: dict[tuple[str, str, int], int] = {}
         for u in updates:
+            if u.epoch:
+                session = (u.tenant, u.client_id, u.incarnation)
+                if session not in fences:
+                    fences[session] = await self._fence(session)
+                if u.epoch < fences[session]:
+                    continue  # a later connection resumed the session: too late
             key = (u.tenant, u.client_id, u.incarnation, u.packet_id)
             if u.change == Qos2Change.RELEASED:
                 await self._exec(self._q2_del, key)
@@ -270,9 +301,19 @@ class CassandraSessionStore(CassandraEventLog):
                 stored = u.change == Qos2Change.STORED
                 await self._exec(self._q2_put, (*key, u.message_id, stored))
 
-    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
-        rows = await self._exec(self._q2_list, (tenant, client_id, incarnation))
+    async def list_qos2(
+        self, tenant: str, client_id: str, incarnation: int, fence: int = 0
+    ) -> list[InboundQos2]:
+        session = (tenant, client_id, incarnation)
+        if fence and fence > await self._fence(session):
+            await self._exec(self._fence_put, (*session, fence))
+        rows = await self._exec(self._q2_list, session)
         return [InboundQos2(r.packet_id, r.message_id, bool(r.stored)) for r in rows]
 
     async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None:
         await self._exec(self._q2_drop, (tenant, client_id, incarnation))
+        await self._exec(self._fence_drop, (tenant, client_id, incarnation))
+
+    async def _fence(self, session: tuple[str, str, int]) -> int:
+        rows = list(await self._exec(self._fence_get, session))
+        return int(rows[0].epoch) if rows else 0

@@ -121,6 +121,10 @@ class Qos2Update:
     change: str
     packet_id: int
     message_id: str = ""  # RECEIVED and STORED (a STORED for another message is ignored)
+    # Registry epoch of the connection that made the change: once a later connection has
+    # resumed the session (`list_qos2` with its epoch as `fence`), an earlier connection's
+    # change that lands late is ignored. 0: never fenced (a node from before fencing).
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +171,12 @@ class SessionStore(Protocol):
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         """Apply `updates` (of any sessions) in order, durably, before returning."""
 
-    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
-        """The session's QoS 2 publishes awaiting PUBREL, by packet id."""
+    async def list_qos2(
+        self, tenant: str, client_id: str, incarnation: int, fence: int = 0
+    ) -> list[InboundQos2]:
+        """The session's QoS 2 publishes awaiting PUBREL, by packet id. `fence`: the
+        epoch of the connection resuming the session; from then on, changes of connections
+        with a lower epoch are ignored (one that was given up on may still be writing)."""
 
     async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None: ...
 

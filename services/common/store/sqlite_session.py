@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS inbound_qos2 (
   tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
   packet_id INTEGER NOT NULL, message_id TEXT NOT NULL, stored INTEGER NOT NULL,
   PRIMARY KEY (tenant, client_id, incarnation, packet_id));
+CREATE TABLE IF NOT EXISTS qos2_fence (
+  tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  PRIMARY KEY (tenant, client_id, incarnation)) WITHOUT ROWID;
 """
 
 _SUB_COLS = (
@@ -207,7 +211,14 @@ class SqliteSessionStore(SqliteEventLog):
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         def apply(db: sqlite3.Connection) -> None:
+            fences: dict[tuple[str, str, int], int] = {}
             for u in updates:
+                if u.epoch:
+                    session = (u.tenant, u.client_id, u.incarnation)
+                    if session not in fences:
+                        fences[session] = _fence(db, session)
+                    if u.epoch < fences[session]:
+                        continue  # a later connection resumed the session: too late
                 key = (u.tenant, u.client_id, u.incarnation, u.packet_id)
                 if u.change == Qos2Change.RECEIVED:
                     db.execute(
@@ -230,23 +241,44 @@ class SqliteSessionStore(SqliteEventLog):
         # One transaction for the whole batch: one fsync however many sessions it carries.
         await self.run(lambda: self.tx(apply))
 
-    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
-        rows = await self.run(
-            lambda: self.db.execute(
-                "SELECT packet_id, message_id, stored FROM inbound_qos2 WHERE tenant=? AND "
-                "client_id=? AND incarnation=? ORDER BY packet_id",
-                (tenant, client_id, incarnation),
-            ).fetchall()
-        )
+    async def list_qos2(
+        self, tenant: str, client_id: str, incarnation: int, fence: int = 0
+    ) -> list[InboundQos2]:
+        session = (tenant, client_id, incarnation)
+
+        def read(db: sqlite3.Connection) -> list[tuple[int, str, int]]:
+            # The fence and the read in one transaction: a change of an earlier connection
+            # is either in what this returns or ignored, never written after it.
+            if fence > _fence(db, session):
+                db.execute("INSERT OR REPLACE INTO qos2_fence VALUES (?,?,?,?)", (*session, fence))
+            return list(
+                db.execute(
+                    "SELECT packet_id, message_id, stored FROM inbound_qos2 WHERE tenant=? AND "
+                    "client_id=? AND incarnation=? ORDER BY packet_id",
+                    session,
+                )
+            )
+
+        rows = await self.run(lambda: self.tx(read) if fence else read(self.db))
         return [InboundQos2(p, m, bool(s)) for p, m, s in rows]
 
     async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None:
-        await self.run(
-            lambda: self.db.execute(
-                "DELETE FROM inbound_qos2 WHERE tenant=? AND client_id=? AND incarnation=?",
-                (tenant, client_id, incarnation),
-            )
-        )
+        def drop(db: sqlite3.Connection) -> None:
+            for table in ("inbound_qos2", "qos2_fence"):
+                db.execute(
+                    f"DELETE FROM {table} WHERE tenant=? AND client_id=? AND incarnation=?",
+                    (tenant, client_id, incarnation),
+                )
+
+        await self.run(lambda: self.tx(drop))
+
+
+def _fence(db: sqlite3.Connection, session: tuple[str, str, int]) -> int:
+    """The epoch of the connection that last resumed the session (0: none yet)."""
+    row = db.execute(
+        "SELECT epoch FROM qos2_fence WHERE tenant=? AND client_id=? AND incarnation=?", session
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 __all__ = ["NEVER_EXPIRES", "SqliteSessionStore"]

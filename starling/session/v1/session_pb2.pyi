@@ -394,6 +394,7 @@ class Qos2Update(_message.Message):
     CHANGE_FIELD_NUMBER: _builtins.int
     PACKET_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     client_id: _builtins.str
     incarnation: _builtins.int
@@ -401,6 +402,10 @@ class Qos2Update(_message.Message):
     packet_id: _builtins.int
     message_id: _builtins.str
     """RECEIVED only."""
+    epoch: _builtins.int
+    """Registry epoch of the connection that made the change. A session resumed by a later
+    connection ignores the changes of earlier ones that land after it (0: not fenced).
+    """
     def __init__(
         self,
         *,
@@ -410,10 +415,11 @@ class Qos2Update(_message.Message):
         change: Global___Qos2Change.ValueType = ...,
         packet_id: _builtins.int = ...,
         message_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "client_id", b"client_id", "incarnation", b"incarnation", "message_id", b"message_id", "packet_id", b"packet_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "client_id", b"client_id", "epoch", b"epoch", "incarnation", b"incarnation", "message_id", b"message_id", "packet_id", b"packet_id", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
