@@ -60,6 +60,10 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "ctl.nodes.>",
                 "ctl.session.changed",
                 "ev.>",
+                # wills of connections whose node died, to online subscribers
+                # (services/session/wills.py; the router keeps the QoS >= 1 and retained ones)
+                "mq.>",
+                "mqd.>",
                 "$JS.API.>",
                 # Acks of the EVENTS stream's durable consumer that records the event log
                 # (services/session/event_recorder.py); denied, every event came back.

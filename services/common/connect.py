@@ -32,6 +32,11 @@ class ConnectAttempt:
     auth_method: str = ""
     auth_data: bytes = b""
     auth_state: bytes = b""
+    # The will as a serialized RoutedMessage envelope (b"": none) and its Will Delay
+    # Interval: kept with the connection's registry entry so that the session service
+    # publishes it if the node dies.
+    will: bytes = b""
+    will_delay_s: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -53,7 +53,7 @@ from services.connection.persistence import PersistentDelivery
 from services.connection.registry import Registry
 from services.connection.subscribing import Subscriber
 from services.connection.sys_events import SysEvents
-from services.connection.wills import Wills
+from services.connection.wills import Wills, will_envelope
 from services.connection.writes import WriteBatcher
 from services.queue.client import QueueClient, queue_id
 from services.session.client import SessionClient
@@ -68,6 +68,7 @@ def connect_attempt(
     node_id: str, peer: str, action: Authenticate, cert: PeerCert | None = None
 ) -> ConnectAttempt:
     p = action.connect
+    will = p.will
     return ConnectAttempt(
         client_id=action.client_id,
         username=p.username or "",
@@ -84,6 +85,8 @@ def connect_attempt(
         auth_method=p.properties.authentication_method or "",
         auth_data=action.auth_data or b"",
         auth_state=action.auth_state,
+        will=will_envelope(will, action.client_id, node_id, time.time()) if will else b"",
+        will_delay_s=(will.properties.will_delay_interval or 0) if will else 0,
     )
 
 

@@ -6,6 +6,12 @@ client does connect, `settle` cancels a pending will of a resumed session and pu
 now if the old session ended (clean start). Only a client id that had a session can have one
 pending (the delay never outlasts the session): the session service says so at CONNECT, and
 the other CONNECTs skip the router call.
+
+A node that dies publishes nothing: each CONNECT with a will therefore also hands it to the
+session service (`will_envelope`), which keeps it with the connection's registry entry and
+publishes it when it declares the node dead (services/session/wills.py). A connection that
+ends while its node lives is released after its will went out, and takes its entry, will
+included, with it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Callable
 from services.common.bus.ids import MessageIds
 from services.common.envelope import to_envelope
 from services.common.message import Message, message_properties
+from services.common.mqtt.packets import Will
 from services.connection.channel import Channel
 from services.connection.conn import Conn
 from services.connection.routing import RoutingPipeline
@@ -43,6 +50,24 @@ def will_message(ch: Channel, now: float) -> Message | None:
         now + mei if mei is not None else None,
         now,
     )
+
+
+def will_envelope(will: Will, client_id: str, node_id: str, now: float) -> bytes:
+    """The will as its CONNECT hands it to the session service: an envelope without tenant
+    or message id (set when it is published), its expiry interval counted from then."""
+    mei = will.properties.message_expiry_interval
+    msg = Message(
+        "",
+        will.topic,
+        will.payload,
+        will.qos,
+        will.retain,
+        client_id,
+        message_properties(will.properties),
+        now + mei if mei is not None else None,
+        now,
+    )
+    return to_envelope(msg, node_id, "").SerializeToString()
 
 
 def will_delay_s(ch: Channel) -> int:

@@ -18,6 +18,7 @@ from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
 from services.common.store.ports import Qos2Change, Qos2Update, SessionRecord
 from services.common.subscription import record_to_pb
+from services.common.tasks import TaskSet
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.auth import Authenticator, check_tenant
@@ -32,6 +33,7 @@ from services.session.locks import KeyedLocks
 from services.session.login import Login
 from services.session.registry import Holder, Registry
 from services.session.sessions import UNREAD, Opened, Sessions, Unread, owner_of
+from services.session.wills import StoredWills, kept_will
 from starling.common.v1 import message_pb2
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2 as pb
@@ -121,8 +123,14 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         shared_client_id_tenants: list[str] | None = None,
         refusals: Refusals | None = None,
         gatekeeper: Gatekeeper | None = None,
+        wills: StoredWills | None = None,
+        will_store_max_bytes: int = 0,
     ) -> None:
         self._auth = auth
+        # Wills kept with registry entries, published here when their node is gone.
+        self._wills = wills
+        self._will_max_bytes = will_store_max_bytes if wills is not None else 0
+        self._tasks = TaskSet()
         self._gatekeeper = gatekeeper
         self._login = login
         self._registry = registry
@@ -161,12 +169,15 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         # Whom the session belongs to: the authenticated user, or "" for an anonymous client
         # (whatever user name it gave).
         owner = name if admission.authenticated else ""
+        rules = substitute([*admission.acl, *await self._auth.acl(tenant)], name, request.client_id)
+        will = kept_will(
+            request.will, rules, self._acl_default == pb.PERMISSION_ALLOW, self._will_max_bytes
+        )
         async with self._locks.hold((tenant, request.client_id)):
-            claimed = await self._claim_and_open(tenant, name, owner, request)
+            claimed = await self._claim_and_open(tenant, name, owner, request, will)
         if isinstance(claimed, pb.ConnectResponse):
             return claimed
         epoch, opened = claimed
-        rules = substitute([*admission.acl, *await self._auth.acl(tenant)], name, request.client_id)
         await self._events.emit(
             tenant,
             request.client_id,
@@ -249,7 +260,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         return pb.RecordQos2Response()
 
     async def _claim_and_open(
-        self, tenant: str, name: str, owner: str, request: pb.ConnectRequest
+        self, tenant: str, name: str, owner: str, request: pb.ConnectRequest, will: str = ""
     ) -> pb.ConnectResponse | tuple[int, Opened]:
         """Check the client id is the user's to use, take a new registry epoch for it (within
         the tenant's connection cap), settle the connection it displaces, then open or resume
@@ -276,6 +287,15 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             int(time.time() * 1000),
             request.clean_start,
             owner,
+            will,
+            # A Will Delay Interval never outlasts the session [MQTT-3.1.3-9].
+            min(
+                request.will_delay_s,
+                request.session_expiry_interval_s,
+                self._sessions.max_expiry_s,
+            )
+            if will
+            else 0,
         )
         # A persistent session (online or offline) counts against the tenant's max_sessions
         # from the CONNECT that opens it until it ends (services/session/sessions.py).
@@ -322,7 +342,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         prev = claim.previous
         known: SessionRecord | Unread | None = rec
         if prev is not None and prev.epoch != epoch:
-            await self._settle_displaced(prev)
+            await self._settle_displaced(prev, request.clean_start)
             known = UNREAD  # the displaced connection's end may have changed the record
         opened = await self._sessions.open(
             tenant,
@@ -372,11 +392,15 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         )
         return pb.ReclaimResponse(reclaimed=reclaimed, superseded=superseded)
 
-    async def _settle_displaced(self, prev: Holder) -> None:
+    async def _settle_displaced(self, prev: Holder, clean_start: bool) -> None:
         """Kick the connection a new one displaces; if it had already ended (its release is
         still on its way and will be refused), end the session as its DISCONNECT said before
-        Session Present is decided."""
+        Session Present is decided. A node that does not answer is gone, and its will with
+        it: published from here if it is due now (services/session/wills.py)."""
         reply = await kick_and_ask(self._nc, prev, SESSION_TAKEN_OVER)
+        if reply is None and prev.will and self._wills is not None:
+            if prev.will_delay_s == 0 or clean_start:
+                self._tasks.spawn(self._wills.publish_now(prev), name="displaced-will")
         if reply is None or not reply.ended:
             await self._events.emit(prev.tenant, prev.client_id, "taken_over")
             return

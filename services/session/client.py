@@ -73,6 +73,8 @@ def _connect_request(a: ConnectAttempt) -> pb.ConnectRequest:
         auth_method=a.auth_method,
         auth_data=a.auth_data,
         auth_state=a.auth_state,
+        will=a.will,
+        will_delay_s=a.will_delay_s,
     )
     if a.password is not None:
         req.password = a.password

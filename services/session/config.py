@@ -57,7 +57,18 @@ class SessionSettings(ServiceSettings):
     )
     session_expiry_sweep_s: float = Field(default=1.0, gt=0, description="Expiry scan period.")
     node_timeout_s: float = Field(
-        default=10.0, gt=0, description="A node silent this long is dead; its clients released."
+        default=10.0,
+        gt=0,
+        description="A node silent this long is dead; its clients released and the wills "
+        "their entries kept published.",
+    )
+    will_store_max_bytes: int = Field(
+        default=65_536,
+        ge=0,
+        le=16 << 20,
+        description="Largest will (its envelope: topic, payload, properties) kept in the "
+        "registry with its connection, so that it is published even if the node dies; a larger "
+        "one only its node can publish. 0: none kept.",
     )
     max_connections_per_tenant: int = Field(
         default=100_000,

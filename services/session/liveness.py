@@ -7,7 +7,9 @@ expiry runs even when a SIGKILLed node's clients never come back, and its figure
 tenants' subscription counts are removed (services/quota/subscriptions.py). Nodes named in the
 registry's set of nodes holding clients count as seen from the moment this service learns
 of them (at start, and on every check), so a node that died while the session service was
-down, or before its first heartbeat or hello reached this service, is found too.
+down, or before its first heartbeat or hello reached this service, is found too. The wills
+its entries kept are published (services/session/wills.py), each by the one instance whose
+release of the entry succeeded.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from services.common.bus import subjects
-from services.session.registry import Registry
+from services.common.tasks import TaskSet
+from services.session.registry import Holder, Registry
 from services.session.sessions import Sessions
+from services.session.wills import StoredWills
 
 log = logging.getLogger("starling.session.liveness")
 
@@ -32,8 +36,11 @@ class NodeLiveness:
         sessions: Sessions,
         timeout_s: float,
         drop_subscriptions: Callable[[str], Awaitable[None]] | None = None,
+        wills: StoredWills | None = None,
     ) -> None:
         self._registry = registry
+        self._wills = wills
+        self._tasks = TaskSet()  # will publishes: the checks go on meanwhile
         self._drop_subscriptions = drop_subscriptions
         self._sessions = sessions
         self._timeout = timeout_s
@@ -69,6 +76,7 @@ class NodeLiveness:
 
     async def release_node(self, node: str, died_at_ms: int) -> int:
         released = 0
+        with_wills: list[Holder] = []
         for tenant, client_id in await self._registry.held_by(node):
             holder = await self._registry.get(tenant, client_id)
             if holder is None or holder.node_id != node:
@@ -76,6 +84,10 @@ class NodeLiveness:
             if await self._registry.release(tenant, client_id, holder.epoch):
                 await self._sessions.park(tenant, client_id, died_at_ms)
                 released += 1
+                if holder.will:
+                    with_wills.append(holder)
+        if with_wills and self._wills is not None:
+            self._tasks.spawn(self._wills.publish(with_wills, died_at_ms), name="node-wills")
         await self._registry.drop_node(node)
         if self._drop_subscriptions is not None:
             await self._drop_subscriptions(node)

@@ -16,6 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect, drain
+from services.common.bus.publisher import ServicePublisher
 from services.common.bus.unary import (
     CONNECT_MANY_SUFFIX,
     CONNECT_SUFFIX,
@@ -55,6 +56,7 @@ from services.session.throttle import AuthThrottle, Backoff, HashGate
 from services.session.token_api import TokenAdminApi, TokenApi
 from services.session.tokens import AdminTokens
 from services.session.verdict import Authenticator as Authenticator_
+from services.session.wills import StoredWills
 from starling.session.v1 import admin_tokens_pb2 as tokens_pb
 from starling.session.v1 import admin_tokens_pb2_grpc as tokens_grpc
 from starling.session.v1 import session_pb2 as pb
@@ -112,11 +114,14 @@ class SessionService:
             self._registry.session_ended,
         )
         self._sweeper: asyncio.Task[None] | None = None
+        # Wills of connections whose node died (ids of this instance's own).
+        self._wills = StoredWills(ServicePublisher(nc, self._router, settings.node_id))
         self._liveness = NodeLiveness(
             self._registry,
             self._sessions,
             settings.node_timeout_s,
             SubscriptionCounts(self._redis).drop_node,
+            self._wills,
         )
         self._watcher: asyncio.Task[None] | None = None
         self._fence: asyncio.Task[None] | None = None
@@ -213,6 +218,8 @@ class SessionService:
             self._settings.shared_client_id_tenants,
             self._refusals,
             self._gatekeeper,
+            self._wills,
+            self._settings.will_store_max_bytes,
         )
         pb_grpc.add_SessionServiceServicer_to_server(self._api, server)
         pb_grpc.add_SessionAdminServiceServicer_to_server(

@@ -149,6 +149,10 @@ class Holder:
     # Who the connection authenticated as ("" anonymous; None: unknown, an entry written
     # before owners were recorded).
     owner: str | None = None
+    # The connection's will (base64 of its envelope, "" none) and Will Delay Interval, for
+    # the session service to publish if the node dies (services/session/wills.py).
+    will: str = ""
+    will_delay_s: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,11 +203,14 @@ def _decode(raw: bytes | str) -> Holder:
 
 
 _FIELDS = tuple(f.name for f in fields(Holder))
+_FIELDS_NO_WILL = tuple(f for f in _FIELDS if f not in ("will", "will_delay_s"))
 
 
 def _encode(holder: Holder) -> str:
-    # Not dataclasses.asdict: it deep-copies every field, 5% of a CONNECT's CPU here.
-    return json.dumps({name: getattr(holder, name) for name in _FIELDS})
+    # Not dataclasses.asdict: it deep-copies every field, 5% of a CONNECT's CPU here. An entry
+    # without a will leaves its fields out (the defaults when read back).
+    names = _FIELDS if holder.will else _FIELDS_NO_WILL
+    return json.dumps({name: getattr(holder, name) for name in names})
 
 
 class Registry:

@@ -222,3 +222,75 @@ def test_a_dead_nodes_subscriptions_leave_the_tenant_count(fault_mesh: Launcher)
         survivor.close()
         doomed.close()
         fault_mesh.restart("connection-1")
+
+
+def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> None:
+    """Node 1 is SIGKILLed with five clients on it; a subscriber on node 0 gets the wills
+    MQTT says are due: the dead node's clients' (once the session service declares it dead,
+    3 s here), a client's that reconnects at once with a clean start (the takeover finds the
+    node gone), and neither the will of a client that is back within its Will Delay Interval
+    nor that of one that had sent DISCONNECT."""
+    from services.common.mqtt import Disconnect, Will
+
+    topic = f"wills/{uuid.uuid4().hex[:6]}"
+    got: list[bytes] = []
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+    sub.on_message = lambda cl, u, m: got.append(m.payload)
+    sub.connect("127.0.0.1", port(fault_mesh, 0))
+    sub.loop_start()
+    sub.subscribe(f"{topic}/#", 1)
+
+    def client(name: str, node: int, v5: bool, delay: int = 0, clean: bool = True) -> Raw:
+        raw = Raw(port(fault_mesh, node))
+        props = Properties(session_expiry_interval=60) if v5 and not clean else Properties()
+        will = Will(
+            f"{topic}/{name}",
+            f"{name} gone".encode(),
+            1,
+            properties=Properties(will_delay_interval=delay) if delay else Properties(),
+        )
+        ack = raw.connect(
+            Connect(
+                f"w-{name}-{topic[6:]}",
+                5 if v5 else 4,
+                clean_start=clean,
+                will=will,
+                properties=props,
+            )
+        )
+        assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
+        return raw
+
+    try:
+        deadline = time.monotonic() + 10
+        while not sub.is_connected():  # the SUBSCRIBE goes out with the connection
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)  # the SUBACK (paho does not wait for it)
+        held = {
+            "plain": client("plain", 1, v5=False),  # 3.1.1, will at QoS 1
+            "delayed": client("delayed", 1, v5=True, delay=1, clean=False),
+            "back": client("back", 1, v5=True, delay=30, clean=False),
+            "takeover": client("takeover", 1, v5=True),
+            "polite": client("polite", 1, v5=True),
+        }
+        held["polite"].send(Disconnect())
+        assert held["polite"].closed()
+        fault_mesh.kill("connection-1")
+        # Back on node 0 at once: within its 30 s delay (session resumed: no will), and a
+        # clean start whose takeover finds node 1 gone (its will is due now).
+        back = client("back", 0, v5=True, delay=30, clean=False)
+        again = client("takeover", 0, v5=True)
+        deadline = time.monotonic() + 20
+        want = {b"plain gone", b"delayed gone", b"takeover gone"}
+        while not want <= set(got):
+            assert time.monotonic() < deadline, f"wills published: {got}"
+            time.sleep(0.05)
+        time.sleep(1.5)  # a will that should not come would come by now
+        assert sorted(got) == sorted(want)
+        back.send(Disconnect())
+        again.send(Disconnect())
+    finally:
+        sub.disconnect()
+        sub.loop_stop()
+        fault_mesh.restart("connection-1")

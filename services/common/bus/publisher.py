@@ -74,14 +74,26 @@ class ServicePublisher:
         self._ids = MessageIds(node_id, time.time_ns())
 
     async def publish(self, messages: Sequence[Message]) -> None:
-        envs = [to_envelope(m, self._node_id, self._ids.next()) for m in messages]
-        kept = [env for env in envs if env.qos or env.retain]
+        await self.publish_envelopes(
+            [to_envelope(m, self._node_id, self._ids.next()) for m in messages]
+        )
+
+    def next_id(self) -> str:
+        """A message id for an envelope this publisher is handed."""
+        return self._ids.next()
+
+    async def publish_envelopes(self, envs: Sequence[RoutedMessage]) -> None:
+        """`publish` for envelopes built by the caller (message ids from `next_id`). One
+        with a `delay_s` (a delayed will) goes to the router alone, which holds it and
+        publishes it, live too, when it is due."""
+        kept = [env for env in envs if env.qos or env.retain or env.delay_s]
+        live = [env for env in envs if not env.delay_s]
         if kept:
             # Kept first (the router answers once persistent sessions have it), then live.
             refused = await self._route(kept)
             if refused:
-                envs = [env for env in envs if id(env) not in refused]
-        await self._publish_live(envs)
+                live = [env for env in live if id(env) not in refused]
+        await self._publish_live(live)
 
     async def _route(self, kept: list[RoutedMessage]) -> set[int]:
         """The ids of the envelopes not kept (handed to the hook); raises without a hook."""

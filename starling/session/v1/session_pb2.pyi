@@ -218,6 +218,8 @@ class ConnectRequest(_message.Message):
     AUTH_DATA_FIELD_NUMBER: _builtins.int
     AUTH_STATE_FIELD_NUMBER: _builtins.int
     CERT_SUBJECT_ALT_NAMES_FIELD_NUMBER: _builtins.int
+    WILL_FIELD_NUMBER: _builtins.int
+    WILL_DELAY_S_FIELD_NUMBER: _builtins.int
     username: _builtins.str
     password: _builtins.bytes
     client_id: _builtins.str
@@ -235,6 +237,13 @@ class ConnectRequest(_message.Message):
     """
     auth_data: _builtins.bytes
     auth_state: _builtins.bytes
+    will: _builtins.bytes
+    """The connection's will as an envelope (starling.common.v1.RoutedMessage; its tenant and
+    message id are set when it is published), empty for none, and its Will Delay Interval.
+    The registry keeps it with the connection so that the will is published even if the
+    node dies (services/session/wills.py).
+    """
+    will_delay_s: _builtins.int
     @_builtins.property
     def cert_subject_alt_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Subject alternative names of a verified client certificate ("DNS:x", "email:y",
@@ -257,10 +266,12 @@ class ConnectRequest(_message.Message):
         auth_data: _builtins.bytes = ...,
         auth_state: _builtins.bytes = ...,
         cert_subject_alt_names: _abc.Iterable[_builtins.str] | None = ...,
+        will: _builtins.bytes = ...,
+        will_delay_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "password", b"password"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "auth_data", b"auth_data", "auth_method", b"auth_method", "auth_state", b"auth_state", "cert_common_name", b"cert_common_name", "cert_subject_alt_names", b"cert_subject_alt_names", "clean_start", b"clean_start", "client_id", b"client_id", "node_id", b"node_id", "password", b"password", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "session_expiry_interval_s", b"session_expiry_interval_s", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_password", b"_password", "auth_data", b"auth_data", "auth_method", b"auth_method", "auth_state", b"auth_state", "cert_common_name", b"cert_common_name", "cert_subject_alt_names", b"cert_subject_alt_names", "clean_start", b"clean_start", "client_id", b"client_id", "node_id", b"node_id", "password", b"password", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "session_expiry_interval_s", b"session_expiry_interval_s", "username", b"username", "will", b"will", "will_delay_s", b"will_delay_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__password: _TypeAlias = _typing.Literal["password"]  # noqa: Y015
     _WhichOneofArgType__password: _TypeAlias = _typing.Literal["_password", b"_password"]  # noqa: Y015
