@@ -53,7 +53,7 @@ from services.connection.persistence import PersistentDelivery
 from services.connection.registry import Registry
 from services.connection.subscribing import Subscriber
 from services.connection.sys_events import SysEvents
-from services.connection.wills import Wills, will_envelope
+from services.connection.wills import Wills, will_delay_s, will_envelope
 from services.connection.writes import WriteBatcher
 from services.queue.client import QueueClient, queue_id
 from services.session.client import SessionClient
@@ -283,7 +283,7 @@ class SessionLink:
             return
         try:
             reclaimed, superseded = await self._session.reclaim(
-                self._node_id, [_held_connection(c) for c in held]
+                self._node_id, [_held_connection(c, self._node_id) for c in held]
             )
         except Exception as exc:
             log.warning("registry_reassert_failed", extra={"error": str(exc)})
@@ -306,9 +306,9 @@ class SessionLink:
                 )
 
 
-def _held_connection(conn: Conn) -> session_pb2.HeldConnection:
+def _held_connection(conn: Conn, node_id: str) -> session_pb2.HeldConnection:
     ch = conn.channel
-    return session_pb2.HeldConnection(
+    held = session_pb2.HeldConnection(
         tenant=ch.tenant,
         client_id=ch.client_id,
         epoch=ch.epoch,
@@ -316,3 +316,9 @@ def _held_connection(conn: Conn) -> session_pb2.HeldConnection:
         peer_address=ch.peer,
         protocol_level=ch.level,
     )
+    # The entry lost its will with the registry: handed again, so that a death of this node
+    # after the loss still has its clients' wills published.
+    if ch.will is not None and ch.acl.can_publish(ch.will.topic):
+        held.will = will_envelope(ch.will, ch.client_id, node_id, time.time())
+        held.will_delay_s = will_delay_s(ch)
+    return held

@@ -373,7 +373,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             raise InvalidArgumentError(f"connections: at most {RECLAIM_BATCH} per call")
         reclaimed = superseded = 0
         for c in request.connections:
-            holder = reclaimed_holder(node_id, c)
+            holder = reclaimed_holder(node_id, c, self._will_max_bytes)
             async with self._locks.hold((holder.tenant, holder.client_id)):
                 claim = await self._registry.reclaim(holder)
             if not claim.won:

@@ -13,6 +13,7 @@ which node holds which client for node liveness), not just the fence.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 
@@ -45,10 +46,13 @@ async def watch_generation(registry: Registry, nc: Client, period_s: float = 1.0
         await asyncio.sleep(period_s)
 
 
-def reclaimed_holder(node_id: str, c: pb.HeldConnection) -> Holder:
+def reclaimed_holder(node_id: str, c: pb.HeldConnection, will_max_bytes: int = 0) -> Holder:
     """The registry entry of a re-asserted connection. Its owner is unknown to the node
     (None): client id ownership falls back to the session's owner in the store; a node that
-    does not know when it accepted the connection gets the time of re-assertion."""
+    does not know when it accepted the connection gets the time of re-assertion. Its will is
+    kept as at CONNECT (the node checked the topic against the connection's ACL), if it fits
+    `will_max_bytes`."""
+    keep = bool(c.will) and len(c.will) <= will_max_bytes
     return Holder(
         tenant=c.tenant,
         client_id=c.client_id,
@@ -60,4 +64,6 @@ def reclaimed_holder(node_id: str, c: pb.HeldConnection) -> Holder:
         connected_at_ms=c.connected_at_ms or int(time.time() * 1000),
         clean_start=c.clean_start,
         owner=None,
+        will=base64.b64encode(c.will).decode() if keep else "",
+        will_delay_s=c.will_delay_s if keep else 0,
     )

@@ -301,3 +301,38 @@ async def test_two_connects_racing_after_the_loss_leave_exactly_one(fenced: Fenc
 async def _holds(f: Fenced, tenant: str, client_id: str, node_id: str) -> bool:
     h = await f.registry.get(tenant, client_id)
     return h is not None and h.node_id == node_id
+
+
+async def test_a_reasserted_connection_keeps_its_will(fenced: Fenced) -> None:
+    """The registry entry holds the will the session service publishes if node A dies; after
+    Redis lost it, A's re-assertion hands it again."""
+    import base64
+
+    from services.common.mqtt import Will
+    from services.common.mqtt.properties import Properties
+    from starling.common.v1.message_pb2 import RoutedMessage
+
+    a, _ = fenced.ports
+    cid = f"x-will-{uuid.uuid4().hex[:6]}"
+    raw = Raw(a)
+    will = Will(f"status/{cid}", b"offline", 1, True)
+    connect = Connect(
+        cid, 5, clean_start=False, will=will, properties=Properties(session_expiry_interval=60)
+    )
+    ack = await asyncio.to_thread(raw.connect, connect)  # the node runs in this event loop
+    assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
+
+    async def kept_will() -> tuple[str, bytes, bool] | None:
+        h = await fenced.registry.get("default", cid)
+        if h is None or not h.will:
+            return None
+        env = RoutedMessage.FromString(base64.b64decode(h.will))
+        return env.topic, env.payload, env.retain
+
+    assert await kept_will() == (f"status/{cid}", b"offline", True)
+    await fenced.registry._redis.flushall()  # type: ignore[misc]
+    await until(lambda: _holds(fenced, "default", cid, fenced.node_ids[0]))
+    await until(kept_will)
+    assert await kept_will() == (f"status/{cid}", b"offline", True)
+    raw.send(Disconnect())
+    raw.close()

@@ -612,6 +612,8 @@ class HeldConnection(_message.Message):
     PROTOCOL_LEVEL_FIELD_NUMBER: _builtins.int
     CONNECTED_AT_MS_FIELD_NUMBER: _builtins.int
     CLEAN_START_FIELD_NUMBER: _builtins.int
+    WILL_FIELD_NUMBER: _builtins.int
+    WILL_DELAY_S_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
@@ -620,6 +622,11 @@ class HeldConnection(_message.Message):
     protocol_level: _builtins.int
     connected_at_ms: _builtins.int
     clean_start: _builtins.bool
+    will: _builtins.bytes
+    """The connection's will, as ConnectRequest.will (the node checked its topic against the
+    connection's ACL), and its delay capped by the session's expiry.
+    """
+    will_delay_s: _builtins.int
     def __init__(
         self,
         *,
@@ -631,10 +638,12 @@ class HeldConnection(_message.Message):
         protocol_level: _builtins.int = ...,
         connected_at_ms: _builtins.int = ...,
         clean_start: _builtins.bool = ...,
+        will: _builtins.bytes = ...,
+        will_delay_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clean_start", b"clean_start", "client_id", b"client_id", "connected_at_ms", b"connected_at_ms", "epoch", b"epoch", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clean_start", b"clean_start", "client_id", b"client_id", "connected_at_ms", b"connected_at_ms", "epoch", b"epoch", "peer_address", b"peer_address", "protocol_level", b"protocol_level", "tenant", b"tenant", "username", b"username", "will", b"will", "will_delay_s", b"will_delay_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
