@@ -64,6 +64,9 @@ class ConnectOutcome:
     # A delayed will of an earlier connection may be pending (the client id had a session):
     # the node asks the router to cancel it (session resumed) or publish it now.
     settle_will: bool = True
+    # The persistent session's QoS 2 fence as this connection set it: stamped on its QoS 2
+    # receiver-state changes, so that what an earlier connection still writes is ignored.
+    qos2_fence: int = 0
 
     @property
     def ok(self) -> bool:

@@ -25,8 +25,9 @@ Theory of operation:
   Both waits are bounded (the node's QOS2_SETTLE_S); past it, nothing still being written
   is routed from this connection, even once written: the client, which got no PUBREC for
   it, resends it to the next connection, which may already have taken it under a new id.
-- Every record carries the connection's registry epoch: once a later connection has resumed
-  the session (on any node), the session store ignores what an earlier one still writes.
+- Every record carries the session's QoS 2 fence as this connection set it when it opened
+  the session: once a later connection opened it (on any node), with a higher fence, the
+  session store ignores the RECEIVED and RELEASED an earlier one still writes.
   Without it, a RECEIVED written after its connection was given up could land after the
   next connection's RELEASED for the same id, and a third connection would take a new
   message under that id for a resend of one never routed (stored, but not delivered to
@@ -136,12 +137,13 @@ class ExactlyOnceInbound:
         store_only: Callable[[Message], None],
         failed: Callable[[], None],
         tasks: TaskSet,
-        epoch: int = 0,
+        *,
+        fence: int,
     ) -> None:
         self._key = (tenant, client_id, incarnation)
-        # The connection's registry epoch, on every record: once a later connection resumed
-        # the session, what this one still writes is ignored by the session store.
-        self._epoch = epoch
+        # The session's QoS 2 fence as this connection set it, on every record: once a later
+        # connection opened the session, what this one still writes is ignored.
+        self._fence = fence
         self._journal = journal
         self._new_id = new_id
         self._publish = publish  # the node's whole path: fan-out, mesh and router
@@ -234,7 +236,7 @@ class ExactlyOnceInbound:
                             Qos2Change.RECEIVED,
                             m.packet_id,
                             m.message_id,
-                            self._epoch,
+                            self._fence,
                         )
                     )
                 self.recorded[m.packet_id] = m.message_id
@@ -271,7 +273,7 @@ class ExactlyOnceInbound:
                 Qos2Change.STORED,
                 packet_id,
                 message_id,
-                self._epoch,
+                self._fence,
             )
             self._tasks.spawn(self._mark([stored]), name="qos2-stored")
 
@@ -289,7 +291,7 @@ class ExactlyOnceInbound:
                         incarnation,
                         Qos2Change.RELEASED,
                         packet_id,
-                        epoch=self._epoch,
+                        fence=self._fence,
                     )
                 ]
             )
@@ -304,7 +306,7 @@ class ExactlyOnceInbound:
         self._ended = True
         tenant, client_id, incarnation = self._key
         updates = [
-            Qos2Update(tenant, client_id, incarnation, Qos2Change.STORED, pid, mid, self._epoch)
+            Qos2Update(tenant, client_id, incarnation, Qos2Change.STORED, pid, mid, self._fence)
             for pid, mid in self.recorded.items()
             if pid in self._routed
         ]

@@ -483,7 +483,7 @@ class Node:
                 lambda msg: self._store_only(conn, msg),
                 failed,
                 self.tasks,
-                epoch=ch.epoch,
+                fence=ch.qos2_fence,
             )
         return eo
 

@@ -205,6 +205,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             auth_data=admission.auth_data,
             username=f"{tenant}/{name}",
             no_previous_session=not opened.previous,
+            qos2_fence=opened.qos2_fence,
         )
 
     async def ConnectMany(
@@ -458,7 +459,7 @@ def qos2_updates(request: pb.RecordQos2Request) -> list[Qos2Update]:
             raise InvalidArgumentError(f"updates[{i}].message_id is required for {change}")
         out.append(
             Qos2Update(
-                u.tenant, u.client_id, u.incarnation, change, u.packet_id, u.message_id, u.epoch
+                u.tenant, u.client_id, u.incarnation, change, u.packet_id, u.message_id, u.fence
             )
         )
     return out

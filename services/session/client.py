@@ -107,6 +107,7 @@ def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
             (q.packet_id, q.message_id, q.stored) for q in resp.awaiting_release
         ),
         settle_will=not resp.no_previous_session,
+        qos2_fence=resp.qos2_fence,
     )
 
 
@@ -279,7 +280,7 @@ class SessionClient:
                     change=_QOS2_CHANGES[u.change],
                     packet_id=u.packet_id,
                     message_id=u.message_id,
-                    epoch=u.epoch,
+                    fence=u.fence,
                 )
                 for u in updates
             ]

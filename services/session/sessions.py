@@ -39,6 +39,9 @@ class Opened:
     # connection may be pending; without one none can be (a will is delayed by at most the
     # session's expiry, services/connection/wills.py).
     previous: bool = True
+    # The session record's QoS 2 fence as this connection set it (0: no persistent session),
+    # which the node stamps on its QoS 2 receiver-state changes (Qos2Update.fence).
+    qos2_fence: int = 0
 
 
 class Unread:
@@ -105,8 +108,11 @@ class Sessions:
         """Resume or start the client id's session; a new or resumed one belongs to `owner`
         from now on. `rec`: its record as `read` returned it under the client id's lock, if
         nothing changed it since (saves reading it again on the CONNECT path). `epoch`: the
-        registry epoch of the connection that opens it; a resumed session's QoS 2 state
-        ignores from now on what earlier connections still write (`list_qos2`'s fence)."""
+        registry epoch of the connection that opens it. The record's QoS 2 fence goes above
+        every earlier connection's, in the write that opens the session (no trip of its own):
+        at the epoch, or one above the last fence if a clock behind another session
+        instance's gave a lower epoch. From then on, the QoS 2 changes an earlier connection
+        still writes are ignored."""
         expiry_s = min(expiry_s, self._max_expiry)
         if isinstance(rec, Unread):
             rec = await self._store.get_session(tenant, client_id)
@@ -115,18 +121,22 @@ class Sessions:
             # A new persistent session of the client id keeps the count the old one held.
             discard = self._discard(d.discard, keep_count=d.persist)
             self._tasks.spawn(discard, name="session_discard")
+        fence = 0
         if d.persist or d.present:
+            fence = epoch
+            if rec is not None and rec.incarnation == d.incarnation:
+                fence = max(epoch, rec.qos2_fence + 1)
             await self._store.put_session(
-                SessionRecord(tenant, client_id, d.incarnation, expiry_s, True, owner=owner)
+                SessionRecord(
+                    tenant, client_id, d.incarnation, expiry_s, True, owner=owner, qos2_fence=fence
+                )
             )
         subs: tuple[SubscriptionRecord, ...] = ()
         awaiting: tuple[InboundQos2, ...] = ()
         if d.present:
             subs = tuple(await self._store.list_subscriptions(tenant, client_id, d.incarnation))
-            awaiting = tuple(
-                await self._store.list_qos2(tenant, client_id, d.incarnation, fence=epoch)
-            )
-        return Opened(d.present, d.incarnation, expiry_s, subs, awaiting, rec is not None)
+            awaiting = tuple(await self._store.list_qos2(tenant, client_id, d.incarnation))
+        return Opened(d.present, d.incarnation, expiry_s, subs, awaiting, rec is not None, fence)
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         """QoS 2 receiver state changes of persistent sessions, durable when this returns."""
@@ -144,7 +154,14 @@ class Sessions:
             return
         await self._store.put_session(
             SessionRecord(
-                tenant, client_id, incarnation, expiry, False, int(time.time() * 1000), rec.owner
+                tenant,
+                client_id,
+                incarnation,
+                expiry,
+                False,
+                int(time.time() * 1000),
+                rec.owner,
+                rec.qos2_fence,
             )
         )
 
@@ -165,7 +182,14 @@ class Sessions:
             return
         await self._store.put_session(
             SessionRecord(
-                tenant, client_id, rec.incarnation, rec.expiry_interval_s, False, at_ms, rec.owner
+                tenant,
+                client_id,
+                rec.incarnation,
+                rec.expiry_interval_s,
+                False,
+                at_ms,
+                rec.owner,
+                rec.qos2_fence,
             )
         )
 

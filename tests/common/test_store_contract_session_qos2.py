@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from services.common.store.ports import InboundQos2, Qos2Change, Qos2Update, SessionStore
+from services.common.store.ports import (
+    InboundQos2,
+    Qos2Change,
+    Qos2Update,
+    SessionRecord,
+    SessionStore,
+)
 from services.common.store.sqlite_session import SqliteSessionStore
 
 CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
@@ -34,9 +40,9 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 def _u(
-    client: str, change: str, pid: int, mid: str = "", inc: int = 1, epoch: int = 0
+    client: str, change: str, pid: int, mid: str = "", inc: int = 1, fence: int = 0
 ) -> Qos2Update:
-    return Qos2Update("t", client, inc, change, pid, mid, epoch)
+    return Qos2Update("t", client, inc, change, pid, mid, fence)
 
 
 async def test_received_until_released_in_order_across_sessions(store: SessionStore) -> None:
@@ -72,47 +78,48 @@ async def test_dropping_a_session_forgets_its_state(store: SessionStore) -> None
     assert await store.list_qos2("t", a, 1) == []
 
 
-async def test_a_resumed_session_ignores_what_earlier_connections_write_late(
+async def test_changes_of_an_earlier_connection_are_ignored_once_a_later_one_opened_it(
     store: SessionStore,
 ) -> None:
     a = f"a{uuid.uuid4().hex[:6]}"
-    await store.record_qos2([_u(a, Qos2Change.RECEIVED, 1, "m1", epoch=10)])
-    # Connection 20 resumes the session: it takes over what connection 10 recorded.
-    assert await store.list_qos2("t", a, 1, fence=20) == [InboundQos2(1, "m1")]
-    # Connection 10 was given up on with writes under way; they land now. Taken, the
+
+    async def opened(fence: int, inc: int = 1) -> None:  # what Sessions.open writes
+        await store.put_session(SessionRecord("t", a, inc, 60, True, qos2_fence=fence))
+
+    await opened(10)
+    await store.record_qos2([_u(a, Qos2Change.RECEIVED, 1, "m1", fence=10)])
+    await opened(20)  # the next connection took the session over and read its state
+    assert await store.list_qos2("t", a, 1) == [InboundQos2(1, "m1")]
+    # The first connection was given up on with writes under way; they land now. Taken, the
     # RECEIVED would make a third connection take a new message under id 2 for a resend.
     await store.record_qos2(
         [
-            _u(a, Qos2Change.RECEIVED, 2, "late", epoch=10),
-            _u(a, Qos2Change.RELEASED, 1, epoch=10),
-            _u(a, Qos2Change.STORED, 1, "m1", epoch=10),
+            _u(a, Qos2Change.RECEIVED, 2, "late", fence=10),
+            _u(a, Qos2Change.RELEASED, 1, fence=10),
+            _u(a, Qos2Change.STORED, 1, "m1", fence=10),  # marks only m1: always taken
         ]
     )
-    assert await store.list_qos2("t", a, 1) == [InboundQos2(1, "m1")]
-    # The resuming connection's own changes, and those of a later one, are taken.
+    assert await store.list_qos2("t", a, 1) == [InboundQos2(1, "m1", stored=True)]
+    # The current connection's changes are taken; a change without a fence (a node from
+    # before fencing) too.
     await store.record_qos2(
-        [_u(a, Qos2Change.RELEASED, 1, epoch=20), _u(a, Qos2Change.RECEIVED, 2, "m2", epoch=20)]
+        [
+            _u(a, Qos2Change.RELEASED, 1, fence=20),
+            _u(a, Qos2Change.RECEIVED, 2, "m2", fence=20),
+            _u(a, Qos2Change.RECEIVED, 4, "y"),
+        ]
     )
-    await store.record_qos2([_u(a, Qos2Change.STORED, 2, "m2", epoch=30)])
-    assert await store.list_qos2("t", a, 1, fence=30) == [InboundQos2(2, "m2", stored=True)]
-    # A lower fence never lowers it; a change without an epoch (a node from before
-    # fencing) is taken as before.
-    await store.list_qos2("t", a, 1, fence=20)
-    await store.record_qos2(
-        [_u(a, Qos2Change.RECEIVED, 3, "x", epoch=25), _u(a, Qos2Change.RECEIVED, 4, "y")]
-    )
+    assert await store.list_qos2("t", a, 1) == [InboundQos2(2, "m2"), InboundQos2(4, "y")]
+    # A fenced change for an incarnation the record no longer has, or for a session with no
+    # record at all, is dropped: that session ended.
+    await opened(30, inc=2)
+    await store.record_qos2([_u(a, Qos2Change.RECEIVED, 5, "z", fence=30)])
+    await store.record_qos2([_u(f"none{a}", Qos2Change.RECEIVED, 1, "z", fence=30)])
     assert [q.packet_id for q in await store.list_qos2("t", a, 1)] == [2, 4]
-    # Another session, or another incarnation of this one, has its own fence.
-    await store.record_qos2([_u(a, Qos2Change.RECEIVED, 1, "n", inc=2, epoch=10)])
-    assert await store.list_qos2("t", a, 2) == [InboundQos2(1, "n")]
-
-
-async def test_dropping_the_state_drops_its_fence(store: SessionStore) -> None:
-    a = f"a{uuid.uuid4().hex[:6]}"
-    await store.list_qos2("t", a, 1, fence=50)
-    await store.drop_qos2("t", a, 1)
-    await store.record_qos2([_u(a, Qos2Change.RECEIVED, 1, "m", epoch=10)])
-    assert await store.list_qos2("t", a, 1) == [InboundQos2(1, "m")]
+    assert await store.list_qos2("t", f"none{a}", 1) == []
+    # The fence survives the session's other writes (disconnect, expiry clock).
+    rec = await store.get_session("t", a)
+    assert rec is not None and rec.qos2_fence == 30
 
 
 async def test_survives_reopen(tmp_path: Path) -> None:

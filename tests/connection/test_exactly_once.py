@@ -90,7 +90,7 @@ async def test_a_record_written_after_its_connection_gave_up_waiting_is_not_rout
         published.append,
         lambda: None,
         tasks,
-        epoch=42,
+        fence=42,
     )
     try:
         eo.route([Message("t", "a/b", b"x", 2, False, packet_id=7)])
@@ -101,7 +101,7 @@ async def test_a_record_written_after_its_connection_gave_up_waiting_is_not_rout
         assert not eo.busy
         assert published == []  # the client resends it to its next connection
         # The late record names its connection: a session resumed since ignores it.
-        assert [(u.packet_id, u.epoch) for u in recorder.written] == [(7, 42)]
+        assert [(u.packet_id, u.fence) for u in recorder.written] == [(7, 42)]
         eo.route([Message("t", "a/b", b"y", 1, False, packet_id=8)])
         assert published == []  # nothing more from a connection that was given up
     finally:

@@ -127,7 +127,7 @@ async def test_a_resumed_session_ignores_qos2_records_its_earlier_connection_wri
         return out
 
     def update(conn: ConnectOutcome, change: str, pid: int, mid: str = "") -> Qos2Update:
-        return Qos2Update(OPEN_TENANT, cid, conn.incarnation, change, pid, mid, conn.epoch)
+        return Qos2Update(OPEN_TENANT, cid, conn.incarnation, change, pid, mid, conn.qos2_fence)
 
     first = await connect()
     await mesh.session.record_qos2([update(first, Qos2Change.RECEIVED, 5, "m-first")])

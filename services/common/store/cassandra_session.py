@@ -5,13 +5,11 @@ before owners were stored; the column is added to older keyspaces by migration 2
 session_expiry ((shard), expires_at_ms, tenant, client_id) so expired sessions are found per
 shard in time order without a full scan;
 subscriptions ((tenant, client_id, incarnation), topic_filter);
-inbound_qos2 ((tenant, client_id, incarnation), packet_id): QoS 2 publishes awaiting PUBREL;
-qos2_fence ((tenant, client_id, incarnation)): the epoch of the connection that last resumed
-the session (migration 6); a change of an earlier connection is dropped. Unlike the embedded
-store, the check and the write are two statements: a late change checked in the milliseconds
-before a resume raised the fence can still land (a lightweight transaction per QoS 2 change
-would close that window, at four round trips each). Such a change exists only when a node
-gave a connection up while one of its writes was under way;
+inbound_qos2 ((tenant, client_id, incarnation), packet_id): QoS 2 publishes awaiting PUBREL,
+whose changes are checked against sessions.qos2_fence (migration 6) as they are written: the
+check and the write are two statements, so a late change of an earlier connection read
+against the old fence in the milliseconds before a new connection raised it can still land
+(a lightweight transaction per change would close that, at four round trips each);
 the event log and routing snapshots (cassandra_eventlog.py, migration 4): a subscription
 change and its log rows go in one logged batch, so the log holds every durable change.
 """
@@ -68,15 +66,7 @@ MIGRATIONS = [
     ),
     LOG_MIGRATION,
     CHAIN_MIGRATION,
-    Migration(
-        6,
-        "QoS 2 fences",
-        (
-            """CREATE TABLE IF NOT EXISTS qos2_fence (
-             tenant text, client_id text, incarnation bigint, epoch bigint,
-             PRIMARY KEY ((tenant, client_id, incarnation)))""",
-        ),
-    ),
+    Migration(6, "sessions.qos2_fence", (AddColumn("sessions", "qos2_fence", "bigint"),)),
 ]
 
 
@@ -93,11 +83,12 @@ class CassandraSessionStore(CassandraEventLog):
         p = self._session.prepare
         self._get = p(
             "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, "
-            "expires_at_ms, owner FROM sessions WHERE tenant=? AND client_id=?"
+            "expires_at_ms, owner, qos2_fence FROM sessions WHERE tenant=? AND client_id=?"
         )
         self._put = p(
             "INSERT INTO sessions (tenant, client_id, incarnation, expiry_interval_s, "
-            "connected, disconnected_at_ms, expires_at_ms, owner) VALUES (?,?,?,?,?,?,?,?)"
+            "connected, disconnected_at_ms, expires_at_ms, owner, qos2_fence) "
+            "VALUES (?,?,?,?,?,?,?,?,?)"
         )
         self._del = p("DELETE FROM sessions WHERE tenant=? AND client_id=? IF incarnation=?")
         self._idx_put = p(
@@ -142,15 +133,6 @@ class CassandraSessionStore(CassandraEventLog):
         self._q2_drop = p(
             "DELETE FROM inbound_qos2 WHERE tenant=? AND client_id=? AND incarnation=?"
         )
-        self._fence_get = p(
-            "SELECT epoch FROM qos2_fence WHERE tenant=? AND client_id=? AND incarnation=?"
-        )
-        self._fence_put = p(
-            "INSERT INTO qos2_fence (tenant, client_id, incarnation, epoch) VALUES (?,?,?,?)"
-        )
-        self._fence_drop = p(
-            "DELETE FROM qos2_fence WHERE tenant=? AND client_id=? AND incarnation=?"
-        )
 
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
         rows = list(await self._exec(self._get, (tenant, client_id)))
@@ -165,6 +147,7 @@ class CassandraSessionStore(CassandraEventLog):
             r.connected,
             r.disconnected_at_ms,
             r.owner,
+            r.qos2_fence or 0,
         )
 
     async def put_session(self, r: SessionRecord) -> None:
@@ -184,6 +167,7 @@ class CassandraSessionStore(CassandraEventLog):
                 r.disconnected_at_ms,
                 expires,
                 r.owner,
+                r.qos2_fence,
             ),
         )
         if expires is not None:
@@ -283,17 +267,20 @@ class CassandraSessionStore(CassandraEventLog):
         return last
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
-        # In order, one statement each: a session's changes come from the one node that
-        # holds it, so later ones never race earlier ones. A STORED is an upsert of the same
-        # row: the node sends it only for ids still awaiting PUBREL, after their RECEIVED.
-        fences: dict[tuple[str, str, int], int] = {}
+        # In order, one statement each. A STORED is an upsert of the same row: the node sends
+        # it only for ids still awaiting PUBREL, after their RECEIVED. A RECEIVED or RELEASED
+        # of an earlier connection than the one that last opened the session, or of an
+        # incarnation that ended, is dropped (the session record read once per batch).
+        records: dict[tuple[str, str], tuple[int, int] | None] = {}
         for u in updates:
-            if u.epoch:
-                session = (u.tenant, u.client_id, u.incarnation)
-                if session not in fences:
-                    fences[session] = await self._fence(session)
-                if u.epoch < fences[session]:
-                    continue  # a later connection resumed the session: too late
+            if u.fence and u.change != Qos2Change.STORED:
+                key2 = (u.tenant, u.client_id)
+                if key2 not in records:
+                    rows = list(await self._exec(self._get, key2))
+                    records[key2] = (rows[0].incarnation, rows[0].qos2_fence or 0) if rows else None
+                rec = records[key2]
+                if rec is None or rec[0] != u.incarnation or u.fence < rec[1]:
+                    continue
             key = (u.tenant, u.client_id, u.incarnation, u.packet_id)
             if u.change == Qos2Change.RELEASED:
                 await self._exec(self._q2_del, key)
@@ -301,19 +288,9 @@ class CassandraSessionStore(CassandraEventLog):
                 stored = u.change == Qos2Change.STORED
                 await self._exec(self._q2_put, (*key, u.message_id, stored))
 
-    async def list_qos2(
-        self, tenant: str, client_id: str, incarnation: int, fence: int = 0
-    ) -> list[InboundQos2]:
-        session = (tenant, client_id, incarnation)
-        if fence and fence > await self._fence(session):
-            await self._exec(self._fence_put, (*session, fence))
-        rows = await self._exec(self._q2_list, session)
+    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
+        rows = await self._exec(self._q2_list, (tenant, client_id, incarnation))
         return [InboundQos2(r.packet_id, r.message_id, bool(r.stored)) for r in rows]
 
     async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None:
         await self._exec(self._q2_drop, (tenant, client_id, incarnation))
-        await self._exec(self._fence_drop, (tenant, client_id, incarnation))
-
-    async def _fence(self, session: tuple[str, str, int]) -> int:
-        rows = list(await self._exec(self._fence_get, session))
-        return int(rows[0].epoch) if rows else 0

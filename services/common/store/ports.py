@@ -79,6 +79,10 @@ class SessionRecord:
     # The user the session belongs to: the authenticated user name that created it, ""
     # for an anonymous client, None when unknown (written before owners were stored).
     owner: str | None = None
+    # Raised above every earlier one by each connection that opens the persistent session
+    # (Sessions.open), which stamps its QoS 2 receiver-state changes with it: what an earlier
+    # connection still writes after that is ignored (Qos2Update.fence).
+    qos2_fence: int = 0
 
     def expires_at_ms(self) -> int | None:
         if self.connected or self.expiry_interval_s == NEVER_EXPIRES:
@@ -121,10 +125,12 @@ class Qos2Update:
     change: str
     packet_id: int
     message_id: str = ""  # RECEIVED and STORED (a STORED for another message is ignored)
-    # Registry epoch of the connection that made the change: once a later connection has
-    # resumed the session (`list_qos2` with its epoch as `fence`), an earlier connection's
-    # change that lands late is ignored. 0: never fenced (a node from before fencing).
-    epoch: int = 0
+    # The fence of the connection that made the change (the session record's `qos2_fence`
+    # when it opened the session). A RECEIVED or RELEASED below the record's fence (a later
+    # connection opened the session since) or for an incarnation the record no longer has is
+    # ignored; a STORED is always taken (it only marks the message it names). 0: never
+    # fenced (a node from before fencing).
+    fence: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +177,8 @@ class SessionStore(Protocol):
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         """Apply `updates` (of any sessions) in order, durably, before returning."""
 
-    async def list_qos2(
-        self, tenant: str, client_id: str, incarnation: int, fence: int = 0
-    ) -> list[InboundQos2]:
-        """The session's QoS 2 publishes awaiting PUBREL, by packet id. `fence`: the
-        epoch of the connection resuming the session; from then on, changes of connections
-        with a lower epoch are ignored (one that was given up on may still be writing)."""
+    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
+        """The session's QoS 2 publishes awaiting PUBREL, by packet id."""
 
     async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None: ...
 

@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS sessions (
   tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
   expiry_interval_s INTEGER NOT NULL, connected INTEGER NOT NULL,
   disconnected_at_ms INTEGER NOT NULL, expires_at_ms INTEGER, owner TEXT,
+  qos2_fence INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (tenant, client_id));
 CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at_ms)
   WHERE expires_at_ms IS NOT NULL;
@@ -39,10 +40,6 @@ CREATE TABLE IF NOT EXISTS inbound_qos2 (
   tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
   packet_id INTEGER NOT NULL, message_id TEXT NOT NULL, stored INTEGER NOT NULL,
   PRIMARY KEY (tenant, client_id, incarnation, packet_id));
-CREATE TABLE IF NOT EXISTS qos2_fence (
-  tenant TEXT NOT NULL, client_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
-  epoch INTEGER NOT NULL,
-  PRIMARY KEY (tenant, client_id, incarnation)) WITHOUT ROWID;
 """
 
 _SUB_COLS = (
@@ -60,7 +57,7 @@ def _sub(row: tuple[Any, ...]) -> SubscriptionRecord:
 
 _SESSION_COLS = (
     "tenant, client_id, incarnation, expiry_interval_s, connected, disconnected_at_ms, "
-    "expires_at_ms, owner"
+    "expires_at_ms, owner, qos2_fence"
 )
 
 
@@ -71,25 +68,29 @@ class SqliteSessionStore(SqliteEventLog):
         cols = {row[1] for row in self.db.execute("PRAGMA table_info(sessions)")}
         if "owner" not in cols:
             self.db.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
+        if "qos2_fence" not in cols:  # files from before QoS 2 fencing
+            self.db.execute("ALTER TABLE sessions ADD COLUMN qos2_fence INTEGER NOT NULL DEFAULT 0")
 
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
         # Every CONNECT reads its session: concurrent reads share a trip to the worker.
         row = await self.run_together(
             lambda: self.db.execute(
-                "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, owner "
-                "FROM sessions WHERE tenant=? AND client_id=?",
+                "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, owner, "
+                "qos2_fence FROM sessions WHERE tenant=? AND client_id=?",
                 (tenant, client_id),
             ).fetchone()
         )
         if row is None:
             return None
-        return SessionRecord(tenant, client_id, row[0], row[1], bool(row[2]), row[3], row[4])
+        return SessionRecord(
+            tenant, client_id, row[0], row[1], bool(row[2]), row[3], row[4], row[5]
+        )
 
     async def put_session(self, r: SessionRecord) -> None:
         expires = r.expires_at_ms()
         await self.run(
             lambda: self.db.execute(
-                f"INSERT OR REPLACE INTO sessions ({_SESSION_COLS}) VALUES (?,?,?,?,?,?,?,?)",
+                f"INSERT OR REPLACE INTO sessions ({_SESSION_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
                 (
                     r.tenant,
                     r.client_id,
@@ -99,6 +100,7 @@ class SqliteSessionStore(SqliteEventLog):
                     r.disconnected_at_ms,
                     expires,
                     r.owner,
+                    r.qos2_fence,
                 ),
             )
         )
@@ -211,14 +213,21 @@ class SqliteSessionStore(SqliteEventLog):
 
     async def record_qos2(self, updates: list[Qos2Update]) -> None:
         def apply(db: sqlite3.Connection) -> None:
-            fences: dict[tuple[str, str, int], int] = {}
+            # Each session's record read once per batch, in its transaction: a change is
+            # taken or ignored against the fence as it stands when it is written.
+            records: dict[tuple[str, str], tuple[int, int] | None] = {}
             for u in updates:
-                if u.epoch:
-                    session = (u.tenant, u.client_id, u.incarnation)
-                    if session not in fences:
-                        fences[session] = _fence(db, session)
-                    if u.epoch < fences[session]:
-                        continue  # a later connection resumed the session: too late
+                if u.fence and u.change != Qos2Change.STORED:
+                    key2 = (u.tenant, u.client_id)
+                    if key2 not in records:
+                        records[key2] = db.execute(
+                            "SELECT incarnation, qos2_fence FROM sessions WHERE tenant=? AND "
+                            "client_id=?",
+                            key2,
+                        ).fetchone()
+                    rec = records[key2]
+                    if rec is None or rec[0] != u.incarnation or u.fence < rec[1]:
+                        continue  # the incarnation ended, or a later connection opened it
                 key = (u.tenant, u.client_id, u.incarnation, u.packet_id)
                 if u.change == Qos2Change.RECEIVED:
                     db.execute(
@@ -241,44 +250,23 @@ class SqliteSessionStore(SqliteEventLog):
         # One transaction for the whole batch: one fsync however many sessions it carries.
         await self.run(lambda: self.tx(apply))
 
-    async def list_qos2(
-        self, tenant: str, client_id: str, incarnation: int, fence: int = 0
-    ) -> list[InboundQos2]:
-        session = (tenant, client_id, incarnation)
-
-        def read(db: sqlite3.Connection) -> list[tuple[int, str, int]]:
-            # The fence and the read in one transaction: a change of an earlier connection
-            # is either in what this returns or ignored, never written after it.
-            if fence > _fence(db, session):
-                db.execute("INSERT OR REPLACE INTO qos2_fence VALUES (?,?,?,?)", (*session, fence))
-            return list(
-                db.execute(
-                    "SELECT packet_id, message_id, stored FROM inbound_qos2 WHERE tenant=? AND "
-                    "client_id=? AND incarnation=? ORDER BY packet_id",
-                    session,
-                )
-            )
-
-        rows = await self.run(lambda: self.tx(read) if fence else read(self.db))
+    async def list_qos2(self, tenant: str, client_id: str, incarnation: int) -> list[InboundQos2]:
+        rows = await self.run(
+            lambda: self.db.execute(
+                "SELECT packet_id, message_id, stored FROM inbound_qos2 WHERE tenant=? AND "
+                "client_id=? AND incarnation=? ORDER BY packet_id",
+                (tenant, client_id, incarnation),
+            ).fetchall()
+        )
         return [InboundQos2(p, m, bool(s)) for p, m, s in rows]
 
     async def drop_qos2(self, tenant: str, client_id: str, incarnation: int) -> None:
-        def drop(db: sqlite3.Connection) -> None:
-            for table in ("inbound_qos2", "qos2_fence"):
-                db.execute(
-                    f"DELETE FROM {table} WHERE tenant=? AND client_id=? AND incarnation=?",
-                    (tenant, client_id, incarnation),
-                )
-
-        await self.run(lambda: self.tx(drop))
-
-
-def _fence(db: sqlite3.Connection, session: tuple[str, str, int]) -> int:
-    """The epoch of the connection that last resumed the session (0: none yet)."""
-    row = db.execute(
-        "SELECT epoch FROM qos2_fence WHERE tenant=? AND client_id=? AND incarnation=?", session
-    ).fetchone()
-    return int(row[0]) if row else 0
+        await self.run(
+            lambda: self.db.execute(
+                "DELETE FROM inbound_qos2 WHERE tenant=? AND client_id=? AND incarnation=?",
+                (tenant, client_id, incarnation),
+            )
+        )
 
 
 __all__ = ["NEVER_EXPIRES", "SqliteSessionStore"]

@@ -166,6 +166,7 @@ class Channel:
         "packets_received",
         "peer",
         "persistent",
+        "qos2_fence",
         "session_expiry_s",
         "state",
         "tenant",
@@ -201,6 +202,7 @@ class Channel:
         self.username = ""
         self.tenant = ""
         self.epoch = 0
+        self.qos2_fence = 0  # stamped on this connection's QoS 2 records (exactly_once.py)
         self.incarnation = 0
         # The session has a stored record and queue: it outlives the connection, or it was
         # resumed (then its queue is delivered even if the new expiry is 0 [MQTT-3.1.2-4]).
@@ -510,6 +512,7 @@ class Channel:
         """Take on the session the service granted; the CONNACK to write."""
         self.tenant = outcome.tenant
         self.epoch = outcome.epoch
+        self.qos2_fence = outcome.qos2_fence
         self.incarnation = outcome.incarnation
         self.session_expiry_s = outcome.session_expiry_s
         self.persistent = outcome.session_expiry_s > 0 or outcome.session_present

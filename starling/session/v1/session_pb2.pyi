@@ -298,6 +298,7 @@ class ConnectResponse(_message.Message):
     USERNAME_FIELD_NUMBER: _builtins.int
     AWAITING_RELEASE_FIELD_NUMBER: _builtins.int
     NO_PREVIOUS_SESSION_FIELD_NUMBER: _builtins.int
+    QOS2_FENCE_FIELD_NUMBER: _builtins.int
     result: Global___ConnectResult.ValueType
     tenant: _builtins.str
     epoch: _builtins.int
@@ -323,6 +324,10 @@ class ConnectResponse(_message.Message):
     """The client id had no session record: no delayed will of an earlier connection can be
     pending (one exists only while its session does), so the node does not ask the router
     to settle one. False (also from an older session service): settle.
+    """
+    qos2_fence: _builtins.int
+    """The persistent session's QoS 2 fence as this connection set it (0: none), for the node
+    to stamp on its Qos2Updates: what earlier connections still write is ignored.
     """
     @_builtins.property
     def acl(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclRule]:
@@ -354,10 +359,11 @@ class ConnectResponse(_message.Message):
         username: _builtins.str = ...,
         awaiting_release: _abc.Iterable[Global___InboundQos2] | None = ...,
         no_previous_session: _builtins.bool = ...,
+        qos2_fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "awaiting_release", b"awaiting_release", "epoch", b"epoch", "incarnation", b"incarnation", "no_previous_session", b"no_previous_session", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "acl_default", b"acl_default", "auth_data", b"auth_data", "auth_state", b"auth_state", "awaiting_release", b"awaiting_release", "epoch", b"epoch", "incarnation", b"incarnation", "no_previous_session", b"no_previous_session", "qos2_fence", b"qos2_fence", "reason", b"reason", "result", b"result", "session_expiry_interval_s", b"session_expiry_interval_s", "session_present", b"session_present", "subscriptions", b"subscriptions", "tenant", b"tenant", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -405,7 +411,7 @@ class Qos2Update(_message.Message):
     CHANGE_FIELD_NUMBER: _builtins.int
     PACKET_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
-    EPOCH_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     client_id: _builtins.str
     incarnation: _builtins.int
@@ -413,9 +419,10 @@ class Qos2Update(_message.Message):
     packet_id: _builtins.int
     message_id: _builtins.str
     """RECEIVED only."""
-    epoch: _builtins.int
-    """Registry epoch of the connection that made the change. A session resumed by a later
-    connection ignores the changes of earlier ones that land after it (0: not fenced).
+    fence: _builtins.int
+    """ConnectResponse.qos2_fence of the connection that made the change: a RECEIVED or
+    RELEASED below the session's fence (a later connection opened it) is ignored (0: not
+    fenced).
     """
     def __init__(
         self,
@@ -426,11 +433,11 @@ class Qos2Update(_message.Message):
         change: Global___Qos2Change.ValueType = ...,
         packet_id: _builtins.int = ...,
         message_id: _builtins.str = ...,
-        epoch: _builtins.int = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "client_id", b"client_id", "epoch", b"epoch", "incarnation", b"incarnation", "message_id", b"message_id", "packet_id", b"packet_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "client_id", b"client_id", "fence", b"fence", "incarnation", b"incarnation", "message_id", b"message_id", "packet_id", b"packet_id", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
