@@ -39,6 +39,14 @@ class ConnectAttempt:
     will_delay_s: int = 0
 
 
+# Wills handed to the session service with the CONNECT, kept in the registry and published by
+# the session service if their node dies (services/session/wills.py): the default bound of
+# their envelope (`will_store_max_bytes`, on nodes and session services alike) and its upper
+# limit (well under a NATS message, so a batch of CONNECTs still fits a few).
+WILL_STORE_MAX_BYTES = 64 << 10
+WILL_STORE_LIMIT_BYTES = 512 << 10
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectOutcome:
     """reason_code 0: accepted; otherwise the MQTT 5 CONNACK reason code of the refusal."""

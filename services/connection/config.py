@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from services.common.config import ServiceSettings
+from services.common.connect import WILL_STORE_LIMIT_BYTES, WILL_STORE_MAX_BYTES
 from services.common.mqtt.errors import MqttError
 from services.common.topics import validate_topic_name
 
@@ -155,6 +156,14 @@ class ConnectionSettings(ServiceSettings):
         ge=0,
         description="Open connections from one IP address to one node; a CONNECT beyond it "
         "gets CONNACK 0x97 (3.1.1: 3). Raise it behind NAT or a load balancer; 0: no cap.",
+    )
+    will_store_max_bytes: int = Field(
+        default=WILL_STORE_MAX_BYTES,
+        ge=0,
+        le=WILL_STORE_LIMIT_BYTES,
+        description="Largest will (its envelope) a CONNECT hands to the session service, which "
+        "keeps it and publishes it if this node dies; a larger one only this node publishes. "
+        "0: none handed over. The session service has the same setting; give both one value.",
     )
     mesh_interest_window_s: float = Field(
         default=2.0,

@@ -141,6 +141,7 @@ class ConnectionService:
             mesh_interest_window_s=s.mesh_interest_window_s,
             quota=quota,
             rule_feed=feed,
+            will_store_max_bytes=s.will_store_max_bytes,
         )
         node.refusals = refusals
         if limits is not None:

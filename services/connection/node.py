@@ -29,7 +29,7 @@ from services.common.bans import BanList
 from services.common.bus import subjects
 from services.common.bus.ids import MessageIds
 from services.common.bus.large import Fetcher, Holder
-from services.common.connect import ConnectOutcome
+from services.common.connect import WILL_STORE_MAX_BYTES, ConnectOutcome
 from services.common.envelope import to_envelope
 from services.common.message import Message
 from services.common.mqtt.reason import ReasonCode as RC
@@ -113,6 +113,7 @@ class Node:
         mesh_interest_window_s: float = 0.0,
         quota: NodeQuota | None = None,
         rule_feed: RuleFeed | None = None,
+        will_store_max_bytes: int = WILL_STORE_MAX_BYTES,
     ) -> None:
         """`publish_router`: what QoS>=1 publishes are routed by (services/connection/
         replica.py's CopyRouter); `router` by default. `quota`: the tenants' rate budgets
@@ -153,7 +154,14 @@ class Node:
             else None
         )
         self._build_message_path(router, tracing)
-        self.wills = Wills(self.node_id, self.ingress.publish, self.routing, router, self.ids)
+        self.wills = Wills(
+            self.node_id,
+            self.ingress.publish,
+            self.routing,
+            router,
+            self.ids,
+            will_store_max_bytes,
+        )
         self.sys_events = SysEvents(
             self.node_id,
             self.ingress.reaches,

@@ -55,6 +55,13 @@ class Registry:
         registry was lost."""
         return [c for held in self._clients.values() for c in held.values() if not c.closed]
 
+    def knows(self, key: ClientKey, epoch: int) -> bool:
+        """Whether this process has the connection of this epoch, or had it recently."""
+        if epoch in self._clients.get(key, {}):
+            return True
+        rec = self._ended.get(key)
+        return rec is not None and rec[0] == epoch
+
     def superseded(self, key: ClientKey, epoch: int) -> bool:
         """A kick for this epoch (or a later one) arrived before its CONNECT answer."""
         tomb = self._tombstones.get(key)

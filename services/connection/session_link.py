@@ -20,6 +20,7 @@ loser is kicked as in a takeover).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -53,7 +54,7 @@ from services.connection.persistence import PersistentDelivery
 from services.connection.registry import Registry
 from services.connection.subscribing import Subscriber
 from services.connection.sys_events import SysEvents
-from services.connection.wills import Wills, will_delay_s, will_envelope
+from services.connection.wills import Wills, will_delay_s
 from services.connection.writes import WriteBatcher
 from services.queue.client import QueueClient, queue_id
 from services.session.client import SessionClient
@@ -61,14 +62,23 @@ from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2
 
 log = logging.getLogger("starling.connection.session")
+
+# A release the session service did not confirm is sent again (see `SessionLink.release`).
+RELEASE_RETRY_FIRST_S = 0.2
+RELEASE_RETRY_MAX_S = 5.0
+RELEASE_RETRY_FOR_S = 30.0
 tracer = trace.get_tracer("starling.connection")
 
 
 def connect_attempt(
-    node_id: str, peer: str, action: Authenticate, cert: PeerCert | None = None
+    node_id: str,
+    peer: str,
+    action: Authenticate,
+    cert: PeerCert | None = None,
+    will: bytes = b"",
 ) -> ConnectAttempt:
+    """`will`: the CONNECT's will as handed to the session service (Wills.handoff)."""
     p = action.connect
-    will = p.will
     return ConnectAttempt(
         client_id=action.client_id,
         username=p.username or "",
@@ -85,8 +95,8 @@ def connect_attempt(
         auth_method=p.properties.authentication_method or "",
         auth_data=action.auth_data or b"",
         auth_state=action.auth_state,
-        will=will_envelope(will, action.client_id, node_id, time.time()) if will else b"",
-        will_delay_s=(will.properties.will_delay_interval or 0) if will else 0,
+        will=will,
+        will_delay_s=(p.will.properties.will_delay_interval or 0) if will and p.will else 0,
     )
 
 
@@ -134,7 +144,8 @@ class SessionLink:
         self._tasks.spawn(self._authenticate(conn, action), name="authenticate")
 
     async def _authenticate(self, conn: Conn, action: Authenticate) -> None:
-        attempt = connect_attempt(self._node_id, conn.channel.peer, action, conn.cert)
+        will = self._wills.handoff(action.connect.will, action.client_id)
+        attempt = connect_attempt(self._node_id, conn.channel.peer, action, conn.cert, will)
         outcome = await self._ask(attempt)
         if conn.closed:
             if outcome.ok:  # the client left while we asked: release the registry entry
@@ -252,18 +263,31 @@ class SessionLink:
     async def release(
         self, tenant: str, client_id: str, epoch: int, incarnation: int, expiry_s: int | None
     ) -> None:
-        try:
-            await self._session.disconnect(
-                tenant, client_id, epoch, self._node_id, incarnation, expiry_s
-            )
-        except Exception as exc:
-            log.warning("session_release_failed", extra={"error": str(exc)})
+        """Tell the session service the connection ended, tried again with backoff for
+        RELEASE_RETRY_FOR_S: an entry never released would stay until this node dies, and
+        then be taken for a connection that died with it (session parked at that time, its
+        will published). Idempotent: a release that was done and is sent again finds the
+        entry gone, or another connection's."""
+        delay, deadline = RELEASE_RETRY_FIRST_S, time.monotonic() + RELEASE_RETRY_FOR_S
+        while True:
+            try:
+                await self._session.disconnect(
+                    tenant, client_id, epoch, self._node_id, incarnation, expiry_s
+                )
+                return
+            except Exception as exc:
+                if time.monotonic() + delay > deadline:
+                    log.warning("session_release_failed", extra={"error": str(exc)})
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RELEASE_RETRY_MAX_S)
 
     async def on_kick(self, msg: Msg) -> None:
         """Takeover or admin kick: close this client's connections up to the kick's epoch."""
         kick = connection_pb2.Kick.FromString(msg.data)
         key = (kick.tenant, kick.client_id)
         ended, expiry_s = self._registry.ended(key, kick.epoch)
+        known = self._registry.knows(key, kick.epoch)
         for conn in self._registry.kick(key, kick.epoch, time.monotonic()):
             actions = conn.channel.disconnect(
                 kick.reason_code or RC.ADMINISTRATIVE_ACTION, "kicked"
@@ -271,7 +295,7 @@ class SessionLink:
             self._carry_out(conn, actions)
         if msg.reply:  # a CONNECT displaced it: say whether it had ended, and how
             await self.settle_first(kick.tenant, kick.client_id)
-            reply = connection_pb2.KickReply(ended=ended)
+            reply = connection_pb2.KickReply(ended=ended, unknown=not known)
             if expiry_s is not None:
                 reply.session_expiry_interval_s = expiry_s
             await self._nc.publish(msg.reply, reply.SerializeToString())
@@ -283,7 +307,7 @@ class SessionLink:
             return
         try:
             reclaimed, superseded = await self._session.reclaim(
-                self._node_id, [_held_connection(c, self._node_id) for c in held]
+                self._node_id, [_held_connection(c, self._wills) for c in held]
             )
         except Exception as exc:
             log.warning("registry_reassert_failed", extra={"error": str(exc)})
@@ -306,7 +330,7 @@ class SessionLink:
                 )
 
 
-def _held_connection(conn: Conn, node_id: str) -> session_pb2.HeldConnection:
+def _held_connection(conn: Conn, wills: Wills) -> session_pb2.HeldConnection:
     ch = conn.channel
     held = session_pb2.HeldConnection(
         tenant=ch.tenant,
@@ -319,6 +343,6 @@ def _held_connection(conn: Conn, node_id: str) -> session_pb2.HeldConnection:
     # The entry lost its will with the registry: handed again, so that a death of this node
     # after the loss still has its clients' wills published.
     if ch.will is not None and ch.acl.can_publish(ch.will.topic):
-        held.will = will_envelope(ch.will, ch.client_id, node_id, time.time())
-        held.will_delay_s = will_delay_s(ch)
+        held.will = wills.handoff(ch.will, ch.client_id)
+        held.will_delay_s = will_delay_s(ch) if held.will else 0
     return held

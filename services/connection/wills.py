@@ -32,32 +32,11 @@ from services.router.client import RouterClient
 log = logging.getLogger("starling.connection.wills")
 
 
-def will_message(ch: Channel, now: float) -> Message | None:
-    """The will of an ended connection as a message, or None (none, or the ACL refuses its
-    topic now)."""
-    w = ch.will
-    if w is None or not ch.acl.can_publish(w.topic):
-        return None
-    mei = w.properties.message_expiry_interval
-    return Message(
-        ch.tenant,
-        w.topic,
-        w.payload,
-        w.qos,
-        w.retain,
-        ch.client_id,
-        message_properties(w.properties),
-        now + mei if mei is not None else None,
-        now,
-    )
-
-
-def will_envelope(will: Will, client_id: str, node_id: str, now: float) -> bytes:
-    """The will as its CONNECT hands it to the session service: an envelope without tenant
-    or message id (set when it is published), its expiry interval counted from then."""
+def _as_message(will: Will, tenant: str, client_id: str, now: float) -> Message:
+    """A will published at `now` (its Message Expiry Interval counts from then)."""
     mei = will.properties.message_expiry_interval
-    msg = Message(
-        "",
+    return Message(
+        tenant,
         will.topic,
         will.payload,
         will.qos,
@@ -67,7 +46,15 @@ def will_envelope(will: Will, client_id: str, node_id: str, now: float) -> bytes
         now + mei if mei is not None else None,
         now,
     )
-    return to_envelope(msg, node_id, "").SerializeToString()
+
+
+def will_message(ch: Channel, now: float) -> Message | None:
+    """The will of an ended connection as a message, or None (none, or the ACL refuses its
+    topic now)."""
+    w = ch.will
+    if w is None or not ch.acl.can_publish(w.topic):
+        return None
+    return _as_message(w, ch.tenant, ch.client_id, now)
 
 
 def will_delay_s(ch: Channel) -> int:
@@ -86,12 +73,24 @@ class Wills:
         routing: RoutingPipeline[Conn] | None,
         router: RouterClient | None,
         ids: MessageIds,
+        handoff_max_bytes: int = 0,
     ) -> None:
         self._node_id = node_id
         self._publish = publish
         self._routing = routing
         self._router = router
         self._ids = ids
+        self._handoff_max = handoff_max_bytes  # will_store_max_bytes
+
+    def handoff(self, will: Will | None, client_id: str) -> bytes:
+        """The will as a CONNECT (or a re-assertion) hands it to the session service, which
+        publishes it if this node dies: an envelope without tenant or message id (set then);
+        b"" for none, or one over `will_store_max_bytes` (only this node publishes it)."""
+        if will is None or not self._handoff_max:
+            return b""
+        env = to_envelope(_as_message(will, "", client_id, time.time()), self._node_id, "")
+        data = env.SerializeToString()
+        return data if len(data) <= self._handoff_max else b""
 
     def connection_ended(self, ch: Channel) -> None:
         if ch.normal_disconnect:

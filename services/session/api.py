@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 
 from services.common.acl import AclRule, substitute
 from services.common.bus import subjects
@@ -18,7 +20,6 @@ from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
 from services.common.store.ports import Qos2Change, Qos2Update, SessionRecord
 from services.common.subscription import record_to_pb
-from services.common.tasks import TaskSet
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.auth import Authenticator, check_tenant
@@ -33,7 +34,7 @@ from services.session.locks import KeyedLocks
 from services.session.login import Login
 from services.session.registry import Holder, Registry
 from services.session.sessions import UNREAD, Opened, Sessions, Unread, owner_of
-from services.session.wills import StoredWills, kept_will
+from services.session.wills import StoredWills, displaced_will_due, kept_will
 from starling.common.v1 import message_pb2
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2 as pb
@@ -47,6 +48,8 @@ SESSION_TAKEN_OVER = 0x8E
 MAX_QOS2_UPDATES = 4096
 ADMINISTRATIVE_ACTION = 0x98
 KICK_REPLY_TIMEOUT_S = 1.0
+# A node whose kick timed out and that has not beaten for this long is taken for dead.
+NODE_SILENT_S = 2.5
 
 
 def _checked_rule(r: pb.AclRule, index: int) -> AclRule:
@@ -75,20 +78,28 @@ async def send_kick(nc: Client, holder: Holder, reason: int) -> None:
     await nc.flush(timeout=2)
 
 
-async def kick_and_ask(nc: Client, holder: Holder, reason: int) -> connection_pb2.KickReply | None:
+async def kick_and_ask(
+    nc: Client, holder: Holder, reason: int
+) -> tuple[connection_pb2.KickReply | None, bool]:
     """Kick the displaced connection and learn whether it had already ended (and with which
-    Session Expiry); None when its node does not answer in time (dead: nothing to learn)."""
+    Session Expiry); no reply when its node does not answer in time. Also whether its node
+    is known to be gone: nobody listens on its subject (its process died), or it answers as
+    a process that never had the connection (it restarted under the same id)."""
     try:
-        return await request_proto(
+        reply = await request_proto(
             nc,
             subjects.node_control(holder.node_id),
             _kick(holder, reason),
             connection_pb2.KickReply,
             timeout_s=KICK_REPLY_TIMEOUT_S,
         )
-    except Exception as exc:  # no responders or timeout: the node is gone
+    except NoRespondersError:
+        log.warning("kick_unanswered", extra={"node": holder.node_id, "error": "no responders"})
+        return None, True
+    except Exception as exc:  # a timeout: the node is dying, or busy
         log.warning("kick_unanswered", extra={"node": holder.node_id, "error": type(exc).__name__})
-        return None
+        return None, False
+    return reply, reply.unknown
 
 
 # CONNACK reason code of a refusal -> the ConnectResult that carries it to the node.
@@ -125,12 +136,14 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         gatekeeper: Gatekeeper | None = None,
         wills: StoredWills | None = None,
         will_store_max_bytes: int = 0,
+        silent_for: Callable[[str], float] | None = None,
     ) -> None:
         self._auth = auth
         # Wills kept with registry entries, published here when their node is gone.
         self._wills = wills
         self._will_max_bytes = will_store_max_bytes if wills is not None else 0
-        self._tasks = TaskSet()
+        # Seconds since a node's last heartbeat (services/session/liveness.py).
+        self._silent_for = silent_for or (lambda node: 0.0)
         self._gatekeeper = gatekeeper
         self._login = login
         self._registry = registry
@@ -398,10 +411,14 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         still on its way and will be refused), end the session as its DISCONNECT said before
         Session Present is decided. A node that does not answer is gone, and its will with
         it: published from here if it is due now (services/session/wills.py)."""
-        reply = await kick_and_ask(self._nc, prev, SESSION_TAKEN_OVER)
-        if reply is None and prev.will and self._wills is not None:
-            if prev.will_delay_s == 0 or clean_start:
-                self._tasks.spawn(self._wills.publish_now(prev), name="displaced-will")
+        reply, gone = await kick_and_ask(self._nc, prev, SESSION_TAKEN_OVER)
+        if prev.will and self._wills is not None:
+            silent_s = self._silent_for(prev.node_id)
+            # A node that timed out but still beats publishes the will itself when it gets
+            # to the kick.
+            if gone or (reply is None and silent_s >= NODE_SILENT_S):
+                if displaced_will_due(prev, clean_start, silent_s):
+                    self._wills.publish_now(prev)
         if reply is None or not reply.ended:
             await self._events.emit(prev.tenant, prev.client_id, "taken_over")
             return

@@ -21,6 +21,7 @@ from services.common.connect import ConnectAttempt, ConnectOutcome, ReauthAttemp
 from services.common.mqtt.reason import ReasonCode
 from services.common.rpc.client import LazyStub
 from services.common.rpc.errors import UnavailableError
+from services.common.rpc.limits import BATCH_BYTES, split_by_bytes
 from services.common.store.ports import Qos2Change, Qos2Update
 from services.common.subscription import identified_from_pb
 from services.common.tasks import TaskSet
@@ -57,6 +58,10 @@ _QOS2_CHANGES = {
 
 
 _PendingConnect = tuple[pb.ConnectRequest, "asyncio.Future[pb.ConnectResponse]"]
+
+
+def _held_size(c: pb.HeldConnection) -> int:
+    return c.ByteSize() + 8  # and its field tag and length in the request
 
 
 def _connect_request(a: ConnectAttempt) -> pb.ConnectRequest:
@@ -213,8 +218,14 @@ class SessionClient:
     async def _connect_batch(self, reqs: list[pb.ConnectRequest]) -> list[pb.ConnectResponse]:
         many = pb.ConnectManyRequest(requests=reqs)
         assert self._bus is not None
-        if not self._bus.fits(many.ByteSize()):  # large credentials: one by one
-            return [await self._connect_one(r) for r in reqs]
+        if not self._bus.fits(many.ByteSize()):  # large credentials or wills: in halves
+            if len(reqs) == 1:
+                return [await self._connect_one(reqs[0])]
+            half = len(reqs) // 2
+            first, second = await asyncio.gather(
+                self._connect_batch(reqs[:half]), self._connect_batch(reqs[half:])
+            )
+            return first + second
         try:
             data = await self._bus.call(self._connect_many_subject, many.SerializeToString())
         except unary.ReplyTooLargeError:  # over gRPC: the same CONNECTs again, see `connect`
@@ -289,10 +300,11 @@ class SessionClient:
 
     async def reclaim(self, node_id: str, held: Sequence[pb.HeldConnection]) -> tuple[int, int]:
         """Re-assert this node's live connections after the registry was lost, in calls of
-        at most RECLAIM_BATCH; returns (re-installed, superseded: kicked by the service)."""
+        at most RECLAIM_BATCH and BATCH_BYTES (their wills make them large); returns
+        (re-installed, superseded: kicked by the service)."""
         reclaimed = superseded = 0
-        for i in range(0, len(held), RECLAIM_BATCH):
-            req = pb.ReclaimRequest(node_id=node_id, connections=held[i : i + RECLAIM_BATCH])
+        for run in split_by_bytes(held, _held_size, BATCH_BYTES, RECLAIM_BATCH):
+            req = pb.ReclaimRequest(node_id=node_id, connections=run)
             resp = await self._rpc.call(self._rpc.stub.Reclaim, req)
             reclaimed += resp.reclaimed
             superseded += resp.superseded

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, SecretStr, model_validator
 
 from services.common.config import ServiceSettings
+from services.common.connect import WILL_STORE_LIMIT_BYTES, WILL_STORE_MAX_BYTES
 
 
 class SessionSettings(ServiceSettings):
@@ -63,12 +64,13 @@ class SessionSettings(ServiceSettings):
         "their entries kept published.",
     )
     will_store_max_bytes: int = Field(
-        default=65_536,
+        default=WILL_STORE_MAX_BYTES,
         ge=0,
-        le=16 << 20,
+        le=WILL_STORE_LIMIT_BYTES,
         description="Largest will (its envelope: topic, payload, properties) kept in the "
         "registry with its connection, so that it is published even if the node dies; a larger "
-        "one only its node can publish. 0: none kept.",
+        "one only its node can publish. 0: none kept. Connection nodes have the same setting "
+        "(they do not send a larger will); give both the same value.",
     )
     max_connections_per_tenant: int = Field(
         default=100_000,

@@ -9,7 +9,7 @@ registry's set of nodes holding clients count as seen from the moment this servi
 of them (at start, and on every check), so a node that died while the session service was
 down, or before its first heartbeat or hello reached this service, is found too. The wills
 its entries kept are published (services/session/wills.py), each by the one instance whose
-release of the entry succeeded.
+release of the entry succeeded, a chunk at a time as the entries are released.
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from services.common.bus import subjects
-from services.common.tasks import TaskSet
 from services.session.registry import Holder, Registry
 from services.session.sessions import Sessions
 from services.session.wills import StoredWills
 
 log = logging.getLogger("starling.session.liveness")
+
+# Wills of a dead node go out this many at a time as its entries are released (not after
+# all of them): a client that comes back meanwhile finds its delayed will at the router.
+WILL_CHUNK = 64
 
 
 class NodeLiveness:
@@ -40,7 +43,6 @@ class NodeLiveness:
     ) -> None:
         self._registry = registry
         self._wills = wills
-        self._tasks = TaskSet()  # will publishes: the checks go on meanwhile
         self._drop_subscriptions = drop_subscriptions
         self._sessions = sessions
         self._timeout = timeout_s
@@ -57,10 +59,17 @@ class NodeLiveness:
         self.last_seen[msg.data.decode()] = time.monotonic()
 
     async def _on_hello(self, msg: Any) -> None:
-        """A node (re)started: whatever its previous life held is gone."""
+        """A node (re)started: whatever its previous life held is gone (since its last
+        heartbeat, as far as this instance knows)."""
         node = msg.data.decode()
+        died_at_ms = int((time.time() - self.silent_for(node)) * 1000)
         self.last_seen[node] = time.monotonic()
-        await self.release_node(node, int(time.time() * 1000))
+        await self.release_node(node, died_at_ms)
+
+    def silent_for(self, node: str) -> float:
+        """Seconds since the node's last heartbeat (0: never heard of)."""
+        seen = self.last_seen.get(node)
+        return time.monotonic() - seen if seen is not None else 0.0
 
     async def check(self) -> list[str]:
         """Declare silent nodes dead and release their clients; returns the dead nodes."""
@@ -84,10 +93,13 @@ class NodeLiveness:
             if await self._registry.release(tenant, client_id, holder.epoch):
                 await self._sessions.park(tenant, client_id, died_at_ms)
                 released += 1
-                if holder.will:
+                if holder.will and self._wills is not None:
                     with_wills.append(holder)
+                    if len(with_wills) >= WILL_CHUNK:
+                        await self._wills.publish(with_wills, died_at_ms)
+                        with_wills = []
         if with_wills and self._wills is not None:
-            self._tasks.spawn(self._wills.publish(with_wills, died_at_ms), name="node-wills")
+            await self._wills.publish(with_wills, died_at_ms)
         await self._registry.drop_node(node)
         if self._drop_subscriptions is not None:
             await self._drop_subscriptions(node)

@@ -220,6 +220,7 @@ class SessionService:
             self._gatekeeper,
             self._wills,
             self._settings.will_store_max_bytes,
+            self._liveness.silent_for,
         )
         pb_grpc.add_SessionServiceServicer_to_server(self._api, server)
         pb_grpc.add_SessionAdminServiceServicer_to_server(
@@ -318,6 +319,7 @@ class SessionService:
             if task is not None:
                 task.cancel()
         await self._sessions.stop(min(2.0, self._settings.shutdown_grace_s / 2))
+        await self._wills.settle(min(2.0, self._settings.shutdown_grace_s / 2))
         await self._router.close()
         await self._queues.close()
         await self._ban_watch.stop()

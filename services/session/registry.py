@@ -199,10 +199,14 @@ def _member(tenant: str, client_id: str) -> str:
 
 
 def _decode(raw: bytes | str) -> Holder:
-    return Holder(**json.loads(raw))
+    # Fields this version does not know (an entry a newer session service wrote, in a rolling
+    # upgrade) are left out rather than failing every read of the entry.
+    data = json.loads(raw)
+    return Holder(**{k: v for k, v in data.items() if k in _FIELD_SET})
 
 
 _FIELDS = tuple(f.name for f in fields(Holder))
+_FIELD_SET = frozenset(_FIELDS)
 _FIELDS_NO_WILL = tuple(f for f in _FIELDS if f not in ("will", "will_delay_s"))
 
 

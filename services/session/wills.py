@@ -9,18 +9,25 @@ from here:
 - when this service declares the node dead (no heartbeat for `node_timeout_s`, or the node
   id started again: services/session/liveness.py) and the entry is still the node's: now,
   or after what is left of its Will Delay Interval (the router holds it as a delayed will,
-  cancelled if the client resumes its session first [MQTT-3.1.3-9]);
-- when a new connection takes the client id over and the old node does not answer the kick
-  (it died; the liveness check would find the entry gone): now if its delay is 0 or the new
-  connection ends the session (clean start), otherwise never (the client came back within
-  the delay).
+  cancelled if the client resumes its session first [MQTT-3.1.3-9]). Published as the
+  entries are released, a chunk at a time, so that a client that comes back meanwhile
+  finds its delayed will at the router already (its new connection cancels it there);
+- when a new connection takes the client id over and the old node is gone (nobody answers
+  the kick on its subject, it answers as a new process that never had the connection, or
+  its heartbeat stopped): now if it is due (its delay is 0 or has run out since the node's
+  last heartbeat, or the new connection ends the session with a clean start), otherwise
+  never (the client came back within its delay).
 Only one session instance releases an entry (the registry's release is atomic), so one
-publishes its will. What can publish one twice: a node killed after it published a will
-and before the release reached this service, or a kick answered later than the wait for it.
+publishes its will. What can publish one twice: a node killed after it published a will and
+before its release reached this service. What can publish one that MQTT would not: a node
+killed after a client's DISCONNECT and before its release (milliseconds).
 
 Checked at CONNECT, as the node checks before it publishes: the connection's ACL must allow
-the will's topic. Bound: a will larger than `will_store_max_bytes` (envelope bytes) is not
-kept, so its node alone can publish it; at most one will per connection is held in Redis.
+the will's topic. Bound: a will larger than `will_store_max_bytes` (envelope bytes; the
+node does not even send it) is not kept, so its node alone can publish it.
+
+A will the router cannot take (unreachable, or a queue or retained quota refuses it) is
+tried again with backoff for RETRY_FOR_S; what it did take goes to online subscribers once.
 """
 
 from __future__ import annotations
@@ -33,13 +40,15 @@ from collections.abc import Sequence
 
 from services.common.acl import AclChecker, AclRule
 from services.common.bus.publisher import ServicePublisher
+from services.common.tasks import TaskSet
 from services.session.registry import Holder
 from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.session.wills")
 
-ATTEMPTS = 3  # a router call that fails is tried again this many times in all
-RETRY_S = 1.0
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
+RETRY_FOR_S = 30.0  # as long as a node retries a publish the router did not take
 
 
 def kept_will(will: bytes, rules: list[AclRule], default_allow: bool, max_bytes: int) -> str:
@@ -51,15 +60,22 @@ def kept_will(will: bytes, rules: list[AclRule], default_allow: bool, max_bytes:
         topic = RoutedMessage.FromString(will).topic
     except Exception:  # a node sent garbage: it publishes its own wills still
         return ""
-    if not AclChecker(rules, default_allow).can_publish(topic):
+    if not topic or not AclChecker(rules, default_allow).can_publish(topic):
         return ""
     return base64.b64encode(will).decode()
+
+
+def displaced_will_due(holder: Holder, clean_start: bool, silent_s: float) -> bool:
+    """A new connection took over `holder` from a node that is gone, `silent_s` after the
+    node's last heartbeat: whether its will is due now [MQTT-3.1.3-9] (otherwise the client
+    is back within its Will Delay Interval, and the will is not published)."""
+    return holder.will_delay_s == 0 or clean_start or silent_s >= holder.will_delay_s
 
 
 class StoredWills:
     def __init__(self, publisher: ServicePublisher) -> None:
         self._publisher = publisher
-        self.published = 0  # wills handed to the mesh (tests, logs)
+        self._tasks = TaskSet()  # publishes of displaced wills, off the CONNECT path
 
     async def publish(self, holders: Sequence[Holder], died_at_ms: int) -> None:
         """Publish the wills of `holders`, whose node died at `died_at_ms`: each after what
@@ -71,11 +87,16 @@ class StoredWills:
         ]
         await self._send([e for e in envs if e is not None])
 
-    async def publish_now(self, holder: Holder) -> None:
-        """Publish the will of `holder` now, whatever its delay."""
+    def publish_now(self, holder: Holder) -> None:
+        """Publish the will of `holder` now, whatever its delay (in a task of its own: the
+        CONNECT that displaced it does not wait)."""
         env = self._envelope(holder, 0, int(time.time() * 1000))
         if env is not None:
-            await self._send([env])
+            self._tasks.spawn(self._send([env]), name="displaced-will")
+
+    async def settle(self, timeout_s: float) -> None:
+        """On the way out: let the wills under way go (at most `timeout_s`)."""
+        await self._tasks.wait(timeout_s)
 
     def _envelope(self, h: Holder, delay_s: int, now_ms: int) -> RoutedMessage | None:
         try:
@@ -90,19 +111,27 @@ class StoredWills:
         return env
 
     async def _send(self, envs: list[RoutedMessage]) -> None:
-        if not envs:
-            return
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                await self._publisher.publish_envelopes(envs)
-                self.published += len(envs)
-                log.info("stored_wills_published", extra={"wills": len(envs)})
+        """Each will the router takes goes live once; the others are tried again, in a task
+        of their own (the caller, e.g. the release of a dead node's entries, goes on)."""
+        refused = await self._attempt(envs)
+        if refused:
+            self._tasks.spawn(self._retry(refused), name="will-retry")
+
+    async def _attempt(self, envs: list[RoutedMessage]) -> list[RoutedMessage]:
+        refused: list[RoutedMessage] = []
+        try:
+            await self._publisher.publish_envelopes(envs, not_kept=refused.append)
+        except Exception as exc:  # NATS: what the router took is kept all the same
+            log.warning("stored_wills_not_live", extra={"error": type(exc).__name__})
+        return refused
+
+    async def _retry(self, envs: list[RoutedMessage]) -> None:
+        deadline = time.monotonic() + RETRY_FOR_S
+        delay = RETRY_FIRST_S
+        while envs:
+            if time.monotonic() + delay > deadline:
+                log.warning("stored_wills_lost", extra={"wills": len(envs)})
                 return
-            except Exception as exc:
-                if attempt == ATTEMPTS:
-                    log.warning(
-                        "stored_wills_lost",
-                        extra={"wills": len(envs), "error": type(exc).__name__},
-                    )
-                    return
-                await asyncio.sleep(RETRY_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            envs = await self._attempt(envs)

@@ -225,24 +225,28 @@ def test_a_dead_nodes_subscriptions_leave_the_tenant_count(fault_mesh: Launcher)
 
 
 def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> None:
-    """Node 1 is SIGKILLed with five clients on it; a subscriber on node 0 gets the wills
-    MQTT says are due: the dead node's clients' (once the session service declares it dead,
-    3 s here), a client's that reconnects at once with a clean start (the takeover finds the
-    node gone), and neither the will of a client that is back within its Will Delay Interval
-    nor that of one that had sent DISCONNECT."""
+    """Node 1 is SIGKILLed with six clients on it; a subscriber on node 0 gets the wills
+    MQTT says are due: the dead node's clients' once the session service declares it dead
+    (3 s here), one with a 6 s Will Delay Interval after what is left of it, those of clients
+    whose takeover finds the node gone and whose will is due (delay 0; a clean start ends
+    the session whatever the delay), and neither the will of a client back within its delay
+    nor that of one that sent DISCONNECT."""
+    import asyncio
+
     from services.common.mqtt import Disconnect, Will
+    from services.session.client import SessionAdminClient
 
     topic = f"wills/{uuid.uuid4().hex[:6]}"
-    got: list[bytes] = []
+    got: list[tuple[bytes, float]] = []
     sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
-    sub.on_message = lambda cl, u, m: got.append(m.payload)
+    sub.on_message = lambda cl, u, m: got.append((m.payload, time.monotonic()))
     sub.connect("127.0.0.1", port(fault_mesh, 0))
     sub.loop_start()
     sub.subscribe(f"{topic}/#", 1)
 
     def client(name: str, node: int, v5: bool, delay: int = 0, clean: bool = True) -> Raw:
         raw = Raw(port(fault_mesh, node))
-        props = Properties(session_expiry_interval=60) if v5 and not clean else Properties()
+        props = Properties(session_expiry_interval=60) if v5 and delay else Properties()
         will = Will(
             f"{topic}/{name}",
             f"{name} gone".encode(),
@@ -261,6 +265,15 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
         assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
         return raw
 
+    async def registered(client_id: str) -> bool:
+        admin = SessionAdminClient(
+            f"127.0.0.1:{fault_mesh.mesh.by_name('session').grpc_port}", fault_mesh.admin_token
+        )
+        try:
+            return any(c.client_id == client_id for c in await admin.list_clients("default"))
+        finally:
+            await admin.close()
+
     try:
         deadline = time.monotonic() + 10
         while not sub.is_connected():  # the SUBSCRIBE goes out with the connection
@@ -269,27 +282,37 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
         time.sleep(0.3)  # the SUBACK (paho does not wait for it)
         held = {
             "plain": client("plain", 1, v5=False),  # 3.1.1, will at QoS 1
-            "delayed": client("delayed", 1, v5=True, delay=1, clean=False),
+            "delayed": client("delayed", 1, v5=True, delay=6, clean=False),
             "back": client("back", 1, v5=True, delay=30, clean=False),
+            "restart": client("restart", 1, v5=True, delay=30, clean=False),
             "takeover": client("takeover", 1, v5=True),
             "polite": client("polite", 1, v5=True),
         }
         held["polite"].send(Disconnect())
         assert held["polite"].closed()
+        deadline = time.monotonic() + 10
+        while asyncio.run(registered(f"w-polite-{topic[6:]}")):  # its release is done
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         fault_mesh.kill("connection-1")
-        # Back on node 0 at once: within its 30 s delay (session resumed: no will), and a
-        # clean start whose takeover finds node 1 gone (its will is due now).
+        killed = time.monotonic()
+        # Back on node 0 at once: within its 30 s delay (session resumed: no will), with a
+        # clean start (the old session ends: its will is due), and with delay 0.
         back = client("back", 0, v5=True, delay=30, clean=False)
+        restart = client("restart", 0, v5=True, delay=30, clean=True)
         again = client("takeover", 0, v5=True)
-        deadline = time.monotonic() + 20
-        want = {b"plain gone", b"delayed gone", b"takeover gone"}
-        while not want <= set(got):
+        deadline = time.monotonic() + 25
+        want = {b"plain gone", b"delayed gone", b"takeover gone", b"restart gone"}
+        while not want <= {p for p, _ in got}:
             assert time.monotonic() < deadline, f"wills published: {got}"
             time.sleep(0.05)
         time.sleep(1.5)  # a will that should not come would come by now
-        assert sorted(got) == sorted(want)
-        back.send(Disconnect())
-        again.send(Disconnect())
+        assert sorted(p for p, _ in got) == sorted(want)
+        at = {p: t - killed for p, t in got}
+        # The delayed one waited for its delay, counted from the node's death.
+        assert at[b"delayed gone"] >= 5.0, at
+        for raw in (back, restart, again):
+            raw.send(Disconnect())
     finally:
         sub.disconnect()
         sub.loop_stop()

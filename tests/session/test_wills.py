@@ -3,21 +3,33 @@ connection may publish and what fits `will_store_max_bytes`, and it reads back w
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
 
 from services.common.acl import Access, AclRule
+from services.common.bus.ids import MessageIds
+from services.common.bus.publisher import ServicePublisher
 from services.common.mqtt.packets import Will
 from services.common.mqtt.properties import Properties
-from services.connection.wills import will_envelope
+from services.connection.wills import Wills
+from services.router.core import RouteResult
 from services.session.registry import Holder, _decode, _encode
-from services.session.wills import kept_will
-from starling.common.v1.message_pb2 import RoutedMessage
+from services.session.wills import StoredWills, displaced_will_due, kept_will
+from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
+from tests.conftest import NATS_PASSWORD, NATS_USER
 
 
 def _envelope(topic: str, payload: bytes = b"bye") -> bytes:
     will = Will(topic, payload, 1, True, Properties(message_expiry_interval=30))
-    return will_envelope(will, "dev-1", "node-a", 1000.0)
+    wills = Wills("node-a", lambda msgs: None, None, None, MessageIds("node-a", 1), 1 << 20)
+    return wills.handoff(will, "dev-1")
 
 
 def test_a_will_the_acl_allows_is_kept_whole() -> None:
@@ -47,3 +59,76 @@ def test_the_registry_entry_carries_the_will_and_omits_it_when_there_is_none() -
     plain = Holder("t", "c", "node-a", 7)
     assert "will" not in json.loads(_encode(plain))
     assert _decode(_encode(plain)) == plain
+
+
+def test_a_displaced_will_is_due_unless_its_client_is_back_within_the_delay() -> None:
+    def holder(delay: int) -> Holder:
+        return Holder("t", "c", "node-a", 7, will="d2lsbA==", will_delay_s=delay)
+
+    assert displaced_will_due(holder(0), clean_start=False, silent_s=0.1)
+    assert displaced_will_due(holder(30), clean_start=True, silent_s=0.1)  # session ends
+    assert not displaced_will_due(holder(30), clean_start=False, silent_s=0.1)
+    assert displaced_will_due(holder(5), clean_start=False, silent_s=7.0)  # back too late
+
+
+def test_a_node_hands_over_no_will_larger_than_its_bound() -> None:
+    def wills(max_bytes: int) -> Wills:
+        return Wills("node-a", lambda msgs: None, None, None, MessageIds("node-a", 1), max_bytes)
+
+    small, big = Will("s/1", b"x" * 10), Will("s/1", b"x" * 5000)
+    assert RoutedMessage.FromString(wills(1024).handoff(small, "c")).payload == b"x" * 10
+    assert wills(1024).handoff(big, "c") == b""
+    assert wills(0).handoff(small, "c") == b""  # will_store_max_bytes 0: none
+    assert wills(1024).handoff(None, "c") == b""
+
+
+class _Router:
+    """The router's answers as a session service sees them: the first call refuses the QoS 1
+    will (a subscriber's queue is full, or the router is away), the next takes it."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
+        self.calls.append([m.topic for m in messages])
+        if len(self.calls) == 1:
+            return [RouteResult.QUEUE_QUOTA_EXCEEDED for _ in messages]
+        return [RouteResult.STORED for _ in messages]
+
+
+async def test_a_will_the_router_refused_is_tried_again_and_goes_live_once(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nats
+
+    from services.session import wills as wills_module
+
+    monkeypatch.setattr(wills_module, "RETRY_FIRST_S", 0.05)
+    nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
+    live: list[str] = []
+
+    async def seen(msg: Any) -> None:
+        live.extend(m.topic for m in RoutedBatch.FromString(msg.data).messages)
+
+    tenant = f"w{uuid.uuid4().hex[:6]}"
+    await nc.subscribe(f"mq.{tenant}.>", cb=seen)
+    router = _Router()
+    stored = StoredWills(ServicePublisher(nc, router, "session-test"))
+    node = Wills("node-a", lambda msgs: None, None, None, MessageIds("node-a", 1), 1 << 20)
+
+    def holder(name: str, qos: int) -> Holder:
+        env = node.handoff(Will(f"s/{name}", b"gone", qos), name)
+        return Holder(tenant, name, "node-a", 1, will=base64.b64encode(env).decode())
+
+    try:
+        await stored.publish([holder("a", 1), holder("b", 0)], int(time.time() * 1000))
+        deadline = time.monotonic() + 5
+        while len(router.calls) < 2 or len(live) < 2:
+            assert time.monotonic() < deadline, (router.calls, live)
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert router.calls == [["s/a"], ["s/a"]]  # QoS 0 needs no router
+        assert sorted(live) == ["s/a", "s/b"]  # each once; "a" only once the router took it
+    finally:
+        await stored.settle(1.0)
+        await nc.close()

@@ -2,8 +2,9 @@
 kept (QoS >= 1 or retained) goes through the router first (persistent sessions' queues, the
 retained store), whose answer says it is kept; then every message goes on its topic's NATS
 subject for the subscribers online now. Used by the rules service (republish action, MQTT
-bridge in: services/rules/republisher.py) and the `$SYS` publisher
-(services/metrics/sys_publisher.py).
+bridge in: services/rules/republisher.py), the `$SYS` publisher
+(services/metrics/sys_publisher.py) and the session service (wills of a dead node's
+clients: services/session/wills.py).
 
 A call is one router call (cut by bytes in RouterClient.route) and, per topic subject, one
 NATS message up to LIVE_BATCH_BYTES, not a round trip per message.
@@ -82,22 +83,23 @@ class ServicePublisher:
         """A message id for an envelope this publisher is handed."""
         return self._ids.next()
 
-    async def publish_envelopes(self, envs: Sequence[RoutedMessage]) -> None:
-        """`publish` for envelopes built by the caller (message ids from `next_id`). One
-        with a `delay_s` (a delayed will) goes to the router alone, which holds it and
-        publishes it, live too, when it is due."""
+    async def publish_envelopes(
+        self, envs: Sequence[RoutedMessage], not_kept: NotKept | None = None
+    ) -> None:
+        """`publish` for envelopes built by the caller (message ids from `next_id`), with
+        this call's own `not_kept` hook if given. One with a `delay_s` (a delayed will) goes
+        to the router alone, which holds it and publishes it, live too, when it is due."""
         kept = [env for env in envs if env.qos or env.retain or env.delay_s]
         live = [env for env in envs if not env.delay_s]
         if kept:
             # Kept first (the router answers once persistent sessions have it), then live.
-            refused = await self._route(kept)
+            refused = await self._route(kept, not_kept or self._not_kept)
             if refused:
                 live = [env for env in live if id(env) not in refused]
         await self._publish_live(live)
 
-    async def _route(self, kept: list[RoutedMessage]) -> set[int]:
+    async def _route(self, kept: list[RoutedMessage], hook: NotKept | None) -> set[int]:
         """The ids of the envelopes not kept (handed to the hook); raises without a hook."""
-        hook = self._not_kept
         try:
             results = await self._router.route(kept)
         except Exception as exc:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'starling/connection/v1/connection.proto\x12\x16starling.connection.v1\"M\n\x04Kick\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x13\n\x0breason_code\x18\x04 \x01(\r\"`\n\tKickReply\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\x12&\n\x19session_expiry_interval_s\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x1c\n\x1a_session_expiry_interval_s\"b\n\x0bTenantStats\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0bmessages_in\x18\x02 \x01(\x04\x12\x14\n\x0cmessages_out\x18\x03 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x04 \x01(\x04\"R\n\x0b\x43lientDrops\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x04 \x01(\x04\"\xe7\x01\n\tNodeStats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onnections\x18\x02 \x01(\r\x12\x13\n\x0bmessages_in\x18\x03 \x01(\x04\x12\x14\n\x0cmessages_out\x18\x04 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x05 \x01(\x04\x12\x34\n\x07tenants\x18\x06 \x03(\x0b\x32#.starling.connection.v1.TenantStats\x12\x39\n\x0c\x63lient_drops\x18\x07 \x03(\x0b\x32#.starling.connection.v1.ClientDrops\"(\n\x0c\x44rainRequest\x12\x18\n\x10server_reference\x18\x01 \x01(\t\"u\n\rDrainResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07started\x18\x02 \x01(\x08\x12\x13\n\x0b\x63onnections\x18\x03 \x01(\r\x12\x18\n\x10server_reference\x18\x04 \x01(\t\x12\x13\n\x0bremaining_s\x18\x05 \x01(\x02\"\x15\n\x13GetNodeStatsRequest\"H\n\x14GetNodeStatsResponse\x12\x30\n\x05stats\x18\x01 \x01(\x0b\x32!.starling.connection.v1.NodeStats2\xd9\x01\n\x16\x43onnectionAdminService\x12i\n\x0cGetNodeStats\x12+.starling.connection.v1.GetNodeStatsRequest\x1a,.starling.connection.v1.GetNodeStatsResponse\x12T\n\x05\x44rain\x12$.starling.connection.v1.DrainRequest\x1a%.starling.connection.v1.DrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'starling/connection/v1/connection.proto\x12\x16starling.connection.v1\"M\n\x04Kick\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x13\n\x0breason_code\x18\x04 \x01(\r\"q\n\tKickReply\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\x12&\n\x19session_expiry_interval_s\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07unknown\x18\x03 \x01(\x08\x42\x1c\n\x1a_session_expiry_interval_s\"b\n\x0bTenantStats\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0bmessages_in\x18\x02 \x01(\x04\x12\x14\n\x0cmessages_out\x18\x03 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x04 \x01(\x04\"R\n\x0b\x43lientDrops\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x04 \x01(\x04\"\xe7\x01\n\tNodeStats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onnections\x18\x02 \x01(\r\x12\x13\n\x0bmessages_in\x18\x03 \x01(\x04\x12\x14\n\x0cmessages_out\x18\x04 \x01(\x04\x12\x18\n\x10messages_dropped\x18\x05 \x01(\x04\x12\x34\n\x07tenants\x18\x06 \x03(\x0b\x32#.starling.connection.v1.TenantStats\x12\x39\n\x0c\x63lient_drops\x18\x07 \x03(\x0b\x32#.starling.connection.v1.ClientDrops\"(\n\x0c\x44rainRequest\x12\x18\n\x10server_reference\x18\x01 \x01(\t\"u\n\rDrainResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07started\x18\x02 \x01(\x08\x12\x13\n\x0b\x63onnections\x18\x03 \x01(\r\x12\x18\n\x10server_reference\x18\x04 \x01(\t\x12\x13\n\x0bremaining_s\x18\x05 \x01(\x02\"\x15\n\x13GetNodeStatsRequest\"H\n\x14GetNodeStatsResponse\x12\x30\n\x05stats\x18\x01 \x01(\x0b\x32!.starling.connection.v1.NodeStats2\xd9\x01\n\x16\x43onnectionAdminService\x12i\n\x0cGetNodeStats\x12+.starling.connection.v1.GetNodeStatsRequest\x1a,.starling.connection.v1.GetNodeStatsResponse\x12T\n\x05\x44rain\x12$.starling.connection.v1.DrainRequest\x1a%.starling.connection.v1.DrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,21 +34,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KICK']._serialized_start=67
   _globals['_KICK']._serialized_end=144
   _globals['_KICKREPLY']._serialized_start=146
-  _globals['_KICKREPLY']._serialized_end=242
-  _globals['_TENANTSTATS']._serialized_start=244
-  _globals['_TENANTSTATS']._serialized_end=342
-  _globals['_CLIENTDROPS']._serialized_start=344
-  _globals['_CLIENTDROPS']._serialized_end=426
-  _globals['_NODESTATS']._serialized_start=429
-  _globals['_NODESTATS']._serialized_end=660
-  _globals['_DRAINREQUEST']._serialized_start=662
-  _globals['_DRAINREQUEST']._serialized_end=702
-  _globals['_DRAINRESPONSE']._serialized_start=704
-  _globals['_DRAINRESPONSE']._serialized_end=821
-  _globals['_GETNODESTATSREQUEST']._serialized_start=823
-  _globals['_GETNODESTATSREQUEST']._serialized_end=844
-  _globals['_GETNODESTATSRESPONSE']._serialized_start=846
-  _globals['_GETNODESTATSRESPONSE']._serialized_end=918
-  _globals['_CONNECTIONADMINSERVICE']._serialized_start=921
-  _globals['_CONNECTIONADMINSERVICE']._serialized_end=1138
+  _globals['_KICKREPLY']._serialized_end=259
+  _globals['_TENANTSTATS']._serialized_start=261
+  _globals['_TENANTSTATS']._serialized_end=359
+  _globals['_CLIENTDROPS']._serialized_start=361
+  _globals['_CLIENTDROPS']._serialized_end=443
+  _globals['_NODESTATS']._serialized_start=446
+  _globals['_NODESTATS']._serialized_end=677
+  _globals['_DRAINREQUEST']._serialized_start=679
+  _globals['_DRAINREQUEST']._serialized_end=719
+  _globals['_DRAINRESPONSE']._serialized_start=721
+  _globals['_DRAINRESPONSE']._serialized_end=838
+  _globals['_GETNODESTATSREQUEST']._serialized_start=840
+  _globals['_GETNODESTATSREQUEST']._serialized_end=861
+  _globals['_GETNODESTATSRESPONSE']._serialized_start=863
+  _globals['_GETNODESTATSRESPONSE']._serialized_end=935
+  _globals['_CONNECTIONADMINSERVICE']._serialized_start=938
+  _globals['_CONNECTIONADMINSERVICE']._serialized_end=1155
 # @@protoc_insertion_point(module_scope)

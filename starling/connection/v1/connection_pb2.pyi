@@ -58,21 +58,27 @@ class KickReply(_message.Message):
 
     ENDED_FIELD_NUMBER: _builtins.int
     SESSION_EXPIRY_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
     ended: _builtins.bool
     """The kicked connection had already ended on this node (its release may still be on its
     way): the session service applies how it ended before opening the session again.
     """
     session_expiry_interval_s: _builtins.int
     """Session Expiry Interval its DISCONNECT set, if it set one."""
+    unknown: _builtins.bool
+    """This node process never had the connection of that epoch (it is a new process under
+    the same node id, or the connection ended long ago): nobody here publishes its will.
+    """
     def __init__(
         self,
         *,
         ended: _builtins.bool = ...,
         session_expiry_interval_s: _builtins.int | None = ...,
+        unknown: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "session_expiry_interval_s", b"session_expiry_interval_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "ended", b"ended", "session_expiry_interval_s", b"session_expiry_interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "ended", b"ended", "session_expiry_interval_s", b"session_expiry_interval_s", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__session_expiry_interval_s: _TypeAlias = _typing.Literal["session_expiry_interval_s"]  # noqa: Y015
     _WhichOneofArgType__session_expiry_interval_s: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s"]  # noqa: Y015
