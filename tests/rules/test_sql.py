@@ -49,7 +49,7 @@ def test_payloads_orjson_refuses_still_decode_and_encode() -> None:
     """The fast JSON codec falls back to the standard library: a 70-bit integer, a NaN literal
     and UTF-16 text are JSON to a rule as before, and outputs stay compact UTF-8."""
     rule = compile_rule('SELECT payload.n AS n, payload.s AS s FROM "#"')
-    big = view(b'{"n": 1180591620717411303424, "s": "h\u00e9"}')
+    big = view(rb'{"n": 1180591620717411303424, "s": "h\u00e9"}')
     cols = rule.apply(big)
     assert cols == {"n": 2**70, "s": "h\u00e9"}
     encoded = rule.encode(cols or {}, big)
