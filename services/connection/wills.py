@@ -8,7 +8,7 @@ pending (the delay never outlasts the session): the session service says so at C
 the other CONNECTs skip the router call.
 
 A node that dies publishes nothing: each CONNECT with a will therefore also hands it to the
-session service (`will_envelope`), which keeps it with the connection's registry entry and
+session service (`Wills.handoff`), which keeps it with the connection's registry entry and
 publishes it when it declares the node dead (services/session/wills.py). A connection that
 ends while its node lives is released after its will went out, and takes its entry, will
 included, with it.

@@ -1,5 +1,7 @@
-"""What the registry keeps of a CONNECT's will (services/session/wills.py): only what its
-connection may publish and what fits `will_store_max_bytes`, and it reads back whole."""
+"""Wills kept for a node's death (services/session/wills.py): what the registry keeps of a
+CONNECT's will (only what its connection may publish, within the size bound on both sides),
+when a displaced connection's will is due, and a will the router refused tried again and
+published live once."""
 
 from __future__ import annotations
 
