@@ -20,7 +20,6 @@ loser is kicked as in a takeover).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -36,6 +35,7 @@ from services.common.connect import (
     ReauthAttempt,
     requested_session_expiry,
 )
+from services.common.dependencies import wait_for
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.tasks import TaskSet
 from services.common.topics.autosub import AutoSubscription, render_all
@@ -63,9 +63,8 @@ from starling.session.v1 import session_pb2
 
 log = logging.getLogger("starling.connection.session")
 
-# A release the session service did not confirm is sent again (see `SessionLink.release`).
-RELEASE_RETRY_FIRST_S = 0.2
-RELEASE_RETRY_MAX_S = 5.0
+# A release the session service did not confirm is sent again for this long
+# (see `SessionLink.release`).
 RELEASE_RETRY_FOR_S = 30.0
 tracer = trace.get_tracer("starling.connection")
 
@@ -268,19 +267,16 @@ class SessionLink:
         then be taken for a connection that died with it (session parked at that time, its
         will published). Idempotent: a release that was done and is sent again finds the
         entry gone, or another connection's."""
-        delay, deadline = RELEASE_RETRY_FIRST_S, time.monotonic() + RELEASE_RETRY_FOR_S
-        while True:
-            try:
-                await self._session.disconnect(
-                    tenant, client_id, epoch, self._node_id, incarnation, expiry_s
-                )
-                return
-            except Exception as exc:
-                if time.monotonic() + delay > deadline:
-                    log.warning("session_release_failed", extra={"error": str(exc)})
-                    return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RELEASE_RETRY_MAX_S)
+
+        async def disconnect() -> bool:
+            return await self._session.disconnect(
+                tenant, client_id, epoch, self._node_id, incarnation, expiry_s
+            )
+
+        try:
+            await wait_for("session release", disconnect, RELEASE_RETRY_FOR_S, (Exception,))
+        except Exception as exc:
+            log.warning("session_release_failed", extra={"error": str(exc)})
 
     async def on_kick(self, msg: Msg) -> None:
         """Takeover or admin kick: close this client's connections up to the kick's epoch."""

@@ -199,10 +199,11 @@ def _member(tenant: str, client_id: str) -> str:
 
 
 def _decode(raw: bytes | str) -> Holder:
-    # Fields this version does not know (an entry a newer session service wrote, in a rolling
-    # upgrade) are left out rather than failing every read of the entry.
     data = json.loads(raw)
-    return Holder(**{k: v for k, v in data.items() if k in _FIELD_SET})
+    try:
+        return Holder(**data)
+    except TypeError:  # fields this version does not know (a newer writer, in an upgrade)
+        return Holder(**{k: v for k, v in data.items() if k in _FIELD_SET})
 
 
 _FIELDS = tuple(f.name for f in fields(Holder))

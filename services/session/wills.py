@@ -32,22 +32,20 @@ tried again with backoff for RETRY_FOR_S; what it did take goes to online subscr
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import time
 from collections.abc import Sequence
 
 from services.common.acl import AclChecker, AclRule
-from services.common.bus.publisher import ServicePublisher
+from services.common.bus.publisher import NotKeptError, ServicePublisher
+from services.common.dependencies import wait_for
 from services.common.tasks import TaskSet
 from services.session.registry import Holder
 from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.session.wills")
 
-RETRY_FIRST_S = 0.5
-RETRY_MAX_S = 5.0
 RETRY_FOR_S = 30.0  # as long as a node retries a publish the router did not take
 
 
@@ -126,12 +124,15 @@ class StoredWills:
         return refused
 
     async def _retry(self, envs: list[RoutedMessage]) -> None:
-        deadline = time.monotonic() + RETRY_FOR_S
-        delay = RETRY_FIRST_S
-        while envs:
-            if time.monotonic() + delay > deadline:
-                log.warning("stored_wills_lost", extra={"wills": len(envs)})
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
-            envs = await self._attempt(envs)
+        pending = envs
+
+        async def again() -> None:
+            nonlocal pending
+            pending = await self._attempt(pending)
+            if pending:
+                raise NotKeptError(f"{len(pending)} wills not kept")
+
+        try:
+            await wait_for("router (wills)", again, RETRY_FOR_S, (NotKeptError,))
+        except NotKeptError:
+            log.warning("stored_wills_lost", extra={"wills": len(pending)})

@@ -13,8 +13,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import pytest
-
 from services.common.acl import Access, AclRule
 from services.common.bus.ids import MessageIds
 from services.common.bus.publisher import ServicePublisher
@@ -99,13 +97,10 @@ class _Router:
 
 
 async def test_a_will_the_router_refused_is_tried_again_and_goes_live_once(
-    nats_url: str, monkeypatch: pytest.MonkeyPatch
+    nats_url: str,
 ) -> None:
     import nats
 
-    from services.session import wills as wills_module
-
-    monkeypatch.setattr(wills_module, "RETRY_FIRST_S", 0.05)
     nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
     live: list[str] = []
 
