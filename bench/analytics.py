@@ -59,7 +59,11 @@ def build_store(data: Path, rows: int, now_ms: int) -> dict[str, int]:
     q.execute("BEGIN")
     states = []
     for qn in range(queues):
-        q.executemany("INSERT INTO queue_entries VALUES (?,?,?,?,?,?,?,?,?)", entries(qn))
+        q.executemany(
+            "INSERT INTO queue_entries (tenant, queue_id, bucket, seq, message_id, qos, data, "
+            "expires_at_ms, released) VALUES (?,?,?,?,?,?,?,?,?)",
+            entries(qn),
+        )
         acked = 300 if qn % 2 == 0 else 0
         states.append(
             (
@@ -78,12 +82,17 @@ def build_store(data: Path, rows: int, now_ms: int) -> dict[str, int]:
         else:
             expect["acked"] += acked
             expect["expired"] += sum(1 for s in range(acked + 1, ROWS_PER_QUEUE + 1) if s % 4 == 0)
-    q.executemany("INSERT INTO queue_state VALUES (?,?,?,?,?,?,?,?)", states)
+    q.executemany(
+        "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped, "
+        "delivered_through, bytes) VALUES (?,?,?,?,?,?,?,?)",
+        states,
+    )
     q.execute("COMMIT")
     q.close()
     s = sqlite3.connect(data / "sessions.db")
     s.executemany(
-        "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?)",
+        "INSERT INTO sessions (tenant, client_id, incarnation, expiry_interval_s, connected, "
+        "disconnected_at_ms, expires_at_ms, owner) VALUES (?,?,?,?,?,?,?,?)",
         [
             (f"t{qn // QUEUES_PER_TENANT}", f"c{qn}", 1, 60, 0, now_ms - 3_600_000,
              now_ms - 3_540_000 if qn % 10 == 1 else now_ms + 3_600_000, None)
