@@ -64,6 +64,9 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 # (services/session/wills.py; the router keeps the QoS >= 1 and retained ones)
                 "mq.>",
                 "mqd.>",
+                # ... and those a rule reads, to the RULES stream; the rules' filters asked
+                "rl.>",
+                "svc.rules.filters",
                 "$JS.API.>",
                 # Acks of the EVENTS stream's durable consumer that records the event log
                 # (services/session/event_recorder.py); denied, every event came back.
@@ -82,6 +85,8 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "svc.session.disconnect",
                 "ctl.session.changed",
                 "ctl.quota.bans",
+                # the rules' filters of one tenant after a change (the wills' rules feed)
+                "ctl.rules.filters",
             ]
         },
     },

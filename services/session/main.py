@@ -34,6 +34,7 @@ from services.quota.client import QuotaClient
 from services.quota.subscriptions import SubscriptionCounts
 from services.quota.watch import BanWatch
 from services.router.client import RouterClient
+from services.rules.client import RuleFeed
 from services.session.api import SessionAdminApi, SessionApi
 from services.session.auth import Authenticator
 from services.session.authenticators.cert import CertAuthenticator
@@ -114,8 +115,12 @@ class SessionService:
             self._registry.session_ended,
         )
         self._sweeper: asyncio.Task[None] | None = None
-        # Wills of connections whose node died (ids of this instance's own).
-        self._wills = StoredWills(ServicePublisher(nc, self._router, settings.node_id))
+        # Wills of connections whose node died (ids of this instance's own); the rules read
+        # them as they read a node's publishes once the feed is up (`start`).
+        self._will_publisher = ServicePublisher(nc, self._router, settings.node_id)
+        self._wills = StoredWills(self._will_publisher)
+        self._rule_feed: RuleFeed | None = None
+        self._feeding: asyncio.Task[None] | None = None
         self._liveness = NodeLiveness(
             self._registry,
             self._sessions,
@@ -252,6 +257,11 @@ class SessionService:
         self._sweeper = asyncio.create_task(
             self._sessions.run_sweeper(self._settings.session_expiry_sweep_s)
         )
+        # In the background: without a rules instance the first snapshot waits for the
+        # feed's resync, not this start (a will is due no sooner than node_timeout_s).
+        self._rule_feed = RuleFeed(self._nats.nc)
+        self._will_publisher.rules = self._rule_feed
+        self._feeding = asyncio.create_task(self._rule_feed.start())
         await self._liveness.start(self._nats.nc)
         self._watcher = asyncio.create_task(self._liveness.run())
         self._recorder = EventRecorder(
@@ -320,6 +330,10 @@ class SessionService:
                 task.cancel()
         await self._sessions.stop(min(2.0, self._settings.shutdown_grace_s / 2))
         await self._wills.settle(min(2.0, self._settings.shutdown_grace_s / 2))
+        if self._feeding is not None:
+            self._feeding.cancel()
+        if self._rule_feed is not None:
+            await self._rule_feed.stop()
         await self._router.close()
         await self._queues.close()
         await self._ban_watch.stop()

@@ -6,6 +6,7 @@ losses under load are tests/faults/test_under_load.py.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -230,19 +231,48 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
     (3 s here), one with a 6 s Will Delay Interval after what is left of it, those of clients
     whose takeover finds the node gone and whose will is due (delay 0; a clean start ends
     the session whatever the delay), and neither the will of a client back within its delay
-    nor that of one that sent DISCONNECT."""
+    nor that of one that sent DISCONNECT. A rule on the wills' topics sees the same ones (its
+    republished copies)."""
     import asyncio
 
     from services.common.mqtt import Disconnect, Will
+    from services.rules.admin_client import RulesAdminClient
     from services.session.client import SessionAdminClient
 
     topic = f"wills/{uuid.uuid4().hex[:6]}"
     got: list[tuple[bytes, float]] = []
+    ruled: list[bytes] = []
+
+    def on_message(cl: object, u: object, m: mqtt.MQTTMessage) -> None:
+        if m.topic.startswith("ruled/"):  # the rule's row (SELECT *) as JSON
+            ruled.append(json.loads(m.payload)["payload"].encode())
+        else:
+            got.append((m.payload, time.monotonic()))
+
+    rules_addr = f"127.0.0.1:{fault_mesh.mesh.by_name('rules').grpc_port}"
+    rule_id = f"wills-{topic[6:]}"
+
+    async def rule(create: bool) -> None:
+        admin = RulesAdminClient(rules_addr, fault_mesh.admin_token)
+        try:
+            if create:
+                await admin.create(
+                    "default",
+                    rule_id,
+                    f'SELECT * FROM "{topic}/#"',
+                    [("republish", {"topic": f"ruled/{topic[6:]}/${{clientid}}", "qos": "1"})],
+                )
+            else:
+                await admin.delete("default", rule_id)
+        finally:
+            await admin.close()
+
+    asyncio.run(rule(create=True))
     sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
-    sub.on_message = lambda cl, u, m: got.append((m.payload, time.monotonic()))
+    sub.on_message = on_message
     sub.connect("127.0.0.1", port(fault_mesh, 0))
     sub.loop_start()
-    sub.subscribe(f"{topic}/#", 1)
+    sub.subscribe([(f"{topic}/#", 1), (f"ruled/{topic[6:]}/#", 1)])
 
     def client(name: str, node: int, v5: bool, delay: int = 0, clean: bool = True) -> Raw:
         raw = Raw(port(fault_mesh, node))
@@ -306,8 +336,13 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
         while not want <= {p for p, _ in got}:
             assert time.monotonic() < deadline, f"wills published: {got}"
             time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while not want <= set(ruled):
+            assert time.monotonic() < deadline, f"wills the rule saw: {ruled}"
+            time.sleep(0.05)
         time.sleep(1.5)  # a will that should not come would come by now
         assert sorted(p for p, _ in got) == sorted(want)
+        assert sorted(ruled) == sorted(want)
         at = {p: t - killed for p, t in got}
         # The delayed one waited for its delay, counted from the node's death.
         assert at[b"delayed gone"] >= 5.0, at
@@ -316,4 +351,5 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
     finally:
         sub.disconnect()
         sub.loop_stop()
+        asyncio.run(rule(create=False))
         fault_mesh.restart("connection-1")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 import uuid
@@ -126,6 +127,118 @@ async def test_a_will_the_router_refused_is_tried_again_and_goes_live_once(
         await asyncio.sleep(0.2)
         assert router.calls == [["s/a"], ["s/a"]]  # QoS 0 needs no router
         assert sorted(live) == ["s/a", "s/b"]  # each once; "a" only once the router took it
+    finally:
+        await stored.settle(1.0)
+        await nc.close()
+
+
+class _Kept:
+    """A router that keeps everything (STORED)."""
+
+    async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
+        return [RouteResult.STORED for _ in messages]
+
+
+async def test_wills_a_rule_reads_reach_the_rules_stream(nats_url: str) -> None:
+    """The RULES stream gets each will a rule of its tenant reads, as a node's publish would
+    reach it: QoS 1 stored before the will counts as kept, QoS 0 offered; none other."""
+    import nats
+    from nats.js.errors import BadRequestError
+
+    from services.rules.client import RuleFeed
+    from services.rules.consumer import rules_stream_config
+
+    nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(rules_stream_config(600.0, 1 << 24))
+    except BadRequestError:  # made by another test already
+        pass
+    tenant = f"w{uuid.uuid4().hex[:6]}"
+    feed = RuleFeed(nc)
+    feed.set_filters(tenant, ["s/#"])
+    stored = StoredWills(ServicePublisher(nc, _Kept(), "session-test", rules=feed))
+    node = Wills("node-a", lambda msgs: None, None, None, MessageIds("node-a", 1), 1 << 20)
+
+    def holder(topic: str, qos: int) -> Holder:
+        env = node.handoff(Will(topic, b"gone", qos), topic)
+        return Holder(tenant, topic, "node-a", 1, will=base64.b64encode(env).decode())
+
+    sub = await js.pull_subscribe(f"rl.{tenant}", stream="RULES")
+    try:
+        await stored.publish(
+            [holder("s/a", 1), holder("s/b", 0), holder("x/c", 1)], int(time.time() * 1000)
+        )
+        got: list[tuple[str, int]] = []
+        deadline = time.monotonic() + 5
+        while len(got) < 2:
+            assert time.monotonic() < deadline, got
+            try:
+                msgs = await sub.fetch(10, timeout=0.5)
+            except Exception:  # nothing yet
+                continue
+            for m in msgs:
+                env = RoutedMessage.FromString(m.data)
+                got.append((env.topic, env.qos))
+                await m.ack()
+        with contextlib.suppress(Exception):  # x/c must not follow
+            for m in await sub.fetch(10, timeout=0.5):
+                got.append((RoutedMessage.FromString(m.data).topic, -1))
+        assert sorted(got) == [("s/a", 1), ("s/b", 0)]
+    finally:
+        await stored.settle(1.0)
+        await sub.unsubscribe()
+        await nc.close()
+
+
+class _FlakyStream:
+    """The rules' intake as a session service sees it: reads every topic; the RULES stream
+    refuses the first store (a NATS server restarting), takes the next."""
+
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+        self.calls = 0
+
+    def wanted(self, tenant: str, topic: str) -> bool:
+        return True
+
+    async def store(self, envs: Sequence[RoutedMessage]) -> list[bool]:
+        self.calls += 1
+        if self.calls == 1:
+            return [False for _ in envs]
+        self.stored += [e.topic for e in envs]
+        return [True for _ in envs]
+
+    def offer(self, env: RoutedMessage) -> None:
+        self.stored.append(env.topic)
+
+
+async def test_a_will_the_rules_stream_refused_is_tried_again_before_it_goes_live(
+    nats_url: str,
+) -> None:
+    import nats
+
+    nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
+    live: list[str] = []
+
+    async def seen(msg: Any) -> None:
+        live.extend(m.topic for m in RoutedBatch.FromString(msg.data).messages)
+
+    tenant = f"w{uuid.uuid4().hex[:6]}"
+    await nc.subscribe(f"mq.{tenant}.>", cb=seen)
+    feed = _FlakyStream()
+    stored = StoredWills(ServicePublisher(nc, _Kept(), "session-test", rules=feed))
+    node = Wills("node-a", lambda msgs: None, None, None, MessageIds("node-a", 1), 1 << 20)
+    env = node.handoff(Will("s/a", b"gone", 1), "a")
+    try:
+        holder = Holder(tenant, "a", "node-a", 1, will=base64.b64encode(env).decode())
+        await stored.publish([holder], int(time.time() * 1000))
+        deadline = time.monotonic() + 5
+        while not live:
+            assert time.monotonic() < deadline, (feed.calls, live)
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert feed.calls == 2 and feed.stored == ["s/a"] and live == ["s/a"]
     finally:
         await stored.settle(1.0)
         await nc.close()

@@ -16,10 +16,18 @@ caller that must not lose it (a bridge that acknowledges upstream only afterward
 the whole call again. With the hook, each message not kept (every one, when the router
 cannot be reached) is handed to the hook and the others go out (`$SYS`: that value is
 published again next round).
+
+With a `rules` feed (the session service's wills), the messages a rule reads reach the rules
+engine as a node's publishes do (services/connection/rules_tap.py): the kept ones are stored
+in the RULES stream alongside the router's call, and one the stream did not take counts as
+not kept (the caller tries again with the same message id, which the stream de-duplicates);
+QoS 0 ones are offered without waiting. The rules service's own republisher has no feed, so
+a rule's output never feeds a rule.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -64,12 +72,36 @@ class NotKeptError(RuntimeError):
 NotKept = Callable[[RoutedMessage], None]
 
 
+class RulesFeed(Protocol):
+    """The rules engine's intake (services/rules/client.py RuleFeed)."""
+
+    def wanted(self, tenant: str, topic: str) -> bool: ...
+
+    async def store(self, envs: Sequence[RoutedMessage]) -> list[bool]: ...
+
+    def offer(self, env: RoutedMessage) -> None: ...
+
+
+class _Unstored:
+    """The outcome of a message the router kept but the RULES stream did not take."""
+
+    kept = False
+    name = "RULES_STREAM_UNAVAILABLE"
+
+
 class ServicePublisher:
     def __init__(
-        self, nc: Client, router: Router, node_id: str, not_kept: NotKept | None = None
+        self,
+        nc: Client,
+        router: Router,
+        node_id: str,
+        not_kept: NotKept | None = None,
+        rules: RulesFeed | None = None,
     ) -> None:
         self._nc = nc
         self._router = router
+        # May be set once the caller's NATS connection is up (the session service's feed).
+        self.rules = rules
         self._node_id = node_id
         self._not_kept = not_kept
         self._ids = MessageIds(node_id, time.time_ns())
@@ -96,12 +128,36 @@ class ServicePublisher:
             refused = await self._route(kept, not_kept or self._not_kept)
             if refused:
                 live = [env for env in live if id(env) not in refused]
+        rules = self.rules
+        if rules is not None:
+            for env in live:
+                if not env.qos and not env.retain and rules.wanted(env.tenant, env.topic):
+                    rules.offer(env)
         await self._publish_live(live)
+
+    async def _kept_by(self, kept: list[RoutedMessage]) -> Sequence[RouteOutcome]:
+        """The router's outcomes; with a rules feed, also stored in the RULES stream."""
+        rules = self.rules
+        picked = (
+            [i for i, env in enumerate(kept) if rules.wanted(env.tenant, env.topic)]
+            if rules is not None
+            else []
+        )
+        if rules is None or not picked:
+            return await self._router.route(kept)
+        routed, stored = await asyncio.gather(
+            self._router.route(kept), rules.store([kept[i] for i in picked])
+        )
+        outcomes = list(routed)
+        for i, ok in zip(picked, stored, strict=True):
+            if not ok:
+                outcomes[i] = _Unstored()
+        return outcomes
 
     async def _route(self, kept: list[RoutedMessage], hook: NotKept | None) -> set[int]:
         """The ids of the envelopes not kept (handed to the hook); raises without a hook."""
         try:
-            results = await self._router.route(kept)
+            results = await self._kept_by(kept)
         except Exception as exc:
             if hook is None:
                 raise
