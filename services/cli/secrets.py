@@ -95,6 +95,9 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
             "allow": [
                 "mq.>",
                 "mqd.>",
+                # delayed messages a rule reads, when due, to the RULES stream; the filters
+                "rl.>",
+                "svc.rules.filters",
                 "ev.>",
                 "rt.list",
                 "rt.routes.>",
@@ -121,6 +124,8 @@ NATS_PERMISSIONS: dict[str, dict[str, dict[str, list[str]]]] = {
                 "ctl.queue.owners",
                 # a tenant's limits changed (retained messages and bytes: read again)
                 "ctl.quota.limits",
+                # the rules' filters of one tenant after a change
+                "ctl.rules.filters",
             ]
         },
     },

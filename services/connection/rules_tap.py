@@ -3,7 +3,9 @@ publishes that also stores, concurrently, each message some rule of its tenant r
 durable RULES stream (services/rules/client.py), so the publisher's PUBACK/PUBREC waits for
 both. A message the stream did not acknowledge comes back as TRY_LATER: the routing pipeline
 retries it with the same message id, which the router, the queues and the stream all
-de-duplicate on."""
+de-duplicate on. A delayed message (a will with a Will Delay Interval; a `$delayed` topic,
+which no rule filter matches) goes to the rules when the router publishes it, when due
+(services/router/publishing.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ class RulesRouter:
 
     async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
         wanted = self._feed.wanted
-        picked = [i for i, m in enumerate(messages) if wanted(m.tenant, m.topic)]
+        # A delayed will reaches the rules when the router publishes it, not now.
+        picked = [i for i, m in enumerate(messages) if not m.delay_s and wanted(m.tenant, m.topic)]
         if not picked:
             return await self._inner.route(messages)
         routed, stored = await asyncio.gather(

@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanKind
 
 from services.common.bus import subjects
 from services.common.bus.large import Holder
+from services.common.bus.publisher import RulesFeed
 from services.common.refusals import Refusals
 from services.common.rpc.errors import ServiceError
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
@@ -98,6 +99,9 @@ class Publisher:
         self._purged_at: dict[str, int] = {}  # tenant -> last purge of expired retained
         self._wake = asyncio.Event()
         self.holder: Holder | None = None  # set once NATS is connected (services/router/main.py)
+        # The rules engine's intake (services/rules/client.py), also set once NATS is up: a
+        # delayed message (a `$delayed` publish, a delayed will) reaches the rules when due.
+        self.rules: RulesFeed | None = None
         # Several router instances (services/router/cluster.py); None: this one is alone.
         self.shared: Shared | None = None
 
@@ -460,6 +464,12 @@ class Publisher:
     async def _publish_due(self, rec: DelayedRecord) -> None:
         m = RoutedMessage.FromString(rec.data)
         m.published_at_ms = int(time.time() * 1000)
+        rules = self.rules
+        # Stored before anything goes out: a retry (the stream away) repeats nothing live,
+        # and the stream drops a second copy by its message id.
+        if rules is not None and rules.wanted(m.tenant, m.topic):
+            if not all(await rules.store([m])):
+                raise RuntimeError("rules stream unavailable")
         batch = RoutedBatch()
         batch.messages.append(m)
         subject, data = topic_to_subject(m.tenant, m.topic), batch.SerializeToString()

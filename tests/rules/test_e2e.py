@@ -104,6 +104,28 @@ def test_rule_with_republish_transforms_and_filters(
     sub.close()
 
 
+def test_a_delayed_publish_reaches_the_rules_when_it_is_due(
+    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub
+) -> None:
+    """`$delayed/2/...`: the rule acts on the message when the router publishes it (under its
+    own topic), not when the client sent it."""
+    tag = uuid.uuid4().hex[:6]
+    rid = create(rules, f'SELECT payload FROM "later/{tag}/#"', f"ruled/{tag}")
+    sub = client(mesh, 1)
+    sub.subscribe(f"ruled/{tag}", qos=1)
+    pub = client(mesh, 0)
+    sent = time.monotonic()
+    pub.publish(f"$delayed/2/later/{tag}/x", "soon", qos=1)
+    sub.nothing(wait_s=1.0)  # not yet due
+    (m,) = sub.expect(1)
+    assert m.payload == b"soon"  # (one column: its value alone)
+    assert time.monotonic() - sent >= 1.9
+    sub.nothing()  # once
+    assert rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD).deleted
+    pub.close()
+    sub.close()
+
+
 def test_bad_rule_is_refused_with_its_position(rules: pb_grpc.RulesAdminServiceStub) -> None:
     with pytest.raises(grpc.RpcError) as err:
         create(rules, 'SELECT payload.t\nFROM "a/#"\nWHERE nope(payload.t) > 1', "x")

@@ -21,8 +21,8 @@ With a `rules` feed (the session service's wills), the messages a rule reads rea
 engine as a node's publishes do (services/connection/rules_tap.py): the kept ones are stored
 in the RULES stream alongside the router's call, and one the stream did not take counts as
 not kept (the caller tries again with the same message id, which the stream de-duplicates);
-QoS 0 ones are offered without waiting. The rules service's own republisher has no feed, so
-a rule's output never feeds a rule.
+QoS 0 ones are offered without waiting; a delayed one reaches the rules from the router, when
+due. The rules service's own republisher has no feed, so a rule's output never feeds a rule.
 """
 
 from __future__ import annotations
@@ -139,7 +139,11 @@ class ServicePublisher:
         """The router's outcomes; with a rules feed, also stored in the RULES stream."""
         rules = self.rules
         picked = (
-            [i for i, env in enumerate(kept) if rules.wanted(env.tenant, env.topic)]
+            [
+                i
+                for i, env in enumerate(kept)
+                if not env.delay_s and rules.wanted(env.tenant, env.topic)
+            ]
             if rules is not None
             else []
         )
