@@ -24,6 +24,7 @@ from services.common.bus.ids import MessageIds
 from services.common.envelope import to_envelope
 from services.common.message import Message, message_properties
 from services.common.mqtt.packets import Will
+from services.common.topics import is_sys_topic
 from services.connection.channel import Channel
 from services.connection.conn import Conn
 from services.connection.routing import RoutingPipeline
@@ -49,10 +50,10 @@ def _as_message(will: Will, tenant: str, client_id: str, now: float) -> Message:
 
 
 def will_message(ch: Channel, now: float) -> Message | None:
-    """The will of an ended connection as a message, or None (none, or the ACL refuses its
-    topic now)."""
+    """The will of an ended connection as a message, or None (none, or its topic is one no
+    client may publish to: `$SYS`, or one the ACL refuses now)."""
     w = ch.will
-    if w is None or not ch.acl.can_publish(w.topic):
+    if w is None or is_sys_topic(w.topic) or not ch.acl.can_publish(w.topic):
         return None
     return _as_message(w, ch.tenant, ch.client_id, now)
 
@@ -86,7 +87,7 @@ class Wills:
         """The will as a CONNECT (or a re-assertion) hands it to the session service, which
         publishes it if this node dies: an envelope without tenant or message id (set then);
         b"" for none, or one over `will_store_max_bytes` (only this node publishes it)."""
-        if will is None or not self._handoff_max:
+        if will is None or not self._handoff_max or is_sys_topic(will.topic):
             return b""
         env = to_envelope(_as_message(will, "", client_id, time.time()), self._node_id, "")
         data = env.SerializeToString()

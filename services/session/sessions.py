@@ -7,6 +7,7 @@ service their queues, so ending a session asks both to forget that incarnation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -118,6 +119,17 @@ class Sessions:
             rec = await self._store.get_session(tenant, client_id)
         d = decide(rec, clean_start, expiry_s, time.time_ns() // 1000)
         if d.discard is not None:
+            if not d.persist:
+                # Ended before this CONNECT is answered: a persistent CONNECT right after it
+                # must not resume the session being discarded (Session Present with nothing
+                # in it). Expired rather than deleted: if the discard fails, the expiry sweep
+                # ends it (a new persistent session writes over its record anyway). Expired
+                # since 0, whatever the clock of the session instance that reads it next.
+                await self._store.put_session(
+                    dataclasses.replace(
+                        d.discard, expiry_interval_s=0, connected=False, disconnected_at_ms=0
+                    )
+                )
             # A new persistent session of the client id keeps the count the old one held.
             discard = self._discard(d.discard, keep_count=d.persist)
             self._tasks.spawn(discard, name="session_discard")

@@ -41,6 +41,7 @@ from services.common.acl import AclChecker, AclRule
 from services.common.bus.publisher import NotKeptError, ServicePublisher
 from services.common.dependencies import wait_for
 from services.common.tasks import TaskSet
+from services.common.topics import is_sys_topic
 from services.session.registry import Holder
 from starling.common.v1.message_pb2 import RoutedMessage
 
@@ -58,7 +59,7 @@ def kept_will(will: bytes, rules: list[AclRule], default_allow: bool, max_bytes:
         topic = RoutedMessage.FromString(will).topic
     except Exception:  # a node sent garbage: it publishes its own wills still
         return ""
-    if not topic or not AclChecker(rules, default_allow).can_publish(topic):
+    if not topic or is_sys_topic(topic) or not AclChecker(rules, default_allow).can_publish(topic):
         return ""
     return base64.b64encode(will).decode()
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from services.common.mqtt import Connect, Will
+from services.common.mqtt import ConnAck, Connect, Disconnect, SubAck, Subscribe, Subscription, Will
 from services.common.mqtt.properties import Properties
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho, Raw
@@ -128,6 +128,70 @@ def test_will_on_abrupt_close_not_on_clean_disconnect(mesh: MeshInfo) -> None:
     clean.close()
     watcher.nothing(0.8)
     watcher.close()
+
+
+def test_a_will_on_a_sys_topic_is_never_published(mesh: MeshInfo) -> None:
+    """`$SYS` is the server's: no client may publish there, by a PUBLISH (refused) or as its
+    will (dropped, as a will the ACL refuses), or it could plant retained `$SYS` figures."""
+    tag = uuid.uuid4().hex[:6]
+    watcher = Paho(mesh.node(1))
+    watcher.connect()
+    watcher.subscribe(f"$SYS/{tag}/#", 1)
+    watcher.subscribe(f"ok/{tag}", 1)
+    for node, level, retain in ((0, 5, True), (1, 4, False)):
+        raw = Raw(mesh.node(node), level=level)
+        will = Will(f"$SYS/{tag}/broker/uptime", b"forged", 1, retain)
+        ack = raw.connect(Connect(f"sys-will-{tag}-{level}", level, will=will))
+        assert ack.reason_code == 0  # type: ignore[union-attr]
+        raw.sock.shutdown(socket.SHUT_RDWR)
+        raw.close()
+    raw = Raw(mesh.node(0))  # a will elsewhere still goes out, after them
+    raw.connect(Connect(f"ok-will-{tag}", 5, will=Will(f"ok/{tag}", b"gone", 1)))
+    raw.sock.shutdown(socket.SHUT_RDWR)
+    raw.close()
+    (m,) = watcher.expect(1)
+    assert m.topic == f"ok/{tag}"
+    watcher.nothing(0.8)
+    watcher.close()
+    late = Paho(mesh.node(0))  # and nothing was retained
+    late.connect()
+    late.subscribe(f"$SYS/{tag}/#", 1)
+    late.nothing(0.8)
+    late.close()
+
+
+@pytest.mark.parametrize("v5", VERSIONS)
+def test_a_persistent_connect_right_after_a_clean_one_finds_no_session(
+    mesh: MeshInfo, v5: bool
+) -> None:
+    """[MQTT-3.1.2-6] / [MQTT-3.2.2-2]: a clean connection ended the client id's session, so
+    a persistent CONNECT right after it gets Session Present 0, even on another node and
+    before the old session's subscriptions and queue are deleted."""
+    cid = f"sp-{uuid.uuid4().hex[:6]}"
+    level = 5 if v5 else 4
+    expiry = Properties(session_expiry_interval=300) if v5 else Properties()
+    for _ in range(3):
+        first = Raw(mesh.node(0), level=level)
+        ack = first.connect(Connect(cid, level, clean_start=False, properties=expiry))
+        assert isinstance(ack, ConnAck)
+        first.send(Subscribe(1, [Subscription(f"sp/{cid}", 1)]))
+        assert isinstance(first.recv(), SubAck)
+        first.send(Disconnect())
+        first.close()
+        clean = Raw(mesh.node(1), level=level)
+        ack = clean.connect(Connect(cid, level, clean_start=True))
+        assert isinstance(ack, ConnAck) and not ack.session_present
+        clean.send(Disconnect())
+        clean.close()
+        again = Raw(mesh.node(0), level=level)
+        ack = again.connect(Connect(cid, level, clean_start=False, properties=expiry))
+        assert isinstance(ack, ConnAck) and not ack.session_present, ack
+        again.send(Disconnect())
+        again.close()
+        cleanup = Raw(mesh.node(0), level=level)  # ends this session for the next round
+        cleanup.connect(Connect(cid, level, clean_start=True))
+        cleanup.send(Disconnect())
+        cleanup.close()
 
 
 @pytest.mark.parametrize("v5", VERSIONS)

@@ -1,10 +1,12 @@
-"""The QoS 2 fence a connection sets when it opens a persistent session (Sessions.open, on
-the embedded store): above every earlier connection's even when its registry epoch is lower
-(another session instance's clock was behind), and kept by the session's other writes, so
-the changes an earlier connection still writes are ignored and the current one's are not."""
+"""Sessions.open on the embedded store: a clean start ends the session before it answers (a
+persistent CONNECT right after never resumes it), and the QoS 2 fence a connection sets when it
+opens a persistent session: above every earlier connection's even when its registry epoch is
+lower (another session instance's clock was behind), and kept by the session's other writes,
+so the changes an earlier connection still writes are ignored and the current one's are not."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -53,5 +55,45 @@ async def test_a_later_connection_fences_off_an_earlier_one_whatever_its_epoch(
         third = await sessions.open("t", "c", False, 60, epoch=2_000)
         assert third.awaiting_release == (InboundQos2(1, "m1"), InboundQos2(3, "m3"))
         assert third.qos2_fence > second.qos2_fence
+    finally:
+        await store.close()
+
+
+class _SlowDiscard:
+    """Router and queues whose drop of an ended session takes its time (a busy router)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.dropped: list[int] = []
+
+    async def drop_session(self, tenant: str, client_id: str, incarnation: int) -> None:
+        await self.release.wait()
+        self.dropped.append(incarnation)
+
+    async def drop(self, tenant: str, queue_id: str) -> None:
+        await self.release.wait()
+
+
+async def test_a_session_a_clean_connect_discards_is_never_resumed_while_it_is_discarded(
+    tmp_path: Path,
+) -> None:
+    """[MQTT-3.1.2-6] A clean start ends the client id's session: a persistent CONNECT that
+    comes before the discard is done gets Session Present 0 and a session of its own, not the
+    ended one (whose subscriptions and queue the discard is deleting)."""
+    store = SqliteSessionStore(tmp_path / "s.db")
+    slow = _SlowDiscard()
+    sessions = Sessions(store, slow, slow, 3600, _Unused())  # type: ignore[arg-type]
+    try:
+        first = await sessions.open("t", "c", False, 60, epoch=1)
+        await sessions.close("t", "c", first.incarnation, None)
+        clean = await sessions.open("t", "c", True, 0, epoch=2)  # clean, expiry 0
+        assert not clean.present
+        again = await sessions.open("t", "c", False, 60, epoch=3)  # discard still under way
+        assert not again.present and again.incarnation not in (first.incarnation, 0)
+        slow.release.set()
+        await sessions.stop(5.0)
+        assert first.incarnation in slow.dropped and again.incarnation not in slow.dropped
+        rec = await store.get_session("t", "c")
+        assert rec is not None and rec.incarnation == again.incarnation
     finally:
         await store.close()

@@ -44,6 +44,7 @@ def test_a_will_the_acl_refuses_or_too_large_is_not_kept() -> None:
     deny = [AclRule(False, Access.PUBLISH, "secret/#")]
     assert kept_will(_envelope("secret/x"), deny, True, 1024) == ""
     assert kept_will(_envelope("status/x"), [], False, 1024) == ""  # default deny
+    assert kept_will(_envelope("$SYS/broker/uptime"), [], True, 1024) == ""  # the server's
     allow = [AclRule(True, Access.PUBLISH, "status/+")]
     assert kept_will(_envelope("status/x"), allow, False, 1024) != ""
     big = _envelope("status/x", b"x" * 2000)

@@ -53,6 +53,12 @@ def is_wildcard(filt: str) -> bool:
     return "+" in filt or "#" in filt
 
 
+def is_sys_topic(topic: str) -> bool:
+    """`$SYS` and below: the server's own topics, which no client may publish to, by a
+    PUBLISH or as its will."""
+    return topic[:1] == "$" and (topic == "$SYS" or topic.startswith("$SYS/"))
+
+
 def topic_matches(filt: str, topic: str) -> bool:
     """Naive reference matcher (spec 4.7), used by tests and cold paths."""
     if topic.startswith("$") and filt[:1] in ("+", "#"):

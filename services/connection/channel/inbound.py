@@ -38,7 +38,7 @@ from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRe
 from services.common.mqtt.primitives import check_utf8
 from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
-from services.common.topics import validate_topic_name
+from services.common.topics import is_sys_topic, validate_topic_name
 from services.connection.channel.actions import ReleaseQos2
 from services.connection.channel.config import ChannelConfig
 from services.connection.channel.problems import Problems, describe
@@ -224,7 +224,7 @@ class InboundPublishes:
         code = 0
         text = ""
         msg = None
-        if topic[0] == "$" and (topic == "$SYS" or topic.startswith("$SYS/")):
+        if topic[0] == "$" and is_sys_topic(topic):
             code = RC.NOT_AUTHORIZED if level == 5 else 0  # 3.1.1: acknowledge, then drop
             text = "$SYS topics are reserved for the server"
         elif not self._acl.can_publish(topic):
