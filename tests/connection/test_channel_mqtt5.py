@@ -1,6 +1,7 @@
 """MQTT 5 completeness at the channel: reason strings, Request Problem Information, Response
 Information, redirection, `$SYS` publishes, inbound Receive Maximum for QoS 1 and 2, and the
-CONNECT corner cases (3.1 Session Present, empty will topic, zero limits)."""
+CONNECT corner cases (3.1 Session Present, empty or wildcard will topic, zero limits), and a
+PUBLISH with neither topic nor alias."""
 
 from __future__ import annotations
 
@@ -74,6 +75,27 @@ def test_empty_will_topic_is_a_protocol_error() -> None:
     actions = v3.receive(encode(Connect("c", 4, will=Will("", b"x")), 4), 0.0)
     assert kinds(actions) == ["Close"]
     assert not v3.out  # 3.1.1 has no return code for it: close without CONNACK
+
+
+def test_a_will_topic_with_a_wildcard_is_refused_without_a_retry_invitation() -> None:
+    """MQTT 5: CONNACK 0x90. 3.1.1 has no return code for it: a close without CONNACK, not
+    return code 3 (server unavailable), which has clients retry the same CONNECT for ever."""
+    ch = new_channel()
+    actions = ch.receive(encode(Connect("c", 5, will=Will("a/+", b"x")), 5), 0.0)
+    assert kinds(actions) == ["Close"] and actions[0].reason_code == 0x90  # type: ignore[union-attr]
+    assert take(ch) == encode(ConnAck(False, 0x90), 5)
+    v3 = new_channel()
+    actions = v3.receive(encode(Connect("c", 4, will=Will("a/#", b"x")), 4), 0.0)
+    assert kinds(actions) == ["Close"]
+    assert not v3.out
+
+
+def test_a_publish_with_neither_topic_nor_alias_is_a_protocol_error() -> None:
+    ch, dec = connected(5)
+    actions = ch.receive(encode_pub("", 1, 1), 1.0)
+    assert kinds(actions) == ["Close"] and actions[0].reason_code == 0x82  # type: ignore[union-attr]
+    (disc,) = written(ch, dec)
+    assert isinstance(disc, Disconnect) and disc.reason_code == 0x82
 
 
 @pytest.mark.parametrize("prop", ["receive_maximum", "maximum_packet_size"])

@@ -100,7 +100,10 @@ if TYPE_CHECKING:  # budget.py imports the channel package
 
 _PROGRESS = DeliveryProgress()  # it carries nothing: one instance serves every channel
 _V3_UNACCEPTABLE_PROTOCOL = b"\x20\x02\x00\x01"  # CONNACK with 3.1.1 return code 1
-_V3_CLOSE_ONLY = frozenset({RC.MALFORMED_PACKET, RC.PROTOCOL_ERROR})
+# 3.1/3.1.1 have no return code for these: a CONNECT that breaks them is closed without a
+# CONNACK [MQTT-3.1.4-1] (return code 3, "server unavailable", would have the client retry for
+# ever). TOPIC_NAME_INVALID: a will topic with a wildcard, or over the topic limits.
+_V3_CLOSE_ONLY = frozenset({RC.MALFORMED_PACKET, RC.PROTOCOL_ERROR, RC.TOPIC_NAME_INVALID})
 _REDIRECTS = frozenset({RC.USE_ANOTHER_SERVER, RC.SERVER_MOVED})
 # Decoder limit names -> the settings that set them (what `on_limit` reports).
 _DECODER_LIMITS = {"max_topic_filters": "max_filters_per_subscribe"}

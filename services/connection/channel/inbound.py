@@ -209,6 +209,8 @@ class InboundPublishes:
                 raise ProtocolViolationError("subscription identifier in a client's PUBLISH")
             if props.topic_alias is not None:
                 topic = self._resolve_alias(props.topic_alias, topic)
+        if not topic and level == 5:  # neither a topic name nor an alias (MQTT 5, 3.3.2.3.4)
+            raise ProtocolViolationError("PUBLISH with an empty topic and no topic alias")
         validate_topic_name(topic, self._config.topic_limits)
         qos = p.qos
         pid = p.packet_id or 0
