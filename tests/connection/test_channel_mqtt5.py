@@ -90,6 +90,25 @@ def test_a_will_topic_with_a_wildcard_is_refused_without_a_retry_invitation() ->
     assert not v3.out
 
 
+def test_a_connack_larger_than_the_clients_maximum_packet_size_is_not_sent() -> None:
+    """[MQTT-3.1.2-24]: a client whose Maximum Packet Size is below our CONNACK's size gets no
+    CONNACK (and leaves no will); one that can take it gets it."""
+    for mps, fits in ((8, False), (64, True)):
+        ch = new_channel()
+        will = Will("w", b"x")
+        ch.receive(
+            encode(Connect("c", 5, will=will, properties=Properties(maximum_packet_size=mps)), 5),
+            0.0,
+        )
+        actions = ch.authenticated(ConnectOutcome(tenant="t"), 0.0)
+        if fits:
+            (ack,) = Decoder(5).feed(take(ch))
+            assert isinstance(ack, ConnAck) and ack.reason_code == 0 and not actions
+        else:
+            assert kinds(actions) == ["Close"] and actions[0].reason_code == 0x95  # type: ignore[union-attr]
+            assert not ch.out and ch.will is None and ch.state is State.CLOSED
+
+
 def test_a_publish_with_neither_topic_nor_alias_is_a_protocol_error() -> None:
     ch, dec = connected(5)
     actions = ch.receive(encode_pub("", 1, 1), 1.0)
@@ -215,7 +234,7 @@ def test_reason_strings_can_be_turned_off() -> None:
 
 
 def test_reason_string_left_out_when_the_client_could_not_take_it() -> None:
-    small = Properties(maximum_packet_size=8)  # room for a bare PUBACK, not for an explanation
+    small = Properties(maximum_packet_size=24)  # a CONNACK, a bare PUBACK; no explanation
     ch, dec = connected(5, config=EXPLAIN, acl=DENY_NO, connect_props=small)
     ch.receive(encode_pub("no/x", 1, 1), 1.0)
     assert written(ch, dec) == [PubAck(1, 0x87)]  # [MQTT-3.1.2-25]

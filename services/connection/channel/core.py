@@ -288,6 +288,14 @@ class Channel:
             actions.append(self._refuse(outcome.reason_code))
             return actions
         connack = self._accept(outcome, now)
+        if len(connack) > self.outbound.max_packet_size:
+            # [MQTT-3.1.2-24] Not even the CONNACK fits the client's Maximum Packet Size: it
+            # is not sent, and the connection closes (without a will: nothing went wrong).
+            self.will = None
+            actions.append(
+                self._close(RC.PACKET_TOO_LARGE, "the CONNACK exceeds the client's maximum")
+            )
+            return actions
         request = self._subscriptions.auto(auto) if auto else None
         if request is not None:
             self.state = State.ACCEPTED
