@@ -159,6 +159,15 @@ class SessionLink:
         ch = conn.channel
         auto = self._auto_subscriptions(ch, outcome)
         actions = ch.authenticated(outcome, time.time(), auto)
+        if outcome.ok and ch.state is State.CLOSED:
+            # Accepted by the session service, then closed by the channel (the CONNACK does
+            # not fit the client's Maximum Packet Size): the entry goes as for a client that
+            # left, and its kept will with it.
+            self._carry_out(conn, actions)
+            await self.release(
+                outcome.tenant, action.client_id, outcome.epoch, outcome.incarnation, None
+            )
+            return
         delivery: PersistentDelivery | None = None
         if ch.state in (State.ACCEPTED, State.CONNECTED):
             self._registry.accepted(conn)

@@ -89,7 +89,6 @@ class RouterService:
             self._shared = self._publisher.shared = Shared(self._redis, settings.node_id)
         self._scheduler: asyncio.Task[None] | None = None
         self._rule_feed: RuleFeed | None = None
-        self._feeding: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
         self._api = RouterApi(
             self._table,
@@ -124,11 +123,12 @@ class RouterService:
         holder = Holder(self._s.node_id, HOLD_MESSAGES * max_message_bytes())
         await holder.start(self._nats.nc)
         self._publisher.holder = holder
-        # Delayed messages reach the rules when due; the filters in the background (without a
-        # rules instance the first snapshot waits for the feed's resync, not this start).
+        # Delayed messages reach the rules when due: the rules' filters before the scheduler
+        # fires what fell due while this router was down (at most 2 s without a rules
+        # instance; its next snapshot then comes with the feed's resync).
         self._rule_feed = RuleFeed(self._nats.nc)
         self._publisher.rules = self._rule_feed
-        self._feeding = asyncio.create_task(self._rule_feed.start())
+        await self._rule_feed.start()
         # The latest routing snapshot and the events after its checkpoint (or a scan).
         self.boot = await load_routes(self._store, self._table)
         if self._shared is not None:
@@ -176,8 +176,6 @@ class RouterService:
             await server.stop()
         if self._scheduler is not None:
             self._scheduler.cancel()
-        if self._feeding is not None:
-            self._feeding.cancel()
         if self._rule_feed is not None:
             await self._rule_feed.stop()
         if self._limits is not None:

@@ -465,11 +465,13 @@ class Publisher:
         m = RoutedMessage.FromString(rec.data)
         m.published_at_ms = int(time.time() * 1000)
         rules = self.rules
-        # Stored before anything goes out: a retry (the stream away) repeats nothing live,
-        # and the stream drops a second copy by its message id.
+        # Best effort, as for the session service's wills: a stream that does not take it (or
+        # a message larger than one NATS message) never holds the message, or those due after
+        # it, back; the rules miss it. A retry of the publish below stores it again, which the
+        # stream drops by its message id.
         if rules is not None and rules.wanted(m.tenant, m.topic):
             if not all(await rules.store([m])):
-                raise RuntimeError("rules stream unavailable")
+                log.warning("rules_feed_missed", extra={"id": rec.id, "tenant": m.tenant})
         batch = RoutedBatch()
         batch.messages.append(m)
         subject, data = topic_to_subject(m.tenant, m.topic), batch.SerializeToString()

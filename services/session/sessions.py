@@ -205,15 +205,16 @@ class Sessions:
             )
         )
 
-    async def _discard(self, rec: SessionRecord, keep_count: bool = False) -> None:
+    async def _discard(self, rec: SessionRecord, keep_count: bool = False) -> bool:
         """End a session incarnation: forget its subscriptions, its queue, its record (and,
-        unless `keep_count`, its place in the tenant's session count)."""
+        unless `keep_count`, its place in the tenant's session count). True when its record
+        went here (not already gone, nor replaced by a newer session's)."""
         try:
             await self._router.drop_session(rec.tenant, rec.client_id, rec.incarnation)
             await self._queues.drop(rec.tenant, queue_id(rec.client_id, rec.incarnation))
         except Exception as exc:  # retried by the expiry sweep while the record remains
             log.warning("session_discard_failed", extra={"error": str(exc)})
-            return
+            return False
         await self._store.drop_qos2(rec.tenant, rec.client_id, rec.incarnation)
         deleted = await self._store.delete_session(rec.tenant, rec.client_id, rec.incarnation)
         # Only if this incarnation's record was the one stored: a newer session of the client
@@ -223,12 +224,17 @@ class Sessions:
                 await self._session_ended(rec.tenant, rec.client_id)
             except Exception as exc:  # stays counted (one too many) until Redis loses it
                 log.warning("session_count_release_failed", extra={"error": str(exc)})
+        return deleted
 
     async def sweep(self) -> int:
         """End every session whose expiry has passed; works with no node up."""
         expired = await self._store.expired_sessions(int(time.time() * 1000))
         for rec in expired:
-            await self._discard(rec)
+            # Reported once, by whoever deleted it (not again after a discard that failed),
+            # and not for a session a clean start ended (its record written expired since 0 by
+            # `open`, its own discard maybe still under way).
+            if not await self._discard(rec) or _ended_by_clean_start(rec):
+                continue
             await self._events.emit(rec.tenant, rec.client_id, "session_expired")
             self.expired_by_tenant[rec.tenant] = self.expired_by_tenant.get(rec.tenant, 0) + 1
             log.info("session_expired", extra={"tenant": rec.tenant, "client_id": rec.client_id})
@@ -246,3 +252,9 @@ class Sessions:
         """Let discards in flight finish for at most `grace_s`, then cancel the rest."""
         await self._tasks.wait(grace_s)
         await self._tasks.cancel()
+
+
+def _ended_by_clean_start(rec: SessionRecord) -> bool:
+    """The record `Sessions.open` writes for a session a clean start ended (no session is
+    otherwise stored disconnected with expiry 0: `close` discards it)."""
+    return rec.expiry_interval_s == 0 and rec.disconnected_at_ms == 0 and not rec.connected

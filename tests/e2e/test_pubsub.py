@@ -194,6 +194,46 @@ def test_a_persistent_connect_right_after_a_clean_one_finds_no_session(
         cleanup.close()
 
 
+def test_a_client_that_cannot_take_the_connack_leaves_nothing_behind(mesh: MeshInfo) -> None:
+    """[MQTT-3.1.2-24] A Maximum Packet Size below the CONNACK's size: no CONNACK, the socket
+    closes, and the connection the session service had accepted is released (no registry
+    entry left holding a connection slot, and no will)."""
+    import asyncio
+
+    from services.session.client import SessionAdminClient
+    from tests.conftest import ADMIN_TOKEN
+
+    cid = f"tiny-{uuid.uuid4().hex[:6]}"
+    watcher = Paho(mesh.node(1))
+    watcher.connect()
+    watcher.subscribe(f"tiny/{cid}", 1)
+    raw = Raw(mesh.node(0))
+    raw.send(
+        Connect(
+            cid,
+            5,
+            will=Will(f"tiny/{cid}", b"gone", 1),
+            properties=Properties(maximum_packet_size=8),
+        )
+    )
+    assert raw.closed() and not raw.pending
+    raw.close()
+
+    async def held() -> bool:
+        admin = SessionAdminClient(mesh.addr("session"), ADMIN_TOKEN)
+        try:
+            return any(c.client_id == cid for c in await admin.list_clients("default"))
+        finally:
+            await admin.close()
+
+    deadline = time.monotonic() + 10
+    while asyncio.run(held()):
+        assert time.monotonic() < deadline, "registry entry left behind"
+        time.sleep(0.1)
+    watcher.nothing(0.8)
+    watcher.close()
+
+
 @pytest.mark.parametrize("v5", VERSIONS)
 def test_takeover_across_nodes(mesh: MeshInfo, v5: bool) -> None:
     first = Paho(mesh.node(0), client_id=f"dup-{v5}", v5=v5)

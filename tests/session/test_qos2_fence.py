@@ -97,3 +97,54 @@ async def test_a_session_a_clean_connect_discards_is_never_resumed_while_it_is_d
         assert rec is not None and rec.incarnation == again.incarnation
     finally:
         await store.close()
+
+
+class _Recorded:
+    """Events: what the session service reports."""
+
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, str, str]] = []
+
+    async def emit(self, tenant: str, client_id: str, kind: str) -> None:
+        self.emitted.append((tenant, client_id, kind))
+
+
+class _DownThenUp:
+    """A router away for the clean start's discard, back for the sweep."""
+
+    def __init__(self) -> None:
+        self.up = False
+
+    async def drop_session(self, tenant: str, client_id: str, incarnation: int) -> None:
+        if not self.up:
+            raise ConnectionError("router away")
+
+    async def drop(self, tenant: str, queue_id: str) -> None:
+        return None
+
+
+async def test_the_sweep_ends_what_a_clean_start_ended_without_calling_it_expired(
+    tmp_path: Path,
+) -> None:
+    """The discard of a clean start failed (router away): the sweep ends that session later,
+    and reports no `session_expired` for it; a session that did expire is reported once."""
+    store = SqliteSessionStore(tmp_path / "s.db")
+    router, events = _DownThenUp(), _Recorded()
+    sessions = Sessions(store, router, router, 3600, events)  # type: ignore[arg-type]
+    try:
+        first = await sessions.open("t", "c", False, 60, epoch=1)
+        await sessions.close("t", "c", first.incarnation, None)
+        await sessions.open("t", "c", True, 0, epoch=2)  # its discard fails
+        await sessions.stop(5.0)
+        assert await store.get_session("t", "c") is not None  # left for the sweep
+        short = await sessions.open("t", "d", False, 1, epoch=3)
+        await sessions.close("t", "d", short.incarnation, None)
+        router.up = True
+        await asyncio.sleep(1.1)  # "d" expires
+        assert await sessions.sweep() == 2
+        assert await store.get_session("t", "c") is None
+        assert await store.get_session("t", "d") is None
+        assert events.emitted == [("t", "d", "session_expired")]
+        assert await sessions.sweep() == 0
+    finally:
+        await store.close()

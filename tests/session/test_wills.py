@@ -197,31 +197,27 @@ async def test_wills_a_rule_reads_reach_the_rules_stream(nats_url: str) -> None:
         await nc.close()
 
 
-class _FlakyStream:
-    """The rules' intake as a session service sees it: reads every topic; the RULES stream
-    refuses the first store (a NATS server restarting), takes the next."""
+class _DownStream:
+    """The rules' intake as a session service sees it while JetStream is away: reads every
+    topic, takes nothing."""
 
     def __init__(self) -> None:
-        self.stored: list[str] = []
-        self.calls = 0
+        self.tried: list[str] = []
 
     def wanted(self, tenant: str, topic: str) -> bool:
         return True
 
     async def store(self, envs: Sequence[RoutedMessage]) -> list[bool]:
-        self.calls += 1
-        if self.calls == 1:
-            return [False for _ in envs]
-        self.stored += [e.topic for e in envs]
-        return [True for _ in envs]
+        self.tried += [e.topic for e in envs]
+        return [False for _ in envs]
 
     def offer(self, env: RoutedMessage) -> None:
-        self.stored.append(env.topic)
+        self.tried.append(env.topic)
 
 
-async def test_a_will_the_rules_stream_refused_is_tried_again_before_it_goes_live(
-    nats_url: str,
-) -> None:
+async def test_a_will_the_rules_stream_does_not_take_still_goes_out(nats_url: str) -> None:
+    """The rules are fed best effort: a will the router kept goes live, once, whether or not
+    the RULES stream took it."""
     import nats
 
     nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
@@ -232,7 +228,7 @@ async def test_a_will_the_rules_stream_refused_is_tried_again_before_it_goes_liv
 
     tenant = f"w{uuid.uuid4().hex[:6]}"
     await nc.subscribe(f"mq.{tenant}.>", cb=seen)
-    feed = _FlakyStream()
+    feed = _DownStream()
     stored = StoredWills(ServicePublisher(nc, _Kept(), "session-test", rules=feed))
     node = Wills("node-a", lambda msgs: None, None, None, MessageIds("node-a", 1), 1 << 20)
     env = node.handoff(Will("s/a", b"gone", 1), "a")
@@ -240,11 +236,11 @@ async def test_a_will_the_rules_stream_refused_is_tried_again_before_it_goes_liv
         holder = Holder(tenant, "a", "node-a", 1, will=base64.b64encode(env).decode())
         await stored.publish([holder], int(time.time() * 1000))
         deadline = time.monotonic() + 5
-        while not live:
-            assert time.monotonic() < deadline, (feed.calls, live)
+        while not live or not feed.tried:
+            assert time.monotonic() < deadline, (feed.tried, live)
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
-        assert feed.calls == 2 and feed.stored == ["s/a"] and live == ["s/a"]
+        await asyncio.sleep(0.3)
+        assert live == ["s/a"] and feed.tried == ["s/a"]
     finally:
         await stored.settle(1.0)
         await nc.close()

@@ -18,16 +18,15 @@ cannot be reached) is handed to the hook and the others go out (`$SYS`: that val
 published again next round).
 
 With a `rules` feed (the session service's wills), the messages a rule reads reach the rules
-engine as a node's publishes do (services/connection/rules_tap.py): the kept ones are stored
-in the RULES stream alongside the router's call, and one the stream did not take counts as
-not kept (the caller tries again with the same message id, which the stream de-duplicates);
-QoS 0 ones are offered without waiting; a delayed one reaches the rules from the router, when
-due. The rules service's own republisher has no feed, so a rule's output never feeds a rule.
+engine too: those the router kept are stored in the RULES stream (waiting for its
+acknowledgement), QoS 0 ones are offered; a delayed one reaches the rules from the router, when
+due. Best effort: a message the stream does not take (JetStream away) still goes out, and the
+rules miss it (logged as `rules_feed_missed`); nothing here waits on the rules to deliver.
+The rules service's own republisher has no feed, so a rule's output never feeds a rule.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -82,13 +81,6 @@ class RulesFeed(Protocol):
     def offer(self, env: RoutedMessage) -> None: ...
 
 
-class _Unstored:
-    """The outcome of a message the router kept but the RULES stream did not take."""
-
-    kept = False
-    name = "RULES_STREAM_UNAVAILABLE"
-
-
 class ServicePublisher:
     def __init__(
         self,
@@ -123,45 +115,39 @@ class ServicePublisher:
         to the router alone, which holds it and publishes it, live too, when it is due."""
         kept = [env for env in envs if env.qos or env.retain or env.delay_s]
         live = [env for env in envs if not env.delay_s]
+        refused: set[int] = set()
         if kept:
             # Kept first (the router answers once persistent sessions have it), then live.
             refused = await self._route(kept, not_kept or self._not_kept)
             if refused:
                 live = [env for env in live if id(env) not in refused]
-        rules = self.rules
-        if rules is not None:
-            for env in live:
-                if not env.qos and not env.retain and rules.wanted(env.tenant, env.topic):
-                    rules.offer(env)
         await self._publish_live(live)
+        if self.rules is not None:
+            await self._feed_rules(kept, live, refused)
 
-    async def _kept_by(self, kept: list[RoutedMessage]) -> Sequence[RouteOutcome]:
-        """The router's outcomes; with a rules feed, also stored in the RULES stream."""
+    async def _feed_rules(
+        self, kept: list[RoutedMessage], live: list[RoutedMessage], refused: set[int]
+    ) -> None:
         rules = self.rules
-        picked = (
-            [
-                i
-                for i, env in enumerate(kept)
-                if not env.delay_s and rules.wanted(env.tenant, env.topic)
-            ]
-            if rules is not None
-            else []
-        )
-        if rules is None or not picked:
-            return await self._router.route(kept)
-        routed, stored = await asyncio.gather(
-            self._router.route(kept), rules.store([kept[i] for i in picked])
-        )
-        outcomes = list(routed)
-        for i, ok in zip(picked, stored, strict=True):
-            if not ok:
-                outcomes[i] = _Unstored()
-        return outcomes
+        assert rules is not None
+        for env in live:
+            if not env.qos and not env.retain and rules.wanted(env.tenant, env.topic):
+                rules.offer(env)
+        # Delayed ones go to the rules from the router, when due.
+        stored = [
+            env
+            for env in kept
+            if not env.delay_s and id(env) not in refused and rules.wanted(env.tenant, env.topic)
+        ]
+        if stored:
+            missed = (await rules.store(stored)).count(False)
+            if missed:
+                log.warning("rules_feed_missed", extra={"count": missed})
 
     async def _route(self, kept: list[RoutedMessage], hook: NotKept | None) -> set[int]:
         """The ids of the envelopes not kept (handed to the hook); raises without a hook."""
         try:
-            results = await self._kept_by(kept)
+            results = await self._router.route(kept)
         except Exception as exc:
             if hook is None:
                 raise
