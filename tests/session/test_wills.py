@@ -97,9 +97,8 @@ class _Router:
         return [RouteResult.STORED for _ in messages]
 
 
-async def test_a_will_the_router_refused_is_tried_again_and_goes_live_once(
-    nats_url: str,
-) -> None:
+async def _watching(nats_url: str) -> tuple[Any, str, list[str]]:
+    """A NATS connection, a fresh tenant, and the topics that go live in it (as they come)."""
     import nats
 
     nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
@@ -110,6 +109,13 @@ async def test_a_will_the_router_refused_is_tried_again_and_goes_live_once(
 
     tenant = f"w{uuid.uuid4().hex[:6]}"
     await nc.subscribe(f"mq.{tenant}.>", cb=seen)
+    return nc, tenant, live
+
+
+async def test_a_will_the_router_refused_is_tried_again_and_goes_live_once(
+    nats_url: str,
+) -> None:
+    nc, tenant, live = await _watching(nats_url)
     router = _Router()
     stored = StoredWills(ServicePublisher(nc, router, "session-test"))
     node = Wills("node-a", lambda msgs: None, None, None, MessageIds("node-a", 1), 1 << 20)
@@ -218,16 +224,7 @@ class _DownStream:
 async def test_a_will_the_rules_stream_does_not_take_still_goes_out(nats_url: str) -> None:
     """The rules are fed best effort: a will the router kept goes live, once, whether or not
     the RULES stream took it."""
-    import nats
-
-    nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
-    live: list[str] = []
-
-    async def seen(msg: Any) -> None:
-        live.extend(m.topic for m in RoutedBatch.FromString(msg.data).messages)
-
-    tenant = f"w{uuid.uuid4().hex[:6]}"
-    await nc.subscribe(f"mq.{tenant}.>", cb=seen)
+    nc, tenant, live = await _watching(nats_url)
     feed = _DownStream()
     stored = StoredWills(ServicePublisher(nc, _Kept(), "session-test", rules=feed))
     node = Wills("node-a", lambda msgs: None, None, None, MessageIds("node-a", 1), 1 << 20)
