@@ -465,13 +465,15 @@ class Publisher:
         m = RoutedMessage.FromString(rec.data)
         m.published_at_ms = int(time.time() * 1000)
         rules = self.rules
-        # Best effort, as for the session service's wills: a stream that does not take it (or
-        # a message larger than one NATS message) never holds the message, or those due after
-        # it, back; the rules miss it. A retry of the publish below stores it again, which the
-        # stream drops by its message id.
-        if rules is not None and rules.wanted(m.tenant, m.topic):
-            if not all(await rules.store([m])):
-                log.warning("rules_feed_missed", extra={"id": rec.id, "tenant": m.tenant})
+        # To the rules alongside the publish, best effort as for the session service's wills:
+        # a stream that is slow, away, or refuses it (larger than one NATS message) never
+        # holds the message back; the rules miss it. A retry of the publish stores it again,
+        # which the stream drops by its message id.
+        feeding = (
+            asyncio.ensure_future(rules.store([m]))
+            if rules is not None and rules.wanted(m.tenant, m.topic)
+            else None
+        )
         batch = RoutedBatch()
         batch.messages.append(m)
         subject, data = topic_to_subject(m.tenant, m.topic), batch.SerializeToString()
@@ -480,5 +482,7 @@ class Publisher:
         else:
             await self._nats.publish(subject, data)
         results, _ = await self.accept([m])
+        if feeding is not None and not all(await feeding):
+            log.warning("rules_feed_missed", extra={"id": rec.id, "tenant": m.tenant})
         if RouteResult.TRY_LATER in results:
             raise RuntimeError("persistent queues unavailable")
