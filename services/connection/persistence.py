@@ -337,6 +337,17 @@ class PersistentDelivery:
             self.more = True  # entries were announced beyond what has been read
         self.pump()
 
+    def _room(self) -> tuple[str, int, int] | None:
+        """What the ack tells the queue to renew this reader's push credit with: the
+        entries the window takes now beyond the highest seq received. None unless this
+        delivery is caught up: a Read under way sets the credit with its answer, and one
+        that is due (entries announced, or one waiting for its packet id) will."""
+        if self._reading or self._stash or self.more or self._blocked_on or self.closed:
+            return None
+        ob = self.channel.outbound
+        room = 0 if ob.congested else min(ob.free_window, READ_BATCH)
+        return (self.reader, room, self.read_through)
+
     def _ack_through(self) -> int:
         if self.by_pid:
             return min(self.by_pid.values()) - 1
@@ -357,7 +368,7 @@ class PersistentDelivery:
                 await asyncio.sleep(delay)
             through = self._ack_through()
             if through > self.acked:
-                await self.queue.ack(self.tenant, self.queue_id, through)
+                await self.queue.ack(self.tenant, self.queue_id, through, renew=self._room())
                 self.acked = through
         except Exception as exc:  # retried with the next progress
             log.warning("queue_ack_failed", extra={"error": type(exc).__name__})

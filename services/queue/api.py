@@ -192,11 +192,19 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         )
         try:
             pushes = {qid: self._push_to(tenant, qid, items) for qid, items in by_queue.items()}
-            reports = await self._append_to_queues(tenant, by_queue, pushes)
+            try:
+                reports = await self._append_to_queues(tenant, by_queue, pushes)
+            except BaseException:
+                for qid, lease in pushes.items():
+                    if lease is not None:  # nothing stored: the credit it took is free again
+                        self.readers.pushed(lease, len(by_queue[qid]), 0)
+                raise
             for (qid, items), report in zip(by_queue.items(), reports, strict=True):
                 for (i, _), outcome in zip(items, report.outcomes, strict=True):
                     results[i] = _RESULT[outcome]
                 lease = pushes[qid]
+                if lease is not None:
+                    self.readers.pushed(lease, len(items), report.last_seq)
                 # Pushed only if the lease is still the one the append marked for: a reader that
                 # took the queue over meanwhile reads the entries (they were sent to no one).
                 pushed = lease is not None and lease is self.readers.get(tenant, qid)
@@ -439,6 +447,14 @@ class QueueApi(pb_grpc.QueueServiceServicer):
     ) -> pb.AckResponse:
         if request.detach_reader:
             self.readers.detach(request.tenant, request.queue_id, request.detach_reader)
+        elif request.reader:  # before any await: a Read sent after this Ack sets it later
+            self.readers.renew(
+                request.tenant,
+                request.queue_id,
+                request.reader,
+                request.room,
+                request.seen_through,
+            )
         if request.through_seq:
             p = self.depths.partition(request.tenant, request.queue_id)
             change = QueueChange()

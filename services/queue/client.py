@@ -377,16 +377,25 @@ class QueueClient:
         )
 
     async def ack(
-        self, tenant: str, queue_id: str, through_seq: int, detach_reader: str = ""
+        self,
+        tenant: str,
+        queue_id: str,
+        through_seq: int,
+        detach_reader: str = "",
+        renew: tuple[str, int, int] | None = None,
     ) -> None:
         """Acknowledge through `through_seq` (0: nothing); `detach_reader`: that reader stops
-        reading, the queue pushes nothing more to it."""
+        reading, the queue pushes nothing more to it; `renew` (reader, room, seen_through):
+        that reader, with no Read under way, can take `room` entries beyond `seen_through`
+        (its push credit, services/queue/readers.py)."""
         req = pb.AckRequest(
             tenant=tenant,
             queue_id=queue_id,
             through_seq=through_seq,
             detach_reader=detach_reader,
         )
+        if renew is not None:
+            req.reader, req.room, req.seen_through = renew
         await self._call(tenant, queue_id, ACK_SUBJECT, _ack, req, pb.AckResponse)
 
     async def mark_released(self, tenant: str, queue_id: str, seqs: Sequence[int]) -> None:

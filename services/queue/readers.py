@@ -8,7 +8,11 @@ queue's next small appends are marked delivered in their own transaction and pus
 the QueueNotice, which saves the reader a Read per notice. Pushes stop at the reader's
 `credit`, the room its last Read said it had (its `limit` less the entries it got), so no
 more entries are marked delivered than its connection can take; past that the reader reads
-again, which renews the credit.
+again, which renews the credit. A caught-up reader's Ack renews it too (`renew`): the room
+its connection has now, less what was pushed to it beyond the highest seq it had received
+when it said so. Without that, a steady stream ran the credit out every READ_BATCH entries
+and the next message waited for a Read and its commit: at 1,000 msg/s a latency spike every
+~100 ms, the largest share of the persistent path's p99.
 
 The lease remembers the delivered mark from when it began (`unsent_after`): every seq above
 it was handed, if at all, only to the lease's reader in a push, and that reader knows which
@@ -48,6 +52,8 @@ class Lease:
     unsent_after: int
     credit: int  # entries that may still be pushed before the reader reads again
     caught_up: bool = True  # the reader's last read reached the queue's end: push to it
+    pushed_through: int = 0  # highest seq pushed to the reader (or read by it)
+    reserved: int = 0  # credit taken by appends under way, their seqs not known yet
 
 
 class Readers:
@@ -71,7 +77,25 @@ class Readers:
             lease.caught_up = False  # the reader has a gap to read before any push
             return None
         lease.credit -= count
+        lease.reserved += count
         return lease
+
+    def pushed(self, lease: Lease, count: int, last_seq: int) -> None:
+        """The append that `push` gave `count` of `lease`'s credit to is done: its entries
+        (if stored) end at `last_seq`."""
+        lease.reserved = max(0, lease.reserved - count)
+        lease.pushed_through = max(lease.pushed_through, last_seq)
+
+    def renew(self, tenant: str, queue_id: str, reader: str, room: int, seen_through: int) -> None:
+        """`reader`'s connection can take `room` more entries beyond seq `seen_through`
+        (the highest it had received; it has no Read under way): its credit is that room less
+        the entries pushed to it that it had not received then, and those of appends under
+        way. Only for the lease holder while caught up: a reader with a gap reads it first."""
+        lease = self._leases.get((tenant, queue_id))
+        if lease is None or lease.reader != reader or not lease.caught_up:
+            return
+        unseen = max(0, lease.pushed_through - seen_through) + lease.reserved
+        lease.credit = max(0, room - unseen)
 
     def delivered_before(self, tenant: str, queue_id: str, reader: str, durable: int) -> int:
         """The delivered mark a Read by `reader` reports, given the durable one before it."""
@@ -100,9 +124,12 @@ class Readers:
         if lease is not None and lease.reader == reader:
             lease.caught_up = at_end
             lease.credit = room
+            lease.pushed_through = max(lease.pushed_through, through)
         elif at_end and reader and reader not in self._detached:
             # A new reader (a new connection of the session): it takes the queue over.
-            self._leases[key] = Lease(reader, through if mark is None else mark, room)
+            self._leases[key] = Lease(
+                reader, through if mark is None else mark, room, pushed_through=through
+            )
         else:
             # Another reader behind: the old one may be gone; push to nobody until one is
             # caught up again.

@@ -48,7 +48,12 @@ class FakeQueue:
         return QueueRead(found, self.acked_through, last, before)
 
     async def ack(
-        self, tenant: str, queue_id: str, through_seq: int, detach_reader: str = ""
+        self,
+        tenant: str,
+        queue_id: str,
+        through_seq: int,
+        detach_reader: str = "",
+        renew: tuple[str, int, int] | None = None,  # push credit: tested in test_push_credit
     ) -> None:
         self.acked_through = max(self.acked_through, through_seq)
 

@@ -197,3 +197,35 @@ async def test_pushes_stop_at_the_room_the_reader_said_it_had(address: str, nats
         r = await q.client.read(TENANT, q.qid, 3, 10, mark_delivered=True, reader="R")
         assert [e.seq for e in r.entries] == [3, 4, 5] and r.delivered_through == 0
         assert [e.seq for e in (await q.append("f6")).entries()] == [6]  # room renewed
+
+
+async def test_an_ack_renews_the_room_of_a_caught_up_reader(address: str, nats_url: str) -> None:
+    """A steady stream used to run the credit out every read's worth of entries, and the
+    next message then waited for a Read: the node's acks renew it instead, counting what was
+    pushed beyond what the reader had received when it said how much room it had."""
+    async with Queue(address, nats_url) as q:
+        await q.client.read(TENANT, q.qid, 1, 3, mark_delivered=True, reader="R")
+        assert [e.seq for e in (await q.append("g1", "g2", "g3")).entries()] == [1, 2, 3]
+        # Received through 2 when it acked (3 was still on its way), room for 4 more: 3 is
+        # one of those 4, so 3 more may be pushed, not 4.
+        await q.client.ack(TENANT, q.qid, 2, renew=("R", 4, 2))
+        assert [e.seq for e in (await q.append("g4", "g5", "g6")).entries()] == [4, 5, 6]
+        assert await q.delivered_mark() == 6
+        assert (await q.append("g7")).entries() == ()  # past the renewed credit
+        r = await q.client.read(TENANT, q.qid, 7, 10, mark_delivered=True, reader="R")
+        assert [e.seq for e in r.entries] == [7]
+        # Another reader's renewal changes nothing for R's lease, nor gives S one.
+        await q.client.ack(TENANT, q.qid, 7, renew=("R", 1, 7))
+        await q.client.ack(TENANT, q.qid, 7, renew=("S", 50, 7))
+        assert [e.seq for e in (await q.append("g8")).entries()] == [8]
+        assert (await q.append("g9")).entries() == ()
+
+
+async def test_an_ack_does_not_renew_a_reader_with_a_gap_to_read(
+    address: str, nats_url: str
+) -> None:
+    async with Queue(address, nats_url) as q:
+        await q.client.read(TENANT, q.qid, 1, 1, mark_delivered=True, reader="R")
+        assert (await q.append("h1", "h2")).entries() == ()  # more than its room: a gap
+        await q.client.ack(TENANT, q.qid, 0, renew=("R", 100, 0))
+        assert (await q.append("h3")).entries() == ()  # it must read 1..2 first

@@ -38,3 +38,20 @@ def test_a_new_lease_starts_at_the_mark_before_the_read_that_took_it() -> None:
     r.read("t", "q", "new", through=5, at_end=True, room=10, mark=3)
     assert r.delivered_before("t", "q", "new", durable=5) == 3
     assert r.delivered_before("t", "q", "other", durable=5) == 5
+
+
+def test_a_renewal_counts_pushes_the_reader_had_not_received_and_appends_under_way() -> None:
+    r = Readers()
+    r.read("t", "q", "R", through=10, at_end=True, room=5)
+    lease = r.push("t", "q", 2)
+    assert lease is not None
+    r.pushed(lease, 2, 12)  # seqs 11 and 12 went to R
+    under_way = r.push("t", "q", 1)  # an append whose seq is not known yet
+    assert under_way is lease
+    r.renew("t", "q", "R", room=6, seen_through=11)  # 12 and the one under way: 2 unseen
+    assert lease.credit == 4
+    r.pushed(lease, 1, 13)
+    r.renew("t", "q", "R", room=6, seen_through=13)
+    assert lease.credit == 6
+    r.renew("t", "q", "R", room=1, seen_through=10)  # never below zero
+    assert lease.credit == 0

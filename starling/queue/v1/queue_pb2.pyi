@@ -330,12 +330,23 @@ class AckRequest(_message.Message):
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     THROUGH_SEQ_FIELD_NUMBER: _builtins.int
     DETACH_READER_FIELD_NUMBER: _builtins.int
+    READER_FIELD_NUMBER: _builtins.int
+    ROOM_FIELD_NUMBER: _builtins.int
+    SEEN_THROUGH_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     queue_id: _builtins.str
     through_seq: _builtins.int
     """0: acknowledges nothing (a detach alone)."""
     detach_reader: _builtins.str
     """This reader stops reading (its connection closed): push nothing more to it."""
+    reader: _builtins.str
+    """Renews the push credit of `reader` (services/queue/readers.py) without a Read: it can
+    take `room` more entries beyond seq `seen_through`, the highest it has received. Sent
+    only while the reader has no Read under way; ignored unless it holds the queue's lease
+    and is caught up.
+    """
+    room: _builtins.int
+    seen_through: _builtins.int
     def __init__(
         self,
         *,
@@ -343,10 +354,13 @@ class AckRequest(_message.Message):
         queue_id: _builtins.str = ...,
         through_seq: _builtins.int = ...,
         detach_reader: _builtins.str = ...,
+        reader: _builtins.str = ...,
+        room: _builtins.int = ...,
+        seen_through: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detach_reader", b"detach_reader", "queue_id", b"queue_id", "tenant", b"tenant", "through_seq", b"through_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detach_reader", b"detach_reader", "queue_id", b"queue_id", "reader", b"reader", "room", b"room", "seen_through", b"seen_through", "tenant", b"tenant", "through_seq", b"through_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
