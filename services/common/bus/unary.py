@@ -243,11 +243,13 @@ async def call(
 ) -> R:
     """`method(req)`: over NATS on `subject` when there is a bus and the request fits one
     NATS message, else (or when the answer did not fit one) over gRPC."""
-    if bus is not None and bus.fits(req.ByteSize()):
-        try:
-            return reply.FromString(await bus.call(subject, req.SerializeToString()))
-        except ReplyTooLargeError:
-            pass  # e.g. a queue read whose first entry is larger than a NATS message
+    if bus is not None:
+        data = req.SerializeToString()  # once: ByteSize() would serialize it a second time
+        if bus.fits(len(data)):
+            try:
+                return reply.FromString(await bus.call(subject, data))
+            except ReplyTooLargeError:
+                pass  # e.g. a queue read whose first entry is larger than a NATS message
     return await rpc.call(method, req)
 
 
