@@ -6,8 +6,10 @@ and bytes) and the queue service (`max_queue_depth`).
   the tenant and updated in place, so a connection that took it at CONNECT sees a later
   change. A tenant never asked about is fetched in the background and has no limits until
   the answer comes (a few ms: the first requests of a tenant are not held up).
-- `fetch(tenant)` awaits the first answer (bounded by the client's timeout), for paths that
-  wait anyway (a retained publish, an append).
+- `fetch(tenant)` awaits the first answer, and an answer under way after an announced
+  change (bounded by the client's timeout), for paths that wait anyway (a retained
+  publish, an append): a retained publish right after a limit change must meet the new
+  limit, not the copy the announcement is replacing.
 - A change the quota service announces (`ctl.quota.limits`, payload the tenant) is fetched
   again at once; every copy is also re-read every `refresh_s`, so a lost announcement costs
   a delay only.
@@ -38,13 +40,15 @@ RETRY_S = 1.0
 class TenantLimits:
     """One tenant's limits as last known (0: none); `known` once the service answered."""
 
-    __slots__ = ("fetched_at", "known", "limits", "tenant")
+    __slots__ = ("again", "changing", "fetched_at", "known", "limits", "tenant")
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         self.limits = Limits()
         self.known = False
         self.fetched_at = -1e18
+        self.changing = False  # a change was announced and its answer is not in yet
+        self.again = False  # announced while a read was under way: read once more after it
 
     @property
     def max_subscriptions_per_client(self) -> int:
@@ -78,10 +82,10 @@ class LimitsCopies:
 
     async def fetch(self, tenant: str) -> TenantLimits:
         t = self.get(tenant)
-        if not t.known:
-            asking = self._asking.get(tenant)
-            if asking is not None:
-                await asyncio.shield(asking)
+        # Not for the periodic refresh: that would make every call wait (up to the client's
+        # timeout with the quota service down) every refresh_s.
+        while (not t.known or t.changing) and (asking := self._asking.get(tenant)) is not None:
+            await asyncio.shield(asking)
         return t
 
     def _ask(self, t: TenantLimits) -> None:
@@ -98,18 +102,27 @@ class LimitsCopies:
                 log.warning("quota_limits_unavailable", extra={"error": type(exc).__name__})
             self._seen_ok = False
             t.fetched_at = self._clock()
-            return
+        else:
+            self._seen_ok = True
+            if limits != t.limits:
+                log.info("quota_limits", extra={"tenant": t.tenant, **dataclasses.asdict(limits)})
+            t.limits, t.known, t.fetched_at = limits, True, self._clock()
         finally:
             self._asking.pop(t.tenant, None)
-        self._seen_ok = True
-        if limits != t.limits:
-            log.info("quota_limits", extra={"tenant": t.tenant, **dataclasses.asdict(limits)})
-        t.limits, t.known, t.fetched_at = limits, True, self._clock()
+            if t.again:  # announced during this read, which may predate the change
+                t.again = False
+                self._ask(t)
+            else:
+                t.changing = False
 
     async def _on_change(self, msg: Msg) -> None:
         t = self._tenants.get(msg.data.decode())
         if t is not None:
-            self._ask(t)
+            t.changing = True
+            if t.tenant in self._asking:
+                t.again = True
+            else:
+                self._ask(t)
 
     async def _refresh(self) -> None:
         while True:

@@ -252,15 +252,15 @@ class Publisher:
             await self.wrote("retained:" + m.tenant)
             return True
         data = m.SerializeToString()
-        caps = await self._retained_caps(m.tenant)
-        # `$SYS` figures (services/metrics/sys_publisher.py) are the server's, never refused.
-        if not is_sys(m.topic) and not await self._retained_fits(
-            m.tenant, m.topic, len(data), caps
-        ):
-            limit = self._retained_limit(m.tenant, m.topic, len(data), caps)
-            self.refusals.count(limit, m.tenant)
-            await self._quota_event(m.tenant, limit)
-            return False
+        # `$SYS` figures (services/metrics/sys_publisher.py) are the server's, never refused
+        # (nor do they make the router ask for the tenant's limits).
+        if not is_sys(m.topic):
+            caps = await self._retained_caps(m.tenant)
+            if not await self._retained_fits(m.tenant, m.topic, len(data), caps):
+                limit = self._retained_limit(m.tenant, m.topic, len(data), caps)
+                self.refusals.count(limit, m.tenant)
+                await self._quota_event(m.tenant, limit)
+                return False
         await self._store.put_retained(RetainedRecord(m.tenant, m.topic, data, _expires_at_ms(m)))
         self._retained.put(m.tenant, m.topic, Retained(data, _expires_at_ms(m)))
         await self.wrote("retained:" + m.tenant)
