@@ -196,15 +196,21 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 reports = await self._append_to_queues(tenant, by_queue, pushes)
             except BaseException:
                 for qid, lease in pushes.items():
-                    if lease is not None:  # nothing stored: the credit it took is free again
+                    if lease is not None:
+                        # Some queues' entries may be stored (marked delivered) all the same,
+                        # never pushed: the reader reads before anything is pushed again.
                         self.readers.pushed(lease, len(by_queue[qid]), 0)
+                        self.readers.missed(lease)
                 raise
+            # Every lease's reservation settled before any await below.
+            for (qid, items), report in zip(by_queue.items(), reports, strict=True):
+                lease = pushes[qid]
+                if lease is not None:
+                    self.readers.pushed(lease, len(items), report.last_seq)
             for (qid, items), report in zip(by_queue.items(), reports, strict=True):
                 for (i, _), outcome in zip(items, report.outcomes, strict=True):
                     results[i] = _RESULT[outcome]
                 lease = pushes[qid]
-                if lease is not None:
-                    self.readers.pushed(lease, len(items), report.last_seq)
                 # Pushed only if the lease is still the one the append marked for: a reader that
                 # took the queue over meanwhile reads the entries (they were sent to no one).
                 pushed = lease is not None and lease is self.readers.get(tenant, qid)

@@ -41,6 +41,10 @@ from dataclasses import dataclass
 
 from services.queue.core import partition_of
 
+# The most a renewal grants (a node's `room`: its client's window, at most a read's worth),
+# as a Read's limit is capped (services/queue/api.py).
+MAX_CREDIT = 10_000
+
 # Detached readers remembered (a Read racing its reader's detach lasts a round trip, not
 # thousands of other detaches): bounded memory, ~100 bytes each.
 DETACHED_KEPT = 10_000
@@ -95,7 +99,7 @@ class Readers:
         if lease is None or lease.reader != reader or not lease.caught_up:
             return
         unseen = max(0, lease.pushed_through - seen_through) + lease.reserved
-        lease.credit = max(0, room - unseen)
+        lease.credit = max(0, min(room, MAX_CREDIT) - unseen)
 
     def delivered_before(self, tenant: str, queue_id: str, reader: str, durable: int) -> int:
         """The delivered mark a Read by `reader` reports, given the durable one before it."""
@@ -122,8 +126,11 @@ class Readers:
         key = (tenant, queue_id)
         lease = self._leases.get(key)
         if lease is not None and lease.reader == reader:
+            # Pushed while this read was under way, past what it scanned: on their way to the
+            # reader too, as are the entries of appends still under way.
+            unseen = max(0, lease.pushed_through - through) + lease.reserved
             lease.caught_up = at_end
-            lease.credit = room
+            lease.credit = max(0, room - unseen)
             lease.pushed_through = max(lease.pushed_through, through)
         elif at_end and reader and reader not in self._detached:
             # A new reader (a new connection of the session): it takes the queue over.

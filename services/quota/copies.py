@@ -6,10 +6,11 @@ and bytes) and the queue service (`max_queue_depth`).
   the tenant and updated in place, so a connection that took it at CONNECT sees a later
   change. A tenant never asked about is fetched in the background and has no limits until
   the answer comes (a few ms: the first requests of a tenant are not held up).
-- `fetch(tenant)` awaits the first answer, and an answer under way after an announced
-  change (bounded by the client's timeout), for paths that wait anyway (a retained
-  publish, an append): a retained publish right after a limit change must meet the new
-  limit, not the copy the announcement is replacing.
+- `fetch(tenant)` awaits the first answer, and the answer under way after an announced
+  change (a read, and one more if the change came during a read: at most twice the
+  client's timeout), for paths that wait anyway (a retained publish, an append): a
+  retained publish right after a limit change must meet the new limit, not the copy the
+  announcement is replacing. If that read fails, the last answer stays in force.
 - A change the quota service announces (`ctl.quota.limits`, payload the tenant) is fetched
   again at once; every copy is also re-read every `refresh_s`, so a lost announcement costs
   a delay only.
@@ -70,6 +71,7 @@ class LimitsCopies:
         self._tasks = TaskSet()
         self._loop: asyncio.Task[None] | None = None
         self._seen_ok = True
+        self._stopped = False
 
     def get(self, tenant: str) -> TenantLimits:
         t = self._tenants.get(tenant)
@@ -83,13 +85,18 @@ class LimitsCopies:
     async def fetch(self, tenant: str) -> TenantLimits:
         t = self.get(tenant)
         # Not for the periodic refresh: that would make every call wait (up to the client's
-        # timeout with the quota service down) every refresh_s.
-        while (not t.known or t.changing) and (asking := self._asking.get(tenant)) is not None:
+        # timeout with the quota service down) every refresh_s. At most two reads: the one
+        # under way and the one a change announced during it asks for (changes that keep
+        # coming do not hold the caller longer).
+        for _ in range(2):
+            asking = self._asking.get(tenant)
+            if asking is None or (t.known and not t.changing):
+                break
             await asyncio.shield(asking)
         return t
 
     def _ask(self, t: TenantLimits) -> None:
-        if t.tenant in self._asking:
+        if t.tenant in self._asking or self._stopped:
             return
         task = self._tasks.spawn(self._read(t), name="quota-limits")
         self._asking[t.tenant] = task
@@ -135,6 +142,7 @@ class LimitsCopies:
         self._loop = asyncio.create_task(self._refresh(), name="quota-limits-refresh")
 
     async def stop(self) -> None:
+        self._stopped = True  # a read cancelled below asks for no other
         if self._loop is not None:
             self._loop.cancel()
             await asyncio.gather(self._loop, return_exceptions=True)

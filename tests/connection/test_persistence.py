@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from services.common.message import Message
 from services.common.mqtt import PubAck, PubComp, Publish, PubRec, PubRel, encode
 from services.connection.channel import DeliveryProgress
-from services.connection.persistence import PersistentDelivery, pid_for
+from services.connection.persistence import READ_BATCH, PersistentDelivery, pid_for
 from services.queue.client import QueueEntry, QueueRead
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
@@ -504,3 +504,46 @@ async def test_a_pump_before_start_reads_nothing_and_every_ack_still_reaches_the
     pd.progress()
     await pd.close()
     assert queue.acked_through == 2
+
+
+async def test_acks_renew_the_push_credit_only_while_no_read_is_under_way_or_due() -> None:
+    """The queue's pushes to this delivery are bounded by the room its acks report
+    (services/queue/readers.py): only a caught-up delivery reports it, with the highest seq
+    it received, so pushes on their way are counted against it."""
+    queue = FakeQueue([_entry(1), _entry(2)])
+    renewals: list[tuple[int, tuple[str, int, int] | None]] = []
+    real_ack = queue.ack
+
+    async def recording_ack(
+        tenant: str,
+        queue_id: str,
+        through_seq: int,
+        detach_reader: str = "",
+        renew: tuple[str, int, int] | None = None,
+    ) -> None:
+        renewals.append((through_seq, renew))
+        await real_ack(tenant, queue_id, through_seq, detach_reader)
+
+    queue.ack = recording_ack  # type: ignore[method-assign]
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    assert [p[0] for p in _publishes(ch, dec)] == [pid_for(1), pid_for(2)]
+    _pubacks(ch, pd, 1, 2)
+    for _ in range(200):
+        if renewals:
+            break
+        await asyncio.sleep(0.005)
+    assert renewals == [(2, (pd.reader, READ_BATCH, 2))]  # the window takes a read's worth
+    # Due or under way, a read sets the credit itself: no renewal then.
+    pd.more = True
+    assert pd._room() is None
+    pd.more = False
+    pd._reading = True
+    assert pd._room() is None
+    pd._reading = False
+    pd._blocked_on = pid_for(3)
+    assert pd._room() is None
+    pd._blocked_on = 0
+    assert pd._room() == (pd.reader, READ_BATCH, 2)
+    await pd.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.queue.readers import DETACHED_KEPT, Readers
+from services.queue.readers import DETACHED_KEPT, MAX_CREDIT, Readers
 
 
 def test_a_read_that_ends_after_its_readers_detach_does_not_take_the_lease_again() -> None:
@@ -55,3 +55,17 @@ def test_a_renewal_counts_pushes_the_reader_had_not_received_and_appends_under_w
     assert lease.credit == 6
     r.renew("t", "q", "R", room=1, seen_through=10)  # never below zero
     assert lease.credit == 0
+
+
+def test_a_read_counts_the_pushes_made_while_it_was_under_way() -> None:
+    """Entries pushed during a read, past what it scanned, are on their way to the reader:
+    the read's room, less those, is what may still be pushed."""
+    r = Readers()
+    r.read("t", "q", "R", through=10, at_end=True, room=5)
+    lease = r.push("t", "q", 2)
+    assert lease is not None
+    r.pushed(lease, 2, 12)
+    r.read("t", "q", "R", through=10, at_end=True, room=5)  # scanned before 11 and 12 came
+    assert lease.credit == 3
+    r.renew("t", "q", "R", room=10**9, seen_through=12)  # never more than a read may ask
+    assert lease.credit == MAX_CREDIT
