@@ -36,6 +36,25 @@ def inproc_auth(tokens: TokenResolver | None = None) -> ServerAuth:
 
 
 @asynccontextmanager
+async def queue_service(
+    nats_url: str, redis_url: str, data_dir: Path, node_id: str, **settings: object
+) -> AsyncIterator[str]:
+    """A queue service with partitions of its own (its lease keys apart from any other's);
+    yields its address."""
+    qs = QueueSettings(
+        nats_url=nats_url,
+        redis_url=redis_url,
+        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",
+        data_dir=data_dir,
+        metrics_port=-1,
+        node_id=node_id,
+        **settings,  # type: ignore[arg-type]
+    )
+    async with serving(QueueService(qs)) as addr:
+        yield addr
+
+
+@asynccontextmanager
 async def serving(service: Service) -> AsyncIterator[str]:
     """Yields the service's gRPC address ("127.0.0.1:<port>"). The session service resolves
     tenant admin tokens itself; the others here know only the operator token."""

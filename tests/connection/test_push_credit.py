@@ -14,11 +14,9 @@ from services.common.bus.client import connect
 from services.common.mqtt import PubAck, Publish, encode
 from services.connection.persistence import READ_BATCH, PersistentDelivery, pid_for
 from services.queue.client import NewEntry, QueueClient, QueueRead
-from services.queue.config import QueueSettings
-from services.queue.main import QueueService
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
 from tests.connection.harness import connected, written
-from tests.inproc import serving
+from tests.inproc import queue_service
 
 TENANT = "t"
 
@@ -27,15 +25,8 @@ TENANT = "t"
 async def address(
     nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[str]:
-    settings = QueueSettings(
-        nats_url=nats_url,
-        redis_url=redis_url,
-        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",  # partitions of its own
-        data_dir=tmp_path_factory.mktemp("queue"),
-        metrics_port=-1,
-        node_id="push-credit-test",
-    )
-    async with serving(QueueService(settings)) as addr:
+    data_dir = tmp_path_factory.mktemp("queue")
+    async with queue_service(nats_url, redis_url, data_dir, "push-credit-test") as addr:
         yield addr
 
 

@@ -21,28 +21,24 @@ from services.queue.client import (
     QueueStats,
     queue_id,
 )
-from services.queue.config import QueueSettings
-from services.queue.main import QueueService
 from starling.common.v1.message_pb2 import MessageProperties, Publisher, RoutedMessage
 from starling.queue.v1 import queue_pb2
-from tests.inproc import ADMIN_TOKEN, serving
+from tests.inproc import ADMIN_TOKEN, queue_service
 
 
 @pytest.fixture(scope="module")
 async def address(
     nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[str]:
-    settings = QueueSettings(
-        nats_url=nats_url,
-        redis_url=redis_url,
-        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",  # partitions of its own
-        data_dir=tmp_path_factory.mktemp("queue"),
-        metrics_port=-1,
-        node_id="queue-client-test",
+    data_dir = tmp_path_factory.mktemp("queue")
+    async with queue_service(
+        nats_url,
+        redis_url,
+        data_dir,
+        "queue-client-test",
         max_queue_depth=3,
         depth_policy="reject_newest",
-    )
-    async with serving(QueueService(settings)) as addr:
+    ) as addr:
         yield addr
 
 

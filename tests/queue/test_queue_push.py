@@ -17,7 +17,7 @@ from services.queue.client import NewEntry, Notice, QueueClient, parse_notice
 from services.queue.config import QueueSettings
 from services.queue.main import QueueService
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
-from tests.inproc import serving
+from tests.inproc import queue_service, serving
 
 NOTICE_MAX_BYTES = 4096
 TENANT = "t"
@@ -27,16 +27,10 @@ TENANT = "t"
 async def address(
     nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[str]:
-    settings = QueueSettings(
-        nats_url=nats_url,
-        redis_url=redis_url,
-        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",  # partitions of its own
-        data_dir=tmp_path_factory.mktemp("queue"),
-        metrics_port=-1,
-        node_id="queue-push-test",
-        notice_max_bytes=NOTICE_MAX_BYTES,
-    )
-    async with serving(QueueService(settings)) as addr:
+    data_dir = tmp_path_factory.mktemp("queue")
+    async with queue_service(
+        nats_url, redis_url, data_dir, "queue-push-test", notice_max_bytes=NOTICE_MAX_BYTES
+    ) as addr:
         yield addr
 
 
