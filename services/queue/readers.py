@@ -12,7 +12,7 @@ again, which renews the credit. A caught-up reader's Ack renews it too (`renew`)
 its connection has now, less what was pushed to it beyond the highest seq it had received
 when it said so. Without that, a steady stream ran the credit out every READ_BATCH entries
 and the next message waited for a Read and its commit: at 1,000 msg/s a latency spike every
-~100 ms, the largest share of the persistent path's p99.
+~100 ms (docs/benchmarks-notes.md).
 
 The lease remembers the delivered mark from when it began (`unsent_after`): every seq above
 it was handed, if at all, only to the lease's reader in a push, and that reader knows which
