@@ -195,18 +195,9 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             try:
                 reports = await self._append_to_queues(tenant, by_queue, pushes)
             except BaseException:
-                for qid, lease in pushes.items():
-                    if lease is not None:
-                        # Some queues' entries may be stored (marked delivered) all the same,
-                        # never pushed: the reader reads before anything is pushed again.
-                        self.readers.pushed(lease, len(by_queue[qid]), 0)
-                        self.readers.missed(lease)
+                self._settle_pushes(by_queue, pushes, None)
                 raise
-            # Every lease's reservation settled before any await below.
-            for (qid, items), report in zip(by_queue.items(), reports, strict=True):
-                lease = pushes[qid]
-                if lease is not None:
-                    self.readers.pushed(lease, len(items), report.last_seq)
+            self._settle_pushes(by_queue, pushes, reports)  # before any await below
             for (qid, items), report in zip(by_queue.items(), reports, strict=True):
                 for (i, _), outcome in zip(items, report.outcomes, strict=True):
                     results[i] = _RESULT[outcome]
@@ -244,6 +235,25 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             instance_count=self._parts.instances,
             instance_id=self._parts.instance_id,
         )
+
+    def _settle_pushes(
+        self,
+        by_queue: dict[str, list[tuple[int, NewQueueItem]]],
+        pushes: dict[str, Lease | None],
+        reports: list[AppendReport] | None,
+    ) -> None:
+        """The credit `_push_to` reserved for each queue's entries is settled: pushed
+        through the append's last seq, or (`reports` None: the append failed) given back, the
+        reader sent to read first: some queues' entries may be stored, marked delivered, all
+        the same, and were never pushed."""
+        for i, (qid, lease) in enumerate(pushes.items()):
+            if lease is None:
+                continue
+            if reports is None:
+                self.readers.pushed(lease, len(by_queue[qid]), 0)
+                self.readers.missed(lease)
+            else:
+                self.readers.pushed(lease, len(by_queue[qid]), reports[i].last_seq)
 
     def _push_to(
         self, tenant: str, qid: str, items: list[tuple[int, NewQueueItem]]
