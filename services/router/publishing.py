@@ -477,12 +477,14 @@ class Publisher:
         batch = RoutedBatch()
         batch.messages.append(m)
         subject, data = topic_to_subject(m.tenant, m.topic), batch.SerializeToString()
-        if self.holder is not None:  # larger than one NATS message: by reference
-            await self.holder.publish(self._nats.nc, subject, data)
-        else:
-            await self._nats.publish(subject, data)
-        results, _ = await self.accept([m])
-        if feeding is not None and not all(await feeding):
-            log.warning("rules_feed_missed", extra={"id": rec.id, "tenant": m.tenant})
+        try:
+            if self.holder is not None:  # larger than one NATS message: by reference
+                await self.holder.publish(self._nats.nc, subject, data)
+            else:
+                await self._nats.publish(subject, data)
+            results, _ = await self.accept([m])
+        finally:  # awaited even when the publish failed: no task left behind unread
+            if feeding is not None and not all(await feeding):
+                log.warning("rules_feed_missed", extra={"id": rec.id, "tenant": m.tenant})
         if RouteResult.TRY_LATER in results:
             raise RuntimeError("persistent queues unavailable")
