@@ -2,12 +2,13 @@
 1 node x 1 router against 2 nodes x 2 routers, and the CPU each process spends per message.
 
 `python -m bench.scale [rounds]` (default 1) prints a markdown table (`make bench` runs it as
-an extra). Four meshes, one after the other:
+an extra). Five meshes, one after the other:
 
 - `1 node x 1 router` and `2 nodes x 2 routers`, each as shipped (nodes append from their
   copies of the route table, docs/persistence.md: the router is not on the path of a
   publish) and with `route_copy_max_subscriptions` 0 (every publish goes node -> router ->
-  queue, so the routers carry it);
+  queue, so the routers carry it); `2 nodes x 2 routers x 2 queues` also splits the queues'
+  partitions between two queue instances (one queue instance in the others);
 - 8 publisher/subscriber pairs, 3.1.1 persistent subscribers, QoS 1, open loop (each
   publisher keeps 200 unacknowledged), a pair's publisher and subscriber on one node; with
   two nodes, four pairs on each (two generators at once, in one event loop).
@@ -47,6 +48,7 @@ class Layout:
     nodes: int
     routers: int
     copies: bool  # nodes route from their copies of the route table (the default)
+    queues: int = 1
 
     def env(self) -> dict[str, str]:
         return {} if self.copies else {"STARLING_ROUTE_COPY_MAX_SUBSCRIPTIONS": "0"}
@@ -55,6 +57,7 @@ class Layout:
 LAYOUTS = [
     Layout("1 node x 1 router", 1, 1, True),
     Layout("2 nodes x 2 routers", 2, 2, True),
+    Layout("2 nodes x 2 routers x 2 queues", 2, 2, True, 2),
     Layout("1 node x 1 router, every publish via the router", 1, 1, False),
     Layout("2 nodes x 2 routers, every publish via a router", 2, 2, False),
 ]
@@ -108,7 +111,10 @@ def run_layout(folder: Path, layout: Layout, rounds: int) -> list[Row]:
     import uvloop
 
     launcher = starling_launcher(
-        folder, nodes=layout.nodes, env=layout.env(), instances={"router": layout.routers}
+        folder,
+        nodes=layout.nodes,
+        env=layout.env(),
+        instances={"router": layout.routers, "queue": layout.queues},
     )
     launcher.start()
     try:

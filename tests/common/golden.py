@@ -89,6 +89,10 @@ GOLDEN: list[Golden] = [
     Golden("[MQTT-3.3.1-2] publish-dup-qos0", 4, h("38 03 0001 61"), 0x81),
     Golden("[MQTT-2.2.1-3] publish-packet-id-0", 4, h("32 05 0001 61 0000"), 0x81),
     Golden("[MQTT-1.5.5-1] remaining-length-5-bytes", 4, h("30 ff ff ff ff 01"), 0x81),
+    # A longer encoding than the value needs (a last byte of 0): C0 80 00 is a PINGREQ whose
+    # remaining length takes two bytes instead of one.
+    Golden("[MQTT-1.5.5-1] remaining-length-not-shortest", 4, h("c0 80 00"), 0x81),
+    Golden("[MQTT-1.5.5-1] property-length-not-shortest", 5, h("30 05 0001 61 8000"), 0x81),
     Golden("[MQTT-1.5.4-1] topic-bad-utf8", 4, h("30 04 0002 c328"), 0x81),
     Golden("[MQTT-1.5.4-1] topic-utf16-surrogate", 4, h("30 05 0003 eda080"), 0x81),
     Golden("[MQTT-1.5.4-2] topic-nul", 4, h("30 04 0002 6100"), 0x81),
@@ -142,6 +146,9 @@ GOLDEN: list[Golden] = [
         "[MQTT-2.2.2-1] property-not-allowed-in-packet", 5, h("30 08 0001 61 03 210001 78"), 0x81
     ),
     Golden("[MQTT-3.3.2-8] topic-alias-zero", 5, h("30 08 0001 61 03 230000 78"), 0x82),
+    Golden(
+        "[MQTT-3.3.2-14] response-topic-wildcard", 5, h("30 0a 0001 61 06 08 0003 722f2b"), 0x82
+    ),
     Golden("[MQTT-3.3.2.3.2] payload-format-indicator-2", 5, h("30 07 0001 61 02 0102 78"), 0x82),
     Golden("property-unknown-identifier", 5, h("30 07 0001 61 02 7f00 78"), 0x81),
     Golden("property-length-past-end", 5, h("30 04 0001 61 09"), 0x81),

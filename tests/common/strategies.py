@@ -55,7 +55,8 @@ def _value(ident: int, kind: PropKind) -> st.SearchStrategy[Any]:
     if kind is PropKind.VARINT:
         return st.integers(lo, 268_435_455)
     if kind is PropKind.UTF8:
-        return text
+        # A Response Topic is a topic name: no wildcards [MQTT-3.3.2-14].
+        return text.filter(lambda t: "+" not in t and "#" not in t) if ident == 0x08 else text
     if kind is PropKind.BINARY:
         return binary
     return st.tuples(text, text)

@@ -101,6 +101,21 @@ def test_connect_refused_by_the_channel(connect: Connect, connack: str) -> None:
     assert isinstance(close, Close) and ch.state is State.CLOSED
 
 
+def test_a_will_response_topic_with_a_wildcard_closes_as_a_protocol_error() -> None:
+    # [MQTT-3.3.2-14]; like any CONNECT the decoder refuses, closed without a CONNACK.
+    will = Will("a", b"x", properties=Properties(response_topic="r/#"))
+    ch = new_channel()
+    (close,) = ch.receive(encode(Connect("c", 5, will=will), 5), 0.0)
+    assert isinstance(close, Close) and close.reason_code == 0x82
+    assert take(ch) == b"" and ch.state is State.CLOSED
+
+
+def test_a_will_payload_may_hold_u0000() -> None:
+    will = Will("a", b"x\x00y", properties=Properties(payload_format_indicator=1))
+    ch = new_channel()
+    assert kinds(ch.receive(encode(Connect("c", 5, will=will), 5), 0.0)) == ["Authenticate"]
+
+
 @pytest.mark.parametrize(("level", "raw"), [(5, "20 03 00 87 00"), (4, "20 02 00 05")])
 def test_refused_by_the_session_service(level: int, raw: str) -> None:
     ch = new_channel()

@@ -116,6 +116,17 @@ def test_payload_that_is_not_utf8_is_refused() -> None:
     assert written(ch, dec) == [PubAck(4, 0x99)]
 
 
+def test_a_utf8_payload_may_hold_u0000() -> None:
+    # Well-formed UTF-8 is all Payload Format Indicator 1 asks [MQTT-3.3.2-4]: the ban on
+    # U+0000 is for UTF-8 Encoded Strings (topics, properties), not for payloads.
+    ch, _ = connected(5)
+    ok = Publish(
+        "a", b'{"a":"x\x00y"}', 1, packet_id=4, properties=Properties(payload_format_indicator=1)
+    )
+    routed = ch.receive(encode(ok, 5), 1.0)
+    assert [m.payload for r in routed if isinstance(r, Route) for m in r.messages] == [ok.payload]
+
+
 def test_more_unreleased_qos2_than_receive_maximum_closes() -> None:
     ch, dec = connected(5, config=ChannelConfig(reason_strings=False, receive_maximum=2))
     data = b"".join(encode(Publish("a", b"x", 2, packet_id=i), 5) for i in (1, 2, 3))

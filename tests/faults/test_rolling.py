@@ -267,4 +267,10 @@ def test_rolling_upgrade_under_load(cluster: Launcher, rule: redis.Redis) -> Non
 def test_every_component_serves_after_the_upgrade(cluster: Launcher) -> None:
     from services.cli.status import run_status
 
-    assert run_status(Path(cluster.mesh.data_dir)) == 0
+    # A restarted clustered nats-server reports STARTING until its JetStream has caught up,
+    # and a health check under the suite's load can time out once: every component serves
+    # within a few seconds of the upgrade's end, as `starling status` shows an operator.
+    deadline = time.monotonic() + 20
+    while run_status(Path(cluster.mesh.data_dir)) != 0:
+        assert time.monotonic() < deadline, "a component does not serve 20 s after the upgrade"
+        time.sleep(0.5)

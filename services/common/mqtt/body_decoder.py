@@ -127,6 +127,9 @@ def decode_properties(
             value, i = read_varint(b, i, stop)
         elif kind is PropKind.UTF8:
             value, i = read_str(b, i, stop)
+            if ident == PropId.RESPONSE_TOPIC and ("+" in value or "#" in value):
+                # [MQTT-3.3.2-14]: a responder would publish to a filter, not a topic.
+                raise ProtocolViolationError("response topic contains a wildcard")
         elif kind is PropKind.BINARY:
             value, i = read_binary(b, i, stop)
         else:

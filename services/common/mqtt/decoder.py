@@ -109,6 +109,8 @@ class Decoder:
                 i += 1
                 rl |= (byte & 0x7F) << shift
                 if not byte & 0x80:
+                    if not byte and shift:  # [MQTT-1.5.5-1] the fewest bytes: no 0x80 0x00
+                        raise MalformedPacketError("remaining length not in its shortest form")
                     break
                 shift += 7
                 if shift > 21:

@@ -39,9 +39,11 @@ def read_varint(b: bytes, i: int, end: int) -> tuple[int, int]:
         i += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
+            if not byte and shift:  # a last byte of 0 means a shorter encoding existed
+                raise MalformedPacketError("variable byte integer not in its shortest form")
             return value, i
         shift += 7
-    # [MQTT-1.5.5-1] at most four bytes.
+    # [MQTT-1.5.5-1] at most four bytes, and the fewest that hold the value.
     raise MalformedPacketError("variable byte integer longer than four bytes")
 
 
@@ -65,6 +67,16 @@ def check_utf8(raw: bytes) -> str:
     if "\x00" in s:
         raise MalformedPacketError("string contains U+0000")  # [MQTT-1.5.4-2]
     return s
+
+
+def is_utf8_payload(payload: bytes) -> bool:
+    """A payload with Payload Format Indicator 1 must be well-formed UTF-8 [MQTT-3.3.2-4];
+    unlike a UTF-8 Encoded String it may contain U+0000 (section 3.3.2.3.2)."""
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def read_str(b: bytes, i: int, end: int) -> tuple[str, int]:

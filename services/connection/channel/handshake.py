@@ -19,7 +19,7 @@ from services.common.mqtt.packets import (
     Subscribe,
     Unsubscribe,
 )
-from services.common.mqtt.primitives import check_utf8
+from services.common.mqtt.primitives import is_utf8_payload
 from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.topics import validate_topic_name
@@ -161,11 +161,8 @@ def refusal(p: Connect, config: ChannelConfig) -> int:
         return 0
     if not will.topic:
         return RC.PROTOCOL_ERROR  # [MQTT-3.1.3-11] a will topic is a topic name [MQTT-4.7.3-1]
-    if will.properties.payload_format_indicator == 1:
-        try:
-            check_utf8(will.payload)
-        except MqttError:
-            return RC.PAYLOAD_FORMAT_INVALID
+    if will.properties.payload_format_indicator == 1 and not is_utf8_payload(will.payload):
+        return RC.PAYLOAD_FORMAT_INVALID
     try:
         validate_topic_name(will.topic, config.topic_limits)
     except MqttError:

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Protocol
 from services.common.acl import AclChecker
 from services.common.message import Message, message_properties
 from services.common.mqtt.encoder import encode
-from services.common.mqtt.errors import MqttError, ProtocolViolationError, QuotaExceededError
+from services.common.mqtt.errors import ProtocolViolationError, QuotaExceededError
 from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
-from services.common.mqtt.primitives import check_utf8
+from services.common.mqtt.primitives import is_utf8_payload
 from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.topics import is_sys_topic, validate_topic_name
@@ -232,7 +232,7 @@ class InboundPublishes:
         elif not self._acl.can_publish(topic):
             code = RC.NOT_AUTHORIZED if level == 5 else 0  # 3.1.1: acknowledge, then drop
             text = f"not authorized to publish to {topic}"
-        elif props.payload_format_indicator == 1 and not _is_utf8(p.payload):
+        elif props.payload_format_indicator == 1 and not is_utf8_payload(p.payload):
             code = RC.PAYLOAD_FORMAT_INVALID
             text = "payload is not valid UTF-8"
         elif self._gate is not None and not self._gate.admit(len(p.payload) + len(topic)):
@@ -378,11 +378,3 @@ class InboundPublishes:
 def _expires_at(props: Properties, now: float) -> float | None:
     interval = props.message_expiry_interval
     return None if interval is None else now + interval
-
-
-def _is_utf8(payload: bytes) -> bool:
-    try:
-        check_utf8(payload)
-    except MqttError:
-        return False
-    return True
