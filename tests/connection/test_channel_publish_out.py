@@ -234,6 +234,25 @@ def test_unacked_shared_deliveries_can_be_handed_on() -> None:
     assert ch.outbound.unacked_shared() == ["queued"]  # now sent, still unacked
 
 
+def test_a_persistent_sessions_shared_qos2_delivery_gets_its_pubrel_at_once() -> None:
+    # A shared delivery is no entry of the session's queue: no released mark to wait for.
+    # (It used to wait for one that never came: no PUBREL, and its slot of the window held.)
+    ch, dec = connected(5, connect_props=Properties(receive_maximum=1))
+    ob = ch.outbound
+    ob.track_completions = True
+    ob.deliver(_msg(), 2, False, (), 1.0, origin="first")
+    ob.deliver(_msg(payload=b"next"), 2, False, (), 1.0, origin="second")
+    (first,) = written(ch, dec)
+    assert isinstance(first, Publish) and first.packet_id is not None
+    pid = first.packet_id
+    ch.receive(encode(PubRec(pid), 5), 1.0)
+    assert written(ch, dec) == [PubRel(pid)]
+    assert ob.unacked_shared() == ["second"]  # queued behind the window of 1
+    ch.receive(encode(PubComp(pid), 5), 1.0)
+    (second,) = written(ch, dec)  # the window's slot came free
+    assert isinstance(second, Publish) and second.payload == b"next"
+
+
 def test_nothing_is_delivered_before_connack_or_after_close() -> None:
     ch = new_channel()
     ch.deliver(_msg(), 0, False, (), 1.0)

@@ -350,11 +350,13 @@ class Outbound:
             if stage != AWAIT_RELEASE:  # a repeated PUBREC while the mark is written: ignored
                 self.out += encode(PubRel(pid, RC.PACKET_IDENTIFIER_NOT_FOUND), self.level)
             return False
-        if self.shared:
-            self.shared.pop(pid, None)  # the client has it: no redelivery after PUBREC
+        # The client has it: no redelivery of a shared delivery after PUBREC.
+        shared = self.shared.pop(pid, None) if self.shared else None
         if reason_code >= 0x80:
             return self._finish(pid, AWAIT_PUBREC, now)
-        if self.track_completions:
+        if self.track_completions and shared is None:
+            # A queue entry: its released mark is stored before the PUBREL. A shared delivery
+            # is no entry of the session's queue (nothing to mark): PUBREL at once.
             self.inflight[pid] = AWAIT_RELEASE
             self.released.append(pid)
             return True
