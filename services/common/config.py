@@ -201,7 +201,7 @@ class ServiceSettings(BaseSettings):
     cassandra_serial_consistency: Literal["LOCAL_SERIAL", "SERIAL"] = Field(
         default="LOCAL_SERIAL",
         description="Paxos phase of Cassandra lightweight transactions (queue counters, "
-        "partition and schema fencing); SERIAL fences across data centres.",
+        "partition and schema fencing, session records); SERIAL fences across data centres.",
     )
     cassandra_replication: str = Field(
         default="SimpleStrategy:1",

@@ -149,7 +149,12 @@ class SessionLink:
         if conn.closed:
             if outcome.ok:  # the client left while we asked: release the registry entry
                 await self.release(
-                    outcome.tenant, action.client_id, outcome.epoch, outcome.incarnation, None
+                    outcome.tenant,
+                    action.client_id,
+                    outcome.epoch,
+                    outcome.incarnation,
+                    None,
+                    outcome.qos2_fence,
                 )
             return
         if outcome.ok and self._registry.superseded(
@@ -165,7 +170,12 @@ class SessionLink:
             # left, and its kept will with it.
             self._carry_out(conn, actions)
             await self.release(
-                outcome.tenant, action.client_id, outcome.epoch, outcome.incarnation, None
+                outcome.tenant,
+                action.client_id,
+                outcome.epoch,
+                outcome.incarnation,
+                None,
+                outcome.qos2_fence,
             )
             return
         delivery: PersistentDelivery | None = None
@@ -265,11 +275,24 @@ class SessionLink:
     def connection_ended(self, conn: Conn) -> None:
         ch = conn.channel
         self._tasks.spawn(
-            self.release(ch.tenant, ch.client_id, ch.epoch, ch.incarnation, ch.disconnect_expiry_s)
+            self.release(
+                ch.tenant,
+                ch.client_id,
+                ch.epoch,
+                ch.incarnation,
+                ch.disconnect_expiry_s,
+                ch.qos2_fence,
+            )
         )
 
     async def release(
-        self, tenant: str, client_id: str, epoch: int, incarnation: int, expiry_s: int | None
+        self,
+        tenant: str,
+        client_id: str,
+        epoch: int,
+        incarnation: int,
+        expiry_s: int | None,
+        fence: int = 0,
     ) -> None:
         """Tell the session service the connection ended, tried again with backoff for
         RELEASE_RETRY_FOR_S: an entry never released would stay until this node dies, and
@@ -279,7 +302,7 @@ class SessionLink:
 
         async def disconnect() -> bool:
             return await self._session.disconnect(
-                tenant, client_id, epoch, self._node_id, incarnation, expiry_s
+                tenant, client_id, epoch, self._node_id, incarnation, expiry_s, fence
             )
 
         try:
@@ -331,7 +354,12 @@ class SessionLink:
                 # entry, and the re-claim installed one again; release that one.
                 ch = conn.channel
                 await self.release(
-                    ch.tenant, ch.client_id, ch.epoch, ch.incarnation, ch.disconnect_expiry_s
+                    ch.tenant,
+                    ch.client_id,
+                    ch.epoch,
+                    ch.incarnation,
+                    ch.disconnect_expiry_s,
+                    ch.qos2_fence,
                 )
 
 

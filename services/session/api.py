@@ -33,7 +33,14 @@ from services.session.gatekeeper import Gatekeeper
 from services.session.locks import KeyedLocks
 from services.session.login import Login
 from services.session.registry import Holder, Registry
-from services.session.sessions import UNREAD, Opened, Sessions, Unread, owner_of
+from services.session.sessions import (
+    UNREAD,
+    Opened,
+    Sessions,
+    StaleConnectError,
+    Unread,
+    owner_of,
+)
 from services.session.wills import StoredWills, displaced_will_due, kept_will
 from starling.common.v1 import message_pb2
 from starling.connection.v1 import connection_pb2
@@ -358,15 +365,28 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         if prev is not None and prev.epoch != epoch:
             await self._settle_displaced(prev, request.clean_start)
             known = UNREAD  # the displaced connection's end may have changed the record
-        opened = await self._sessions.open(
-            tenant,
-            client_id,
-            request.clean_start,
-            request.session_expiry_interval_s,
-            owner,
-            known,
-            epoch=epoch,
-        )
+        try:
+            opened = await self._sessions.open(
+                tenant,
+                client_id,
+                request.clean_start,
+                request.session_expiry_interval_s,
+                owner,
+                known,
+                epoch=epoch,
+            )
+        except StaleConnectError as exc:
+            # Another session instance opened it for a later connection meanwhile: as if
+            # that one's claim had come first (its registry entry displaced this one's).
+            log.info("connect_stale", extra={"client_id": client_id, "why": str(exc)})
+            # Its registry entry (and kept will) goes: no connection will hold it.
+            await self._registry.end(tenant, client_id, epoch, request.node_id)
+            return pb.ConnectResponse(
+                result=pb.CONNECT_RESULT_TAKEN_OVER,
+                tenant=tenant,
+                epoch=epoch,
+                reason="a newer connection holds the session",
+            )
         return epoch, opened
 
     def _not_owner(self, tenant: str) -> pb.ConnectResponse:
@@ -444,7 +464,11 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                     else None
                 )
                 await self._sessions.close(
-                    request.tenant, request.client_id, request.incarnation, expiry
+                    request.tenant,
+                    request.client_id,
+                    request.incarnation,
+                    expiry,
+                    request.qos2_fence,
                 )
         await self._events.emit(
             request.tenant, request.client_id, "disconnected", epoch=request.epoch

@@ -257,9 +257,11 @@ class SessionClient:
         node_id: str,
         incarnation: int,
         expiry_s: int | None,
+        fence: int = 0,
     ) -> bool:
         """Release the registry entry of this connection (`epoch`) and end or park its session
-        (`expiry_s`: the Session Expiry Interval at disconnect; None keeps CONNECT's).
+        (`expiry_s`: the Session Expiry Interval at disconnect; None keeps CONNECT's) if its
+        record still has this connection's QoS 2 `fence`.
         False: a newer connection holds the client id (nothing released)."""
         req = pb.DisconnectRequest(
             tenant=tenant,
@@ -267,6 +269,7 @@ class SessionClient:
             epoch=epoch,
             node_id=node_id,
             incarnation=incarnation,
+            qos2_fence=fence,
         )
         if expiry_s is not None:
             req.session_expiry_interval_s = expiry_s

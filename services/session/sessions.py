@@ -28,6 +28,16 @@ from services.session.events import Events
 
 log = logging.getLogger("starling.session")
 
+# Compare-and-set rounds of one open, close or park before it gives up: each lost round
+# means another instance wrote the record in between, which a client id's own connections
+# do a few times at most.
+CAS_TRIES = 5
+
+
+class StaleConnectError(Exception):
+    """A connection with a higher epoch opened the session while this CONNECT was decided:
+    this one was displaced (answered as taken over)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Opened:
@@ -113,36 +123,67 @@ class Sessions:
         every earlier connection's, in the write that opens the session (no trip of its own):
         at the epoch, or one above the last fence if a clock behind another session
         instance's gave a lower epoch. From then on, the QoS 2 changes an earlier connection
-        still writes are ignored."""
+        still writes are ignored.
+
+        Every write is a compare-and-set against the record this decision was made from:
+        another session instance may be opening or closing the same client id at once (a
+        quick reconnect whose CONNECT and the old connection's release reach different
+        instances). If the record changed, the decision is made again from the new one; if
+        a connection with a higher epoch opened the session meanwhile, this one is stale
+        (`StaleConnectError`). Only the instance whose write ended a session discards it, so a
+        discard never takes the subscriptions and queue of a session another connection
+        resumed."""
         expiry_s = min(expiry_s, self._max_expiry)
         if isinstance(rec, Unread):
             rec = await self._store.get_session(tenant, client_id)
+        for _ in range(CAS_TRIES):
+            opened = await self._try_open(
+                tenant, client_id, clean_start, expiry_s, owner, rec, epoch
+            )
+            if opened is not None:
+                return opened
+            rec = await self._store.get_session(tenant, client_id)
+            if rec is not None and epoch and rec.connected and rec.qos2_fence > epoch:
+                raise StaleConnectError(f"a later connection (fence {rec.qos2_fence}) opened it")
+        raise StaleConnectError(f"the session record changed {CAS_TRIES} times under this CONNECT")
+
+    async def _try_open(
+        self,
+        tenant: str,
+        client_id: str,
+        clean_start: bool,
+        expiry_s: int,
+        owner: str,
+        rec: SessionRecord | None,
+        epoch: int,
+    ) -> Opened | None:
+        """One decision from `rec`; None if the record was no longer `rec` (nothing done)."""
         d = decide(rec, clean_start, expiry_s, time.time_ns() // 1000)
-        if d.discard is not None:
-            if not d.persist:
-                # Ended before this CONNECT is answered: a persistent CONNECT right after it
-                # must not resume the session being discarded (Session Present with nothing
-                # in it). Expired rather than deleted: if the discard fails, the expiry sweep
-                # ends it (a new persistent session writes over its record anyway). Expired
-                # since 0, whatever the clock of the session instance that reads it next.
-                await self._store.put_session(
-                    dataclasses.replace(
-                        d.discard, expiry_interval_s=0, connected=False, disconnected_at_ms=0
-                    )
-                )
-            # A new persistent session of the client id keeps the count the old one held.
-            discard = self._discard(d.discard, keep_count=d.persist)
-            self._tasks.spawn(discard, name="session_discard")
+        if d.discard is not None and not d.persist:
+            # Ended before this CONNECT is answered: a persistent CONNECT right after it
+            # must not resume the session being discarded (Session Present with nothing
+            # in it). Expired rather than deleted: if the discard fails, the expiry sweep
+            # ends it (a new persistent session writes over its record anyway). Expired
+            # since 0, whatever the clock of the session instance that reads it next.
+            ended = dataclasses.replace(
+                d.discard, expiry_interval_s=0, connected=False, disconnected_at_ms=0
+            )
+            if ended != rec and not await self._store.replace_session(ended, rec):
+                return None
         fence = 0
         if d.persist or d.present:
             fence = epoch
             if rec is not None and rec.incarnation == d.incarnation:
                 fence = max(epoch, rec.qos2_fence + 1)
-            await self._store.put_session(
-                SessionRecord(
-                    tenant, client_id, d.incarnation, expiry_s, True, owner=owner, qos2_fence=fence
-                )
+            record = SessionRecord(
+                tenant, client_id, d.incarnation, expiry_s, True, owner=owner, qos2_fence=fence
             )
+            if not await self._store.replace_session(record, rec):
+                return None
+        if d.discard is not None:
+            # A new persistent session of the client id keeps the count the old one held.
+            discard = self._discard(d.discard, keep_count=d.persist)
+            self._tasks.spawn(discard, name="session_discard")
         subs: tuple[SubscriptionRecord, ...] = ()
         awaiting: tuple[InboundQos2, ...] = ()
         if d.present:
@@ -155,55 +196,57 @@ class Sessions:
         await self._store.record_qos2(updates)
 
     async def close(
-        self, tenant: str, client_id: str, incarnation: int, expiry_s: int | None
+        self,
+        tenant: str,
+        client_id: str,
+        incarnation: int,
+        expiry_s: int | None,
+        fence: int = 0,
     ) -> None:
-        rec = await self._store.get_session(tenant, client_id)
-        if rec is None or rec.incarnation != incarnation:
-            return
-        expiry = rec.expiry_interval_s if expiry_s is None else min(expiry_s, self._max_expiry)
+        """The connection that opened the session with QoS 2 `fence` (0: any) ended: park the
+        session (its expiry clock starts) or, with expiry 0, end it. Nothing if a later
+        connection opened it since (the record has another fence or incarnation)."""
+        for _ in range(CAS_TRIES):
+            rec = await self._store.get_session(tenant, client_id)
+            if rec is None or rec.incarnation != incarnation or (fence and rec.qos2_fence != fence):
+                return
+            expiry = rec.expiry_interval_s if expiry_s is None else min(expiry_s, self._max_expiry)
+            if await self._park_or_end(rec, expiry, int(time.time() * 1000)):
+                return
+            fence = fence or rec.qos2_fence  # the connection this close is for: this one
+        log.warning("session_close_raced", extra={"tenant": tenant, "client_id": client_id})
+
+    async def _park_or_end(self, rec: SessionRecord, expiry: int, at_ms: int) -> bool:
+        """Write `rec` disconnected since `at_ms` (expiry 0: ended, then discarded) if the
+        store still has it as read; False if another write came first."""
         if expiry == 0:
-            await self._discard(rec)
-            return
-        await self._store.put_session(
-            SessionRecord(
-                tenant,
-                client_id,
-                incarnation,
-                expiry,
-                False,
-                int(time.time() * 1000),
-                rec.owner,
-                rec.qos2_fence,
+            ended = dataclasses.replace(
+                rec, expiry_interval_s=0, connected=False, disconnected_at_ms=0
             )
+            if not await self._store.replace_session(ended, rec):
+                return False
+            await self._discard(ended)
+            return True
+        parked = dataclasses.replace(
+            rec, expiry_interval_s=expiry, connected=False, disconnected_at_ms=at_ms
         )
+        return await self._store.replace_session(parked, rec)
 
     async def ended(self, tenant: str, client_id: str, expiry_s: int | None) -> None:
         """The connection holding the current session ended (with this Session Expiry from
         its DISCONNECT, if any) and a new CONNECT displaced it before its release arrived."""
         rec = await self._store.get_session(tenant, client_id)
         if rec is not None:
-            await self.close(tenant, client_id, rec.incarnation, expiry_s)
+            await self.close(tenant, client_id, rec.incarnation, expiry_s, rec.qos2_fence)
 
     async def park(self, tenant: str, client_id: str, at_ms: int) -> None:
         """The node holding the client died: the session is disconnected since `at_ms`."""
-        rec = await self._store.get_session(tenant, client_id)
-        if rec is None or not rec.connected:
-            return
-        if rec.expiry_interval_s == 0:
-            await self._discard(rec)
-            return
-        await self._store.put_session(
-            SessionRecord(
-                tenant,
-                client_id,
-                rec.incarnation,
-                rec.expiry_interval_s,
-                False,
-                at_ms,
-                rec.owner,
-                rec.qos2_fence,
-            )
-        )
+        for _ in range(CAS_TRIES):
+            rec = await self._store.get_session(tenant, client_id)
+            if rec is None or not rec.connected:
+                return
+            if await self._park_or_end(rec, rec.expiry_interval_s, at_ms):
+                return
 
     async def _discard(self, rec: SessionRecord, keep_count: bool = False) -> bool:
         """End a session incarnation: forget its subscriptions, its queue, its record (and,

@@ -129,3 +129,28 @@ async def test_survives_reopen(tmp_path: Path) -> None:
     s = SqliteSessionStore(tmp_path / "s.db")
     assert await s.list_qos2("t", "c", 1) == [InboundQos2(65535, "m")]
     await s.close()
+
+
+async def test_a_session_record_is_replaced_only_as_it_was_read(store: SessionStore) -> None:
+    """`replace_session`: compare-and-set against the record a decision was made from, so two
+    session instances that decided from one record cannot both write theirs."""
+    c = f"r{uuid.uuid4().hex[:6]}"
+    first = SessionRecord("t", c, 1, 60, True, owner="u", qos2_fence=10)
+    assert await store.replace_session(first, None)
+    assert not await store.replace_session(first, None)  # one is there now
+    # A takeover: the next connection raises the fence of the same incarnation.
+    second = SessionRecord("t", c, 1, 60, True, owner="u", qos2_fence=11)
+    assert await store.replace_session(second, first)
+    # The first connection's close, decided from the record it read: refused.
+    parked = SessionRecord("t", c, 1, 60, False, 1_000, "u", 10)
+    assert not await store.replace_session(parked, first)
+    assert await store.get_session("t", c) == second
+    # The second's own close, and a clean start's end of the parked session, in turn.
+    parked = SessionRecord("t", c, 1, 60, False, 1_000, "u", 11)
+    assert await store.replace_session(parked, second)
+    ended = SessionRecord("t", c, 1, 0, False, 0, "u", 11)
+    assert not await store.replace_session(ended, second)  # stale: it is parked now
+    assert await store.replace_session(ended, parked)
+    assert await store.get_session("t", c) == ended
+    # Expiry follows the record: ended since 0 is due at once.
+    assert c in [r.client_id for r in await store.expired_sessions(1)]

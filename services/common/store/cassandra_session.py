@@ -91,6 +91,21 @@ class CassandraSessionStore(CassandraEventLog):
             "VALUES (?,?,?,?,?,?,?,?,?)"
         )
         self._del = p("DELETE FROM sessions WHERE tenant=? AND client_id=? IF incarnation=?")
+        # Compare-and-set of a session record (lightweight transactions, SERIAL): see
+        # `replace_session`.
+        self._cas_new = p(
+            "INSERT INTO sessions (tenant, client_id, incarnation, expiry_interval_s, "
+            "connected, disconnected_at_ms, expires_at_ms, owner, qos2_fence) "
+            "VALUES (?,?,?,?,?,?,?,?,?) IF NOT EXISTS"
+        )
+        cas_set = (
+            "UPDATE sessions SET incarnation=?, expiry_interval_s=?, connected=?, "
+            "disconnected_at_ms=?, expires_at_ms=?, owner=?, qos2_fence=? "
+            "WHERE tenant=? AND client_id=? IF incarnation=? AND connected=? "
+            "AND expiry_interval_s=? AND disconnected_at_ms=?"
+        )
+        self._cas_set = p(cas_set)
+        self._cas_set_fenced = p(cas_set + " AND qos2_fence=?")
         self._idx_put = p(
             "INSERT INTO session_expiry (shard, expires_at_ms, tenant, client_id) VALUES (?,?,?,?)"
         )
@@ -172,6 +187,44 @@ class CassandraSessionStore(CassandraEventLog):
         )
         if expires is not None:
             await self._exec(self._idx_put, (shard, expires, r.tenant, r.client_id))
+
+    async def replace_session(self, r: SessionRecord, expect: SessionRecord | None) -> bool:
+        values = (
+            r.incarnation,
+            r.expiry_interval_s,
+            r.connected,
+            r.disconnected_at_ms,
+            r.expires_at_ms(),
+            r.owner,
+            r.qos2_fence,
+        )
+        if expect is None:
+            rows = list(await self._exec(self._cas_new, (r.tenant, r.client_id, *values)))
+        else:
+            cond: tuple[int | bool, ...] = (
+                expect.incarnation,
+                expect.connected,
+                expect.expiry_interval_s,
+                expect.disconnected_at_ms,
+            )
+            # A row written before migration 6 has no fence (read as 0): the condition then
+            # leaves the fence out, as `IF qos2_fence = 0` would never hold for a null.
+            if expect.qos2_fence:
+                stmt, cond = self._cas_set_fenced, (*cond, expect.qos2_fence)
+            else:
+                stmt = self._cas_set
+            rows = list(await self._exec(stmt, (*values, r.tenant, r.client_id, *cond)))
+        if not (rows and rows[0][0]):  # [applied]
+            return False
+        # The expiry index follows the record that won (a lost race changed nothing).
+        shard = _shard(r.tenant, r.client_id)
+        before = expect.expires_at_ms() if expect is not None else None
+        after = r.expires_at_ms()
+        if before is not None and before != after:
+            await self._exec(self._idx_del, (shard, before, r.tenant, r.client_id))
+        if after is not None:
+            await self._exec(self._idx_put, (shard, after, r.tenant, r.client_id))
+        return True
 
     async def delete_session(self, tenant: str, client_id: str, incarnation: int) -> bool:
         old = list(await self._exec(self._get, (tenant, client_id)))

@@ -149,6 +149,14 @@ class SessionStore(Protocol):
 
     async def put_session(self, record: SessionRecord) -> None: ...
 
+    async def replace_session(self, record: SessionRecord, expect: SessionRecord | None) -> bool:
+        """Write `record` only if the stored one is still `expect` (None: there is none), as
+        `get_session` returned it: same incarnation, fence, connected flag, expiry and
+        disconnection time. False if another write came between (nothing written): several
+        session service instances may handle one client id's CONNECT and DISCONNECT at once,
+        and each decides from the record it read."""
+        ...
+
     async def delete_session(self, tenant: str, client_id: str, incarnation: int) -> bool: ...
 
     async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]: ...

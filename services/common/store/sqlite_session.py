@@ -105,6 +105,44 @@ class SqliteSessionStore(SqliteEventLog):
             )
         )
 
+    async def replace_session(self, r: SessionRecord, expect: SessionRecord | None) -> bool:
+        values = (
+            r.incarnation,
+            r.expiry_interval_s,
+            int(r.connected),
+            r.disconnected_at_ms,
+            r.expires_at_ms(),
+            r.owner,
+            r.qos2_fence,
+        )
+
+        def write() -> bool:
+            if expect is None:
+                cur = self.db.execute(
+                    f"INSERT OR IGNORE INTO sessions ({_SESSION_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (r.tenant, r.client_id, *values),
+                )
+            else:
+                cur = self.db.execute(
+                    "UPDATE sessions SET incarnation=?, expiry_interval_s=?, connected=?, "
+                    "disconnected_at_ms=?, expires_at_ms=?, owner=?, qos2_fence=? "
+                    "WHERE tenant=? AND client_id=? AND incarnation=? AND qos2_fence=? "
+                    "AND connected=? AND expiry_interval_s=? AND disconnected_at_ms=?",
+                    (
+                        *values,
+                        r.tenant,
+                        r.client_id,
+                        expect.incarnation,
+                        expect.qos2_fence,
+                        int(expect.connected),
+                        expect.expiry_interval_s,
+                        expect.disconnected_at_ms,
+                    ),
+                )
+            return cur.rowcount == 1
+
+        return await self.run(write)
+
     async def delete_session(self, tenant: str, client_id: str, incarnation: int) -> bool:
         cur = await self.run(
             lambda: self.db.execute(

@@ -559,6 +559,7 @@ class DisconnectRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     SESSION_EXPIRY_INTERVAL_S_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    QOS2_FENCE_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
@@ -566,6 +567,12 @@ class DisconnectRequest(_message.Message):
     session_expiry_interval_s: _builtins.int
     """Session expiry at disconnect (MQTT 5 may change it on DISCONNECT)."""
     incarnation: _builtins.int
+    qos2_fence: _builtins.int
+    """The session record's QoS 2 fence this connection got in its ConnectResponse: the
+    session is ended or parked only while the record still has it (0: not checked, as from
+    a node of an earlier version). A later connection that opened the session since has
+    raised it.
+    """
     def __init__(
         self,
         *,
@@ -575,10 +582,11 @@ class DisconnectRequest(_message.Message):
         node_id: _builtins.str = ...,
         session_expiry_interval_s: _builtins.int | None = ...,
         incarnation: _builtins.int = ...,
+        qos2_fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "session_expiry_interval_s", b"session_expiry_interval_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "client_id", b"client_id", "epoch", b"epoch", "incarnation", b"incarnation", "node_id", b"node_id", "session_expiry_interval_s", b"session_expiry_interval_s", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s", "client_id", b"client_id", "epoch", b"epoch", "incarnation", b"incarnation", "node_id", b"node_id", "qos2_fence", b"qos2_fence", "session_expiry_interval_s", b"session_expiry_interval_s", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__session_expiry_interval_s: _TypeAlias = _typing.Literal["session_expiry_interval_s"]  # noqa: Y015
     _WhichOneofArgType__session_expiry_interval_s: _TypeAlias = _typing.Literal["_session_expiry_interval_s", b"_session_expiry_interval_s"]  # noqa: Y015

@@ -1,0 +1,118 @@
+"""Two session service instances on one store, one client id: CONNECTs and DISCONNECTs that
+reach different instances at once (a quick reconnect, a takeover) decide from the record each
+read. Every write is a compare-and-set against that record (`SessionStore.replace_session`),
+so no interleaving resumes a session another instance ended, ends one another connection
+resumed, or leaves a connected client's record parked (its expiry running)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.common.store.ports import SessionRecord
+from services.common.store.sqlite_session import SqliteSessionStore
+from services.session.sessions import Sessions, StaleConnectError
+
+
+class _Drops:
+    """Router and queues: which incarnations were discarded."""
+
+    def __init__(self) -> None:
+        self.dropped: list[int] = []
+
+    async def drop_session(self, tenant: str, client_id: str, incarnation: int) -> None:
+        self.dropped.append(incarnation)
+
+    async def drop(self, tenant: str, queue_id: str) -> None:
+        return None
+
+
+class _Unused:
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"unexpected call: {name}")
+
+
+class _Between(SqliteSessionStore):
+    """A store that runs `hook` (another instance's work) just before its next
+    `replace_session`: the interleaving that a read and its write leave open."""
+
+    hook: Any = None
+
+    async def replace_session(self, r: SessionRecord, expect: SessionRecord | None) -> bool:
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            await hook()
+        return await super().replace_session(r, expect)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> Any:
+    s = _Between(tmp_path / "s.db")
+    yield s
+    await s.close()
+
+
+def _instances(store: SqliteSessionStore, drops: _Drops) -> tuple[Sessions, Sessions]:
+    make = lambda: Sessions(store, drops, drops, 3600, _Unused())  # type: ignore[arg-type]  # noqa: E731
+    return make(), make()
+
+
+async def test_a_resume_decided_before_a_clean_start_ended_the_session_starts_a_new_one(
+    store: _Between,
+) -> None:
+    drops = _Drops()
+    a, b = _instances(store, drops)
+    first = await a.open("t", "c", False, 60, epoch=1)
+    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    seen = await b.read("t", "c")  # B decides to resume from this record...
+    await a.open("t", "c", True, 0, epoch=2)  # ...while A's clean start ends the session
+    resumed = await b.open("t", "c", False, 60, rec=seen, epoch=3)
+    assert not resumed.present and resumed.incarnation != first.incarnation
+    await a.stop(5.0)
+    await b.stop(5.0)
+    assert drops.dropped == [first.incarnation]  # A's discard took only the ended one
+    rec = await store.get_session("t", "c")
+    assert rec is not None and rec.incarnation == resumed.incarnation and rec.connected
+
+
+async def test_a_release_that_loses_the_race_to_a_resume_leaves_it_connected(
+    store: _Between,
+) -> None:
+    drops = _Drops()
+    a, b = _instances(store, drops)
+    first = await a.open("t", "c", False, 60, epoch=1)
+    # A reads the record to park it; before it writes, B resumes the session (epoch 2).
+    second: list[Any] = []
+
+    async def resume() -> None:
+        second.append(await b.open("t", "c", False, 60, epoch=2))
+
+    store.hook = resume
+    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    assert second[0].present
+    rec = await store.get_session("t", "c")
+    assert rec is not None and rec.connected and rec.qos2_fence == second[0].qos2_fence
+    assert rec.expires_at_ms() is None  # no expiry clock for a connected client
+    # A late release of the first connection, read after the resume: nothing either.
+    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    assert await store.get_session("t", "c") == rec
+    # The second connection's own release parks it.
+    await b.close("t", "c", first.incarnation, None, second[0].qos2_fence)
+    rec = await store.get_session("t", "c")
+    assert rec is not None and not rec.connected and rec.expires_at_ms() is not None
+    assert drops.dropped == []
+
+
+async def test_a_connect_overtaken_by_a_later_one_is_stale(store: _Between) -> None:
+    drops = _Drops()
+    a, b = _instances(store, drops)
+    # A read "no session" for its CONNECT (epoch 1); B's later CONNECT (epoch 5) opened one.
+    await b.open("t", "c", False, 60, epoch=5)
+    with pytest.raises(StaleConnectError):
+        await a.open("t", "c", False, 60, rec=None, epoch=1)
+    rec = await store.get_session("t", "c")
+    assert rec is not None and rec.qos2_fence == 5 and rec.connected
+    await asyncio.sleep(0)
