@@ -271,17 +271,33 @@ class Sessions:
 
     async def sweep(self) -> int:
         """End every session whose expiry has passed; works with no node up."""
-        expired = await self._store.expired_sessions(int(time.time() * 1000))
-        for rec in expired:
-            # Reported once, by whoever deleted it (not again after a discard that failed),
-            # and not for a session a clean start ended (its record written expired since 0 by
-            # `open`, its own discard maybe still under way).
-            if not await self._discard(rec) or _ended_by_clean_start(rec):
-                continue
-            await self._events.emit(rec.tenant, rec.client_id, "session_expired")
-            self.expired_by_tenant[rec.tenant] = self.expired_by_tenant.get(rec.tenant, 0) + 1
-            log.info("session_expired", extra={"tenant": rec.tenant, "client_id": rec.client_id})
-        return len(expired)
+        now_ms = int(time.time() * 1000)
+        due = await self._store.expired_sessions(now_ms)
+        for found in due:
+            rec = found
+            # A session a clean start ended (its record written expired since 0 by `open`,
+            # its own discard maybe failed) is only discarded, not reported as expired.
+            if not _ended_by_clean_start(found):
+                # Ended by a compare-and-set first, as `open` and `close` end one: a resume
+                # that read the record just before it expired then decides again (a new
+                # session) instead of keeping one this discard deletes.
+                cur = await self._store.get_session(found.tenant, found.client_id)
+                if cur is None or cur.incarnation != found.incarnation or not expired(cur, now_ms):
+                    continue  # resumed or replaced since the scan
+                rec = dataclasses.replace(
+                    cur, expiry_interval_s=0, connected=False, disconnected_at_ms=0
+                )
+                if not await self._store.replace_session(rec, cur):
+                    continue
+                # Reported once: by the instance whose write ended it (a discard that fails
+                # is retried by a later sweep, silently).
+                await self._events.emit(rec.tenant, rec.client_id, "session_expired")
+                self.expired_by_tenant[rec.tenant] = self.expired_by_tenant.get(rec.tenant, 0) + 1
+                log.info(
+                    "session_expired", extra={"tenant": rec.tenant, "client_id": rec.client_id}
+                )
+            await self._discard(rec)
+        return len(due)
 
     async def run_sweeper(self, period_s: float) -> None:
         while True:

@@ -22,8 +22,14 @@ class _Drops:
 
     def __init__(self) -> None:
         self.dropped: list[int] = []
+        # Set: a drop waits for `go` after setting `entered` (a discard under way).
+        self.entered: asyncio.Event | None = None
+        self.go: asyncio.Event | None = None
 
     async def drop_session(self, tenant: str, client_id: str, incarnation: int) -> None:
+        if self.entered is not None and self.go is not None:
+            self.entered.set()
+            await self.go.wait()
         self.dropped.append(incarnation)
 
     async def drop(self, tenant: str, queue_id: str) -> None:
@@ -55,8 +61,12 @@ async def store(tmp_path: Path) -> Any:
     await s.close()
 
 
-def _instances(store: SqliteSessionStore, drops: _Drops) -> tuple[Sessions, Sessions]:
-    make = lambda: Sessions(store, drops, drops, 3600, _Unused())  # type: ignore[arg-type]  # noqa: E731
+def _instances(
+    store: SqliteSessionStore, drops: _Drops, events: Any = None
+) -> tuple[Sessions, Sessions]:
+    def make() -> Sessions:
+        return Sessions(store, drops, drops, 3600, events or _Unused())  # type: ignore[arg-type]
+
     return make(), make()
 
 
@@ -116,3 +126,41 @@ async def test_a_connect_overtaken_by_a_later_one_is_stale(store: _Between) -> N
     rec = await store.get_session("t", "c")
     assert rec is not None and rec.qos2_fence == 5 and rec.connected
     await asyncio.sleep(0)
+
+
+async def test_a_resume_decided_just_before_the_session_expired_starts_a_new_one(
+    store: _Between,
+) -> None:
+    drops, events = _Drops(), _Reported()
+    a, b = _instances(store, drops, events)
+    first = await a.open("t", "c", False, 1, epoch=1)  # expires 1 s after it is parked
+    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    seen = await b.read("t", "c")
+    drops.entered, drops.go = asyncio.Event(), asyncio.Event()
+    sweep: list[asyncio.Task[int]] = []
+
+    async def expire_and_sweep() -> None:
+        # Between B's decision (before the expiry) and its write: the session expires and the
+        # sweep is in the middle of its discard (routes and queue going, record not yet).
+        await asyncio.sleep(1.1)
+        sweep.append(asyncio.create_task(a.sweep()))
+        await drops.entered.wait()
+
+    store.hook = expire_and_sweep
+    resumed = await b.open("t", "c", False, 60, rec=seen, epoch=2)
+    drops.go.set()
+    await sweep[0]
+    await b.stop(5.0)  # B found the ended record: its own discard of it, done again
+    assert not resumed.present and resumed.incarnation != first.incarnation
+    assert set(drops.dropped) == {first.incarnation}  # never the new session's
+    assert events.kinds == ["session_expired"]  # reported once, by the sweep that ended it
+    rec = await store.get_session("t", "c")
+    assert rec is not None and rec.incarnation == resumed.incarnation and rec.connected
+
+
+class _Reported:
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    async def emit(self, tenant: str, client_id: str, kind: str) -> None:
+        self.kinds.append(kind)
