@@ -210,6 +210,8 @@ class Sessions:
             rec = await self._store.get_session(tenant, client_id)
             if rec is None or rec.incarnation != incarnation or (fence and rec.qos2_fence != fence):
                 return
+            if _ended_by_clean_start(rec):
+                return  # ended already (a clean start): a DISCONNECT's expiry must not revive it
             expiry = rec.expiry_interval_s if expiry_s is None else min(expiry_s, self._max_expiry)
             if await self._park_or_end(rec, expiry, int(time.time() * 1000)):
                 return

@@ -164,3 +164,22 @@ class _Reported:
 
     async def emit(self, tenant: str, client_id: str, kind: str) -> None:
         self.kinds.append(kind)
+
+
+async def test_the_release_of_a_connection_a_clean_start_displaced_does_not_revive_it(
+    store: _Between,
+) -> None:
+    """A takeover by a clean start ended the session; the displaced MQTT 5 connection's
+    DISCONNECT (Session Expiry 300) arrives after: the session stays ended, never resumable."""
+    drops = _Drops()
+    a, b = _instances(store, drops)
+    first = await a.open("t", "c", False, 60, epoch=1)
+    drops.entered, drops.go = asyncio.Event(), asyncio.Event()  # B's discard: under way
+    await b.open("t", "c", True, 0, epoch=2)  # the clean start, while `first` is connected
+    await a.close("t", "c", first.incarnation, 300, first.qos2_fence)
+    again = await a.open("t", "c", False, 60, epoch=3)
+    assert not again.present and again.incarnation != first.incarnation
+    drops.go.set()
+    await b.stop(5.0)
+    rec = await store.get_session("t", "c")
+    assert rec is not None and rec.incarnation == again.incarnation
