@@ -374,6 +374,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 owner,
                 known,
                 epoch=epoch,
+                current=lambda: self._holds(tenant, client_id, epoch),
             )
         except StaleConnectError as exc:
             # Another session instance opened it for a later connection meanwhile: as if
@@ -388,6 +389,11 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 reason="a newer connection holds the session",
             )
         return epoch, opened
+
+    async def _holds(self, tenant: str, client_id: str, epoch: int) -> bool:
+        """This connection's registry entry is still the client id's installed one."""
+        holder = await self._registry.get(tenant, client_id)
+        return holder is not None and holder.epoch == epoch
 
     def _not_owner(self, tenant: str) -> pb.ConnectResponse:
         self.refusals.count("client_id_owner", tenant)
@@ -445,7 +451,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         expiry = (
             reply.session_expiry_interval_s if reply.HasField("session_expiry_interval_s") else None
         )
-        await self._sessions.ended(prev.tenant, prev.client_id, expiry)
+        await self._sessions.ended(prev.tenant, prev.client_id, expiry, prev.epoch)
 
     async def Disconnect(
         self, request: pb.DisconnectRequest, context: grpc.aio.ServicerContext

@@ -91,7 +91,7 @@ class NodeLiveness:
             if holder is None or holder.node_id != node:
                 continue  # reconnected elsewhere meanwhile
             if await self._registry.release(tenant, client_id, holder.epoch):
-                await self._sessions.park(tenant, client_id, died_at_ms)
+                await self._sessions.park(tenant, client_id, died_at_ms, holder.epoch)
                 released += 1
                 if holder.will and self._wills is not None:
                     with_wills.append(holder)

@@ -35,8 +35,13 @@ CAS_TRIES = 5
 
 
 class StaleConnectError(Exception):
-    """A connection with a higher epoch opened the session while this CONNECT was decided:
-    this one was displaced (answered as taken over)."""
+    """A later connection took the client id while this CONNECT was decided: this one was
+    displaced (answered as taken over)."""
+
+
+class SessionContendedError(Exception):
+    """The record kept changing under one decision (CAS_TRIES rounds) although this
+    connection still holds the client id: the CONNECT fails (server unavailable; retried)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,7 @@ class Sessions:
         owner: str = "",
         rec: SessionRecord | Unread | None = UNREAD,
         epoch: int = 0,
+        current: Callable[[], Awaitable[bool]] | None = None,
     ) -> Opened:
         """Resume or start the client id's session; a new or resumed one belongs to `owner`
         from now on. `rec`: its record as `read` returned it under the client id's lock, if
@@ -128,24 +134,31 @@ class Sessions:
         Every write is a compare-and-set against the record this decision was made from:
         another session instance may be opening or closing the same client id at once (a
         quick reconnect whose CONNECT and the old connection's release reach different
-        instances). If the record changed, the decision is made again from the new one; if
-        a connection with a higher epoch opened the session meanwhile, this one is stale
-        (`StaleConnectError`). Only the instance whose write ended a session discards it, so a
-        discard never takes the subscriptions and queue of a session another connection
-        resumed."""
+        instances). If the record changed, the decision is made again from the new one,
+        unless `current` (is this CONNECT's registry entry still the installed one?) says a
+        later connection took the client id meanwhile: then this one is stale
+        (`StaleConnectError`). A discard follows only a write that ended the session (or
+        finds it ended), so it never takes the subscriptions and queue of a session another
+        connection resumed."""
         expiry_s = min(expiry_s, self._max_expiry)
         if isinstance(rec, Unread):
             rec = await self._store.get_session(tenant, client_id)
-        for _ in range(CAS_TRIES):
+        for round_ in range(CAS_TRIES):
+            # A connected record at least as new as this CONNECT, or a record that changed
+            # under it: is this connection still the client id's? (The registry decides, not
+            # the fences: a clock behind can push a fence above a newer epoch.)
+            suspect = round_ > 0 or (
+                rec is not None and rec.connected and epoch and rec.qos2_fence >= epoch
+            )
+            if suspect and current is not None and not await current():
+                raise StaleConnectError("a later connection holds the client id")
             opened = await self._try_open(
                 tenant, client_id, clean_start, expiry_s, owner, rec, epoch
             )
             if opened is not None:
                 return opened
             rec = await self._store.get_session(tenant, client_id)
-            if rec is not None and epoch and rec.connected and rec.qos2_fence > epoch:
-                raise StaleConnectError(f"a later connection (fence {rec.qos2_fence}) opened it")
-        raise StaleConnectError(f"the session record changed {CAS_TRIES} times under this CONNECT")
+        raise SessionContendedError(f"the session record changed {CAS_TRIES} times")
 
     async def _try_open(
         self,
@@ -202,20 +215,23 @@ class Sessions:
         incarnation: int,
         expiry_s: int | None,
         fence: int = 0,
+        epoch: int = 0,
     ) -> None:
-        """The connection that opened the session with QoS 2 `fence` (0: any) ended: park the
-        session (its expiry clock starts) or, with expiry 0, end it. Nothing if a later
-        connection opened it since (the record has another fence or incarnation)."""
+        """The connection that opened the session with QoS 2 `fence` ended: park the session
+        (its expiry clock starts) or, with expiry 0, end it. Nothing if a later connection
+        opened it since: the record has another fence or incarnation. Without the fence,
+        `epoch` (the connection's registry epoch) bounds it: a later connection's fence is
+        above it. (Neither: any.)"""
         for _ in range(CAS_TRIES):
             rec = await self._store.get_session(tenant, client_id)
-            if rec is None or rec.incarnation != incarnation or (fence and rec.qos2_fence != fence):
+            if rec is None or rec.incarnation != incarnation or _opened_since(rec, fence, epoch):
                 return
             if _ended_by_clean_start(rec):
                 return  # ended already (a clean start): a DISCONNECT's expiry must not revive it
             expiry = rec.expiry_interval_s if expiry_s is None else min(expiry_s, self._max_expiry)
             if await self._park_or_end(rec, expiry, int(time.time() * 1000)):
                 return
-            fence = fence or rec.qos2_fence  # the connection this close is for: this one
+            fence = rec.qos2_fence  # a retry is for this same connection's record only
         log.warning("session_close_raced", extra={"tenant": tenant, "client_id": client_id})
 
     async def _park_or_end(self, rec: SessionRecord, expiry: int, at_ms: int) -> bool:
@@ -234,21 +250,25 @@ class Sessions:
         )
         return await self._store.replace_session(parked, rec)
 
-    async def ended(self, tenant: str, client_id: str, expiry_s: int | None) -> None:
-        """The connection holding the current session ended (with this Session Expiry from
-        its DISCONNECT, if any) and a new CONNECT displaced it before its release arrived."""
+    async def ended(self, tenant: str, client_id: str, expiry_s: int | None, epoch: int) -> None:
+        """The connection with registry `epoch`, holding the current session, ended (with this
+        Session Expiry from its DISCONNECT, if any) and a new CONNECT displaced it before its
+        release arrived."""
         rec = await self._store.get_session(tenant, client_id)
         if rec is not None:
-            await self.close(tenant, client_id, rec.incarnation, expiry_s, rec.qos2_fence)
+            await self.close(tenant, client_id, rec.incarnation, expiry_s, epoch=epoch)
 
-    async def park(self, tenant: str, client_id: str, at_ms: int) -> None:
-        """The node holding the client died: the session is disconnected since `at_ms`."""
+    async def park(self, tenant: str, client_id: str, at_ms: int, epoch: int = 0) -> None:
+        """The node holding the client's connection (registry `epoch`) died: the session is
+        disconnected since `at_ms`, unless a later connection opened it meanwhile."""
+        fence = 0
         for _ in range(CAS_TRIES):
             rec = await self._store.get_session(tenant, client_id)
-            if rec is None or not rec.connected:
+            if rec is None or not rec.connected or _opened_since(rec, fence, epoch):
                 return
             if await self._park_or_end(rec, rec.expiry_interval_s, at_ms):
                 return
+            fence = rec.qos2_fence  # a retry is for this same connection's record only
 
     async def _discard(self, rec: SessionRecord, keep_count: bool = False) -> bool:
         """End a session incarnation: forget its subscriptions, its queue, its record (and,
@@ -286,6 +306,8 @@ class Sessions:
                 cur = await self._store.get_session(found.tenant, found.client_id)
                 if cur is None or cur.incarnation != found.incarnation or not expired(cur, now_ms):
                     continue  # resumed or replaced since the scan
+                if _ended_by_clean_start(cur):
+                    continue  # ended since the scan (a clean start, another sweep): theirs
                 rec = dataclasses.replace(
                     cur, expiry_interval_s=0, connected=False, disconnected_at_ms=0
                 )
@@ -313,6 +335,16 @@ class Sessions:
         """Let discards in flight finish for at most `grace_s`, then cancel the rest."""
         await self._tasks.wait(grace_s)
         await self._tasks.cancel()
+
+
+def _opened_since(rec: SessionRecord, fence: int, epoch: int) -> bool:
+    """A later connection opened the session than the one with QoS 2 `fence` (exact) or, not
+    knowing it, with registry `epoch` (every later connection's fence is above its epoch; a
+    fence pushed above its own epoch by a clock behind reads as later: the session is then
+    left connected, never wrongly parked)."""
+    if fence:
+        return rec.qos2_fence != fence
+    return bool(epoch) and rec.qos2_fence > epoch
 
 
 def _ended_by_clean_start(rec: SessionRecord) -> bool:

@@ -120,9 +120,10 @@ async def test_a_connect_overtaken_by_a_later_one_is_stale(store: _Between) -> N
     drops = _Drops()
     a, b = _instances(store, drops)
     # A read "no session" for its CONNECT (epoch 1); B's later CONNECT (epoch 5) opened one.
-    await b.open("t", "c", False, 60, epoch=5)
+    registry = _Registry(5)
+    await b.open("t", "c", False, 60, epoch=5, current=registry.current(5))
     with pytest.raises(StaleConnectError):
-        await a.open("t", "c", False, 60, rec=None, epoch=1)
+        await a.open("t", "c", False, 60, rec=None, epoch=1, current=registry.current(1))
     rec = await store.get_session("t", "c")
     assert rec is not None and rec.qos2_fence == 5 and rec.connected
     await asyncio.sleep(0)
@@ -183,3 +184,103 @@ async def test_the_release_of_a_connection_a_clean_start_displaced_does_not_revi
     await b.stop(5.0)
     rec = await store.get_session("t", "c")
     assert rec is not None and rec.incarnation == again.incarnation
+
+
+class _Registry:
+    """The registry's answer to "is this CONNECT's entry still the installed one?"."""
+
+    def __init__(self, installed: int) -> None:
+        self.installed = installed
+
+    def current(self, epoch: int) -> Any:
+        async def holds() -> bool:
+            return self.installed == epoch
+
+        return holds
+
+
+async def test_an_older_connect_that_reads_a_later_connections_record_is_stale(
+    store: _Between,
+) -> None:
+    a, b = _instances(store, _Drops())
+    first = await a.open("t", "c", False, 60, epoch=1)
+    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    registry = _Registry(5)  # epoch 3 claimed, then epoch 5 displaced it and opened at B
+    await b.open("t", "c", False, 60, epoch=5, current=registry.current(5))
+    with pytest.raises(StaleConnectError):  # A reads afresh after its kick of a dead node
+        await a.open("t", "c", False, 60, epoch=3, current=registry.current(3))
+    rec = await store.get_session("t", "c")
+    assert rec is not None and rec.connected and rec.qos2_fence == 5
+
+
+async def test_an_older_persistent_connect_after_a_later_clean_start_is_stale(
+    store: _Between,
+) -> None:
+    drops = _Drops()
+    a, b = _instances(store, drops)
+    first = await a.open("t", "c", False, 60, epoch=1)
+    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    seen = await a.read("t", "c")
+    registry = _Registry(5)
+
+    async def later_clean_start() -> None:
+        await b.open("t", "c", True, 0, epoch=5, current=registry.current(5))
+
+    store.hook = later_clean_start
+    with pytest.raises(StaleConnectError):
+        await a.open("t", "c", False, 60, rec=seen, epoch=3, current=registry.current(3))
+    await b.stop(5.0)
+    rec = await store.get_session("t", "c")
+    assert rec is None or not rec.connected  # no persistent session after the clean start
+
+
+async def test_a_displaced_connections_end_leaves_a_later_ones_session_connected(
+    store: _Between,
+) -> None:
+    a, b = _instances(store, _Drops())
+    await a.open("t", "c", False, 60, epoch=1)
+    later = await b.open("t", "c", False, 60, epoch=9)  # the newest, connected at B
+    await a.ended("t", "c", None, epoch=1)  # epoch 1's DISCONNECT, told late to A
+    rec = await store.get_session("t", "c")
+    assert rec is not None and rec.connected and rec.qos2_fence == later.qos2_fence
+
+
+async def test_a_dead_nodes_park_leaves_a_session_resumed_meanwhile_connected(
+    store: _Between,
+) -> None:
+    a, b = _instances(store, _Drops())
+    await a.open("t", "c", False, 60, epoch=1)
+    resumed: list[Any] = []
+
+    async def resume() -> None:  # the client is back on another node before the park writes
+        resumed.append(await b.open("t", "c", False, 60, epoch=5))
+
+    store.hook = resume
+    await a.park("t", "c", 1_000, epoch=1)
+    rec = await store.get_session("t", "c")
+    assert rec is not None and rec.connected and rec.qos2_fence == resumed[0].qos2_fence
+    await a.park("t", "c", 1_000, epoch=1)  # the same park, read after the resume: nothing
+    assert await store.get_session("t", "c") == rec
+
+
+async def test_two_sweeps_report_one_expiry_once(store: _Between) -> None:
+    drops, events = _Drops(), _Reported()
+    a, b = _instances(store, drops, events)
+    first = await a.open("t", "c", False, 1, epoch=1)
+    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    await asyncio.sleep(1.1)
+    drops.entered, drops.go = asyncio.Event(), asyncio.Event()
+    scan = store.expired_sessions
+    scanned = await scan(10**15)  # B's scan sees the record before A ends it
+    sweep_a = asyncio.create_task(a.sweep())
+    await drops.entered.wait()  # A ended it and is discarding
+
+    async def stale_scan(now_ms: int, limit: int = 1000) -> list[SessionRecord]:
+        return scanned
+
+    store.expired_sessions = stale_scan  # type: ignore[method-assign]
+    sweep_b = asyncio.create_task(b.sweep())
+    await asyncio.sleep(0.2)
+    drops.go.set()
+    await asyncio.gather(sweep_a, sweep_b)
+    assert events.kinds == ["session_expired"]
