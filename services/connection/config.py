@@ -132,6 +132,20 @@ class ConnectionSettings(ServiceSettings):
         "new QoS 1/2 messages for that connection are dropped and counted. Keep it at least "
         "max_packet_size_bytes, or a large message that has to wait is always dropped.",
     )
+    control_packets_per_s: float = Field(
+        default=100.0,
+        ge=0,
+        description="Per connection: packets other than PUBLISH, DISCONNECT and acks of an "
+        "exchange under way (PINGREQ, SUBSCRIBE, UNSUBSCRIBE, AUTH, acks of unknown packet "
+        "ids) refill at this rate; past the burst, DISCONNECT 0x96 (Message rate too high; "
+        "3.1.1: closed). Such a flood would otherwise hold the node's event loop. 0: no limit.",
+    )
+    control_packets_burst: int = Field(
+        default=1000,
+        ge=1,
+        description="Control packets a connection may send at once before the rate applies "
+        "(a client subscribing to many filters one SUBSCRIBE each at connect).",
+    )
     slow_consumer_timeout_s: float = Field(
         default=60.0,
         gt=0,

@@ -58,6 +58,8 @@ def channel_config(s: ConnectionSettings) -> ChannelConfig:
         max_queued_messages=s.max_queued_messages,
         max_queued_bytes=s.max_queued_bytes,
         slow_consumer_timeout_s=s.slow_consumer_timeout_s,
+        control_packets_per_s=s.control_packets_per_s,
+        control_packets_burst=s.control_packets_burst,
         topic_limits=TopicLimits(s.max_topic_length_bytes, s.max_topic_levels),
         defer_publish_acks=True,
         reason_strings=s.reason_strings,

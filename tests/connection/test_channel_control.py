@@ -107,3 +107,34 @@ def test_malformed_bytes_close_after_the_packets_before_them() -> None:
     (close,) = actions
     assert isinstance(close, Close) and close.reason_code == 0x81  # malformed packet
     assert take(ch) == bytes.fromhex("d0 00") + encode(Disconnect(0x81), 5)
+
+
+def test_control_packets_past_the_burst_and_rate_get_0x96() -> None:
+    config = ChannelConfig(control_packets_per_s=10, control_packets_burst=20)
+    ch, dec = connected(5, config=config)
+    # The burst, then 10 more over the next second: all answered.
+    assert ch.receive(encode(PingReq(), 5) * 20, 1.0) == []
+    for i in range(1, 11):  # one token every 0.1 s
+        assert ch.receive(encode(PingReq(), 5), 1.001 + i * 0.1) == []
+    (close,) = ch.receive(encode(PingReq(), 5) * 5, 2.002)  # one too many: the rest unread
+    assert isinstance(close, Close) and close.reason_code == 0x96
+    got = written(ch, dec)
+    assert got[-1] == Disconnect(0x96, got[-1].properties) and len(got) == 31
+
+
+def test_acks_of_deliveries_under_way_cost_nothing() -> None:
+    from services.common.message import Message
+    from services.common.mqtt import PubAck
+
+    config = ChannelConfig(control_packets_per_s=1, control_packets_burst=5)
+    ch, _ = connected(5, config=config)
+    for _ in range(300):
+        ch.outbound.deliver(Message("t", "a", b"x", 1, False), 1, False, (), 1.0)
+    take(ch)
+    acks = b"".join(encode(PubAck(pid), 5) for pid in list(ch.outbound.inflight))
+    assert len(acks) == 300 * 4
+    assert ch.receive(acks, 1.0) == [] and ch.state is State.CONNECTED
+    assert not ch.outbound.inflight
+    # Acks of ids nobody sent: the budget (5) applies.
+    (close,) = ch.receive(encode(PubAck(77), 5) * 6, 1.0)
+    assert isinstance(close, Close) and close.reason_code == 0x96

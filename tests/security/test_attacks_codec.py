@@ -18,6 +18,7 @@ import os
 import re
 import time
 import urllib.request
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -29,7 +30,10 @@ from services.common.mqtt import (
     Connect,
     Decoder,
     Disconnect,
+    PingReq,
     Properties,
+    PubAck,
+    PubRel,
     SubAck,
     Subscribe,
     Subscription,
@@ -359,3 +363,29 @@ async def test_huge_keep_alive_is_capped(
     assert ack.properties.server_keep_alive == told
     if asked == 65535:
         await _counted(mesh, 0, before, "max_keepalive_s", 1)
+
+
+# ---- floods of small control packets ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [PubAck(4242), PingReq(), PubRel(4242)],
+    ids=["puback-of-unknown-ids", "pingreq", "pubrel-of-unknown-ids"],
+)
+async def test_a_flood_of_control_packets_is_disconnected_0x96(
+    mesh: MeshInfo, packet: Packet
+) -> None:
+    """One client sending tiny packets nobody asked for (a million PUBACKs in a second held
+    the node's loop for seconds): past the control-packet budget it gets DISCONNECT 0x96,
+    and a bystander on the same node keeps its round trip."""
+    port = mesh.node(0)
+    before = await _limit_hits(mesh, 0)
+    flood = encode(packet, 5) * 200_000  # 0.8-1 MB: far past the burst of 1,000
+    async with Bystander(port) as b:
+        reader, writer, dec = await _connected(port, f"flood-{uuid.uuid4().hex[:6]}")
+        got = await _send_and_collect(reader, writer, flood, 5, 10, dec)
+    disconnects = [p for p in got if isinstance(p, Disconnect)]
+    assert [d.reason_code for d in disconnects] == [0x96], _bare(got)[-3:]
+    _check(b)
+    await _counted(mesh, 0, before, "control_packets_per_s", 1)

@@ -145,6 +145,8 @@ class Channel:
 
     __slots__ = (
         "_auth",
+        "_control_at",
+        "_control_tokens",
         "_decoder",
         "_gates",
         "_handshake",
@@ -206,6 +208,9 @@ class Channel:
         self.tenant = ""
         self.epoch = 0
         self.qos2_fence = 0  # stamped on this connection's QoS 2 records (exactly_once.py)
+        # The control-packet budget (ChannelConfig.control_packets_per_s): tokens and when.
+        self._control_tokens = float(config.control_packets_burst)
+        self._control_at = now
         self.incarnation = 0
         # The session has a stored record and queue: it outlives the connection, or it was
         # resumed (then its queue is delivered even if the new expiry is 0 [MQTT-3.1.2-4]).
@@ -474,6 +479,9 @@ class Channel:
             handler = _DISPATCH.get(type(p))
             if handler is None:
                 raise ProtocolViolationError(f"unexpected {type(p).__name__} from client")
+            if not self._control_budget(p, now):
+                self._on_limit("control_packets_per_s", self.tenant)
+                return self._shut(RC.MESSAGE_RATE_TOO_HIGH, "too many control packets")
             return handler(self, p, now)
         if state is State.AWAIT_CONNECT:
             if type(p) is not Connect:  # [MQTT-3.1.0-1]
@@ -627,6 +635,32 @@ class Channel:
         return Close(code, reason)
 
     # ---- packets of a connected client ---------------------------------------------------
+
+    def _control_budget(self, p: Packet, now: float) -> bool:
+        """False when `p` is one control packet too many (ChannelConfig.control_packets_*).
+        A PUBLISH never comes here; an ack of an exchange under way and DISCONNECT are free:
+        their number is bounded by the exchanges. Everything else costs a token: each is
+        cheap, but a flood of them (a million PUBACKs of unknown ids in a second) would hold
+        the node's event loop for seconds, every other client's traffic behind it."""
+        rate = self.config.control_packets_per_s
+        if not rate:
+            return True
+        t = type(p)
+        if t is Disconnect:
+            return True
+        if t is PubAck or t is PubRec or t is PubComp:
+            if p.packet_id in self.outbound.inflight:  # type: ignore[union-attr]
+                return True
+        elif t is PubRel and self._inbound.awaiting(p.packet_id):  # type: ignore[union-attr]
+            return True
+        burst = self.config.control_packets_burst
+        tokens = min(burst, self._control_tokens + (now - self._control_at) * rate)
+        self._control_at = now
+        if tokens < 1:
+            self._control_tokens = tokens
+            return False
+        self._control_tokens = tokens - 1
+        return True
 
     def _on_pubrel(self, p: PubRel, now: float) -> Action | None:
         return self._inbound.on_pubrel(p)

@@ -278,6 +278,10 @@ class InboundPublishes:
         """A PUBACK/PUBREC waits for its publish to be routed, or a PUBCOMP for its release."""
         return self._acks.waiting or bool(self._releasing)
 
+    def awaiting(self, pid: int) -> bool:
+        """A QoS 2 publish under this packet id waits for its PUBREL."""
+        return pid in self._awaiting_rel
+
     def on_pubrel(self, p: PubRel) -> ReleaseQos2 | None:
         """Release of a QoS 2 message: it is forwarded already, PUBCOMP ends the exchange
         (for a persistent session once `released` says the release is durable)."""
