@@ -11,6 +11,7 @@ error into `ConfigError` whose message names the setting and its env variable.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
 from pathlib import Path
@@ -22,6 +23,7 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SecretsSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from services.common.redact import redact_url, url_passwords
@@ -276,7 +278,7 @@ class ServiceSettings(BaseSettings):
                 out[name] = str(value)
             elif isinstance(value, str) and name in _NOT_SECRET:
                 out[name] = value
-            elif "password" in name or "token" in name or "secret" in name:
+            elif _is_secret(name):
                 out[name] = "***"
             elif isinstance(value, str):
                 out[name] = redact_url(value)
@@ -319,6 +321,18 @@ class ServiceSettings(BaseSettings):
 _NOT_SECRET = {"admin_auth", "mesh_auth"}
 
 
+def _is_secret(name: str) -> bool:
+    return name not in _NOT_SECRET and any(w in name for w in ("password", "token", "secret"))
+
+
+def existing_file(path: Path | None) -> Path | None:
+    """A field validator for files read at start (certificates, keys): a missing one stops
+    start-up naming the setting, not later with a bare "No such file"."""
+    if path is not None and not path.is_file():
+        raise ValueError(f"no such file: {path}")
+    return path
+
+
 S = TypeVar("S", bound=ServiceSettings)
 
 
@@ -329,10 +343,24 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            name = ".".join(str(p) for p in err["loc"]) or "?"
-            env = ENV_PREFIX + name.upper()
-            lines.append(f"invalid setting {name} ({env}): {err['msg']} (got {err.get('input')!r})")
+            if not err["loc"]:
+                # A rule between settings (its message names them); its input is every
+                # setting at once, secrets included: never shown.
+                lines.append(f"invalid settings: {err['msg']}")
+                continue
+            name = ".".join(str(p) for p in err["loc"])
+            env = ENV_PREFIX + str(err["loc"][0]).upper()
+            got = "***" if _is_secret(str(err["loc"][0])) else repr(err.get("input"))
+            lines.append(f"invalid setting {name} ({env}): {err['msg']} (got {got})")
         raise ConfigError("; ".join(lines)) from None
+    except SettingsError as exc:
+        # A list or mapping setting whose value does not parse (it takes JSON).
+        found = re.search(r'field "([^"]+)"', str(exc))
+        name = found.group(1) if found else "?"
+        raise ConfigError(
+            f"invalid setting {name} ({ENV_PREFIX}{name.upper()}): not valid JSON for a list "
+            'or mapping (for example ["a", "b"] or {"a": "b"}): ' + str(exc.__cause__ or exc)
+        ) from None
     settings.check_credentials()
     # The process's gRPC channels and servers are sized from the mesh's largest packet.
     rpc_limits.configure(settings.max_packet_size_bytes)

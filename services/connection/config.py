@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from services.common.config import ServiceSettings
+from services.common.config import ServiceSettings, existing_file
 from services.common.connect import WILL_STORE_LIMIT_BYTES, WILL_STORE_MAX_BYTES
 from services.common.mqtt.errors import MqttError
 from services.common.topics import validate_topic_name
@@ -299,6 +299,8 @@ class ConnectionSettings(ServiceSettings):
         "this long for the acks it still owes it (PUBACK/PUBREC of publishes being stored, "
         "PUBCOMP of releases being written) before its DISCONNECT.",
     )
+
+    _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(existing_file)
 
     @field_validator("response_information")
     @classmethod

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from services.common.config import ServiceSettings
+from services.common.config import ServiceSettings, existing_file
 from services.common.connect import WILL_STORE_LIMIT_BYTES, WILL_STORE_MAX_BYTES
 
 
@@ -186,6 +186,8 @@ class SessionSettings(ServiceSettings):
     cert_identity: Literal["cn", "san_dns", "san_email", "san_uri"] = Field(
         default="cn", description="Where a client certificate's identity comes from."
     )
+
+    _files = field_validator("jwt_public_key_file")(existing_file)
 
     @model_validator(mode="after")
     def _authenticators_configured(self) -> SessionSettings:

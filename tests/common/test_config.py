@@ -140,3 +140,35 @@ def test_a_tenant_trace_share_outside_0_to_1_stops_start_up(
     monkeypatch.setenv("STARLING_TRACE_SAMPLE_TENANTS", '{"acme": 1.5, "ok": 0.5}')
     with pytest.raises(ConfigError, match=r"trace_sample_tenants.*acme"):
         load_settings(ConnectionSettings)
+
+
+def test_a_rule_between_settings_names_them_and_shows_no_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its error's input is every setting at once: the message used to print them all,
+    # admin token, mesh secret and passwords in clear.
+    monkeypatch.setenv("STARLING_TLS_PORT", "0")
+    monkeypatch.setenv("STARLING_REDIS_URL", "redis://:r3dis-pass@redis:6379/0")
+    with pytest.raises(ConfigError) as info:
+        load_settings(ConnectionSettings)
+    text = str(info.value)
+    assert "tls_port" in text and "tls_cert_file" in text
+    for secret in ("operator-token", "mesh-secret-value", "r3dis-pass"):
+        assert secret not in text
+
+
+def test_a_list_setting_given_a_plain_value_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STARLING_ANONYMOUS_TENANTS", "acme")  # wants ["acme"]
+    with pytest.raises(ConfigError, match=r"anonymous_tenants \(STARLING_ANONYMOUS_TENANTS\)"):
+        load_settings(SessionSettings)
+
+
+def test_a_missing_certificate_file_stops_start_up_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STARLING_TLS_CERT_FILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match=r"tls_cert_file .*no such file"):
+        load_settings(ConnectionSettings)
+    monkeypatch.setenv("STARLING_JWT_PUBLIC_KEY_FILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match=r"jwt_public_key_file .*no such file"):
+        load_settings(SessionSettings)
