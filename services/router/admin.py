@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from services.common.bus import subjects
+from services.common.mqtt.errors import MqttError
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
+from services.common.topics import validate_topic_filter, validate_topic_name
 from services.router.core import RouteTable
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
@@ -21,6 +24,15 @@ from starling.router.v1 import router_pb2_grpc as pb_grpc
 def _tenant(value: str) -> str:
     if not value:
         raise InvalidArgumentError("tenant is required")
+    return value
+
+
+def _checked(what: str, value: str, check: Callable[[str], None]) -> str:
+    """`value` if `check` takes it; else INVALID_ARGUMENT (`a/#/b` would match as `a/#`)."""
+    try:
+        check(value)
+    except MqttError as exc:
+        raise InvalidArgumentError(f"{what} {value[:200]!r}: {exc}") from None
     return value
 
 
@@ -78,9 +90,8 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     ) -> pb.ListRetainedResponse:
         tenant = _tenant(request.tenant)
         await self._publisher.fresh_retained(tenant)
-        found, examined = self._retained.match(
-            tenant, request.topic_filter or "#", int(time.time() * 1000)
-        )
+        filt = _checked("topic_filter", request.topic_filter or "#", validate_topic_filter)
+        found, examined = self._retained.match(tenant, filt, int(time.time() * 1000))
         limit = request.limit or 1000
         return pb.ListRetainedResponse(
             messages=[RoutedMessage.FromString(v.data) for _, v in found[:limit]],
@@ -92,6 +103,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
         self, request: pb.DeleteRetainedRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteRetainedResponse:
         tenant = _tenant(request.tenant)
+        _checked("topic", request.topic, validate_topic_name)
         await self._publisher.fresh_retained(tenant)
         deleted = self._retained.delete(tenant, request.topic)
         await self._store.delete_retained(tenant, request.topic)  # type: ignore[attr-defined]

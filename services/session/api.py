@@ -20,9 +20,10 @@ from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
 from services.common.store.ports import Qos2Change, Qos2Update, SessionRecord
 from services.common.subscription import record_to_pb
+from services.common.tenant_name import check_tenant
 from services.common.topics import validate_topic_filter
 from services.session.acl_codec import rule_from_pb, rule_to_pb
-from services.session.auth import Authenticator, check_tenant
+from services.session.auth import Authenticator
 from services.session.client import CONNECT_BATCH, RECLAIM_BATCH
 from services.session.core import may_use
 from services.session.credentials import check_kinds

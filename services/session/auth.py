@@ -18,7 +18,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -27,6 +26,7 @@ from redis.asyncio import Redis
 
 from services.common.acl import Access, AclRule
 from services.common.store.ports import AuthStore, UserRecord
+from services.common.tenant_name import check_tenant
 from services.session import credentials
 from services.session.cache import LocalCache, Missing
 from services.session.credentials import Credentials
@@ -34,7 +34,6 @@ from services.session.passwords import hash_password, verify_password
 from services.session.throttle import HashGate
 
 DEFAULT_TENANT = "default"
-_TENANT_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 _MISSING = "-"
 log = logging.getLogger("starling.session.auth")
 
@@ -46,11 +45,6 @@ def split_username(username: str) -> tuple[str, str]:
     tenant, _, name = username.partition("/")
     check_tenant(tenant)
     return tenant, name
-
-
-def check_tenant(tenant: str) -> None:
-    if not _TENANT_RE.match(tenant):
-        raise ValueError(f"invalid tenant name {tenant!r}: 1-64 of [A-Za-z0-9_-]")
 
 
 class Authenticator:

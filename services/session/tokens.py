@@ -15,7 +15,7 @@ from services.common.admin_tokens import hash_matches, new_token, token_hash, to
 from services.common.rpc.admin_auth import TenantGrant
 from services.common.rpc.errors import InvalidArgumentError, ResourceExhaustedError
 from services.common.store.ports import AdminTokenRecord, AdminTokenStore
-from services.session.auth import check_tenant
+from services.common.tenant_name import check_tenant
 
 log = logging.getLogger(__name__)
 

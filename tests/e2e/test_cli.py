@@ -98,3 +98,30 @@ def test_stats_sum_the_reports_of_every_node(mesh: MeshInfo) -> None:
     assert mine["connections"] == 2
     sub.close()
     pub.close()
+
+
+def test_a_tenant_name_that_cannot_exist_is_refused_by_every_admin_api(mesh: MeshInfo) -> None:
+    # `quota set --tenant 'acme '` used to report success for a tenant it never limits.
+    for args in (
+        ("quota", "set", "--tenant", "acme ", "--max-connections", "5"),
+        ("quota", "get", "--tenant", "bad!"),
+        ("retained", "--tenant", "x" * 5000),
+        ("acl-get", "--tenant", "a/b"),
+    ):
+        out = starling(mesh, *args)
+        assert out.returncode == 1, (args, out.stdout, out.stderr)
+        assert "INVALID_ARGUMENT" in out.stdout and "invalid tenant name" in out.stdout, args
+
+
+def test_retained_admin_calls_refuse_a_filter_or_topic_that_is_not_one(mesh: MeshInfo) -> None:
+    # `a/#/b` used to be matched as `a/#`, `a/+/b` "deleted" nothing.
+    tenant = f"cli{uuid.uuid4().hex[:6]}"
+    for args in (
+        ("retained", "--tenant", tenant, "--filter", "a/#/b"),
+        ("retained", "--tenant", tenant, "--filter", "a+/b"),
+        ("delete-retained", "--tenant", tenant, "--topic", "a/+/b"),
+    ):
+        out = starling(mesh, *args)
+        assert out.returncode == 1 and "INVALID_ARGUMENT" in out.stdout, (args, out.stdout)
+    ok = starling(mesh, "retained", "--tenant", tenant, "--filter", "a/+/b")
+    assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -24,6 +24,7 @@ from services.common.rpc.admin_auth import TokenResolver, tenant_of
 from services.common.rpc.credentials import MESH_METADATA_KEY
 from services.common.rpc.errors import status_for
 from services.common.telemetry import extract
+from services.common.tenant_name import TENANT_NAME
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("starling.rpc")
@@ -133,7 +134,10 @@ class AdminAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self, continuation: Continuation, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or self._disabled or not _is_admin(details.method):
+        if handler is None or not _is_admin(details.method):
+            return handler
+        handler = _tenant_named(handler)
+        if self._disabled:
             return handler
         given = _metadata(details, "authorization")
         token = given[7:] if given[:7].lower() == "bearer " else ""
@@ -188,6 +192,26 @@ class AdminAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return await inner(request, ctx)
 
         return _wrap_unary(handler, scoped)
+
+
+def _tenant_named(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """An admin call naming a tenant that cannot exist gets INVALID_ARGUMENT, whichever
+    service it reaches: `quota set --tenant 'acme '` must not report success for a tenant
+    whose clients it will never limit. (An empty tenant is each API's own business.)"""
+    if handler.unary_unary is None:
+        return handler
+    inner = handler.unary_unary
+
+    async def checked(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
+        tenant = tenant_of(request)
+        if tenant and not TENANT_NAME.match(tenant):
+            await ctx.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"invalid tenant name {tenant[:80]!r}: 1-64 of [A-Za-z0-9_-]",
+            )
+        return await inner(request, ctx)
+
+    return _wrap_unary(handler, checked)
 
 
 class RedInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

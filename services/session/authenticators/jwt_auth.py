@@ -22,7 +22,8 @@ import aiohttp
 import jwt
 
 from services.common.mqtt.reason import ReasonCode as RC
-from services.session.auth import check_tenant, split_username
+from services.common.tenant_name import check_tenant
+from services.session.auth import split_username
 from services.session.verdict import IGNORE, Presented, Verdict, allow, deny, rules_from_external
 
 log = logging.getLogger(__name__)
