@@ -12,6 +12,8 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.rpc.health_status import failed_check
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("address", help="host:port of its gRPC server, e.g. 127.0.0.1:7001")
@@ -22,14 +24,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def status_of(address: str, service: str, timeout_s: float) -> str:
-    """SERVING, NOT_SERVING, ... or UNREACHABLE."""
+    """SERVING, NOT_SERVING, ...; UNREACHABLE (no answer); SERVICE_UNKNOWN (the server has
+    no such health service); or the gRPC status the server answered with."""
     async with grpc.aio.insecure_channel(address) as ch:
         try:
             resp = await health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
             )
-        except grpc.aio.AioRpcError:
-            return "UNREACHABLE"
+        except grpc.aio.AioRpcError as exc:
+            return failed_check(exc.code())
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
 
 

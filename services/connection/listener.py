@@ -196,7 +196,8 @@ async def _read(ws: web.WebSocketResponse, conn: Conn, node: Node) -> None:
         elif msg.type is WSMsgType.ERROR:
             err = msg.data
             if isinstance(err, WebSocketError) and err.code == WSCloseCode.MESSAGE_TOO_BIG:
-                node.refusals.count("max_packet_size_bytes")  # aiohttp sent 1009
+                # aiohttp sent 1009; the tenant once the client is known, as over TCP.
+                node.refusals.count("max_packet_size_bytes", conn.channel.tenant)
             return
 
 

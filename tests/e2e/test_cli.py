@@ -125,3 +125,19 @@ def test_retained_admin_calls_refuse_a_filter_or_topic_that_is_not_one(mesh: Mes
         assert out.returncode == 1 and "INVALID_ARGUMENT" in out.stdout, (args, out.stdout)
     ok = starling(mesh, "retained", "--tenant", tenant, "--filter", "a/+/b")
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_health_of_a_service_the_server_does_not_have_is_not_unreachable(
+    mesh: MeshInfo,
+) -> None:
+    def health(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli.health", mesh.addr("session"), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    assert health().stdout.strip() == "SERVING"
+    unknown = health("--service", "no.such.Service")  # the server answered NOT_FOUND
+    assert (unknown.returncode, unknown.stdout.strip()) == (1, "SERVICE_UNKNOWN")

@@ -389,3 +389,41 @@ async def test_a_flood_of_control_packets_is_disconnected_0x96(
     assert [d.reason_code for d in disconnects] == [0x96], _bare(got)[-3:]
     _check(b)
     await _counted(mesh, 0, before, "control_packets_per_s", 1)
+
+
+async def test_an_oversized_websocket_message_after_connect_counts_for_the_tenant(
+    mesh: MeshInfo,
+) -> None:
+    """Over WebSocket as over TCP, a refusal after CONNECT is the client's tenant's (it was
+    counted under `-`, the label of clients not yet known)."""
+    import aiohttp
+
+    comp = mesh.mesh.by_name("connection-0")
+
+    def default_tenant_hits() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{comp.metrics_port}/metrics") as r:
+            text = r.read().decode()
+        pattern = (
+            r'^starling_limit_refusals_total\{[^}]*limit="max_packet_size_bytes"'
+            r'[^}]*tenant="default"[^}]*\} (\S+)$'
+        )
+        found = re.search(pattern, text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    before = await asyncio.to_thread(default_tenant_hits)
+    async with aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{comp.ws_port}/mqtt"
+        async with http.ws_connect(url, protocols=("mqtt",), max_msg_size=0) as ws:
+            await ws.send_bytes(encode(Connect(f"ws-big-{uuid.uuid4().hex[:6]}", 4), 4))
+            ack = await ws.receive(timeout=10)
+            assert ack.type is aiohttp.WSMsgType.BINARY and ack.data[:2] == b"\x20\x02"
+            try:  # past max_packet_size_bytes: closed (1009) while it is still being sent
+                await ws.send_bytes(b"\x00" * ((16 << 20) + 10))
+                closed = await ws.receive(timeout=10)
+                assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            except ConnectionError:
+                pass
+    deadline = time.monotonic() + 5
+    while await asyncio.to_thread(default_tenant_hits) < before + 1:
+        assert time.monotonic() < deadline, "the refusal was not counted for the tenant"
+        await asyncio.sleep(0.1)

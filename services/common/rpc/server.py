@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.rpc.admin_auth import TokenResolver
+from services.common.rpc.health_status import failed_check
 from services.common.rpc.interceptors import (
     AdminAuthInterceptor,
     ErrorAndTraceInterceptor,
@@ -110,6 +111,6 @@ async def check_health(address: str, timeout_s: float = 1.0, service: str = "") 
             resp = await stub.Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
             )
-        except grpc.aio.AioRpcError:
-            return "UNREACHABLE"
+        except grpc.aio.AioRpcError as exc:
+            return failed_check(exc.code())
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
