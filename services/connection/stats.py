@@ -239,6 +239,9 @@ class NodeStats:
         return out
 
 
+ZERO_TENANTS = 10_000  # tenants whose connection gauge is kept at 0 once idle, at most
+
+
 def register_metrics(stats: NodeStats) -> None:
     meter = metrics.get_meter("starling.connection")
 
@@ -260,9 +263,18 @@ def register_metrics(stats: NodeStats) -> None:
     ):
         meter.create_observable_counter(name, [by_tenant(attr)], description=description)
 
+    # Tenants that had connections here: their gauge reads 0 once the last one leaves,
+    # rather than vanishing (an alert on `== 0` would go stale). Bounded: past ZERO_TENANTS
+    # the idle ones are forgotten.
+    had: set[str] = set()
+
     def connections(_o: object) -> Iterable[metrics.Observation]:
-        for tenant, n in stats.connections_by_tenant().items():
-            yield metrics.Observation(n, {"tenant": tenant or "-"})
+        now = {tenant or "-": n for tenant, n in stats.connections_by_tenant().items()}
+        if len(had) + len(now) > ZERO_TENANTS:
+            had.clear()
+        had.update(now)
+        for tenant in had:
+            yield metrics.Observation(now.get(tenant, 0), {"tenant": tenant})
 
     meter.create_observable_gauge(
         "starling_connections", [connections], description="Open MQTT connections"

@@ -270,3 +270,27 @@ def test_the_cluster_endpoint_shows_the_queue_depth_of_an_offline_session(mesh: 
     assert sorted(int(m.payload) for m in back.expect(n)) == list(range(n))
     _until(depth, lambda d: d == 0, "depth 0 once acknowledged")
     back.close()
+
+
+def test_a_nodes_connection_gauge_reads_0_when_a_tenants_last_client_leaves(
+    mesh: MeshInfo,
+) -> None:
+    # The series used to vanish instead: an alert on `== 0` never fired.
+    tenant = f"m{uuid.uuid4().hex[:8]}"
+    Admin(mesh).user(tenant, "u", "pw")
+    port = mesh.mesh.by_name("connection-0").metrics_port
+
+    def gauge() -> float | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "starling_connections" and s.labels.get("tenant") == tenant:
+                    return float(s.value)
+        return None
+
+    c = Paho(mesh.node(0), username=f"{tenant}/u", password="pw")
+    c.connect()
+    _until(gauge, lambda v: v == 1, "one connection")
+    c.close()
+    _until(gauge, lambda v: v == 0, "0 once it left")
