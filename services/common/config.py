@@ -47,7 +47,18 @@ class _TomlSource(PydanticBaseSettingsSource):
                 doc = tomllib.loads(Path(path).read_text())
             except (OSError, tomllib.TOMLDecodeError) as exc:
                 raise ConfigError(f"STARLING_CONFIG={path}: cannot read TOML: {exc}") from exc
-            self._data = {**doc.get("common", {}), **doc.get(section, {})}
+            own = doc.get(section, {})
+            # A key of the service's own section that it has no setting for is a typo
+            # (`acl_defualt`): ignoring it would run with the default. (`common` is shared by
+            # every service, so a key there may be another service's.)
+            unknown = sorted(set(own) - set(settings_cls.model_fields))
+            if unknown:
+                raise ConfigError(
+                    f"STARLING_CONFIG={path}: [{section}] has no setting "
+                    + ", ".join(repr(k) for k in unknown)
+                    + " (docs/configuration.md lists them)"
+                )
+            self._data = {**doc.get("common", {}), **own}
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return self._data.get(field_name), field_name, False

@@ -172,3 +172,16 @@ def test_a_missing_certificate_file_stops_start_up_naming_it(
     monkeypatch.setenv("STARLING_JWT_PUBLIC_KEY_FILE", str(tmp_path / "missing.pem"))
     with pytest.raises(ConfigError, match=r"jwt_public_key_file .*no such file"):
         load_settings(SessionSettings)
+
+
+def test_a_typo_in_a_services_toml_section_stops_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "starling.toml"
+    # `common` may hold other services' settings; a service's own section may not.
+    cfg.write_text('[common]\nmax_queue_depth = 5\n[session]\nacl_defualt = "deny"\n')
+    monkeypatch.setenv("STARLING_CONFIG", str(cfg))
+    with pytest.raises(ConfigError, match=r"\[session\] has no setting 'acl_defualt'"):
+        load_settings(SessionSettings)
+    cfg.write_text('[common]\nmax_queue_depth = 5\n[session]\nacl_default = "deny"\n')
+    load_settings(SessionSettings)
