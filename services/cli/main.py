@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from pathlib import Path
 
@@ -107,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             instances,
             nats_servers=args.nats,
         )
+    # The rest print and end: piped into `head`, they stop quietly on SIGPIPE as other
+    # command-line tools do, not with a BrokenPipeError traceback.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if args.command == "secrets":
         from services.cli.secrets import MeshSecrets, write_secret_files
 

@@ -141,3 +141,15 @@ def test_health_of_a_service_the_server_does_not_have_is_not_unreachable(
     assert health().stdout.strip() == "SERVING"
     unknown = health("--service", "no.such.Service")  # the server answered NOT_FOUND
     assert (unknown.returncode, unknown.stdout.strip()) == (1, "SERVICE_UNKNOWN")
+
+
+def test_a_command_piped_into_a_reader_that_stops_ends_without_a_traceback(
+    mesh: MeshInfo,
+) -> None:
+    cmd = [sys.executable, "-m", "services.cli.main", "status", "--data-dir", mesh.mesh.data_dir]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # `| head -0`: nobody reads what it prints
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
