@@ -72,6 +72,14 @@ class ConnectionSettings(ServiceSettings):
     )
     receive_maximum: int = Field(default=1024, ge=1, le=65535)
     topic_alias_maximum: int = Field(default=64, ge=0, le=65535)
+    outbound_topic_alias_maximum: int = Field(
+        default=64,
+        ge=0,
+        le=65535,
+        description="Topic aliases a node sets up towards one MQTT 5 client at most, whatever "
+        "Topic Alias Maximum the client allows: each holds a topic name in the node's memory "
+        "(65,535 aliases of 4 KiB topics would be 256 MiB for one connection). 0: none.",
+    )
     max_keepalive_s: int = Field(
         default=3600,
         ge=0,

@@ -50,6 +50,7 @@ def channel_config(s: ConnectionSettings) -> ChannelConfig:
         max_subscriptions_per_client=s.max_subscriptions_per_client,
         receive_maximum=s.receive_maximum,
         topic_alias_maximum=s.topic_alias_maximum,
+        outbound_topic_alias_maximum=s.outbound_topic_alias_maximum,
         max_keepalive_s=s.max_keepalive_s,
         server_keepalive_s=s.server_keepalive_s,
         connect_timeout_s=s.connect_timeout_s,

@@ -66,6 +66,20 @@ def test_topics_get_aliases_up_to_the_clients_maximum() -> None:
     )
 
 
+def test_aliases_towards_a_client_stop_at_the_nodes_own_maximum() -> None:
+    # The client allows 65,535; each alias holds a topic in the node's memory.
+    config = ChannelConfig(outbound_topic_alias_maximum=2)
+    ch, _ = connected(5, config=config, connect_props=Properties(topic_alias_maximum=65535))
+    for topic in ("a", "b", "c", "a"):
+        ch.deliver(_msg(topic), 0, False, (), 1.0)
+    assert take(ch) == (
+        encode(Publish("a", b"hello", properties=Properties(topic_alias=1)), 5)
+        + encode(Publish("b", b"hello", properties=Properties(topic_alias=2)), 5)
+        + encode(Publish("c", b"hello"), 5)  # past the node's 2: the full topic
+        + encode(Publish("", b"hello", properties=Properties(topic_alias=1)), 5)
+    )
+
+
 def test_too_large_delivery_is_dropped_and_sets_no_alias() -> None:
     ch = _alias_client(4, max_packet=64)
     ch.deliver(_msg("big", b"x" * 100), 0, False, (), 1.0)

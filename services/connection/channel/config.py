@@ -20,6 +20,7 @@ class ChannelConfig:
     max_subscriptions_per_client: int = 1000
     receive_maximum: int = 1024  # inbound QoS 2 window we announce
     topic_alias_maximum: int = 64  # inbound aliases we accept
+    outbound_topic_alias_maximum: int = 64  # aliases we set up towards a client, at most
     max_keepalive_s: int = 3600  # 0: accept what the client asks
     server_keepalive_s: int = 3600  # for MQTT 5 clients asking 0; 0: let them
     connect_timeout_s: float = 5.0

@@ -513,7 +513,7 @@ class Channel:
             self._limit("max_keepalive_s")
         self._keepalive.interval_s = keepalive_s
         if level == 5:
-            self.outbound.limit(p.properties)
+            self.outbound.limit(p.properties, cfg.outbound_topic_alias_maximum)
         self.state = State.AUTHENTICATING
         method = self._auth.method = p.properties.authentication_method
         if method is not None:

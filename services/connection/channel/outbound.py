@@ -128,11 +128,12 @@ class Outbound:
         # packet id -> origin of an unacknowledged shared-subscription delivery
         self.shared: dict[int, object] | None = None
 
-    def limit(self, props: Properties) -> None:
-        """Apply what an MQTT 5 CONNECT says the client accepts from us."""
+    def limit(self, props: Properties, alias_cap: int = 65535) -> None:
+        """Apply what an MQTT 5 CONNECT says the client accepts from us. Aliases: at most
+        `alias_cap` of them, whatever the client allows (each holds a topic here)."""
         self.receive_maximum = props.receive_maximum or 65535
         self.max_packet_size = props.maximum_packet_size or (1 << 28)
-        self.alias_max = props.topic_alias_maximum or 0
+        self.alias_max = min(props.topic_alias_maximum or 0, alias_cap)
 
     # ---- sending -------------------------------------------------------------------------
 
