@@ -102,25 +102,34 @@ def filters_overlap(a: str, b: str) -> bool:
     return True
 
 
+ACL_CACHE_ENTRIES = 1024  # publish topics a connection's ACL answers are kept for, at most
+ACL_CACHE_CHARS = 64 << 10  # and their total length
+
+
 class AclChecker:
     """Per-connection ACL evaluation with a small cache for publish topics."""
 
-    __slots__ = ("_cache", "_default", "_pub", "_sub")
+    __slots__ = ("_cache", "_cached_chars", "_default", "_pub", "_sub")
 
     def __init__(self, rules: list[AclRule], default_allow: bool) -> None:
         self._default = default_allow
         self._pub = [(r.allow, r.topic_filter.split("/")) for r in rules if r.access & 1]
         self._sub = [(r.allow, r.topic_filter) for r in rules if r.access & 2]
         self._cache: dict[str, bool] = {}
+        self._cached_chars = 0
 
     def can_publish(self, topic: str) -> bool:
         hit = self._cache.get(topic)
         if hit is not None:
             return hit
         result = self._check_publish(effective_topic(topic) if topic[:1] == "$" else topic)
-        if len(self._cache) > 4096:
+        # Bounded in entries and in the topics' size (every connection has one: a client
+        # publishing to thousands of long topics must not make it megabytes).
+        if len(self._cache) >= ACL_CACHE_ENTRIES or self._cached_chars > ACL_CACHE_CHARS:
             self._cache.clear()
+            self._cached_chars = 0
         self._cache[topic] = result
+        self._cached_chars += len(topic)
         return result
 
     def _check_publish(self, topic: str) -> bool:

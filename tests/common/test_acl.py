@@ -117,3 +117,14 @@ def test_delayed_publish_is_checked_on_its_effective_topic() -> None:
     only_a = AclChecker([AclRule(True, Access.PUBLISH, "a/#")], default_allow=False)
     assert only_a.can_publish("$delayed/5/a/b")
     assert not only_a.can_publish("$delayed/5/b")
+
+
+def test_the_publish_cache_stays_small_whatever_topics_a_client_uses() -> None:
+    from services.common.acl import ACL_CACHE_CHARS, ACL_CACHE_ENTRIES, AclChecker
+
+    acl = AclChecker([], default_allow=True)
+    for i in range(3 * ACL_CACHE_ENTRIES):
+        assert acl.can_publish(f"t/{i}/" + "x" * 4000)  # long topics
+        cached = acl._cache  # noqa: SLF001 - what the connection holds
+        assert len(cached) <= ACL_CACHE_ENTRIES
+        assert sum(map(len, cached)) <= ACL_CACHE_CHARS + 4100
