@@ -125,6 +125,6 @@ def test_the_publish_cache_stays_small_whatever_topics_a_client_uses() -> None:
     acl = AclChecker([], default_allow=True)
     for i in range(3 * ACL_CACHE_ENTRIES):
         assert acl.can_publish(f"t/{i}/" + "x" * 4000)  # long topics
-        cached = acl._cache  # noqa: SLF001 - what the connection holds
+        cached = acl._cache  # what the connection holds
         assert len(cached) <= ACL_CACHE_ENTRIES
         assert sum(map(len, cached)) <= ACL_CACHE_CHARS + 4100
