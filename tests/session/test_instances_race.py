@@ -70,13 +70,19 @@ def _instances(
     return make(), make()
 
 
+async def _parked(a: Sessions, expiry_s: int = 60) -> Any:
+    """A persistent session of client "c" that its first connection (epoch 1) left."""
+    first = await a.open("t", "c", False, expiry_s, epoch=1)
+    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    return first
+
+
 async def test_a_resume_decided_before_a_clean_start_ended_the_session_starts_a_new_one(
     store: _Between,
 ) -> None:
     drops = _Drops()
     a, b = _instances(store, drops)
-    first = await a.open("t", "c", False, 60, epoch=1)
-    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    first = await _parked(a)
     seen = await b.read("t", "c")  # B decides to resume from this record...
     await a.open("t", "c", True, 0, epoch=2)  # ...while A's clean start ends the session
     resumed = await b.open("t", "c", False, 60, rec=seen, epoch=3)
@@ -134,8 +140,7 @@ async def test_a_resume_decided_just_before_the_session_expired_starts_a_new_one
 ) -> None:
     drops, events = _Drops(), _Reported()
     a, b = _instances(store, drops, events)
-    first = await a.open("t", "c", False, 1, epoch=1)  # expires 1 s after it is parked
-    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    first = await _parked(a, expiry_s=1)  # expires 1 s after it is parked
     seen = await b.read("t", "c")
     drops.entered, drops.go = asyncio.Event(), asyncio.Event()
     sweep: list[asyncio.Task[int]] = []
@@ -203,8 +208,7 @@ async def test_an_older_connect_that_reads_a_later_connections_record_is_stale(
     store: _Between,
 ) -> None:
     a, b = _instances(store, _Drops())
-    first = await a.open("t", "c", False, 60, epoch=1)
-    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    await _parked(a)
     registry = _Registry(5)  # epoch 3 claimed, then epoch 5 displaced it and opened at B
     await b.open("t", "c", False, 60, epoch=5, current=registry.current(5))
     with pytest.raises(StaleConnectError):  # A reads afresh after its kick of a dead node
@@ -218,8 +222,7 @@ async def test_an_older_persistent_connect_after_a_later_clean_start_is_stale(
 ) -> None:
     drops = _Drops()
     a, b = _instances(store, drops)
-    first = await a.open("t", "c", False, 60, epoch=1)
-    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    await _parked(a)
     seen = await a.read("t", "c")
     registry = _Registry(5)
 
@@ -266,8 +269,7 @@ async def test_a_dead_nodes_park_leaves_a_session_resumed_meanwhile_connected(
 async def test_two_sweeps_report_one_expiry_once(store: _Between) -> None:
     drops, events = _Drops(), _Reported()
     a, b = _instances(store, drops, events)
-    first = await a.open("t", "c", False, 1, epoch=1)
-    await a.close("t", "c", first.incarnation, None, first.qos2_fence)
+    await _parked(a, expiry_s=1)
     await asyncio.sleep(1.1)
     drops.entered, drops.go = asyncio.Event(), asyncio.Event()
     scan = store.expired_sessions
