@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
+import os
 import sys
 from pathlib import Path
 
@@ -108,9 +108,20 @@ def main(argv: list[str] | None = None) -> int:
             instances,
             nats_servers=args.nats,
         )
-    # The rest print and end: piped into `head`, they stop quietly on SIGPIPE as other
-    # command-line tools do, not with a BrokenPipeError traceback.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # The rest print and end. Piped into `head`, they stop quietly, not with a
+    # BrokenPipeError traceback (the signal's disposition is left alone: tests call this
+    # in their own process).
+    try:
+        code = _print_command(args)
+        sys.stdout.flush()  # here, so a closed pipe fails inside the `try`
+        return code
+    except BrokenPipeError:
+        # Nothing more reaches the reader; the flush at exit must not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _print_command(args: argparse.Namespace) -> int:
     if args.command == "secrets":
         from services.cli.secrets import MeshSecrets, write_secret_files
 
