@@ -148,14 +148,7 @@ class SessionLink:
         outcome = await self._ask(attempt)
         if conn.closed:
             if outcome.ok:  # the client left while we asked: release the registry entry
-                await self.release(
-                    outcome.tenant,
-                    action.client_id,
-                    outcome.epoch,
-                    outcome.incarnation,
-                    None,
-                    outcome.qos2_fence,
-                )
+                await self._release_accepted(outcome, action.client_id)
             return
         if outcome.ok and self._registry.superseded(
             (outcome.tenant, action.client_id), outcome.epoch
@@ -169,14 +162,7 @@ class SessionLink:
             # not fit the client's Maximum Packet Size): the entry goes as for a client that
             # left, and its kept will with it.
             self._carry_out(conn, actions)
-            await self.release(
-                outcome.tenant,
-                action.client_id,
-                outcome.epoch,
-                outcome.incarnation,
-                None,
-                outcome.qos2_fence,
-            )
+            await self._release_accepted(outcome, action.client_id)
             return
         delivery: PersistentDelivery | None = None
         if ch.state in (State.ACCEPTED, State.CONNECTED):
@@ -271,6 +257,17 @@ class SessionLink:
             return []
         user = outcome.identity.partition("/")[2]
         return render_all(templates, ch.client_id, user, ch.config.topic_limits)
+
+    async def _release_accepted(self, outcome: ConnectOutcome, client_id: str) -> None:
+        """Release a CONNECT the session service accepted but no connection carries on."""
+        await self.release(
+            outcome.tenant,
+            client_id,
+            outcome.epoch,
+            outcome.incarnation,
+            None,
+            outcome.qos2_fence,
+        )
 
     def connection_ended(self, conn: Conn) -> None:
         ch = conn.channel
