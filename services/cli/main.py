@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from pathlib import Path
 
@@ -116,9 +117,21 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, so a closed pipe fails inside the `try`
         return code
     except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe or socket of the command: a real error
         # Nothing more reaches the reader; the flush at exit must not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _stdout_closed() -> bool:
+    """Whoever read our stdout pipe has closed it (POLLERR on its write end)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), 0)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (OSError, ValueError):  # no real file behind stdout
+        return False
 
 
 def _print_command(args: argparse.Namespace) -> int:

@@ -102,8 +102,9 @@ def filters_overlap(a: str, b: str) -> bool:
     return True
 
 
-ACL_CACHE_ENTRIES = 1024  # publish topics a connection's ACL answers are kept for, at most
-ACL_CACHE_CHARS = 64 << 10  # and their total length
+ACL_CACHE_ENTRIES = 4096  # publish topics a connection's ACL answers are kept for, at most
+ACL_CACHE_CHARS = 128 << 10  # and their total length
+ACL_CACHE_TOPIC_CHARS = 512  # a longer topic is checked each time, not kept
 
 
 class AclChecker:
@@ -125,6 +126,8 @@ class AclChecker:
         result = self._check_publish(effective_topic(topic) if topic[:1] == "$" else topic)
         # Bounded in entries and in the topics' size (every connection has one: a client
         # publishing to thousands of long topics must not make it megabytes).
+        if len(topic) > ACL_CACHE_TOPIC_CHARS:
+            return result
         if len(self._cache) >= ACL_CACHE_ENTRIES or self._cached_chars > ACL_CACHE_CHARS:
             self._cache.clear()
             self._cached_chars = 0

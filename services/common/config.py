@@ -338,7 +338,9 @@ def _is_secret(name: str) -> bool:
 
 def existing_file(path: Path | None) -> Path | None:
     """A field validator for files read at start (certificates, keys): a missing one stops
-    start-up naming the setting, not later with a bare "No such file"."""
+    start-up naming the setting, not later with a bare "No such file". Empty: none."""
+    if path is not None and str(path) in ("", "."):
+        return None
     if path is not None and not path.is_file():
         raise ValueError(f"no such file: {path}")
     return path

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 
-TENANT_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+TENANT_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")  # use with fullmatch: `$` allows a "\n"
 
 
 def check_tenant(tenant: str) -> None:
     """Raise ValueError naming `tenant` (cut to 80 characters) if it is not a tenant name."""
-    if not TENANT_NAME.match(tenant):
+    if not TENANT_NAME.fullmatch(tenant):
         raise ValueError(f"invalid tenant name {tenant[:80]!r}: 1-64 of [A-Za-z0-9_-]")

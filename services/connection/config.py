@@ -141,7 +141,7 @@ class ConnectionSettings(ServiceSettings):
         "max_packet_size_bytes, or a large message that has to wait is always dropped.",
     )
     control_packets_per_s: float = Field(
-        default=100.0,
+        default=1000.0,
         ge=0,
         description="Per connection: packets other than PUBLISH, DISCONNECT and acks of an "
         "exchange under way (PINGREQ, SUBSCRIBE, UNSUBSCRIBE, AUTH, acks of unknown packet "
@@ -149,10 +149,11 @@ class ConnectionSettings(ServiceSettings):
         "3.1.1: closed). Such a flood would otherwise hold the node's event loop. 0: no limit.",
     )
     control_packets_burst: int = Field(
-        default=1000,
+        default=2000,
         ge=1,
         description="Control packets a connection may send at once before the rate applies "
-        "(a client subscribing to many filters one SUBSCRIBE each at connect).",
+        "(a client subscribing to many filters one SUBSCRIBE each at connect); at least "
+        "max_subscriptions_per_client.",
     )
     slow_consumer_timeout_s: float = Field(
         default=60.0,
@@ -331,6 +332,12 @@ class ConnectionSettings(ServiceSettings):
             raise ValueError("max_connect_packet_size_bytes exceeds max_packet_size_bytes")
         if self.max_keepalive_s and self.server_keepalive_s > self.max_keepalive_s:
             raise ValueError("server_keepalive_s exceeds max_keepalive_s")
+        if self.control_packets_per_s and (
+            self.control_packets_burst < self.max_subscriptions_per_client
+        ):
+            # A client subscribing one filter per SUBSCRIBE at connect would be cut off,
+            # reconnect, and be cut off again.
+            raise ValueError("control_packets_burst is below max_subscriptions_per_client")
         return self
 
     @model_validator(mode="after")

@@ -270,7 +270,7 @@ def register_metrics(stats: NodeStats) -> None:
 
     def connections(_o: object) -> Iterable[metrics.Observation]:
         now = {tenant or "-": n for tenant, n in stats.connections_by_tenant().items()}
-        if len(had) + len(now) > ZERO_TENANTS:
+        if len(had | now.keys()) > ZERO_TENANTS:
             had.clear()
         had.update(now)
         for tenant in had:

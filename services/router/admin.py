@@ -12,7 +12,7 @@ import grpc
 from services.common.bus import subjects
 from services.common.mqtt.errors import MqttError
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
-from services.common.topics import validate_topic_filter, validate_topic_name
+from services.common.topics import NO_LIMITS, validate_topic_filter, validate_topic_name
 from services.router.core import RouteTable
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
@@ -25,6 +25,15 @@ def _tenant(value: str) -> str:
     if not value:
         raise InvalidArgumentError("tenant is required")
     return value
+
+
+def _filter_syntax(value: str) -> None:
+    # The syntax only: the nodes' own length and level limits may be above the defaults.
+    validate_topic_filter(value, NO_LIMITS)
+
+
+def _name_syntax(value: str) -> None:
+    validate_topic_name(value, NO_LIMITS)
 
 
 def _checked(what: str, value: str, check: Callable[[str], None]) -> str:
@@ -90,7 +99,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     ) -> pb.ListRetainedResponse:
         tenant = _tenant(request.tenant)
         await self._publisher.fresh_retained(tenant)
-        filt = _checked("topic_filter", request.topic_filter or "#", validate_topic_filter)
+        filt = _checked("topic_filter", request.topic_filter or "#", _filter_syntax)
         found, examined = self._retained.match(tenant, filt, int(time.time() * 1000))
         limit = request.limit or 1000
         return pb.ListRetainedResponse(
@@ -103,7 +112,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
         self, request: pb.DeleteRetainedRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteRetainedResponse:
         tenant = _tenant(request.tenant)
-        _checked("topic", request.topic, validate_topic_name)
+        _checked("topic", request.topic, _name_syntax)
         await self._publisher.fresh_retained(tenant)
         deleted = self._retained.delete(tenant, request.topic)
         await self._store.delete_retained(tenant, request.topic)  # type: ignore[attr-defined]

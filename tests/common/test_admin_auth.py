@@ -46,3 +46,14 @@ async def test_answers_are_cached_and_the_cache_is_bounded() -> None:
     await uncached.resolve("good")
     await uncached.resolve("good")
     assert asked.count("good") == 4
+
+
+def test_a_tenant_name_may_not_end_in_a_newline() -> None:
+    import pytest
+
+    from services.common.tenant_name import check_tenant
+
+    check_tenant("acme-1_b")
+    for bad in ("acme\n", "acme ", "", "a" * 65, "a/b"):
+        with pytest.raises(ValueError, match="invalid tenant name"):
+            check_tenant(bad)

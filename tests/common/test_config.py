@@ -185,3 +185,19 @@ def test_a_typo_in_a_services_toml_section_stops_start_up(
         load_settings(SessionSettings)
     cfg.write_text('[common]\nmax_queue_depth = 5\n[session]\nacl_default = "deny"\n')
     load_settings(SessionSettings)
+
+
+def test_a_control_packet_burst_below_the_subscription_limit_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A client subscribing one filter per SUBSCRIBE would be cut off at every connect.
+    monkeypatch.setenv("STARLING_MAX_SUBSCRIPTIONS_PER_CLIENT", "5000")
+    with pytest.raises(ConfigError, match="control_packets_burst"):
+        load_settings(ConnectionSettings)
+    monkeypatch.setenv("STARLING_CONTROL_PACKETS_BURST", "5000")
+    load_settings(ConnectionSettings)
+
+
+def test_an_empty_file_setting_is_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STARLING_TLS_CA_FILE", "")
+    assert load_settings(ConnectionSettings).tls_ca_file is None

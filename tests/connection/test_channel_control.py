@@ -138,3 +138,24 @@ def test_acks_of_deliveries_under_way_cost_nothing() -> None:
     # Acks of ids nobody sent: the budget (5) applies.
     (close,) = ch.receive(encode(PubAck(77), 5) * 6, 1.0)
     assert isinstance(close, Close) and close.reason_code == 0x96
+
+
+def test_a_repeated_ack_of_a_delivery_under_way_costs_a_token() -> None:
+    from services.common.message import Message
+    from services.common.mqtt import PubRec
+
+    config = ChannelConfig(control_packets_per_s=1, control_packets_burst=5)
+    ch, _ = connected(5, config=config)
+    ch.outbound.deliver(Message("t", "a", b"x", 1, False), 1, False, (), 1.0)
+    (pid,) = ch.outbound.inflight
+    # PUBRECs of a QoS 1 delivery (it awaits PUBACK): each answered PUBREL 0x92, none free.
+    (close,) = ch.receive(encode(PubRec(pid), 5) * 6, 1.0)
+    assert isinstance(close, Close) and close.reason_code == 0x96
+
+
+def test_a_wall_clock_stepped_back_does_not_empty_the_budget() -> None:
+    config = ChannelConfig(control_packets_per_s=10, control_packets_burst=20)
+    ch, _ = connected(5, config=config)
+    assert ch.receive(encode(PingReq(), 5), 1000.0) == []
+    assert ch.receive(encode(PingReq(), 5), 970.0) == []  # 30 s back: still answered
+    assert ch.state is State.CONNECTED

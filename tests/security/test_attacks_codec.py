@@ -381,7 +381,7 @@ async def test_a_flood_of_control_packets_is_disconnected_0x96(
     and a bystander on the same node keeps its round trip."""
     port = mesh.node(0)
     before = await _limit_hits(mesh, 0)
-    flood = encode(packet, 5) * 200_000  # 0.8-1 MB: far past the burst of 1,000
+    flood = encode(packet, 5) * 200_000  # 0.8-1 MB: far past the burst of 2,000
     async with Bystander(port) as b:
         reader, writer, dec = await _connected(port, f"flood-{uuid.uuid4().hex[:6]}")
         got = await _send_and_collect(reader, writer, flood, 5, 10, dec)

@@ -204,7 +204,7 @@ def _tenant_named(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
     async def checked(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
         tenant = tenant_of(request)
-        if tenant and not TENANT_NAME.match(tenant):
+        if tenant and not TENANT_NAME.fullmatch(tenant):
             await ctx.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"invalid tenant name {tenant[:80]!r}: 1-64 of [A-Za-z0-9_-]",

@@ -35,8 +35,8 @@ class ChannelConfig:
     # Packets of a connected client that are not PUBLISH, DISCONNECT, nor an ack of one of
     # its exchanges (PINGREQ, SUBSCRIBE, UNSUBSCRIBE, AUTH, acks of unknown ids): a token
     # bucket of this rate and burst; past it, DISCONNECT 0x96. 0: no limit.
-    control_packets_per_s: float = 100.0
-    control_packets_burst: int = 1000
+    control_packets_per_s: float = 1000.0
+    control_packets_burst: int = 2000
     # PUBACK/PUBREC of forwarded QoS 1/2 publishes wait for `Channel.publish_routed` (the node
     # acks once the router has stored the message in every matching persistent queue).
     defer_publish_acks: bool = False

@@ -91,7 +91,12 @@ from services.connection.channel.control import (
 from services.connection.channel.enhanced_auth import AuthExchange
 from services.connection.channel.handshake import Handshake
 from services.connection.channel.inbound import InboundPublishes, PublishGate
-from services.connection.channel.outbound import Outbound
+from services.connection.channel.outbound import (
+    AWAIT_PUBACK,
+    AWAIT_PUBCOMP,
+    AWAIT_PUBREC,
+    Outbound,
+)
 from services.connection.channel.problems import Problems, describe
 from services.connection.channel.subscriptions import ClientSubscriptions
 
@@ -137,6 +142,10 @@ class State(IntEnum):
 
 # Packets that come meanwhile are held for after the CONNACK.
 _BEFORE_CONNACK = frozenset({State.AUTHENTICATING, State.ACCEPTED})
+
+
+# The stage of an outbound exchange each client ack moves on (outbound.py).
+_ACK_STAGE: dict[type, int] = {PubAck: AWAIT_PUBACK, PubRec: AWAIT_PUBREC, PubComp: AWAIT_PUBCOMP}
 
 
 class Channel:
@@ -648,13 +657,18 @@ class Channel:
         t = type(p)
         if t is Disconnect:
             return True
-        if t is PubAck or t is PubRec or t is PubComp:
-            if p.packet_id in self.outbound.inflight:  # type: ignore[union-attr]
+        stage = _ACK_STAGE.get(t)
+        if stage is not None:
+            # Free only where it moves an exchange on: a repeat, or an ack of another stage,
+            # changes nothing and costs a token like any other.
+            if self.outbound.inflight.get(p.packet_id) == stage:  # type: ignore[attr-defined]
                 return True
-        elif t is PubRel and self._inbound.awaiting(p.packet_id):  # type: ignore[union-attr]
+        elif t is PubRel and self._inbound.awaiting(p.packet_id):  # type: ignore[attr-defined]
             return True
         burst = self.config.control_packets_burst
-        tokens = min(burst, self._control_tokens + (now - self._control_at) * rate)
+        # A wall clock stepped back refills nothing, and takes nothing either.
+        elapsed = max(0.0, now - self._control_at)
+        tokens = min(burst, self._control_tokens + elapsed * rate)
         self._control_at = now
         if tokens < 1:
             self._control_tokens = tokens

@@ -279,8 +279,9 @@ class InboundPublishes:
         return self._acks.waiting or bool(self._releasing)
 
     def awaiting(self, pid: int) -> bool:
-        """A QoS 2 publish under this packet id waits for its PUBREL."""
-        return pid in self._awaiting_rel
+        """A QoS 2 publish under this packet id waits for its PUBREL (not one being released:
+        a repeated PUBREL changes nothing)."""
+        return pid in self._awaiting_rel and pid not in self._releasing
 
     def on_pubrel(self, p: PubRel) -> ReleaseQos2 | None:
         """Release of a QoS 2 message: it is forwarded already, PUBCOMP ends the exchange
