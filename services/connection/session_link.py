@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -270,16 +270,19 @@ class SessionLink:
         )
 
     def connection_ended(self, conn: Conn) -> None:
+        self._tasks.spawn(self._release_connection(conn))
+
+    def _release_connection(self, conn: Conn) -> Coroutine[None, None, None]:
+        """The release of the registry entry of a connection that ended, as its DISCONNECT
+        left it (read now, when it ended)."""
         ch = conn.channel
-        self._tasks.spawn(
-            self.release(
-                ch.tenant,
-                ch.client_id,
-                ch.epoch,
-                ch.incarnation,
-                ch.disconnect_expiry_s,
-                ch.qos2_fence,
-            )
+        return self.release(
+            ch.tenant,
+            ch.client_id,
+            ch.epoch,
+            ch.incarnation,
+            ch.disconnect_expiry_s,
+            ch.qos2_fence,
         )
 
     async def release(
@@ -349,15 +352,7 @@ class SessionLink:
             if conn.closed:
                 # It ended while being re-asserted: its release may have come first, found no
                 # entry, and the re-claim installed one again; release that one.
-                ch = conn.channel
-                await self.release(
-                    ch.tenant,
-                    ch.client_id,
-                    ch.epoch,
-                    ch.incarnation,
-                    ch.disconnect_expiry_s,
-                    ch.qos2_fence,
-                )
+                await self._release_connection(conn)
 
 
 def _held_connection(conn: Conn, wills: Wills) -> session_pb2.HeldConnection:
