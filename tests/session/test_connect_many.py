@@ -86,6 +86,17 @@ async def test_connect_many_refuses_more_than_a_batch(bus: Client) -> None:
     assert InvalidArgumentError  # the status a gRPC caller gets for the same request
 
 
+async def _seen(watch: Client, calls: list[str], at_least: int) -> None:
+    """The spy's callbacks run in their own task after the messages arrive: a flush alone
+    can return before they ran. Wait for `at_least` of them, then for any still under way."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(calls) < at_least:
+        assert asyncio.get_running_loop().time() < deadline, calls
+        await asyncio.sleep(0.01)
+    await watch.flush()
+    await asyncio.sleep(0.05)
+
+
 async def test_connects_asked_for_while_one_is_in_flight_go_together(
     core: Core, bus: Client, nats_url: str
 ) -> None:
@@ -105,7 +116,7 @@ async def test_connects_asked_for_while_one_is_in_flight_go_together(
     try:
         lone = await session.connect(attempt(f"{prefix}-lone", f"{OPEN_TENANT}/{prefix}"))
         assert lone.ok
-        await watch.flush()
+        await _seen(watch, calls, 1)
         assert calls == ["svc.session.connect"]  # nothing in flight: at once, alone
         calls.clear()
         pending = []
@@ -115,7 +126,7 @@ async def test_connects_asked_for_while_one_is_in_flight_go_together(
             await asyncio.sleep(0)
         outcomes = await asyncio.gather(*pending)
         assert all(o.ok for o in outcomes)
-        await watch.flush()
+        await _seen(watch, calls, 2)
         assert 2 <= len(calls) <= 5, calls  # the first alone, the rest together
         assert "svc.session.connects" in calls
     finally:
