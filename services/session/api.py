@@ -378,18 +378,23 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 current=lambda: self._holds(tenant, client_id, epoch),
             )
         except StaleConnectError as exc:
-            # Another session instance opened it for a later connection meanwhile: as if
-            # that one's claim had come first (its registry entry displaced this one's).
-            log.info("connect_stale", extra={"client_id": client_id, "why": str(exc)})
-            # Its registry entry (and kept will) goes: no connection will hold it.
-            await self._registry.end(tenant, client_id, epoch, request.node_id)
-            return pb.ConnectResponse(
-                result=pb.CONNECT_RESULT_TAKEN_OVER,
-                tenant=tenant,
-                epoch=epoch,
-                reason="a newer connection holds the session",
-            )
+            return await self._stale(tenant, request, epoch, exc)
         return epoch, opened
+
+    async def _stale(
+        self, tenant: str, request: pb.ConnectRequest, epoch: int, exc: StaleConnectError
+    ) -> pb.ConnectResponse:
+        """A later connection took the client id while this CONNECT opened the session (on
+        another instance): answered as if that one's claim had come first."""
+        log.info("connect_stale", extra={"client_id": request.client_id, "why": str(exc)})
+        # Its registry entry (and kept will) goes: no connection will hold it.
+        await self._registry.end(tenant, request.client_id, epoch, request.node_id)
+        return pb.ConnectResponse(
+            result=pb.CONNECT_RESULT_TAKEN_OVER,
+            tenant=tenant,
+            epoch=epoch,
+            reason="a newer connection holds the session",
+        )
 
     async def _holds(self, tenant: str, client_id: str, epoch: int) -> bool:
         """This connection's registry entry is still the client id's installed one."""

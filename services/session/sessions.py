@@ -178,9 +178,7 @@ class Sessions:
             # in it). Expired rather than deleted: if the discard fails, the expiry sweep
             # ends it (a new persistent session writes over its record anyway). Expired
             # since 0, whatever the clock of the session instance that reads it next.
-            ended = dataclasses.replace(
-                d.discard, expiry_interval_s=0, connected=False, disconnected_at_ms=0
-            )
+            ended = _ended(d.discard)
             if ended != rec and not await self._store.replace_session(ended, rec):
                 return None
         fence = 0
@@ -238,9 +236,7 @@ class Sessions:
         """Write `rec` disconnected since `at_ms` (expiry 0: ended, then discarded) if the
         store still has it as read; False if another write came first."""
         if expiry == 0:
-            ended = dataclasses.replace(
-                rec, expiry_interval_s=0, connected=False, disconnected_at_ms=0
-            )
+            ended = _ended(rec)
             if not await self._store.replace_session(ended, rec):
                 return False
             await self._discard(ended)
@@ -308,9 +304,7 @@ class Sessions:
                     continue  # resumed or replaced since the scan
                 if _ended_by_clean_start(cur):
                     continue  # ended since the scan (a clean start, another sweep): theirs
-                rec = dataclasses.replace(
-                    cur, expiry_interval_s=0, connected=False, disconnected_at_ms=0
-                )
+                rec = _ended(cur)
                 if not await self._store.replace_session(rec, cur):
                     continue
                 # Reported once: by the instance whose write ended it (a discard that fails
@@ -345,6 +339,12 @@ def _opened_since(rec: SessionRecord, fence: int, epoch: int) -> bool:
     if fence:
         return rec.qos2_fence != fence
     return bool(epoch) and rec.qos2_fence > epoch
+
+
+def _ended(rec: SessionRecord) -> SessionRecord:
+    """`rec` ended now: expired since 0 whatever any instance's clock, and resumable by
+    nobody (what `_ended_by_clean_start` recognises)."""
+    return dataclasses.replace(rec, expiry_interval_s=0, connected=False, disconnected_at_ms=0)
 
 
 def _ended_by_clean_start(rec: SessionRecord) -> bool:

@@ -24,7 +24,7 @@ from services.common.rpc.admin_auth import TokenResolver, tenant_of
 from services.common.rpc.credentials import MESH_METADATA_KEY
 from services.common.rpc.errors import status_for
 from services.common.telemetry import extract
-from services.common.tenant_name import TENANT_NAME
+from services.common.tenant_name import check_tenant
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("starling.rpc")
@@ -204,11 +204,11 @@ def _tenant_named(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
     async def checked(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
         tenant = tenant_of(request)
-        if tenant and not TENANT_NAME.fullmatch(tenant):
-            await ctx.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"invalid tenant name {tenant[:80]!r}: 1-64 of [A-Za-z0-9_-]",
-            )
+        if tenant:
+            try:
+                check_tenant(tenant)
+            except ValueError as exc:
+                await ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return await inner(request, ctx)
 
     return _wrap_unary(handler, checked)
