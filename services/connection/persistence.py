@@ -132,6 +132,9 @@ class PersistentDelivery:
     async def start(self) -> None:
         if self.closed:  # the connection ended before its turn came
             return
+        # Notices come on NATS, and those that push entries to this reader on the queue
+        # link when its reads and acks go that way (services/queue/link.py).
+        self.queue.listen(self.reader, self._notice)
         self._sub = await self.nc.subscribe(
             subjects.queue_notice(self.tenant, self.queue_id), cb=self._on_notice
         )
@@ -139,7 +142,9 @@ class PersistentDelivery:
         self.pump()
 
     async def _on_notice(self, msg: Msg) -> None:
-        notice = parse_notice(msg.data)
+        self._notice(parse_notice(msg.data))
+
+    def _notice(self, notice: Notice) -> None:
         self.announced = max(self.announced, notice.last_seq)
         if notice.pushed and notice.reader == self.reader and not self.closed:
             if self._reading and len(self._stash) < STASH_MAX:
@@ -409,6 +414,7 @@ class PersistentDelivery:
         if self.closed:
             return
         self.closed = True
+        self.queue.unlisten(self.reader)
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()

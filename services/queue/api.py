@@ -32,6 +32,7 @@ from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.queue.config import QueueSettings
 from services.queue.core import RouteVersions, expires_at_ms, partition_of
 from services.queue.depths import QueueDepths
+from services.queue.link import CURRENT_LINK, ServerLink
 from services.queue.ownership import Partitions
 from services.queue.readers import Lease, Readers
 from services.quota.copies import LimitsCopies
@@ -44,6 +45,9 @@ tracer = trace.get_tracer("starling.queue")
 
 # An entry the tenant's max_queue_depth refused (the store's FULL, under the quota's cap).
 _QUOTA_REFUSED = "quota_refused"
+# Readers whose notices follow their link (one per connected persistent session on a node
+# using one): past it, new ones get theirs on NATS.
+MAX_LINKED_READERS = 1_000_000
 
 _RESULT = {
     AppendOutcome.OK: pb.APPEND_RESULT_OK,
@@ -151,6 +155,9 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         # Other instances' byte figures older than three of their periods are forgotten.
         self._peers_ttl_s = 3 * settings.queued_bytes_share_s
         self.readers = Readers()
+        # The link each reader's Reads and Acks come on (services/queue/link.py): its pushed
+        # notices go there instead of NATS. Entries leave with the reader's detach or the link.
+        self._links: dict[str, ServerLink] = {}
         self.routes = RouteVersions()
         # Entries waiting per tenant in this instance's partitions (reported to metrics).
         self.depths = QueueDepths(parts.count, lambda: parts.epochs.keys())
@@ -388,9 +395,13 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         `pushed` entries for the `lease`'s reader), and report drops."""
         if AppendOutcome.OK in report.outcomes:
             notice = pb.QueueNotice(tenant=tenant, queue_id=qid, last_seq=report.last_seq)
+            link = None
             if pushed is not None and lease is not None:
                 _push(notice, lease.reader, pushed, report)
-            await self._nats.publish(subjects.queue_notice(tenant, qid), notice.SerializeToString())
+                link = self._links.get(lease.reader)
+            data = notice.SerializeToString()
+            if link is None or not link.notice(data):
+                await self._nats.publish(subjects.queue_notice(tenant, qid), data)
         if report.dropped:
             await self._dropped(tenant, qid, report.dropped)
 
@@ -442,6 +453,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         if reader and self._parts.owns(
             partition_of(request.tenant, request.queue_id, self._parts.count)
         ):
+            self._note_link(reader)
             delivered = self.readers.delivered_before(
                 request.tenant, request.queue_id, reader, delivered
             )
@@ -463,7 +475,9 @@ class QueueApi(pb_grpc.QueueServiceServicer):
     ) -> pb.AckResponse:
         if request.detach_reader:
             self.readers.detach(request.tenant, request.queue_id, request.detach_reader)
+            self._links.pop(request.detach_reader, None)
         elif request.reader:  # before any await: a Read sent after this Ack sets it later
+            self._note_link(request.reader)
             self.readers.renew(
                 request.tenant,
                 request.queue_id,
@@ -482,6 +496,20 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             finally:
                 self.depths.end(p, request.tenant, change)
         return pb.AckResponse()
+
+    def _note_link(self, reader: str) -> None:
+        """The call being served names `reader`: its pushes follow the link it came on (and
+        NATS when it came another way)."""
+        link = CURRENT_LINK.get()
+        if link is None:
+            self._links.pop(reader, None)
+        elif len(self._links) < MAX_LINKED_READERS or reader in self._links:
+            self._links[reader] = link
+
+    def link_closed(self, link: ServerLink) -> None:
+        """A node's link ended: its readers' notices go on NATS again."""
+        for reader in [r for r, lk in self._links.items() if lk is link]:
+            del self._links[reader]
 
     async def MarkReleased(
         self, request: pb.MarkReleasedRequest, context: grpc.aio.ServicerContext

@@ -191,7 +191,23 @@ OWNER_WAIT_S = 3.0
 class QueueClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.QueueServiceStub, timeout_s=timeout_s)
-        self._calls = OwnerCalls(self._rpc, timeout_s)
+        self._calls = OwnerCalls(self._rpc, timeout_s, self._on_link_notice)
+        # Readers (persistent deliveries) that take the notices pushed to them on a queue link.
+        self._listeners: dict[str, Callable[[Notice], None]] = {}
+
+    def listen(self, reader: str, on_notice: Callable[[Notice], None]) -> None:
+        """Hand the notices pushed to `reader` on a queue link to `on_notice` (the others
+        come on NATS, where the reader subscribes as well)."""
+        self._listeners[reader] = on_notice
+
+    def unlisten(self, reader: str) -> None:
+        self._listeners.pop(reader, None)
+
+    def _on_link_notice(self, data: bytes) -> None:
+        notice = parse_notice(data)
+        listener = self._listeners.get(notice.reader)
+        if listener is not None:
+            listener(notice)
 
     def use_bus(self, nc: Client) -> None:
         """Send append, read, ack and mark_released over NATS request/reply from now on

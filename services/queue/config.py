@@ -39,6 +39,24 @@ class QueueSettings(ServiceSettings):
         "too large for NATS go to a partition's owner there); default grpc_host:grpc_port, or this "
         "host's address when grpc_host is 0.0.0.0.",
     )
+    link_enabled: bool = Field(
+        default=True,
+        description="Serve the queue link: connection nodes send their appends, reads and acks "
+        "to this instance over a TCP connection of their own instead of NATS request/reply, and "
+        "get pushed entries on it (services/queue/link.py); off: all of it over NATS.",
+    )
+    link_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Port of the queue link (on grpc_host); 0 picks one. Instances announce it, "
+        "so nodes need no setting.",
+    )
+    link_advertise_address: str = Field(
+        default="",
+        description="host:port at which nodes reach the queue link; default grpc_host and the "
+        "bound port, or this host's address when grpc_host is 0.0.0.0.",
+    )
     max_queue_depth: int = Field(
         default=1_000_000,
         ge=0,

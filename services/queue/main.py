@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect, drain
+from services.common.bus.large import limit
 from services.common.bus.unary import (
     ACK_SUBJECT,
     APPEND_SUBJECT,
@@ -36,6 +37,7 @@ from services.metrics.client import MetricsClient, TenantCounters, report_every
 from services.queue.api import QueueAdminApi, QueueApi
 from services.queue.config import QueueSettings
 from services.queue.leases import LeaseTable
+from services.queue.link import HEADER_BYTES, METHODS, Handler, LinkServer
 from services.queue.ownership import Partitions
 from services.quota.client import QuotaClient
 from services.quota.copies import LimitsCopies
@@ -79,6 +81,7 @@ class QueueService:
         self._api = QueueApi(self._store, self._parts, self._s, self._nats, self._limits)  # type: ignore[arg-type]
         register_refusal_metrics(self._api.refusals, "starling.queue")
         self._servers: list[UnaryServer] = []
+        self._link: LinkServer | None = None
         self._reporter: asyncio.Task[None] | None = None
         self._depth_scans: asyncio.Task[None] | None = None
         self._sharing: asyncio.Task[None] | None = None
@@ -108,6 +111,7 @@ class QueueService:
         # The persistent path's calls come over NATS too: on the shared subjects (a caller
         # that knows no owner yet; any instance) and on this instance's own ones.
         api = self._api
+        on_link: dict[int, Handler] = {}
         for subject, method, request in (
             (APPEND_SUBJECT, api.Append, pb.AppendRequest),
             (DIRECT_APPEND_SUBJECT, api.DirectAppend, pb.AppendRequest),
@@ -116,6 +120,8 @@ class QueueService:
             (RELEASED_SUBJECT, api.MarkReleased, pb.MarkReleasedRequest),
         ):
             handler = servicer_handler(method, request)
+            if subject in METHODS:
+                on_link[METHODS[subject]] = handler
             self._servers.append(UnaryServer(nc, subject, "queue", handler))
             own = instance_subject(subject, self.instance_id)
             self._servers.append(UnaryServer(nc, own, "", handler))
@@ -130,6 +136,15 @@ class QueueService:
         )
         for server in self._servers:
             await server.start()
+        if self._s.link_enabled:
+            # A frame holds what one NATS message holds, as NATS is the link's fallback.
+            s = self._s
+            secret = s.mesh_secret.get_secret_value() if s.mesh_auth == "secret" else None
+            self._link = LinkServer(
+                on_link, secret, limit(nc) + HEADER_BYTES + 1, on_close=api.link_closed
+            )
+            await self._link.start(self._s.grpc_host, self._s.link_port)
+            self._parts.link_address = _link_advertised(self._s, self._link.port)
         await self._parts.announce()
         self._leasing = asyncio.create_task(self._parts.run(), name="queue-leases")
         self._depth_scans = asyncio.create_task(self._scan_depths(), name="queue-depths")
@@ -208,6 +223,8 @@ class QueueService:
             self._depth_scans.cancel()
         for server in self._servers:
             await server.stop()
+        if self._link is not None:
+            await self._link.stop(self._s.shutdown_grace_s)
         if self._leasing is not None:
             self._leasing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -228,14 +245,25 @@ def _advertised(settings: QueueSettings) -> str:
         return settings.grpc_advertise_address
     if not settings.grpc_port:
         return ""
-    host = settings.grpc_host
+    return f"{_reachable(settings.grpc_host)}:{settings.grpc_port}"
+
+
+def _link_advertised(settings: QueueSettings, port: int) -> str:
+    """Where nodes reach this instance's queue link (bound on grpc_host, at `port`)."""
+    if settings.link_advertise_address:
+        return settings.link_advertise_address
+    host = _reachable(settings.grpc_host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reachable(host: str) -> str:
     if host in ("0.0.0.0", "::", ""):
         # Bound on every interface (a container): this host's address (a pod's IP).
         try:
-            host = socket.gethostbyname(socket.gethostname())
+            return socket.gethostbyname(socket.gethostname())
         except OSError:
-            host = socket.gethostname()
-    return f"{host}:{settings.grpc_port}"
+            return socket.gethostname()
+    return host
 
 
 def main() -> int:

@@ -7,6 +7,9 @@ instance that stops owning the queue (it died: its lease ran out and another cla
 partition) would wait for its whole timeout; it ends at the announcement of the new owner
 instead (UnavailableError), and the caller retries there. Appends are idempotent per message
 id, so a retry of an append that was stored after all stores nothing twice.
+
+A call to an owner that announced a queue link goes on it (services/queue/link.py), and over
+NATS when the link cannot take it or broke under it.
 """
 
 from __future__ import annotations
@@ -20,11 +23,20 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from opentelemetry import trace
 
 from services.common.bus import unary
-from services.common.bus.unary import QUEUE_OWNERS_SUBJECT, UnaryClient, instance_subject
+from services.common.bus.large import limit
+from services.common.bus.unary import (
+    QUEUE_OWNERS_SUBJECT,
+    ReplyTooLargeError,
+    UnaryClient,
+    instance_subject,
+)
 from services.common.rpc.client import LazyStub
+from services.common.rpc.credentials import mesh_metadata
 from services.common.rpc.errors import UnavailableError
+from services.queue.link import HEADER_BYTES, METHODS, LinkDownError, LinkLostError, QueueLink
 from services.queue.owners import Owner, OwnerMap
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
@@ -36,7 +48,9 @@ Stub = LazyStub[pb_grpc.QueueServiceStub]
 
 
 class OwnerCalls:
-    def __init__(self, rpc: Stub, timeout_s: float) -> None:
+    def __init__(
+        self, rpc: Stub, timeout_s: float, on_notice: Callable[[bytes], None] = lambda _: None
+    ) -> None:
         self.rpc = rpc  # the configured queue address (no owner known)
         self.owners = OwnerMap()
         self.bus: UnaryClient | None = None
@@ -45,10 +59,50 @@ class OwnerCalls:
         self._stubs: dict[str, Stub] = {}
         self._following = False
         self._moved: asyncio.Future[None] | None = None
+        # Queue links by address (services/queue/link.py): a call to an owner that announced
+        # one goes there; NATS when it cannot.
+        self._links: dict[str, QueueLink] = {}
+        self._on_notice = on_notice
 
     def use_bus(self, nc: Client) -> None:
         self._nc = nc
         self.bus = UnaryClient(nc, self._timeout_s)
+
+    def _link(self, owner: Owner) -> QueueLink | None:
+        if not owner.link_address or self._nc is None:
+            return None
+        link = self._links.get(owner.link_address)
+        if link is None:
+            secret = next((v for k, v in mesh_metadata()), "")
+            # A frame holds what one NATS message holds: the same requests fit both.
+            max_frame = limit(self._nc) + HEADER_BYTES + 1
+            link = QueueLink(owner.link_address, secret, max_frame, self._on_notice)
+            self._links[owner.link_address] = link
+        return link
+
+    async def _at(
+        self,
+        owner: Owner,
+        subject: str,
+        rpc: Stub,
+        method: Callable[[Stub], Callable[..., Awaitable[R]]],
+        req: ProtoMessage,
+        reply: type[R],
+    ) -> R:
+        """`req` at `owner`: on its link if it has one (a traced call keeps NATS, whose
+        headers carry its span context), else over NATS (or gRPC, for the large)."""
+        link = self._link(owner)
+        code = METHODS.get(subject)
+        if link is not None and code is not None and not trace.get_current_span().is_recording():
+            try:
+                data = req.SerializeToString()
+                return reply.FromString(await link.call(code, data, self._timeout_s))
+            except (LinkDownError, LinkLostError):
+                pass  # not sent, or the link broke under it: NATS (every call may repeat)
+            except ReplyTooLargeError:
+                return await rpc.call(method(rpc), req)
+        own = instance_subject(subject, owner.instance_id)
+        return await unary.call(self.bus, own, rpc, method(rpc), req, reply)
 
     async def follow(self) -> None:
         """Listen to the owners' announcements (once; at the first call)."""
@@ -97,10 +151,7 @@ class OwnerCalls:
         ((tenant, queue_id)); UnavailableError if it stops owning one of them meanwhile."""
         if owner is None:
             return await unary.call(self.bus, subject, self.rpc, method(self.rpc), req, reply)
-        rpc = self._stub(owner)
-        call = unary.call(
-            self.bus, instance_subject(subject, owner.instance_id), rpc, method(rpc), req, reply
-        )
+        call = self._at(owner, subject, self._stub(owner), method, req, reply)
         if self.owners.sole is not None:
             return await call  # one instance: nothing to move to
         task = asyncio.ensure_future(call)
@@ -117,5 +168,7 @@ class OwnerCalls:
                 task.cancel()
 
     async def close(self) -> None:
+        for link in self._links.values():
+            link.close()
         for stub in self._stubs.values():
             await stub.close()

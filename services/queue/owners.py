@@ -22,6 +22,7 @@ from starling.queue.v1 import queue_pb2 as pb
 class Owner:
     instance_id: str
     grpc_address: str
+    link_address: str = ""
 
 
 class OwnerMap:
@@ -39,7 +40,7 @@ class OwnerMap:
             # A new partition count (a redeployment): what was known does not apply.
             self.partitions = ann.partition_count
             self._owner.clear()
-        owner = Owner(ann.instance_id, ann.grpc_address)
+        owner = Owner(ann.instance_id, ann.grpc_address, ann.link_address)
         changed = False
         claimed = set()
         if not ann.leaving:

@@ -48,6 +48,7 @@ class Partitions:
         self.instances = settings.instance_count
         self.instance_id = instance_id
         self.grpc_address = grpc_address
+        self.link_address = ""  # set once the queue link listens
         self.epochs: dict[int, int] = {}
         self.locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._leases = leases
@@ -118,6 +119,7 @@ class Partitions:
             partitions=owned,
             epochs=[self.epochs[p] for p in owned],
             grpc_address=self.grpc_address,
+            link_address=self.link_address,
             leaving=leaving,
         )
 

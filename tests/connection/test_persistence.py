@@ -57,6 +57,12 @@ class FakeQueue:
     ) -> None:
         self.acked_through = max(self.acked_through, through_seq)
 
+    def listen(self, reader: str, on_notice: object) -> None:  # link notices: tests/queue
+        pass
+
+    def unlisten(self, reader: str) -> None:
+        pass
+
     async def mark_released(self, tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
         self.released += seqs
 

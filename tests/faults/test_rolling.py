@@ -150,16 +150,27 @@ def _check_rule(r: redis.Redis, load: Load) -> None:
 
 
 def _stream_leader(launcher: Launcher, stream: str) -> str:
-    """The NATS server (component name = server_name) leading `stream`."""
+    """The NATS server (component name = server_name) leading `stream`. Right after its
+    leader (or the meta leader) was killed, the JetStream API answers nothing until the
+    survivors elect new ones: asked again for up to 30 s."""
 
     async def ask() -> str:
         urls = [f"nats://127.0.0.1:{c.port}" for c in launcher.mesh.components if c.kind == "nats"]
         nc = await nats.connect(urls, user="operator", password=launcher.secrets.nats["operator"])
+        deadline = time.monotonic() + 30
         try:
-            info = await nc.jetstream().stream_info(stream)
-            assert info.config.num_replicas == 3, info.config
-            assert info.cluster is not None and info.cluster.leader, info
-            return str(info.cluster.leader)
+            while True:
+                try:
+                    info = await nc.jetstream().stream_info(stream)
+                except nats.errors.TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise
+                    continue
+                assert info.config.num_replicas == 3, info.config
+                if info.cluster is not None and info.cluster.leader:
+                    return str(info.cluster.leader)
+                assert time.monotonic() < deadline, f"no leader of {stream}: {info}"
+                await asyncio.sleep(0.2)
         finally:
             await nc.close()
 

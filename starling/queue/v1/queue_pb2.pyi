@@ -568,12 +568,15 @@ class QueueOwners(_message.Message):
     EPOCHS_FIELD_NUMBER: _builtins.int
     GRPC_ADDRESS_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
+    LINK_ADDRESS_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     partition_count: _builtins.int
     grpc_address: _builtins.str
     """host:port, for calls too large for one NATS message"""
     leaving: _builtins.bool
     """stopping: it owns nothing from now on"""
+    link_address: _builtins.str
+    """host:port of its queue link (services/queue/link.py); empty: none, calls go over NATS."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -589,10 +592,11 @@ class QueueOwners(_message.Message):
         epochs: _abc.Iterable[_builtins.int] | None = ...,
         grpc_address: _builtins.str = ...,
         leaving: _builtins.bool = ...,
+        link_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epochs", b"epochs", "grpc_address", b"grpc_address", "instance_id", b"instance_id", "leaving", b"leaving", "partition_count", b"partition_count", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epochs", b"epochs", "grpc_address", b"grpc_address", "instance_id", b"instance_id", "leaving", b"leaving", "link_address", b"link_address", "partition_count", b"partition_count", "partitions", b"partitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,241 @@
+"""The queue link (services/queue/link.py): calls and pushed notices on a node's own TCP
+connection to a queue instance, and NATS whenever the link cannot take them. First the
+transport alone (real sockets), then a queue service in this process with a client that
+follows its ownership announcements, as a connection node's does."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.msg import Msg
+
+from services.common.bus import subjects
+from services.common.bus.client import connect
+from services.common.bus.unary import ReplyTooLargeError
+from services.common.rpc.errors import InvalidArgumentError, ServiceError, UnavailableError
+from services.queue.client import NewEntry, Notice, QueueClient, parse_notice
+from services.queue.config import QueueSettings
+from services.queue.link import MAX_IN_FLIGHT, LinkDownError, LinkServer, QueueLink
+from services.queue.main import QueueService
+from starling.common.v1.message_pb2 import Publisher, RoutedMessage
+from tests.inproc import serving
+
+SECRET = "s3cret"
+MAX_FRAME = 4096
+
+
+class Echo:
+    """Handlers of a link server: method 1 echoes, 2 refuses, 3 answers too much, 4 waits."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+        self.waiting = 0
+
+    async def echo(self, data: bytes) -> bytes:
+        self.calls += 1
+        return data[::-1]
+
+    async def refuse(self, data: bytes) -> bytes:
+        self.calls += 1
+        raise InvalidArgumentError("not that one")
+
+    async def huge(self, data: bytes) -> bytes:
+        self.calls += 1
+        return b"x" * MAX_FRAME
+
+    async def slow(self, data: bytes) -> bytes:
+        self.calls += 1
+        self.waiting += 1
+        await self.release.wait()
+        return data
+
+    def handlers(self) -> dict[int, object]:
+        return {1: self.echo, 2: self.refuse, 3: self.huge, 4: self.slow}
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[LinkServer, Echo]]:
+    echo = Echo()
+    server = LinkServer(echo.handlers(), SECRET, MAX_FRAME)  # type: ignore[arg-type]
+    await server.start("127.0.0.1", 0)
+    yield server, echo
+    await server.stop(0.5)
+
+
+def _link(server: LinkServer, secret: str = SECRET) -> tuple[QueueLink, list[bytes]]:
+    notices: list[bytes] = []
+    return QueueLink(f"127.0.0.1:{server.port}", secret, MAX_FRAME, notices.append), notices
+
+
+async def test_calls_replies_errors_and_notices_on_one_connection(
+    served: tuple[LinkServer, Echo],
+) -> None:
+    server, echo = served
+    link, notices = _link(server)
+    try:
+        assert await link.call(1, b"abc", 2.0) == b"cba"
+        answers = await asyncio.gather(*(link.call(1, bytes([i]) * 3, 2.0) for i in range(50)))
+        assert answers == [bytes([i]) * 3 for i in range(50)]
+        with pytest.raises(InvalidArgumentError, match="not that one"):
+            await link.call(2, b"", 2.0)
+        with pytest.raises(ReplyTooLargeError):  # the caller asks again over gRPC
+            await link.call(3, b"", 2.0)
+        with pytest.raises(LinkDownError):  # never sent: it goes over NATS instead
+            await link.call(1, b"y" * MAX_FRAME, 2.0)
+        (side,) = server.links
+        assert side.notice(b"pushed")
+        for _ in range(100):
+            if notices:
+                break
+            await asyncio.sleep(0.01)
+        assert notices == [b"pushed"]
+        assert len(server.links) == 1  # every call and the notice shared one connection
+        assert echo.calls == 53  # the oversized request never reached the server
+    finally:
+        link.close()
+
+
+async def test_calls_past_the_in_flight_bound_wait_in_tcp_and_are_all_answered(
+    served: tuple[LinkServer, Echo],
+) -> None:
+    server, echo = served
+    link, _ = _link(server)
+    try:
+        calls = [asyncio.ensure_future(link.call(4, b"%d" % i, 10.0)) for i in range(300)]
+        for _ in range(300):
+            if echo.waiting >= MAX_IN_FLIGHT:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert echo.waiting == MAX_IN_FLIGHT  # the server stopped reading the link
+        echo.release.set()
+        assert await asyncio.gather(*calls) == [b"%d" % i for i in range(300)]
+    finally:
+        link.close()
+
+
+async def test_a_wrong_secret_gets_no_call_served_and_the_link_is_not_retried_at_once(
+    served: tuple[LinkServer, Echo],
+) -> None:
+    server, echo = served
+    link, _ = _link(server, secret="guess")
+    try:
+        with pytest.raises((UnavailableError, LinkDownError)):
+            await link.call(1, b"abc", 2.0)
+        with pytest.raises(LinkDownError):  # down for a while: the calls go over NATS
+            await link.call(1, b"abc", 2.0)
+        assert echo.calls == 0
+    finally:
+        link.close()
+
+
+async def test_a_stopped_server_fails_the_calls_under_way_as_unavailable(
+    served: tuple[LinkServer, Echo],
+) -> None:
+    server, echo = served
+    link, _ = _link(server)
+    try:
+        under_way = asyncio.ensure_future(link.call(4, b"x", 10.0))
+        for _ in range(100):
+            if echo.waiting:
+                break
+            await asyncio.sleep(0.01)
+        await server.stop(0.05)
+        with pytest.raises(UnavailableError):  # callers retry (appends are idempotent)
+            await under_way
+        with pytest.raises(LinkDownError):
+            await link.call(1, b"abc", 2.0)
+    finally:
+        echo.release.set()
+        link.close()
+
+
+TENANT = "t"
+
+
+def _entry(qid: str, topic: str) -> NewEntry:
+    msg = RoutedMessage(
+        tenant=TENANT,
+        topic=topic,
+        payload=b"p",
+        qos=1,
+        publisher=Publisher(client_id="pub", node_id="n1"),
+        message_id=f"{topic}-{uuid.uuid4().hex}",
+    )
+    return NewEntry(qid, msg, 1, False)
+
+
+async def test_a_node_client_uses_the_announced_link_and_falls_back_to_nats(
+    nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Appends, reads and acks of a client that follows the ownership announcements go on
+    the instance's link; entries pushed to its reader come on the link, not on NATS. With
+    the link gone, the same calls go over NATS, and so do the pushes."""
+    settings = QueueSettings(
+        nats_url=nats_url,
+        redis_url=redis_url,
+        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",
+        data_dir=tmp_path_factory.mktemp("queue-link"),
+        metrics_port=-1,
+        node_id="queue-link-test",
+        mesh_auth="disabled",
+    )
+    service = QueueService(settings)
+    async with serving(service) as addr:
+        link_server = service._link
+        assert link_server is not None
+        nc = await connect(nats_url, "link-test")
+        client = QueueClient(addr, timeout_s=2.0)
+        client.use_bus(nc)
+        # Other tests' queue services announce on the same NATS: this client knows this
+        # instance only, as a node of its mesh would.
+        calls = client._calls
+        calls._following = True
+        calls.owners.learn(service._parts.announcement())
+        qid = f"dev{uuid.uuid4().hex[:6]}#1"
+        on_nats: list[Notice] = []
+        on_link: list[Notice] = []
+
+        async def nats_notice(m: Msg) -> None:
+            on_nats.append(parse_notice(m.data))
+
+        await nc.subscribe(subjects.queue_notice(TENANT, qid), cb=nats_notice)
+        client.listen("R", on_link.append)
+        try:
+            await client.read(TENANT, qid, 1, 10)
+            assert link_server.links, "the client did not open the announced link"
+            # What a node's NATS user may not do, its link does not do either: an append not
+            # checked against a route table's version (the router's svc.queue.append).
+            (link,) = client._calls._links.values()
+            with pytest.raises(ServiceError, match="no method 1"):
+                await link.call(1, b"", 2.0)
+            await client.append(TENANT, [_entry(qid, "a1")])
+            r = await client.read(TENANT, qid, 1, 100, mark_delivered=True, reader="R")
+            assert [e.seq for e in r.entries] == [1]
+            await client.append(TENANT, [_entry(qid, "a2")])
+            for _ in range(200):
+                if on_link:
+                    break
+                await asyncio.sleep(0.01)
+            assert [(n.first_seq, n.pushed) for n in on_link] == [(2, 1)]
+            assert all(n.pushed == 0 for n in on_nats)  # the push did not also go on NATS
+            await client.ack(TENANT, qid, 2, renew=("R", 10, 2))
+
+            # The link stops (as when its port is blocked): NATS carries everything.
+            await link_server.stop(0.1)
+            await client.append(TENANT, [_entry(qid, "a3")])
+            for _ in range(200):
+                if any(n.pushed for n in on_nats):
+                    break
+                await asyncio.sleep(0.01)
+            assert [(n.first_seq, n.pushed) for n in on_nats if n.pushed] == [(3, 1)]
+            r = await client.read(TENANT, qid, 3, 100, mark_delivered=True, reader="R")
+            assert [e.seq for e in r.entries] == [3]
+        finally:
+            client.unlisten("R")
+            await client.close()
+            await nc.close()
