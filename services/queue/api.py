@@ -32,7 +32,7 @@ from services.common.telemetry import TENANT_ATTRIBUTE, message_spans
 from services.queue.config import QueueSettings
 from services.queue.core import RouteVersions, expires_at_ms, partition_of
 from services.queue.depths import QueueDepths
-from services.queue.link import CURRENT_LINK, ServerLink
+from services.queue.link import CURRENT_LINK
 from services.queue.ownership import Partitions
 from services.queue.readers import Lease, Readers
 from services.quota.copies import LimitsCopies
@@ -45,9 +45,6 @@ tracer = trace.get_tracer("starling.queue")
 
 # An entry the tenant's max_queue_depth refused (the store's FULL, under the quota's cap).
 _QUOTA_REFUSED = "quota_refused"
-# Readers whose notices follow their link (one per connected persistent session on a node
-# using one): past it, new ones get theirs on NATS.
-MAX_LINKED_READERS = 1_000_000
 
 _RESULT = {
     AppendOutcome.OK: pb.APPEND_RESULT_OK,
@@ -155,9 +152,6 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         # Other instances' byte figures older than three of their periods are forgotten.
         self._peers_ttl_s = 3 * settings.queued_bytes_share_s
         self.readers = Readers()
-        # The link each reader's Reads and Acks come on (services/queue/link.py): its pushed
-        # notices go there instead of NATS. Entries leave with the reader's detach or the link.
-        self._links: dict[str, ServerLink] = {}
         self.routes = RouteVersions()
         # Entries waiting per tenant in this instance's partitions (reported to metrics).
         self.depths = QueueDepths(parts.count, lambda: parts.epochs.keys())
@@ -398,7 +392,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             link = None
             if pushed is not None and lease is not None:
                 _push(notice, lease.reader, pushed, report)
-                link = self._links.get(lease.reader)
+                link = lease.link
             data = notice.SerializeToString()
             if link is None or not link.notice(data):
                 await self._nats.publish(subjects.queue_notice(tenant, qid), data)
@@ -453,7 +447,6 @@ class QueueApi(pb_grpc.QueueServiceServicer):
         if reader and self._parts.owns(
             partition_of(request.tenant, request.queue_id, self._parts.count)
         ):
-            self._note_link(reader)
             delivered = self.readers.delivered_before(
                 request.tenant, request.queue_id, reader, delivered
             )
@@ -466,6 +459,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 room=limit - len(entries),
                 mark=delivered,
             )
+            self._note_link(request.tenant, request.queue_id, reader)
         resp.last_seq = scanned
         resp.delivered_through = delivered
         return resp
@@ -475,9 +469,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
     ) -> pb.AckResponse:
         if request.detach_reader:
             self.readers.detach(request.tenant, request.queue_id, request.detach_reader)
-            self._links.pop(request.detach_reader, None)
         elif request.reader:  # before any await: a Read sent after this Ack sets it later
-            self._note_link(request.reader)
             self.readers.renew(
                 request.tenant,
                 request.queue_id,
@@ -485,6 +477,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 request.room,
                 request.seen_through,
             )
+            self._note_link(request.tenant, request.queue_id, request.reader)
         if request.through_seq:
             p = self.depths.partition(request.tenant, request.queue_id)
             change = QueueChange()
@@ -497,19 +490,12 @@ class QueueApi(pb_grpc.QueueServiceServicer):
                 self.depths.end(p, request.tenant, change)
         return pb.AckResponse()
 
-    def _note_link(self, reader: str) -> None:
-        """The call being served names `reader`: its pushes follow the link it came on (and
-        NATS when it came another way)."""
-        link = CURRENT_LINK.get()
-        if link is None:
-            self._links.pop(reader, None)
-        elif len(self._links) < MAX_LINKED_READERS or reader in self._links:
-            self._links[reader] = link
-
-    def link_closed(self, link: ServerLink) -> None:
-        """A node's link ended: its readers' notices go on NATS again."""
-        for reader in [r for r, lk in self._links.items() if lk is link]:
-            del self._links[reader]
+    def _note_link(self, tenant: str, queue_id: str, reader: str) -> None:
+        """The call being served (a Read or a renewing Ack by `reader`) came on a queue link,
+        or not: if `reader` holds the queue's lease, its pushes follow that way."""
+        lease = self.readers.get(tenant, queue_id)
+        if lease is not None and lease.reader == reader:
+            lease.link = CURRENT_LINK.get()
 
     async def MarkReleased(
         self, request: pb.MarkReleasedRequest, context: grpc.aio.ServicerContext

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.common.config import ServiceSettings
+from services.queue.link import parse_address
 
 
 class QueueSettings(ServiceSettings):
@@ -57,6 +58,14 @@ class QueueSettings(ServiceSettings):
         description="host:port at which nodes reach the queue link; default grpc_host and the "
         "bound port, or this host's address when grpc_host is 0.0.0.0.",
     )
+
+    @field_validator("link_advertise_address")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        if v:
+            parse_address(v)  # ValueError names the setting
+        return v
+
     max_queue_depth: int = Field(
         default=1_000_000,
         ge=0,

@@ -9,12 +9,14 @@ nats-py's request machinery costs more CPU than the call it carries. A persisten
 crosses three such hops before its subscriber has it (append, its reply, the notice).
 
 What does not change: the requests and replies are the same protobuf messages, served by the
-same servicer methods as over NATS and gRPC. NATS stays the fallback for every call the link
-does not take: no link announced by the instance, one that cannot be opened (tried again
-after RETRY_S), a traced call (its span context travels in NATS headers), a request larger
-than a frame. A link that breaks with calls under way fails them with UnavailableError, which
-callers already retry (appends are idempotent per message id). A notice the queue cannot put
-on a link goes on NATS.
+same servicer methods as over NATS and gRPC. NATS stays the way for every call the link does
+not take: no link announced by the instance, a link not open yet (it opens in the background
+at the first call; one that cannot be opened is tried again after RETRY_S), a traced call
+(its span context travels in NATS headers), a request larger than a frame. A call whose link
+breaks under it, or that gets no reply in time (the link is then closed: a silently cut
+connection must not hold every later call for a timeout), is sent again over NATS at once:
+every call the link carries may be repeated (appends are idempotent per message id; reads,
+acks and released marks may repeat). A notice the queue cannot put on a link goes on NATS.
 
 Frames: length (4 bytes, big-endian, of what follows) | kind (1) | call id (4) | body.
   HELLO   node -> queue, first: body = the mesh secret (compared in constant time; nothing
@@ -23,11 +25,13 @@ Frames: length (4 bytes, big-endian, of what follows) | kind (1) | call id (4) |
   REPLY   body = the reply.    ERROR  body = "<gRPC status name> <details>" (TOO_LARGE:
           the reply does not fit a frame; the caller asks again over gRPC).
   NOTICE  queue -> node, call id 0: body = a QueueNotice carrying pushed entries.
-Bounds: frames of at most `max_frame` bytes; at most MAX_IN_FLIGHT calls per link are served
-at once (past that the server stops reading the link, so the node's writes wait in TCP);
-notices are not written to a link with more than NOTICE_BUFFER_MAX bytes unsent (they go on
-NATS). A link that sends anything but HELLO first, a wrong secret, an unknown kind or an
-oversized frame is closed.
+Bounds, at the queue: at most MAX_LINKS links; HELLO within HELLO_TIMEOUT_S and at most
+HELLO_MAX_BYTES; frames of at most `max_frame` bytes; at most MAX_IN_FLIGHT calls per link
+served at once, and none while its unsent replies exceed WRITE_BUFFER_HIGH (the link is not
+read meanwhile, so the node's writes wait in TCP); notices not written to a link with more
+than NOTICE_BUFFER_MAX bytes unsent (they go on NATS). A link that sends anything but HELLO
+first, a wrong secret, an unknown kind or an oversized frame is closed. TCP keep-alive on
+both ends finds a peer that vanished without a word.
 """
 
 from __future__ import annotations
@@ -65,24 +69,46 @@ METHODS = {
     "svc.queue.ack": 4,
     "svc.queue.released": 5,
 }
+MAX_LINKS = 4096  # nodes (and node workers) per queue instance
 MAX_IN_FLIGHT = 256
+HELLO_TIMEOUT_S = 5.0
+HELLO_MAX_BYTES = 1024
+WRITE_BUFFER_HIGH = 8 << 20
 NOTICE_BUFFER_MAX = 4 << 20
 CONNECT_TIMEOUT_S = 1.0
 RETRY_S = 5.0  # a link that could not be opened (or was refused) is not tried for this long
+# A node accepts frames up to this many times its own limit: the two ends take their limits
+# from their own NATS connections, which may disagree a little.
+RECEIVE_SLACK = 4
 
 Handler = Callable[[bytes], Awaitable[bytes]]
 
 
-def _no_delay(transport: asyncio.BaseTransport) -> None:
-    """Small frames go out at once: with Nagle's algorithm a frame written while an earlier
-    one is unacknowledged waits for the peer's delayed ACK (up to 40 ms)."""
+def _tune(transport: asyncio.BaseTransport) -> None:
+    """Small frames go out at once (with Nagle's algorithm a frame written while an earlier
+    one is unacknowledged waits for the peer's delayed ACK, up to 40 ms), and a peer gone
+    without a FIN or RST is found in about 25 s instead of the kernel's two hours."""
     sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sock is None:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def frame(kind: int, call_id: int, body: bytes) -> bytes:
     return _HEAD.pack(len(body) + 5, kind, call_id) + body
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """(host, port) of "host:port" or "[v6]:port"; ValueError otherwise."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not host:port: {address!r}")
+    return host, int(port)
 
 
 class _Frames:
@@ -90,7 +116,7 @@ class _Frames:
 
     def __init__(self, max_frame: int) -> None:
         self._buf = bytearray()
-        self._max = max_frame
+        self.limit = max_frame
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]] | None:
         buf = self._buf
@@ -100,7 +126,7 @@ class _Frames:
         n = len(buf)
         while n - pos >= HEADER_BYTES:
             length, kind, call_id = _HEAD.unpack_from(buf, pos)
-            if length < 5 or length + 4 > self._max:
+            if length < 5 or length + 4 > self.limit:
                 return None
             end = pos + 4 + length
             if end > n:
@@ -109,11 +135,13 @@ class _Frames:
             pos = end
         if pos:
             del buf[:pos]
+        if len(buf) > self.limit:  # a length not read yet cannot make it smaller
+            return None
         return out
 
 
-# The link a call being served came in on (None: NATS or gRPC): the queue remembers it for the
-# reader named in a Read or Ack, and pushes that reader's notices on it.
+# The link a call being served came in on (None: NATS or gRPC): the queue keeps it with the
+# lease of the reader named in a Read or Ack, and pushes that reader's notices on it.
 CURRENT_LINK: ContextVar[ServerLink | None] = ContextVar("queue_link", default=None)
 
 
@@ -122,30 +150,57 @@ class ServerLink(asyncio.Protocol):
 
     def __init__(self, server: LinkServer) -> None:
         self._server = server
-        self._frames = _Frames(server.max_frame)
+        self._frames = _Frames(HELLO_MAX_BYTES)  # the server's limit once HELLO passed
         self._transport: asyncio.Transport | None = None
         self._hello = False
+        self._hello_timer: asyncio.TimerHandle | None = None
         self._waiting: deque[tuple[int, int, bytes]] = deque()
         self._in_flight = 0
-        self._paused = False
+        self._paused = False  # reading paused (self._update_reading)
+        self._write_blocked = False  # unsent replies above WRITE_BUFFER_HIGH
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        _no_delay(transport)
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if len(self._server.links) >= MAX_LINKS or self._server.stopping:
+            self._refuse("too many links" if not self._server.stopping else "stopping")
+            return
+        _tune(transport)
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self._server.links.add(self)
+        self._hello_timer = asyncio.get_running_loop().call_later(
+            HELLO_TIMEOUT_S, self._refuse, "no hello in time"
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._waiting.clear()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         self._server.links.discard(self)
-        self._server.on_close(self)
+
+    def pause_writing(self) -> None:
+        self._write_blocked = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_blocked = False
+        self._drain()
 
     def _refuse(self, why: str) -> None:
+        if self.closed:
+            return
         log.warning("queue_link_refused", extra={"reason": why})
+        self.closed = True
+        self._waiting.clear()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         if self._transport is not None:
             self._transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
         frames = self._frames.feed(data)
         if frames is None:
             self._refuse("frame too large")
@@ -154,29 +209,46 @@ class ServerLink(asyncio.Protocol):
         self._drain()
 
     def _drain(self) -> None:
-        """Serve the frames that came, while fewer than MAX_IN_FLIGHT calls run; stop
-        reading the link while any wait (they are at most one read's worth)."""
+        """Serve the frames that came while fewer than MAX_IN_FLIGHT calls run and the
+        replies go out; stop reading the link while any wait (at most one read's worth)."""
         waiting = self._waiting
-        while waiting and self._in_flight < MAX_IN_FLIGHT and not self.closed:
+        while (
+            waiting
+            and not self.closed
+            and not self._server.stopping
+            and not self._write_blocked
+            and self._in_flight < MAX_IN_FLIGHT
+        ):
             kind, call_id, body = waiting.popleft()
             if not self._hello:
                 if kind != HELLO or not self._server.admits(body):
                     self._refuse("no hello or wrong secret")
                     return
                 self._hello = True
+                self._frames.limit = self._server.max_frame
+                if self._hello_timer is not None:
+                    self._hello_timer.cancel()
             elif kind == CALL and body:
                 self._serve(call_id, body[0], body[1:])
             else:
                 self._refuse(f"unexpected frame kind {kind}")
                 return
+        self._update_reading()
+
+    def _update_reading(self) -> None:
         t = self._transport
         if t is None or self.closed:
             return
-        full = bool(waiting) or self._in_flight >= MAX_IN_FLIGHT
-        if full and not self._paused:
+        hold = (
+            bool(self._waiting)
+            or self._in_flight >= MAX_IN_FLIGHT
+            or self._write_blocked
+            or self._server.stopping
+        )
+        if hold and not self._paused:
             self._paused = True
             t.pause_reading()
-        elif not full and self._paused:
+        elif not hold and self._paused:
             self._paused = False
             t.resume_reading()
 
@@ -225,24 +297,23 @@ class ServerLink(asyncio.Protocol):
         t.write(frame(NOTICE, 0, body))
         return True
 
+    def close(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
+
 
 class LinkServer:
     """Accepts nodes' links; serves `handlers` (method code -> handler of request bytes)."""
 
-    def __init__(
-        self,
-        handlers: dict[int, Handler],
-        secret: str | None,
-        max_frame: int,
-        on_close: Callable[[ServerLink], None] = lambda _: None,
-    ) -> None:
+    def __init__(self, handlers: dict[int, Handler], secret: str | None, max_frame: int) -> None:
         """`secret`: what a node's HELLO must carry (None: mesh_auth disabled, anything)."""
         self.handlers = handlers
         self.names = {code: subject for subject, code in METHODS.items()}
         self.max_frame = max_frame
-        self.on_close = on_close
         self.links: set[ServerLink] = set()
         self.tasks = TaskSet()
+        self.stopping = False
         self._secret = None if secret is None else secret.encode()
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -258,16 +329,17 @@ class LinkServer:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        """No new links or calls; the calls under way are answered, then the links close."""
+        """No new links or calls; the calls under way are answered (for at most `grace_s`,
+        then cancelled: their callers send them again over NATS), then the links close."""
+        self.stopping = True
         if self._server is not None:
             self._server.close()
         for link in list(self.links):
-            if link._transport is not None:
-                link._transport.pause_reading()
+            link._update_reading()
         await self.tasks.wait(grace_s)
+        await self.tasks.cancel()
         for link in list(self.links):
-            if link._transport is not None:
-                link._transport.close()
+            link.close()
 
 
 class LinkDownError(Exception):
@@ -275,14 +347,15 @@ class LinkDownError(Exception):
 
 
 class LinkLostError(UnavailableError):
-    """The link broke with the call under way (its outcome unknown): the instance may be
-    alive, so the caller may send it again another way (every call of the link may be
-    repeated: appends are idempotent per message id, reads, acks and marks may repeat)."""
+    """The link broke with the call under way, or gave no reply in time (its outcome
+    unknown): the instance may be alive, so the caller sends it again another way (every
+    call of the link may be repeated)."""
 
 
 class QueueLink(asyncio.Protocol):
-    """A node's link to one queue instance, opened at its first call and again after a
-    break; `on_notice` gets the body of each NOTICE frame."""
+    """A node's link to one queue instance, opened in the background at its first call and
+    again after a break; `on_notice` gets the body of each NOTICE frame. ValueError for an
+    address that is not host:port."""
 
     def __init__(
         self,
@@ -291,34 +364,35 @@ class QueueLink(asyncio.Protocol):
         max_frame: int,
         on_notice: Callable[[bytes], None],
     ) -> None:
-        host, _, port = address.rpartition(":")
-        self._host = host.strip("[]")
-        self._port = int(port)
+        self._host, self._port = parse_address(address)
         self.address = address
         self._secret = secret.encode()
         self.max_frame = max_frame
         self._on_notice = on_notice
         self._transport: asyncio.Transport | None = None
-        self._frames = _Frames(max_frame)
+        self._frames = _Frames(max_frame * RECEIVE_SLACK)
         self._calls: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
         self._ids = itertools.count(1)
-        self._opening: asyncio.Future[None] | None = None
+        self._opening: asyncio.Task[None] | None = None
         self._down_until = 0.0
         self._heard = False  # a frame came on the current connection
+        self._closed = False  # closed for good (the node stops)
 
     # --- asyncio.Protocol ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        _no_delay(transport)
+        _tune(transport)
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self._frames = _Frames(self.max_frame)
+        self._frames = _Frames(self.max_frame * RECEIVE_SLACK)
         self._heard = False
         self._transport.write(frame(HELLO, 0, self._secret))
+        if self._closed:
+            self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         if not self._heard:
             # Closed before answering anything (a refused secret, an instance stopping):
-            # do not reopen it for every call.
+            # do not reopen it at once.
             self._down_until = time.monotonic() + RETRY_S
         calls, self._calls = self._calls, {}
         for fut in calls.values():
@@ -329,8 +403,7 @@ class QueueLink(asyncio.Protocol):
         frames = self._frames.feed(data)
         if frames is None:
             log.warning("queue_link_bad_frame", extra={"address": self.address})
-            if self._transport is not None:
-                self._transport.close()
+            self._drop()
             return
         self._heard = True
         for kind, call_id, body in frames:
@@ -345,19 +418,23 @@ class QueueLink(asyncio.Protocol):
                 fut.set_result((kind, body))
 
     # --- calls ---
-    async def _open(self) -> None:
+    def _drop(self) -> None:
+        """Close the connection (its calls fail with LinkLostError); reopen after RETRY_S."""
+        self._down_until = time.monotonic() + RETRY_S
         if self._transport is not None:
-            return
-        if time.monotonic() < self._down_until:
+            self._transport.close()
+
+    def _ready(self) -> asyncio.Transport:
+        """The open connection; LinkDownError (and an opening in the background, if it
+        may) when there is none yet."""
+        t = self._transport
+        if t is not None and not t.is_closing():
+            return t
+        if self._closed or time.monotonic() < self._down_until:
             raise LinkDownError(self.address)
-        if self._opening is None:
+        if self._opening is None or self._opening.done():
             self._opening = asyncio.ensure_future(self._connect())
-        opening = self._opening
-        try:
-            await asyncio.shield(opening)
-        finally:
-            if opening.done() and self._opening is opening:
-                self._opening = None
+        raise LinkDownError(self.address)
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -370,18 +447,14 @@ class QueueLink(asyncio.Protocol):
             log.warning(
                 "queue_link_unreachable", extra={"address": self.address, "error": repr(exc)}
             )
-            raise LinkDownError(self.address) from exc
 
     async def call(self, method: int, data: bytes, timeout_s: float) -> bytes:
-        """The reply to `data`; LinkDownError if it was not sent (no link now, or too large),
-        LinkLostError if the link broke, UnavailableError if no reply came in time,
-        ReplyTooLargeError, or the ServiceError of an error reply."""
+        """The reply to `data`; LinkDownError if it was not sent (no link open now, or too
+        large), LinkLostError if the link broke or no reply came in time, ReplyTooLargeError,
+        or the ServiceError of an error reply."""
         if len(data) + 1 + HEADER_BYTES > self.max_frame:
             raise LinkDownError("request larger than a frame")
-        await self._open()
-        t = self._transport
-        if t is None:
-            raise LinkDownError(self.address)
+        t = self._ready()
         call_id = next(self._ids) & 0xFFFFFFFF
         fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = fut
@@ -389,7 +462,10 @@ class QueueLink(asyncio.Protocol):
         try:
             kind, body = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError as exc:
-            raise UnavailableError(f"no reply on the queue link to {self.address} in time") from exc
+            # A cut connection looks like this too: drop it, so the next calls do not each
+            # wait a timeout on it.
+            self._drop()
+            raise LinkLostError(f"no reply on the queue link to {self.address} in time") from exc
         finally:
             self._calls.pop(call_id, None)
         if kind == REPLY:
@@ -401,5 +477,8 @@ class QueueLink(asyncio.Protocol):
         raise error_for(getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN), details)
 
     def close(self) -> None:
+        self._closed = True
+        if self._opening is not None:
+            self._opening.cancel()
         if self._transport is not None:
             self._transport.close()

@@ -140,9 +140,7 @@ class QueueService:
             # A frame holds what one NATS message holds, as NATS is the link's fallback.
             s = self._s
             secret = s.mesh_secret.get_secret_value() if s.mesh_auth == "secret" else None
-            self._link = LinkServer(
-                on_link, secret, limit(nc) + HEADER_BYTES + 1, on_close=api.link_closed
-            )
+            self._link = LinkServer(on_link, secret, limit(nc) + HEADER_BYTES + 1)
             await self._link.start(self._s.grpc_host, self._s.link_port)
             self._parts.link_address = _link_advertised(self._s, self._link.port)
         await self._parts.announce()

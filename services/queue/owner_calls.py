@@ -44,6 +44,8 @@ from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 log = logging.getLogger("starling.queue.client")
 
 R = TypeVar("R", bound=ProtoMessage)
+# Links past which those to instances no longer announced are closed.
+MAX_LINKS_KEPT = 16
 Stub = LazyStub[pb_grpc.QueueServiceStub]
 
 
@@ -76,9 +78,23 @@ class OwnerCalls:
             secret = next((v for k, v in mesh_metadata()), "")
             # A frame holds what one NATS message holds: the same requests fit both.
             max_frame = limit(self._nc) + HEADER_BYTES + 1
-            link = QueueLink(owner.link_address, secret, max_frame, self._on_notice)
+            try:
+                link = QueueLink(owner.link_address, secret, max_frame, self._on_notice)
+            except ValueError:  # a bad announcement: this instance's calls go over NATS
+                log.warning("queue_link_address_invalid", extra={"address": owner.link_address})
+                return None
+            self._forget_links()
             self._links[owner.link_address] = link
         return link
+
+    def _forget_links(self) -> None:
+        """Close the links of instances no longer announced (a restarted instance comes
+        back at another port)."""
+        if len(self._links) < MAX_LINKS_KEPT:
+            return
+        live = self.owners.link_addresses()
+        for address in [a for a in self._links if a not in live]:
+            self._links.pop(address).close()
 
     async def _at(
         self,

@@ -78,6 +78,10 @@ class OwnerMap:
         known = self._owner.get(partition_of(tenant, queue_id, self.partitions))
         return None if known is None else known[1]
 
+    def link_addresses(self) -> set[str]:
+        """The queue links of the instances that own partitions now."""
+        return {o.link_address for _, o in self._owner.values() if o.link_address}
+
     def owner_ids(self) -> set[str]:
         """Every instance that owns a partition now."""
         return {o.instance_id for _, o in self._owner.values()}

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
+from typing import Any
 
 from services.queue.core import partition_of
 
@@ -58,6 +59,9 @@ class Lease:
     caught_up: bool = True  # the reader's last read reached the queue's end: push to it
     pushed_through: int = 0  # highest seq pushed to the reader (or read by it)
     reserved: int = 0  # credit taken by appends under way, their seqs not known yet
+    # The queue link the reader's last Read or renewing Ack came on (services/queue/link.py):
+    # its pushes go there; None: on NATS. It goes with the lease.
+    link: Any = None
 
 
 class Readers:

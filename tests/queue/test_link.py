@@ -6,6 +6,7 @@ follows its ownership announcements, as a connection node's does."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,7 +19,13 @@ from services.common.bus.unary import ReplyTooLargeError
 from services.common.rpc.errors import InvalidArgumentError, ServiceError, UnavailableError
 from services.queue.client import NewEntry, Notice, QueueClient, parse_notice
 from services.queue.config import QueueSettings
-from services.queue.link import MAX_IN_FLIGHT, LinkDownError, LinkServer, QueueLink
+from services.queue.link import (
+    MAX_IN_FLIGHT,
+    LinkDownError,
+    LinkLostError,
+    LinkServer,
+    QueueLink,
+)
 from services.queue.main import QueueService
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
 from tests.inproc import serving
@@ -71,12 +78,25 @@ def _link(server: LinkServer, secret: str = SECRET) -> tuple[QueueLink, list[byt
     return QueueLink(f"127.0.0.1:{server.port}", secret, MAX_FRAME, notices.append), notices
 
 
+async def opened(link: QueueLink) -> QueueLink:
+    """The link once its connection (opened in the background by a first call, which goes
+    another way meanwhile) is up."""
+    with pytest.raises(LinkDownError):
+        await link.call(1, b"first", 2.0)
+    for _ in range(200):
+        if link._transport is not None:
+            return link
+        await asyncio.sleep(0.01)
+    raise AssertionError("the link never opened")
+
+
 async def test_calls_replies_errors_and_notices_on_one_connection(
     served: tuple[LinkServer, Echo],
 ) -> None:
     server, echo = served
     link, notices = _link(server)
     try:
+        await opened(link)
         assert await link.call(1, b"abc", 2.0) == b"cba"
         answers = await asyncio.gather(*(link.call(1, bytes([i]) * 3, 2.0) for i in range(50)))
         assert answers == [bytes([i]) * 3 for i in range(50)]
@@ -105,6 +125,7 @@ async def test_calls_past_the_in_flight_bound_wait_in_tcp_and_are_all_answered(
     server, echo = served
     link, _ = _link(server)
     try:
+        await opened(link)
         calls = [asyncio.ensure_future(link.call(4, b"%d" % i, 10.0)) for i in range(300)]
         for _ in range(300):
             if echo.waiting >= MAX_IN_FLIGHT:
@@ -124,12 +145,35 @@ async def test_a_wrong_secret_gets_no_call_served_and_the_link_is_not_retried_at
     server, echo = served
     link, _ = _link(server, secret="guess")
     try:
-        with pytest.raises((UnavailableError, LinkDownError)):
+        with pytest.raises(LinkDownError):  # opening in the background: this one goes by NATS
             await link.call(1, b"abc", 2.0)
+        for _ in range(200):  # connected, refused at HELLO, closed
+            if link._down_until > time.monotonic():
+                break
+            await asyncio.sleep(0.01)
+        assert link._transport is None
         with pytest.raises(LinkDownError):  # down for a while: the calls go over NATS
             await link.call(1, b"abc", 2.0)
         assert echo.calls == 0
     finally:
+        link.close()
+
+
+async def test_a_call_without_a_reply_in_time_drops_the_link(
+    served: tuple[LinkServer, Echo],
+) -> None:
+    """A connection cut without a word (no FIN, no RST) looks like a slow reply: the call
+    goes another way, and so do the next ones, instead of each waiting its timeout."""
+    server, echo = served
+    link, _ = _link(server)
+    try:
+        await opened(link)
+        with pytest.raises(LinkLostError):
+            await link.call(4, b"x", 0.2)
+        with pytest.raises(LinkDownError):
+            await link.call(1, b"abc", 2.0)
+    finally:
+        echo.release.set()
         link.close()
 
 
@@ -139,14 +183,16 @@ async def test_a_stopped_server_fails_the_calls_under_way_as_unavailable(
     server, echo = served
     link, _ = _link(server)
     try:
+        await opened(link)
         under_way = asyncio.ensure_future(link.call(4, b"x", 10.0))
         for _ in range(100):
             if echo.waiting:
                 break
             await asyncio.sleep(0.01)
         await server.stop(0.05)
-        with pytest.raises(UnavailableError):  # callers retry (appends are idempotent)
+        with pytest.raises(LinkLostError):  # sent again over NATS (every call may repeat)
             await under_way
+        assert isinstance(under_way.exception(), UnavailableError)
         with pytest.raises(LinkDownError):
             await link.call(1, b"abc", 2.0)
     finally:
@@ -206,7 +252,11 @@ async def test_a_node_client_uses_the_announced_link_and_falls_back_to_nats(
         await nc.subscribe(subjects.queue_notice(TENANT, qid), cb=nats_notice)
         client.listen("R", on_link.append)
         try:
-            await client.read(TENANT, qid, 1, 10)
+            await client.read(TENANT, qid, 1, 10)  # over NATS: the link opens meanwhile
+            for _ in range(200):
+                if link_server.links:
+                    break
+                await asyncio.sleep(0.01)
             assert link_server.links, "the client did not open the announced link"
             # What a node's NATS user may not do, its link does not do either: an append not
             # checked against a route table's version (the router's svc.queue.append).

@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.queue import link as link_module
 from services.queue.link import CALL, HELLO, LinkServer, QueueLink, frame
+from tests.queue.test_link import opened
 
 SECRET = "mesh-secret"
 MAX_FRAME = 4096
@@ -57,14 +59,18 @@ async def _closed_after(port: int, data: bytes) -> bool:
         ),
         pytest.param(frame(HELLO, 0, SECRET.encode()) + frame(99, 1, b"x"), id="unknown-kind"),
         pytest.param(frame(HELLO, 0, SECRET.encode()) + frame(CALL, 1, b""), id="no-method"),
+        # Before HELLO a frame may not be larger than a secret needs: a stranger cannot make
+        # the queue buffer a whole frame's worth.
+        pytest.param(struct.pack(">IBI", 2000, HELLO, 0) + b"z" * 1000, id="big-hello"),
     ],
 )
 async def test_a_hostile_link_is_closed_and_the_others_go_on(
     server: tuple[LinkServer, list[bytes]], attack: bytes
 ) -> None:
     s, served = server
-    good = QueueLink(f"127.0.0.1:{s.port}", SECRET, MAX_FRAME, lambda _: None)
+    good = await opened(QueueLink(f"127.0.0.1:{s.port}", SECRET, MAX_FRAME, lambda _: None))
     try:
+        served.clear()  # opened() sent one call
         assert await good.call(1, b"before", 2.0) == b"before"
         assert await _closed_after(s.port, attack)
         assert served == [b"before"]  # nothing of the attacker's was served
@@ -93,3 +99,28 @@ async def test_a_flood_of_calls_on_one_link_is_answered_in_full(
         assert len(served) == 20_000
     finally:
         writer.close()
+
+
+async def test_a_link_that_never_says_hello_is_closed(
+    server: tuple[LinkServer, list[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(link_module, "HELLO_TIMEOUT_S", 0.2)
+    s, _ = server
+    assert await _closed_after(s.port, b"")
+
+
+async def test_links_past_the_cap_are_closed_at_once(
+    server: tuple[LinkServer, list[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(link_module, "MAX_LINKS", 2)
+    s, _ = server
+    held = [await asyncio.open_connection("127.0.0.1", s.port) for _ in range(2)]
+    try:
+        for _ in range(100):
+            if len(s.links) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert await _closed_after(s.port, frame(HELLO, 0, SECRET.encode()))
+    finally:
+        for _, writer in held:
+            writer.close()
