@@ -90,53 +90,57 @@ async def opened(link: QueueLink) -> QueueLink:
     raise AssertionError("the link never opened")
 
 
-async def test_calls_replies_errors_and_notices_on_one_connection(
+@pytest.fixture
+async def linked(
     served: tuple[LinkServer, Echo],
-) -> None:
+) -> AsyncIterator[tuple[LinkServer, Echo, QueueLink, list[bytes]]]:
+    """The server, its handlers, and a link to it, open."""
     server, echo = served
     link, notices = _link(server)
     try:
-        await opened(link)
-        assert await link.call(1, b"abc", 2.0) == b"cba"
-        answers = await asyncio.gather(*(link.call(1, bytes([i]) * 3, 2.0) for i in range(50)))
-        assert answers == [bytes([i]) * 3 for i in range(50)]
-        with pytest.raises(InvalidArgumentError, match="not that one"):
-            await link.call(2, b"", 2.0)
-        with pytest.raises(ReplyTooLargeError):  # the caller asks again over gRPC
-            await link.call(3, b"", 2.0)
-        with pytest.raises(LinkDownError):  # never sent: it goes over NATS instead
-            await link.call(1, b"y" * MAX_FRAME, 2.0)
-        (side,) = server.links
-        assert side.notice(b"pushed")
-        for _ in range(100):
-            if notices:
-                break
-            await asyncio.sleep(0.01)
-        assert notices == [b"pushed"]
-        assert len(server.links) == 1  # every call and the notice shared one connection
-        assert echo.calls == 53  # the oversized request never reached the server
+        yield server, echo, await opened(link), notices
     finally:
+        echo.release.set()
         link.close()
+
+
+async def test_calls_replies_errors_and_notices_on_one_connection(
+    linked: tuple[LinkServer, Echo, QueueLink, list[bytes]],
+) -> None:
+    server, echo, link, notices = linked
+    assert await link.call(1, b"abc", 2.0) == b"cba"
+    answers = await asyncio.gather(*(link.call(1, bytes([i]) * 3, 2.0) for i in range(50)))
+    assert answers == [bytes([i]) * 3 for i in range(50)]
+    with pytest.raises(InvalidArgumentError, match="not that one"):
+        await link.call(2, b"", 2.0)
+    with pytest.raises(ReplyTooLargeError):  # the caller asks again over gRPC
+        await link.call(3, b"", 2.0)
+    with pytest.raises(LinkDownError):  # never sent: it goes over NATS instead
+        await link.call(1, b"y" * MAX_FRAME, 2.0)
+    (side,) = server.links
+    assert side.notice(b"pushed")
+    for _ in range(100):
+        if notices:
+            break
+        await asyncio.sleep(0.01)
+    assert notices == [b"pushed"]
+    assert len(server.links) == 1  # every call and the notice shared one connection
+    assert echo.calls == 53  # the oversized request never reached the server
 
 
 async def test_calls_past_the_in_flight_bound_wait_in_tcp_and_are_all_answered(
-    served: tuple[LinkServer, Echo],
+    linked: tuple[LinkServer, Echo, QueueLink, list[bytes]],
 ) -> None:
-    server, echo = served
-    link, _ = _link(server)
-    try:
-        await opened(link)
-        calls = [asyncio.ensure_future(link.call(4, b"%d" % i, 10.0)) for i in range(300)]
-        for _ in range(300):
-            if echo.waiting >= MAX_IN_FLIGHT:
-                break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
-        assert echo.waiting == MAX_IN_FLIGHT  # the server stopped reading the link
-        echo.release.set()
-        assert await asyncio.gather(*calls) == [b"%d" % i for i in range(300)]
-    finally:
-        link.close()
+    _, echo, link, _ = linked
+    calls = [asyncio.ensure_future(link.call(4, b"%d" % i, 10.0)) for i in range(300)]
+    for _ in range(300):
+        if echo.waiting >= MAX_IN_FLIGHT:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert echo.waiting == MAX_IN_FLIGHT  # the server stopped reading the link
+    echo.release.set()
+    assert await asyncio.gather(*calls) == [b"%d" % i for i in range(300)]
 
 
 async def test_a_wrong_secret_gets_no_call_served_and_the_link_is_not_retried_at_once(
@@ -160,44 +164,32 @@ async def test_a_wrong_secret_gets_no_call_served_and_the_link_is_not_retried_at
 
 
 async def test_a_call_without_a_reply_in_time_drops_the_link(
-    served: tuple[LinkServer, Echo],
+    linked: tuple[LinkServer, Echo, QueueLink, list[bytes]],
 ) -> None:
     """A connection cut without a word (no FIN, no RST) looks like a slow reply: the call
     goes another way, and so do the next ones, instead of each waiting its timeout."""
-    server, echo = served
-    link, _ = _link(server)
-    try:
-        await opened(link)
-        with pytest.raises(LinkLostError):
-            await link.call(4, b"x", 0.2)
-        with pytest.raises(LinkDownError):
-            await link.call(1, b"abc", 2.0)
-    finally:
-        echo.release.set()
-        link.close()
+    _, _, link, _ = linked
+    with pytest.raises(LinkLostError):
+        await link.call(4, b"x", 0.2)
+    with pytest.raises(LinkDownError):
+        await link.call(1, b"abc", 2.0)
 
 
 async def test_a_stopped_server_fails_the_calls_under_way_as_unavailable(
-    served: tuple[LinkServer, Echo],
+    linked: tuple[LinkServer, Echo, QueueLink, list[bytes]],
 ) -> None:
-    server, echo = served
-    link, _ = _link(server)
-    try:
-        await opened(link)
-        under_way = asyncio.ensure_future(link.call(4, b"x", 10.0))
-        for _ in range(100):
-            if echo.waiting:
-                break
-            await asyncio.sleep(0.01)
-        await server.stop(0.05)
-        with pytest.raises(LinkLostError):  # sent again over NATS (every call may repeat)
-            await under_way
-        assert isinstance(under_way.exception(), UnavailableError)
-        with pytest.raises(LinkDownError):
-            await link.call(1, b"abc", 2.0)
-    finally:
-        echo.release.set()
-        link.close()
+    server, echo, link, _ = linked
+    under_way = asyncio.ensure_future(link.call(4, b"x", 10.0))
+    for _ in range(100):
+        if echo.waiting:
+            break
+        await asyncio.sleep(0.01)
+    await server.stop(0.05)
+    with pytest.raises(LinkLostError):  # sent again over NATS (every call may repeat)
+        await under_way
+    assert isinstance(under_way.exception(), UnavailableError)
+    with pytest.raises(LinkDownError):
+        await link.call(1, b"abc", 2.0)
 
 
 TENANT = "t"
