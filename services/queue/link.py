@@ -1,6 +1,7 @@
-"""The queue link: a TCP connection from a connection node straight to a queue instance, for
-the calls of the persistent path (appends, reads, acks, released marks) and the notices that
-push new entries to the node's readers.
+"""The queue link, its wire format and the queue's end (the node's end:
+services/queue/link_client.py): a TCP connection from a connection node straight to a queue
+instance, for the calls of the persistent path (appends, reads, acks, released marks) and
+the notices that push new entries to the node's readers.
 
 Why: on these machines a NATS request round trip between two uvloop processes takes p50
 0.33 ms, p99 0.47 ms (300-byte messages, 1,000 a second), and the same exchange on a TCP
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import itertools
 import logging
 import socket
 import struct
@@ -50,9 +50,9 @@ from typing import cast
 
 import grpc
 
-from services.common.bus.unary import TOO_LARGE, ReplyTooLargeError
+from services.common.bus.unary import TOO_LARGE
 from services.common.rpc import red
-from services.common.rpc.errors import UnavailableError, error_for, status_for
+from services.common.rpc.errors import status_for
 from services.common.tasks import TaskSet
 
 log = logging.getLogger("starling.queue.link")
@@ -75,16 +75,11 @@ HELLO_TIMEOUT_S = 5.0
 HELLO_MAX_BYTES = 1024
 WRITE_BUFFER_HIGH = 8 << 20
 NOTICE_BUFFER_MAX = 4 << 20
-CONNECT_TIMEOUT_S = 1.0
-RETRY_S = 5.0  # a link that could not be opened (or was refused) is not tried for this long
-# A node accepts frames up to this many times its own limit: the two ends take their limits
-# from their own NATS connections, which may disagree a little.
-RECEIVE_SLACK = 4
 
 Handler = Callable[[bytes], Awaitable[bytes]]
 
 
-def _tune(transport: asyncio.BaseTransport) -> None:
+def tune(transport: asyncio.BaseTransport) -> None:
     """Small frames go out at once (with Nagle's algorithm a frame written while an earlier
     one is unacknowledged waits for the peer's delayed ACK, up to 40 ms), and a peer gone
     without a FIN or RST is found in about 25 s instead of the kernel's two hours."""
@@ -111,7 +106,7 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class _Frames:
+class Frames:
     """Splits a byte stream into frames; None past the size limit (a protocol error)."""
 
     def __init__(self, max_frame: int) -> None:
@@ -150,7 +145,7 @@ class ServerLink(asyncio.Protocol):
 
     def __init__(self, server: LinkServer) -> None:
         self._server = server
-        self._frames = _Frames(HELLO_MAX_BYTES)  # the server's limit once HELLO passed
+        self._frames = Frames(HELLO_MAX_BYTES)  # the server's limit once HELLO passed
         self._transport: asyncio.Transport | None = None
         self._hello = False
         self._hello_timer: asyncio.TimerHandle | None = None
@@ -165,7 +160,7 @@ class ServerLink(asyncio.Protocol):
         if len(self._server.links) >= MAX_LINKS or self._server.stopping:
             self._refuse("too many links" if not self._server.stopping else "stopping")
             return
-        _tune(transport)
+        tune(transport)
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self._server.links.add(self)
         self._hello_timer = asyncio.get_running_loop().call_later(
@@ -340,145 +335,3 @@ class LinkServer:
         await self.tasks.cancel()
         for link in list(self.links):
             link.close()
-
-
-class LinkDownError(Exception):
-    """The link could not take the call, which was not sent: send it another way."""
-
-
-class LinkLostError(UnavailableError):
-    """The link broke with the call under way, or gave no reply in time (its outcome
-    unknown): the instance may be alive, so the caller sends it again another way (every
-    call of the link may be repeated)."""
-
-
-class QueueLink(asyncio.Protocol):
-    """A node's link to one queue instance, opened in the background at its first call and
-    again after a break; `on_notice` gets the body of each NOTICE frame. ValueError for an
-    address that is not host:port."""
-
-    def __init__(
-        self,
-        address: str,
-        secret: str,
-        max_frame: int,
-        on_notice: Callable[[bytes], None],
-    ) -> None:
-        self._host, self._port = parse_address(address)
-        self.address = address
-        self._secret = secret.encode()
-        self.max_frame = max_frame
-        self._on_notice = on_notice
-        self._transport: asyncio.Transport | None = None
-        self._frames = _Frames(max_frame * RECEIVE_SLACK)
-        self._calls: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
-        self._ids = itertools.count(1)
-        self._opening: asyncio.Task[None] | None = None
-        self._down_until = 0.0
-        self._heard = False  # a frame came on the current connection
-        self._closed = False  # closed for good (the node stops)
-
-    # --- asyncio.Protocol ---
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        _tune(transport)
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self._frames = _Frames(self.max_frame * RECEIVE_SLACK)
-        self._heard = False
-        self._transport.write(frame(HELLO, 0, self._secret))
-        if self._closed:
-            self._transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        if not self._heard:
-            # Closed before answering anything (a refused secret, an instance stopping):
-            # do not reopen it at once.
-            self._down_until = time.monotonic() + RETRY_S
-        calls, self._calls = self._calls, {}
-        for fut in calls.values():
-            if not fut.done():
-                fut.set_exception(LinkLostError(f"queue link to {self.address} lost"))
-
-    def data_received(self, data: bytes) -> None:
-        frames = self._frames.feed(data)
-        if frames is None:
-            log.warning("queue_link_bad_frame", extra={"address": self.address})
-            self._drop()
-            return
-        self._heard = True
-        for kind, call_id, body in frames:
-            if kind == NOTICE:
-                try:
-                    self._on_notice(body)
-                except Exception:
-                    log.exception("queue_link_notice_failed")
-                continue
-            fut = self._calls.pop(call_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result((kind, body))
-
-    # --- calls ---
-    def _drop(self) -> None:
-        """Close the connection (its calls fail with LinkLostError); reopen after RETRY_S."""
-        self._down_until = time.monotonic() + RETRY_S
-        if self._transport is not None:
-            self._transport.close()
-
-    def _ready(self) -> asyncio.Transport:
-        """The open connection; LinkDownError (and an opening in the background, if it
-        may) when there is none yet."""
-        t = self._transport
-        if t is not None and not t.is_closing():
-            return t
-        if self._closed or time.monotonic() < self._down_until:
-            raise LinkDownError(self.address)
-        if self._opening is None or self._opening.done():
-            self._opening = asyncio.ensure_future(self._connect())
-        raise LinkDownError(self.address)
-
-    async def _connect(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: self, self._host, self._port), CONNECT_TIMEOUT_S
-            )
-        except (OSError, TimeoutError) as exc:
-            self._down_until = time.monotonic() + RETRY_S
-            log.warning(
-                "queue_link_unreachable", extra={"address": self.address, "error": repr(exc)}
-            )
-
-    async def call(self, method: int, data: bytes, timeout_s: float) -> bytes:
-        """The reply to `data`; LinkDownError if it was not sent (no link open now, or too
-        large), LinkLostError if the link broke or no reply came in time, ReplyTooLargeError,
-        or the ServiceError of an error reply."""
-        if len(data) + 1 + HEADER_BYTES > self.max_frame:
-            raise LinkDownError("request larger than a frame")
-        t = self._ready()
-        call_id = next(self._ids) & 0xFFFFFFFF
-        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = fut
-        t.write(_HEAD.pack(len(data) + 6, CALL, call_id) + bytes((method,)) + data)
-        try:
-            kind, body = await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError as exc:
-            # A cut connection looks like this too: drop it, so the next calls do not each
-            # wait a timeout on it.
-            self._drop()
-            raise LinkLostError(f"no reply on the queue link to {self.address} in time") from exc
-        finally:
-            self._calls.pop(call_id, None)
-        if kind == REPLY:
-            return body
-        text = body.decode("utf-8", "replace")
-        if text == TOO_LARGE:
-            raise ReplyTooLargeError(self.address)
-        name, _, details = text.partition(" ")
-        raise error_for(getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN), details)
-
-    def close(self) -> None:
-        self._closed = True
-        if self._opening is not None:
-            self._opening.cancel()
-        if self._transport is not None:
-            self._transport.close()

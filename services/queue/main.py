@@ -137,12 +137,7 @@ class QueueService:
         for server in self._servers:
             await server.start()
         if self._s.link_enabled:
-            # A frame holds what one NATS message holds, as NATS is the link's fallback.
-            s = self._s
-            secret = s.mesh_secret.get_secret_value() if s.mesh_auth == "secret" else None
-            self._link = LinkServer(on_link, secret, limit(nc) + HEADER_BYTES + 1)
-            await self._link.start(self._s.grpc_host, self._s.link_port)
-            self._parts.link_address = _link_advertised(self._s, self._link.port)
+            await self._start_link(on_link, limit(nc))
         await self._parts.announce()
         self._leasing = asyncio.create_task(self._parts.run(), name="queue-leases")
         self._depth_scans = asyncio.create_task(self._scan_depths(), name="queue-depths")
@@ -157,6 +152,15 @@ class QueueService:
                 kind="queue",
             )
         )
+
+    async def _start_link(self, handlers: dict[int, Handler], nats_limit: int) -> None:
+        """Serve the queue link, announced with the partitions from now on. A frame holds
+        what one NATS message holds, as NATS is the link's fallback."""
+        s = self._s
+        secret = s.mesh_secret.get_secret_value() if s.mesh_auth == "secret" else None
+        self._link = LinkServer(handlers, secret, nats_limit + HEADER_BYTES + 1)
+        await self._link.start(s.grpc_host, s.link_port)
+        self._parts.link_address = _link_advertised(s, self._link.port)
 
     def _figures(self) -> list[TenantCounters]:
         """Per tenant: this instance's drops by the depth limit and refusals by a tenant's

@@ -36,7 +36,8 @@ from services.common.bus.unary import (
 from services.common.rpc.client import LazyStub
 from services.common.rpc.credentials import mesh_metadata
 from services.common.rpc.errors import UnavailableError
-from services.queue.link import HEADER_BYTES, METHODS, LinkDownError, LinkLostError, QueueLink
+from services.queue.link import HEADER_BYTES, METHODS
+from services.queue.link_client import LinkDownError, LinkLostError, QueueLink
 from services.queue.owners import Owner, OwnerMap
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc

@@ -19,13 +19,8 @@ from services.common.bus.unary import ReplyTooLargeError
 from services.common.rpc.errors import InvalidArgumentError, ServiceError, UnavailableError
 from services.queue.client import NewEntry, Notice, QueueClient, parse_notice
 from services.queue.config import QueueSettings
-from services.queue.link import (
-    MAX_IN_FLIGHT,
-    LinkDownError,
-    LinkLostError,
-    LinkServer,
-    QueueLink,
-)
+from services.queue.link import MAX_IN_FLIGHT, LinkServer
+from services.queue.link_client import LinkDownError, LinkLostError, QueueLink
 from services.queue.main import QueueService
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
 from tests.inproc import serving

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.queue import link as link_module
-from services.queue.link import CALL, HELLO, LinkServer, QueueLink, frame
+from services.queue.link import CALL, HELLO, LinkServer, frame
+from services.queue.link_client import QueueLink
 from tests.queue.test_link import opened
 
 SECRET = "mesh-secret"
