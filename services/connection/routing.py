@@ -30,7 +30,12 @@ from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.connection.routing")
 
-MAX_BATCH = 1000
+# Messages per batch. Not "everything queued": one batch of all waiting publishers kept the node
+# and the queue in lock-step (the queue idle while the node built the batch and settled its
+# PUBACKs, the node idle while the queue stored it); capped, two or three batches overlap.
+# 8 persistent QoS 1 pairs on 2 cores: about 34,000 msg/s with 1,000, 41,000 with 256 to 512,
+# 34,000 with 64 (per-call costs take over).
+MAX_BATCH = 256
 # Batches under way at once (publishers differ between them): a batch that takes long, such
 # as one large message stored in many queues, does not hold up the others.
 MAX_IN_FLIGHT = 16
