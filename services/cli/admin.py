@@ -72,6 +72,7 @@ def _token(args: argparse.Namespace) -> str:
         return ""
 
 
+MAX_PAGE = 1000
 _TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -84,6 +85,14 @@ def parse_ttl(text: str) -> int:
             f"bad TTL {text!r}: a positive number with s, m, h, d or w"
         )
     return int(number) * _TTL_UNITS.get(unit, 1)
+
+
+def page_limit(text: str) -> int:
+    """A `--limit`: a whole number from 1 to 1,000 (the APIs take an unsigned count; a
+    negative one failed in the client library with a traceback)."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+        raise argparse.ArgumentTypeError(f"bad limit {text!r}: a whole number from 1 to {MAX_PAGE}")
+    return int(text)
 
 
 async def _tokens(c: TokenAdminClient, args: argparse.Namespace) -> object:
@@ -265,7 +274,7 @@ def _add_router_commands(sub: Any) -> None:
     )
     p = _add_router_command(sub, "retained", "retained messages matching a filter")
     p.add_argument("--filter", default="#")
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=page_limit, default=100)
     p = _add_router_command(sub, "delete-retained", "delete one retained message")
     p.add_argument("--topic", required=True)
     _add_router_command(sub, "delayed", "delayed messages waiting to be published")

@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from services.cli.admin import _add_common_options
+from services.cli.admin import _add_common_options, page_limit
 from services.rules.admin_client import RulesAdminClient
 from starling.rules.v1 import rules_pb2 as pb
 
@@ -198,7 +198,7 @@ def add_rules_commands(sub: Any) -> None:
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
     p = _rule_command(dlq_commands, "list", "dead letters, oldest first")
     p.add_argument("--after", type=int, default=0, help="only ids above this (paging)")
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=page_limit, default=100)
     p = _rule_command(dlq_commands, "replay", "hand dead letters back to the rule's actions")
     p.add_argument("--ids", type=int, nargs="*", help="these letters only (default: all)")
     _rule_command(dlq_commands, "purge", "delete every dead letter of the rule")

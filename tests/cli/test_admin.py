@@ -251,3 +251,25 @@ async def test_tenant_tokens_from_the_cli(core: Core) -> None:
         1,
         "starling clients: UNAUTHENTICATED: admin token missing, wrong, expired or revoked",
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["retained", "--tenant", "acme", "--limit", "-5"],
+        ["retained", "--tenant", "acme", "--limit", "0"],
+        ["rules", "dlq", "list", "hot", "--tenant", "acme", "--limit", "1001"],
+    ],
+)
+def test_a_bad_limit_is_refused_by_name(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--limit" in err and "a whole number from 1 to 1000" in err
+
+
+def test_a_good_limit_is_taken() -> None:
+    assert build_parser().parse_args(["retained", "--tenant", "acme", "--limit", "7"]).limit == 7
