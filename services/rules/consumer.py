@@ -29,6 +29,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
 from services.common.bus import subjects
+from services.common.bus.events import decode_events
 from services.rules.actions.base import Output
 from services.rules.actions.delivery import Delivery
 from services.rules.engine import Engine
@@ -92,7 +93,7 @@ def event_name(ev: event_pb2.Event) -> str | None:
     return _EVENT_NAMES.get(event_pb2.EventType.Name(ev.type))
 
 
-def event_view(ev: event_pb2.Event, seq: int) -> MessageView | None:
+def event_view(ev: event_pb2.Event, seq: int | str) -> MessageView | None:
     name = event_name(ev)
     if name is None:
         return None
@@ -283,19 +284,19 @@ class StreamConsumer:
     async def _events(self, msgs: list[Msg]) -> None:
         pending: dict[Delivery, list[Output]] = {}
         for m in msgs:
-            try:
-                ev = event_pb2.Event.FromString(m.data)
-            except Exception:
-                continue
-            # The rules first: most events (every CONNECT's) concern no rule, and building
-            # the view (its JSON, the stream sequence from the reply subject) costs more.
-            name = event_name(ev)
-            rules = self._engine.match_event(ev.tenant, name) if name is not None else None
-            if not rules:
-                continue
-            view = event_view(ev, m.metadata.sequence.stream)
-            if view is not None:
-                self._engine.evaluate(view, rules, pending)
+            events = decode_events(m.data)
+            for i, ev in enumerate(events):
+                # The rules first: most events (every CONNECT's) concern no rule, and building
+                # the view (its JSON, the stream sequence from the reply subject) costs more.
+                name = event_name(ev)
+                rules = self._engine.match_event(ev.tenant, name) if name is not None else None
+                if not rules:
+                    continue
+                seq = m.metadata.sequence.stream
+                # The events of a batch share its stream sequence: each its own message id.
+                view = event_view(ev, seq if len(events) == 1 else f"{seq}.{i}")
+                if view is not None:
+                    self._engine.evaluate(view, rules, pending)
         await self._settle(msgs, pending)
 
     async def _settle(self, msgs: list[Msg], pending: dict[Delivery, list[Output]]) -> None:

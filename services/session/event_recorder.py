@@ -18,27 +18,32 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
 
 from services.common.bus import subjects
+from services.common.bus.events import decode_events
 from services.common.store.eventlog import STREAM_KINDS, EventLog, LogEvent
-from starling.common.v1 import event_pb2
 
 log = logging.getLogger("starling.session.events")
 DURABLE = "eventlog"
 RETRY_S = 1.0  # after a failed append or fetch, before trying again
 
 
-def log_event(subject: str, data: bytes) -> LogEvent | None:
-    """The log row of one EVENTS message; None for one that is not an event (or of a kind
-    the log does not keep)."""
+def log_events(subject: str, data: bytes) -> list[LogEvent]:
+    """The log rows of one EVENTS message (an event or a batch of them); none for one that
+    is not an event (or of a kind the log does not keep). Each row's `data` is its Event
+    alone, as it would have been published on its own."""
     kind = subject.rsplit(".", 1)[-1]
     if kind not in STREAM_KINDS:
-        return None
-    try:
-        ev = event_pb2.Event.FromString(data)
-    except Exception:  # only Starling's services publish here (NATS permissions)
-        return None
-    if not ev.tenant:
-        return None
-    return LogEvent(ev.tenant, kind, ev.client_id, data=data)
+        return []
+    # Only Starling's services publish here (NATS permissions): bytes that are not an event
+    # are skipped, not retried.
+    events = decode_events(data)
+    if len(events) == 1:
+        ev = events[0]
+        return [LogEvent(ev.tenant, kind, ev.client_id, data=data)] if ev.tenant else []
+    return [
+        LogEvent(ev.tenant, kind, ev.client_id, data=ev.SerializeToString())
+        for ev in events
+        if ev.tenant
+    ]
 
 
 class EventRecorder:
@@ -69,7 +74,7 @@ class EventRecorder:
                 log.warning("event_fetch_failed", extra={"error": repr(exc)})
                 await asyncio.sleep(RETRY_S)
                 continue
-            events = [e for e in (log_event(m.subject, m.data) for m in msgs) if e is not None]
+            events = [e for m in msgs for e in log_events(m.subject, m.data)]
             try:
                 await self._store.append_events(events)
             except Exception as exc:  # not acked: JetStream delivers them again

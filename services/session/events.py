@@ -12,6 +12,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from services.common.bus import subjects
+from services.common.bus.events import EventBatcher
 from starling.common.v1 import event_pb2
 
 log = logging.getLogger("starling.session.events")
@@ -46,10 +47,11 @@ async def ensure_stream(js: JetStreamContext, replicas: int) -> None:
 
 
 class Events:
-    """Client events on the EVENTS stream (`ev.<tenant>.<type>`)."""
+    """Client events on the EVENTS stream (`ev.<tenant>.<type>`), those of one loop turn (a
+    `ConnectMany`) in one message per subject (services/common/bus/events.py)."""
 
     def __init__(self, nc: Client, node_id: str) -> None:
-        self._nc = nc
+        self._batcher = EventBatcher(nc)
         self._node = node_id
 
     async def emit(self, tenant: str, client_id: str, kind: str, **detail: object) -> None:
@@ -70,4 +72,4 @@ class Events:
         elif kind == "session_expired":
             ev.type = event_pb2.EVENT_TYPE_SESSION_EXPIRED
             ev.session_expired.SetInParent()
-        await self._nc.publish(subjects.event(tenant, kind), ev.SerializeToString())
+        self._batcher.emit(subjects.event(tenant, kind), ev)

@@ -10,24 +10,34 @@ from pathlib import Path
 import nats
 
 from services.common.bus import subjects
+from services.common.bus.events import encode_events
 from services.common.store.eventlog import STREAM_KINDS, EventKind
 from services.common.store.sqlite_session import SqliteSessionStore
-from services.session.event_recorder import EventRecorder, log_event
+from services.session.event_recorder import EventRecorder, log_events
 from starling.common.v1 import event_pb2
 
 
 def test_only_events_of_known_kinds_with_a_tenant_are_kept() -> None:
     ev = event_pb2.Event(tenant="t", client_id="c").SerializeToString()
-    row = log_event("ev.t.connected", ev)
-    assert row is not None and (row.tenant, row.kind, row.client_id, row.data) == (
-        "t",
-        EventKind.CONNECTED,
-        "c",
-        ev,
-    )
-    assert log_event("ev.t.unknown", ev) is None
-    assert log_event("ev.t.connected", b"\xff\xff") is None
-    assert log_event("ev.t.connected", event_pb2.Event().SerializeToString()) is None
+    rows = log_events("ev.t.connected", ev)
+    assert [(r.tenant, r.kind, r.client_id, r.data) for r in rows] == [
+        ("t", EventKind.CONNECTED, "c", ev)
+    ]
+    assert log_events("ev.t.unknown", ev) == []
+    assert log_events("ev.t.connected", b"\xff\xff") == []
+    assert log_events("ev.t.connected", event_pb2.Event().SerializeToString()) == []
+
+
+def test_a_batch_gives_a_row_per_event_each_as_if_published_alone() -> None:
+    events = [
+        event_pb2.Event(tenant=t, client_id=c) for t, c in (("t", "a"), ("t", "b"), ("", "c"))
+    ]
+    data = event_pb2.EventBatch(events=events).SerializeToString()
+    rows = log_events("ev.t.connected", data)
+    assert [(r.client_id, r.data) for r in rows] == [
+        ("a", events[0].SerializeToString()),
+        ("b", events[1].SerializeToString()),
+    ]  # the one without a tenant is skipped, as alone
 
 
 async def test_stream_events_are_appended_to_the_log(nats_url: str, tmp_path: Path) -> None:
@@ -46,16 +56,20 @@ async def test_stream_events_are_appended_to_the_log(nats_url: str, tmp_path: Pa
         for kind, client in (("connected", "a"), ("quota_exceeded", ""), ("disconnected", "a")):
             ev = event_pb2.Event(tenant=tenant, client_id=client)
             await js.publish(subjects.event(tenant, kind), ev.SerializeToString())
+        batch = [event_pb2.Event(tenant=tenant, client_id=c) for c in ("b", "c")]
+        await js.publish(subjects.event(tenant, "connected"), encode_events(batch))
         rows = []
         for _ in range(200):
             rows = await store.read_events(0, 100, tenant=tenant, kinds=STREAM_KINDS)
-            if len(rows) == 3:
+            if len(rows) == 5:
                 break
             await asyncio.sleep(0.05)
         assert [(r.kind, r.client_id) for r in rows] == [
             ("connected", "a"),
             ("quota_exceeded", ""),
             ("disconnected", "a"),
+            ("connected", "b"),
+            ("connected", "c"),
         ]
         # Acknowledged once appended: nothing is left pending for the consumer.
         for _ in range(100):

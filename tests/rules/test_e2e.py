@@ -15,6 +15,8 @@ import nats
 import pytest
 import redis
 
+from services.common.bus.events import encode_events
+from starling.common.v1 import event_pb2
 from starling.rules.v1 import rules_pb2 as pb
 from starling.rules.v1 import rules_pb2_grpc as pb_grpc
 from tests.conftest import ADMIN_TOKEN, MeshInfo
@@ -293,3 +295,53 @@ def test_event_rule_posts_client_connected_to_a_webhook(
     assert len(posted()) == 1
     rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
     other.close()
+
+
+def test_event_rule_fires_once_for_each_event_of_a_batch(
+    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub, webhook: Webhook
+) -> None:
+    """The session service sends the events of one batch of CONNECTs in one EVENTS message:
+    the rule sees each of them, each with a message id of its own."""
+    rid = f"evb-{uuid.uuid4().hex[:6]}"
+    rules.CreateRule(
+        pb.CreateRuleRequest(
+            rule=pb.Rule(
+                tenant=TENANT,
+                rule_id=rid,
+                sql='SELECT clientid, message_id FROM "$events/client_connected"',
+                enabled=True,
+                actions=[pb.Action(kind="http", params={"url": webhook.url})],
+            )
+        ),
+        metadata=MD,
+    )
+    tag = uuid.uuid4().hex[:6]
+    ids = [f"batch-{tag}-{i}" for i in range(3)]
+
+    async def publish() -> None:
+        nc = await nats.connect(mesh.nats_url)
+        events = [
+            event_pb2.Event(
+                tenant=TENANT,
+                client_id=cid,
+                type=event_pb2.EVENT_TYPE_CLIENT_CONNECTED,
+                connected=event_pb2.ClientConnected(username="u"),
+            )
+            for cid in ids
+        ]
+        await nc.jetstream().publish(f"ev.{TENANT}.connected", encode_events(events))
+        await nc.close()
+
+    try:
+        # A rule takes effect once the consumer has it: send until the first one posts.
+        def posted() -> list[dict[str, object]]:
+            bodies = [json.loads(b) for b in list(webhook.bodies)]
+            return [b for b in bodies if str(b.get("clientid", "")).startswith(f"batch-{tag}")]
+
+        wait_until(lambda: asyncio.run(publish()) or posted(), timeout_s=15.0)
+        wait_until(lambda: len(posted()) % 3 == 0 and len(posted()) >= 3)
+        got = posted()
+        assert [b["clientid"] for b in got[:3]] == ids
+        assert len({b["message_id"] for b in got}) == len(got)  # no two share a message id
+    finally:
+        rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
