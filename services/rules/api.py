@@ -220,6 +220,10 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
             request.tenant, request.rule_id, after_id=request.after_id, limit=request.limit or 100
         )
         stats = await self._dead_letters.stats(request.tenant, request.rule_id)
+        if not stats.count and await self._store.get_rule(request.tenant, request.rule_id) is None:
+            # A deleted rule's letters stay listable; a rule id that names nothing is an error
+            # (a typo used to read as "no dead letters").
+            raise NotFoundError(f"no rule {request.rule_id!r} in tenant {request.tenant!r}")
         return pb.ListDeadLettersResponse(
             letters=[
                 pb.DeadLetter(

@@ -52,6 +52,9 @@ def test_rule_life_cycle_and_errors(mesh: MeshInfo) -> None:
     assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stdout and "line 2" in bad.stdout
     missing = starling(mesh, "rules", "show", "no-such-rule", "--tenant", TENANT)
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stdout
+    # A rule id that names nothing is not "no dead letters" (a typo must not look fine).
+    letters = starling(mesh, "rules", "dlq", "list", "no-such-rule", "--tenant", TENANT)
+    assert letters.returncode == 1 and "NOT_FOUND" in letters.stdout
 
 
 def test_test_command_runs_sql_against_a_sample(mesh: MeshInfo) -> None:
