@@ -184,27 +184,31 @@ class _WsSink:
             self._sent(len(data))
 
 
-async def _read(ws: web.WebSocketResponse, conn: Conn, node: Node) -> None:
-    """Hand the client's frames to its connection until the client closes or breaks a rule."""
+async def _read(ws: web.WebSocketResponse, conn: Conn, node: Node) -> int:
+    """Hand the client's frames to its connection until the client closes or breaks a rule;
+    the WebSocket close code the node's close frame should carry."""
     async for msg in ws:
         if msg.type is WSMsgType.BINARY:
             conn.receive(msg.data)
         elif msg.type is WSMsgType.TEXT:
-            # MQTT over WebSocket must use binary frames [MQTT-6.0.0-1].
+            # MQTT over WebSocket must use binary frames [MQTT-6.0.0-1]: the MQTT DISCONNECT
+            # says so to the client, the close frame to the WebSocket layer (1003, data of a
+            # type the endpoint does not accept).
             node.carry_out(conn, conn.channel.disconnect(0x81, "text frame"))
-            return
+            return int(WSCloseCode.UNSUPPORTED_DATA)
         elif msg.type is WSMsgType.ERROR:
             err = msg.data
             if isinstance(err, WebSocketError) and err.code == WSCloseCode.MESSAGE_TOO_BIG:
                 # aiohttp sent 1009; the tenant once the client is known, as over TCP.
                 node.refusals.count("max_packet_size_bytes", conn.channel.tenant)
-            return
+            break
+    return int(WSCloseCode.OK)
 
 
 async def _close_ws(
     ws: web.WebSocketResponse,
     request: web.Request,
-    reading: asyncio.Task[None],
+    reading: asyncio.Task[int],
     writing: asyncio.Task[None],
     linger: Linger,
 ) -> None:
@@ -221,12 +225,17 @@ async def _close_ws(
             loop = asyncio.get_running_loop()
             deadline = loop.time() + linger.timeout_s
             await asyncio.wait((writing,), timeout=linger.timeout_s)
+            code = (
+                reading.result()
+                if reading.done() and not reading.cancelled() and reading.exception() is None
+                else int(WSCloseCode.OK)
+            )
             reading.cancel()
             await asyncio.wait((reading,))
             remaining = deadline - loop.time()
             if writing.done() and remaining > 0:
                 try:
-                    await asyncio.wait_for(ws.close(), timeout=remaining)
+                    await asyncio.wait_for(ws.close(code=code), timeout=remaining)
                     closed = True
                 except TimeoutError:
                     pass

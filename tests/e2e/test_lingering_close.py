@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from websockets.exceptions import ConnectionClosedOK
+from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
 from websockets.sync.client import connect as ws_connect
 
 from services.common.mqtt import (
@@ -130,5 +130,7 @@ def test_a_websocket_text_frame_gets_disconnect_0x81_then_the_close_frame(
         ws.send("not binary")
         [bye] = Decoder(5).feed(ws.recv(timeout=TIMEOUT))  # type: ignore[arg-type]
         assert isinstance(bye, Disconnect) and bye.reason_code == RC.MALFORMED_PACKET
-        with pytest.raises(ConnectionClosedOK):  # the close frame, after the DISCONNECT
+        # The close frame, after the DISCONNECT: 1003, a kind of data the server refuses.
+        with pytest.raises(ConnectionClosedError) as closed:
             ws.recv(timeout=TIMEOUT)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1003
