@@ -35,19 +35,21 @@ def rules(mesh: MeshInfo) -> Iterator[pb_grpc.RulesAdminServiceStub]:
 
 def create(stub: pb_grpc.RulesAdminServiceStub, sql: str, topic: str, qos: str = "1") -> str:
     rule_id = f"r-{uuid.uuid4().hex[:8]}"
+    _create(stub, rule_id, sql, pb.Action(kind="republish", params={"topic": topic, "qos": qos}))
+    return rule_id
+
+
+def webhook_rule(stub: pb_grpc.RulesAdminServiceStub, rule_id: str, sql: str, url: str) -> None:
+    _create(stub, rule_id, sql, pb.Action(kind="http", params={"url": url}))
+
+
+def _create(stub: pb_grpc.RulesAdminServiceStub, rule_id: str, sql: str, action: pb.Action) -> None:
     stub.CreateRule(
         pb.CreateRuleRequest(
-            rule=pb.Rule(
-                tenant=TENANT,
-                rule_id=rule_id,
-                sql=sql,
-                enabled=True,
-                actions=[pb.Action(kind="republish", params={"topic": topic, "qos": qos})],
-            )
+            rule=pb.Rule(tenant=TENANT, rule_id=rule_id, sql=sql, enabled=True, actions=[action])
         ),
         metadata=MD,
     )
-    return rule_id
 
 
 def client(mesh: MeshInfo, node: int = 0) -> Paho:
@@ -264,18 +266,12 @@ def test_event_rule_posts_client_connected_to_a_webhook(
     """`FROM "$events/client_connected"` into an HTTP webhook: one rule, a POST per connect
     carrying the client's id and user name."""
     rid = f"ev-{uuid.uuid4().hex[:6]}"
-    rules.CreateRule(
-        pb.CreateRuleRequest(
-            rule=pb.Rule(
-                tenant=TENANT,
-                rule_id=rid,
-                sql="SELECT clientid, username, event, payload.clean_start AS clean "
-                'FROM "$events/client_connected"',
-                enabled=True,
-                actions=[pb.Action(kind="http", params={"url": webhook.url})],
-            )
-        ),
-        metadata=MD,
+    webhook_rule(
+        rules,
+        rid,
+        "SELECT clientid, username, event, payload.clean_start AS clean "
+        'FROM "$events/client_connected"',
+        webhook.url,
     )
     c = client(mesh, 1)
 
@@ -303,17 +299,8 @@ def test_event_rule_fires_once_for_each_event_of_a_batch(
     """The session service sends the events of one batch of CONNECTs in one EVENTS message:
     the rule sees each of them, each with a message id of its own."""
     rid = f"evb-{uuid.uuid4().hex[:6]}"
-    rules.CreateRule(
-        pb.CreateRuleRequest(
-            rule=pb.Rule(
-                tenant=TENANT,
-                rule_id=rid,
-                sql='SELECT clientid, message_id FROM "$events/client_connected"',
-                enabled=True,
-                actions=[pb.Action(kind="http", params={"url": webhook.url})],
-            )
-        ),
-        metadata=MD,
+    webhook_rule(
+        rules, rid, 'SELECT clientid, message_id FROM "$events/client_connected"', webhook.url
     )
     tag = uuid.uuid4().hex[:6]
     ids = [f"batch-{tag}-{i}" for i in range(3)]
