@@ -34,14 +34,10 @@ def log_events(subject: str, data: bytes) -> list[LogEvent]:
     if kind not in STREAM_KINDS:
         return []
     # Only Starling's services publish here (NATS permissions): bytes that are not an event
-    # are skipped, not retried.
-    events = decode_events(data)
-    if len(events) == 1:
-        ev = events[0]
-        return [LogEvent(ev.tenant, kind, ev.client_id, data=data)] if ev.tenant else []
+    # are skipped, not retried. Serializing is deterministic: a repeat has the same bytes.
     return [
         LogEvent(ev.tenant, kind, ev.client_id, data=ev.SerializeToString())
-        for ev in events
+        for ev in decode_events(data)
         if ev.tenant
     ]
 
