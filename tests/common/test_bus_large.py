@@ -26,8 +26,19 @@ async def _receive_one(nats_url: str, payload_of: Holder, data: bytes) -> bytes 
         subject = f"mq.t{uuid.uuid4().hex[:6]}.big"
         await sub.subscribe(subject, cb=on)
         await sub.flush()
-        await payload_of.publish(pub, subject, data)
-        msg = await asyncio.wait_for(got.get(), 10)
+        # Core NATS is at most once: in one clean-clone CI run a single PUB never arrived
+        # (10 s, the subscription confirmed by its flush; not seen in 28 runs here),
+        # so the payload is sent again until a copy arrives; what is asserted is its form.
+        for _ in range(10):
+            await payload_of.publish(pub, subject, data)
+            await pub.flush()
+            try:
+                msg = await asyncio.wait_for(got.get(), 2)
+                break
+            except TimeoutError:
+                continue
+        else:
+            raise AssertionError(f"nothing arrived on {subject} in 10 tries")
         assert len(msg.data) <= limit(pub)
         return await Fetcher(sub).resolve(msg)
     finally:
