@@ -100,13 +100,28 @@ class ConnectionService:
         self.unhealthy = loop.create_future()
         self.finished = loop.create_future()
         creds = s.nats_options()
-        nc = await connect(s.nats_url, s.node_id, no_echo=True, on_closed=self._bus_closed, **creds)
+        queue = QueueClient(s.queue_addr)
+
+        async def reconnected() -> None:
+            queue.changed()  # queue notices may have come while NATS was away: read
+
+        nc = await connect(
+            s.nats_url,
+            s.node_id,
+            no_echo=True,
+            on_closed=self._bus_closed,
+            on_reconnected=reconnected,
+            **creds,
+        )
         nc_shared = await connect(
-            s.nats_url, f"{s.node_id}-shared", on_closed=self._bus_closed, **creds
+            s.nats_url,
+            f"{s.node_id}-shared",
+            on_closed=self._bus_closed,
+            on_reconnected=reconnected,
+            **creds,
         )
         router = RouterClient(s.router_addr)
         router.use_bus(nc)  # the persistent publish path over NATS request/reply
-        queue = QueueClient(s.queue_addr)
         queue.use_bus(nc)
         # QoS>=1 publishes straight to the queues where this node holds the route table.
         self._copies = RouteCopies(router, nc, s.route_copy_max_subscriptions)

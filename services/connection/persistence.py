@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -71,6 +72,10 @@ ACK_DELAY_S = 0.02
 STASH_MAX = 16
 # Retry of a released mark the queue could not write: the PUBREL waits for it.
 RELEASE_RETRY_S = 0.2
+# The safety-net poll of a session's queue (`poll_if_due`): every POLL_MIN_S while anything
+# happens, doubling to POLL_MAX_S while nothing does.
+POLL_MIN_S = 1.0
+POLL_MAX_S = 16.0
 
 
 def pid_for(seq: int) -> int:
@@ -128,6 +133,12 @@ class PersistentDelivery:
         self._releasing = False  # the task that marks them and sends their PUBRELs runs
         self._tasks = TaskSet()
         self._sub: NatsSubscription | None = None
+        # The safety-net poll (`poll_if_due`).
+        self._poll_every = POLL_MIN_S
+        self._poll_at = 0.0
+        self._polled_at = 0.0
+        self._polled_generation = queue.generation
+        self._heard = True  # something happened since the last poll: poll again soon
 
     async def start(self) -> None:
         if self.closed:  # the connection ended before its turn came
@@ -145,6 +156,7 @@ class PersistentDelivery:
         self._notice(parse_notice(msg.data))
 
     def _notice(self, notice: Notice) -> None:
+        self._heard = True
         self.announced = max(self.announced, notice.last_seq)
         if notice.pushed and notice.reader == self.reader and not self.closed:
             if self._reading and len(self._stash) < STASH_MAX:
@@ -231,6 +243,7 @@ class PersistentDelivery:
                         reader=self.reader,
                     )
                 except Exception as exc:  # queue service down: the poll retries
+                    self._heard = True  # (soon)
                     log.warning("queue_read_failed", extra={"error": type(exc).__name__})
                     return
                 if self.closed:
@@ -247,6 +260,7 @@ class PersistentDelivery:
                         self.more = False
                         return
                     continue
+                self._heard = True
                 stopped = self._deliver(resp.entries, min(resp.delivered_through, self.dup_through))
                 if stopped:  # read again from there once its packet id is free
                     self.next_read = stopped
@@ -432,6 +446,31 @@ class PersistentDelivery:
             log.warning("queue_final_ack_failed", extra={"error": type(exc).__name__})
 
     def poll(self) -> None:
-        """Periodic safety net for missed notices (e.g. the queue service restarted)."""
+        """Read now: whatever the queue holds beyond what was read goes out."""
         self.more = True
         self.pump()
+
+    def poll_if_due(self, now: float) -> None:
+        """The safety net for a notice that never came, called by the sweeper every
+        POLL_MIN_S. A read per connected session per second cost the queue service a
+        quarter of a core for 5,000 idle sessions, so the interval doubles after each poll
+        with nothing heard (no notice, no entry, no failed read) up to POLL_MAX_S; anything
+        heard brings the next poll within POLL_MIN_S and the interval back to it. When the
+        queue client's `generation` moves (a queue link opened or broke, a partition changed
+        owner, NATS reconnected: the times notices get lost) it polls at once. A notice lost
+        otherwise (e.g. dropped by a slow subscription) waits at most POLL_MAX_S. Jitter
+        keeps sessions that connected together from polling together."""
+        generation = self.queue.generation
+        moved = generation != self._polled_generation
+        if not moved and now < self._poll_at:
+            if not self._heard or now < self._polled_at + POLL_MIN_S:
+                return
+        if moved or self._heard:
+            self._poll_every = POLL_MIN_S
+        else:
+            self._poll_every = min(self._poll_every * 2, POLL_MAX_S)
+        self._polled_generation = generation
+        self._heard = False
+        self._polled_at = now
+        self._poll_at = now + self._poll_every * random.uniform(0.8, 1.2)
+        self.poll()

@@ -2,8 +2,9 @@
 
 Every half second each channel gets a tick (keep-alive at 1.5 times the interval
 [MQTT-3.1.2-24], CONNECT timeout); every second the node publishes its heartbeat (the session
-service parks a silent node's sessions), every persistent delivery polls its queue (for
-notices missed while the queue service was away), and old kick tombstones are dropped.
+service parks a silent node's sessions), every persistent delivery whose safety-net poll is
+due reads its queue (for notices lost on the way; persistence.py `poll_if_due` says when),
+and old kick tombstones are dropped.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Sweeper:
         elif ch.out:
             self._mark_dirty(conn)
         if poll and conn.persistent is not None:
-            conn.persistent.poll()
+            conn.persistent.poll_if_due(now)
 
     async def _heartbeat(self) -> None:
         try:

@@ -203,6 +203,16 @@ class QueueClient:
     def unlisten(self, reader: str) -> None:
         self._listeners.pop(reader, None)
 
+    @property
+    def generation(self) -> int:
+        """Moves whenever a notice may have been lost on the way (an owner changed, a queue
+        link opened or broke, `changed` was called): a reader that sees it move reads."""
+        return self._calls.generation
+
+    def changed(self) -> None:
+        """Notices may have been lost (e.g. the NATS connection they come on reconnected)."""
+        self._calls.changed()
+
     def _on_link_notice(self, data: bytes) -> None:
         notice = parse_notice(data)
         listener = self._listeners.get(notice.reader)

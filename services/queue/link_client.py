@@ -48,8 +48,9 @@ class LinkLostError(UnavailableError):
 
 class QueueLink(asyncio.Protocol):
     """A node's link to one queue instance, opened in the background at its first call and
-    again after a break; `on_notice` gets the body of each NOTICE frame. ValueError for an
-    address that is not host:port."""
+    again after a break; `on_notice` gets the body of each NOTICE frame, `on_change` is
+    called when a connection opens or breaks (notices may have been lost in between).
+    ValueError for an address that is not host:port."""
 
     def __init__(
         self,
@@ -57,12 +58,14 @@ class QueueLink(asyncio.Protocol):
         secret: str,
         max_frame: int,
         on_notice: Callable[[bytes], None],
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._host, self._port = parse_address(address)
         self.address = address
         self._secret = secret.encode()
         self.max_frame = max_frame
         self._on_notice = on_notice
+        self._on_change = on_change
         self._transport: asyncio.Transport | None = None
         self._frames = Frames(max_frame * RECEIVE_SLACK)
         self._calls: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
@@ -81,6 +84,7 @@ class QueueLink(asyncio.Protocol):
         self._transport.write(frame(HELLO, 0, self._secret))
         if self._closed:
             self._transport.close()
+        self._on_change()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -92,6 +96,7 @@ class QueueLink(asyncio.Protocol):
         for fut in calls.values():
             if not fut.done():
                 fut.set_exception(LinkLostError(f"queue link to {self.address} lost"))
+        self._on_change()
 
     def data_received(self, data: bytes) -> None:
         frames = self._frames.feed(data)

@@ -66,6 +66,12 @@ class OwnerCalls:
         # one goes there; NATS when it cannot.
         self._links: dict[str, QueueLink] = {}
         self._on_notice = on_notice
+        # Bumped whenever a notice may have been lost: a partition changed owner, a link
+        # opened or broke (or the caller says so: `changed`). Readers poll when it moves.
+        self.generation = 0
+
+    def changed(self) -> None:
+        self.generation += 1
 
     def use_bus(self, nc: Client) -> None:
         self._nc = nc
@@ -80,7 +86,9 @@ class OwnerCalls:
             # A frame holds what one NATS message holds: the same requests fit both.
             max_frame = limit(self._nc) + HEADER_BYTES + 1
             try:
-                link = QueueLink(owner.link_address, secret, max_frame, self._on_notice)
+                link = QueueLink(
+                    owner.link_address, secret, max_frame, self._on_notice, self.changed
+                )
             except ValueError:  # a bad announcement: this instance's calls go over NATS
                 log.warning("queue_link_address_invalid", extra={"address": owner.link_address})
                 return None
@@ -135,6 +143,7 @@ class OwnerCalls:
             log.warning("queue_owners_malformed")
             return
         if self.owners.learn(ann):
+            self.changed()
             moved, self._moved = self._moved, None
             if moved is not None and not moved.done():
                 moved.set_result(None)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from services.common.message import Message
 from services.common.mqtt import PubAck, PubComp, Publish, PubRec, PubRel, encode
 from services.connection.channel import DeliveryProgress
-from services.connection.persistence import READ_BATCH, PersistentDelivery, pid_for
+from services.connection.persistence import POLL_MAX_S, READ_BATCH, PersistentDelivery, pid_for
 from services.queue.client import QueueEntry, QueueRead
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
@@ -27,6 +27,7 @@ class FakeQueue:
         self.delivered_through = delivered_through
         self.released: list[int] = []
         self.unmarked_reads = 0
+        self.reads = 0
 
     async def read(
         self,
@@ -37,6 +38,7 @@ class FakeQueue:
         mark_delivered: bool = False,
         reader: str = "",  # pushes are tested against the real queue (tests/queue)
     ) -> QueueRead:
+        self.reads += 1
         unacked = [e for e in self.entries if e.seq >= from_seq and e.seq > self.acked_through]
         found = tuple(unacked[:limit])
         last = found[-1].seq if found else from_seq - 1
@@ -62,6 +64,8 @@ class FakeQueue:
 
     def unlisten(self, reader: str) -> None:
         pass
+
+    generation = 0  # no queue link, no owners: no notice gets lost
 
     async def mark_released(self, tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
         self.released += seqs
@@ -552,4 +556,49 @@ async def test_acks_renew_the_push_credit_only_while_no_read_is_under_way_or_due
     assert pd._room() is None
     pd._blocked_on = 0
     assert pd._room() == (pd.reader, READ_BATCH, 2)
+    await pd.close()
+
+
+async def test_an_idle_session_polls_its_queue_ever_less_often_and_at_once_after_a_change() -> None:
+    """The sweeper calls `poll_if_due` every second. Idle, a session reads its queue ever
+    less often (a read per second per idle session was a quarter of the queue service's
+    core at 5,000 sessions); an entry whose notice was lost is still found, within the
+    longest interval; after it, polls are frequent again; and when notices may have been
+    lost (the queue client's generation moved) the next poll reads at once."""
+    queue = FakeQueue([])
+    pd, ch, dec = _delivery(queue)
+    await pd.start()
+    await _settle()
+    start = queue.reads
+    t = 0.0
+    for _ in range(60):  # a minute of sweeps with nothing queued
+        t += 1.0
+        pd.poll_if_due(t)
+        await _settle()
+    # 1, 2, 4, 8, 16, 16, ... seconds apart (each within 20%): the old poll read 60 times.
+    assert 5 <= queue.reads - start <= 8
+    queue.entries.append(_entry(1))  # its notice never came
+    found_after = 0
+    while not _publishes(ch, dec):
+        t += 1.0
+        found_after += 1
+        assert found_after <= POLL_MAX_S * 1.2 + 1, "a lost notice's entry was never read"
+        pd.poll_if_due(t)
+        await _settle()
+    _pubacks(ch, pd, 1)
+    queue.entries.append(_entry(2))  # lost notice again, right after activity
+    t += 1.3  # the interval is back at POLL_MIN_S (+20% jitter)
+    pd.poll_if_due(t)
+    await _settle()
+    assert _publishes(ch, dec) == [(pid_for(2), False, b"m2")]
+    _pubacks(ch, pd, 2)
+    for _ in range(40):  # idle again: back to long intervals
+        t += 1.0
+        pd.poll_if_due(t)
+        await _settle()
+    queue.entries.append(_entry(3))
+    queue.generation += 1  # e.g. the queue link broke: notices may be lost
+    pd.poll_if_due(t + 0.01)
+    await _settle()
+    assert _publishes(ch, dec) == [(pid_for(3), False, b"m3")]
     await pd.close()

@@ -238,13 +238,18 @@ async def test_a_node_client_uses_the_announced_link_and_falls_back_to_nats(
 
         await nc.subscribe(subjects.queue_notice(TENANT, qid), cb=nats_notice)
         client.listen("R", on_link.append)
+        before = client.generation
         try:
             await client.read(TENANT, qid, 1, 10)  # over NATS: the link opens meanwhile
             for _ in range(200):
-                if link_server.links:
+                if link_server.links and client.generation > before:
                     break
                 await asyncio.sleep(0.01)
             assert link_server.links, "the client did not open the announced link"
+            # A link that opens (or breaks) moves the client's generation: its readers poll
+            # (services/connection/persistence.py `poll_if_due`).
+            opened = client.generation
+            assert opened > before
             # What a node's NATS user may not do, its link does not do either: an append not
             # checked against a route table's version (the router's svc.queue.append).
             (link,) = client._calls._links.values()
@@ -264,6 +269,11 @@ async def test_a_node_client_uses_the_announced_link_and_falls_back_to_nats(
 
             # The link stops (as when its port is blocked): NATS carries everything.
             await link_server.stop(0.1)
+            for _ in range(200):
+                if client.generation > opened:
+                    break
+                await asyncio.sleep(0.01)
+            assert client.generation > opened, "a broken link did not move the generation"
             await client.append(TENANT, [_entry(qid, "a3")])
             for _ in range(200):
                 if any(n.pushed for n in on_nats):

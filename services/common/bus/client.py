@@ -29,6 +29,7 @@ async def connect(
     wait_s: float = 60.0,
     no_echo: bool = False,
     on_closed: Callable[[], Awaitable[None]] | None = None,
+    on_reconnected: Callable[[], Awaitable[None]] | None = None,
     user: str = "",
     password: str = "",
 ) -> Client:
@@ -38,6 +39,8 @@ async def connect(
     `on_closed`: called when the connection is closed for good while nobody asked for it:
     nats-py reconnects after a network error but gives up after a protocol error the server
     reports (`-ERR`), and a service must not go on as if it could still carry traffic.
+    `on_reconnected`: called after each reconnect (what was published to this connection's
+    subscriptions meanwhile is lost).
     `user`/`password`: this service's NATS credentials (settings nats_user/nats_password);
     credentials inside `url` work too.
     """
@@ -56,6 +59,7 @@ async def connect(
                 allow_reconnect=True,
                 no_echo=no_echo,
                 **({"closed_cb": on_closed} if on_closed is not None else {}),
+                **({"reconnected_cb": on_reconnected} if on_reconnected is not None else {}),
                 **auth,
             ),
             wait_s,
