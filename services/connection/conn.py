@@ -35,6 +35,8 @@ class Shell(Protocol):
 
     def cleanup(self, conn: Conn) -> object: ...
 
+    def sweep_at(self, conn: Conn, at: float) -> None: ...
+
 
 class Conn:
     __slots__ = (
@@ -46,6 +48,7 @@ class Conn:
         "registered",
         "shell",
         "sink",
+        "sweep_slot",
     )
 
     def __init__(
@@ -56,6 +59,7 @@ class Conn:
         self.sink = sink
         self.closed = False
         self.registered = False  # in the registry: CONNECT was accepted
+        self.sweep_slot = 0  # when the sweeper looks at it next (sweeper.py; 0: not yet)
         self.persistent: PersistentDelivery | None = None  # the session outlives the connection
         self.cert = cert  # a verified client certificate (mTLS), if any
         # A persistent session's publishes, QoS 2 recorded with the session first.
@@ -82,7 +86,10 @@ class Conn:
         """The transport's write buffer went over its high-water mark (False) or drained
         (True): hold deliveries meanwhile, then move what waits into the window."""
         ch = self.channel
-        ch.outbound.set_congested(not ok, time.time())
+        now = time.time()
+        ch.outbound.set_congested(not ok, now)
+        if not ok:  # the sweeper closes it if this lasts too long
+            self.shell.sweep_at(self, now + ch.config.slow_consumer_timeout_s)
         if ok and not self.closed:
             if self.persistent is not None:
                 self.persistent.pump()

@@ -385,6 +385,10 @@ class Node:
         if not conn.closed:
             self.writes.mark(conn)
 
+    def sweep_at(self, conn: Conn, at: float) -> None:
+        if not conn.closed:
+            self.sweeper.schedule(conn, at)
+
     def cleanup(self, conn: Conn) -> asyncio.Task[None] | None:
         """Exactly once per connection: forget its subscriptions, publish its will, release
         its session. Returns the detach of its queue reader (a persistent session), if any."""

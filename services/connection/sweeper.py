@@ -1,7 +1,10 @@
 """The node's clock: keep-alive and CONNECT timeouts, heartbeats, safety-net polls.
 
-Every half second each channel gets a tick (keep-alive at 1.5 times the interval
-[MQTT-3.1.2-24], CONNECT timeout); every second the node publishes its heartbeat (the session
+Every half second the channels that are due get a tick (keep-alive at 1.5 times the
+interval [MQTT-3.1.2-24], CONNECT timeout, slow consumers): each channel says when it may
+next have something to do (`Channel.next_check`), and a congestion that starts says so
+(`Node.sweep_at`), so an idle connection is looked at about once a keep-alive period, not
+twice a second; every second the node publishes its heartbeat (the session
 service parks a silent node's sessions), every persistent delivery whose safety-net poll is
 due reads its queue (for notices lost on the way; persistence.py `poll_if_due` says when),
 and old kick tombstones are dropped.
@@ -10,7 +13,9 @@ and old kick tombstones are dropped.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -19,6 +24,7 @@ from nats.aio.client import Client
 from services.common.bus import subjects
 from services.connection.channel import Action
 from services.connection.conn import Conn
+from services.connection.persistence import POLL_MIN_S
 from services.connection.registry import Registry
 
 log = logging.getLogger("starling.connection.sweeper")
@@ -40,34 +46,73 @@ class Sweeper:
         self._nc = nc
         self._carry_out = carry_out
         self._mark_dirty = mark_dirty
+        # A timing wheel of TICK_S slots: slot -> the connections to look at in it (a
+        # connection moved to an earlier slot is skipped where it was: `Conn.sweep_slot`).
+        self._wheel: dict[int, list[Conn]] = {}
+        self._slots: list[int] = []  # the wheel's slots, a heap
 
     async def run(self) -> None:
         rounds = 0
         while True:
             await asyncio.sleep(TICK_S)
             rounds += 1
-            self.tick(time.time(), poll=rounds % 2 == 0)
+            self.tick(time.time())
             if rounds % 2 == 0:
                 await self._heartbeat()
                 self._registry.expire_tombstones(time.monotonic())
 
-    def tick(self, now: float, poll: bool) -> None:
-        for conn in list(self._registry.conns):
+    def schedule(self, conn: Conn, at: float) -> None:
+        """Look at `conn` in the first tick after `at` (unless it is looked at sooner)."""
+        slot = int(at / TICK_S) + 1
+        if conn.sweep_slot and conn.sweep_slot <= slot:
+            return
+        conn.sweep_slot = slot
+        bucket = self._wheel.get(slot)
+        if bucket is None:
+            self._wheel[slot] = bucket = []
+            heapq.heappush(self._slots, slot)
+        bucket.append(conn)
+
+    def tick(self, now: float) -> None:
+        """Look at the connections that are due: new ones, those in a handshake (every
+        tick), and the others when their keep-alive may have run out, when their
+        congestion may have lasted too long, and (persistent sessions) when their
+        safety-net poll may be due. A connection is not looked at in between: 15,000 idle
+        ones cost 5.5% of a core when each was looked at every tick."""
+        for conn in self._registry.take_opened():
+            self.schedule(conn, now - TICK_S)  # this tick
+        due: list[Conn] = []
+        current = int(now / TICK_S)
+        while self._slots and self._slots[0] <= current:
+            slot = heapq.heappop(self._slots)
+            for conn in self._wheel.pop(slot):
+                if conn.sweep_slot == slot:
+                    conn.sweep_slot = 0
+                    due.append(conn)
+        for conn in due:
+            if conn.closed:
+                continue
             try:
-                self._tick_one(conn, now, poll)
+                self._tick_one(conn, now)
             except Exception:
                 # One connection's failure must not stop keep-alive checks and heartbeats
                 # for every other (a silent node is declared dead by the session service).
                 log.exception("sweep_failed", extra={"client_id": conn.channel.client_id})
+            if not conn.closed:
+                at = conn.channel.next_check(now)
+                if conn.persistent is not None:
+                    at = min(at, now + POLL_MIN_S)
+                if at < math.inf:
+                    self.schedule(conn, at)
 
-    def _tick_one(self, conn: Conn, now: float, poll: bool) -> None:
+    def _tick_one(self, conn: Conn, now: float) -> None:
         ch = conn.channel
         actions = ch.tick(now)
         if actions:
             self._carry_out(conn, actions)
         elif ch.out:
             self._mark_dirty(conn)
-        if poll and conn.persistent is not None:
+        if conn.persistent is not None:
             conn.persistent.poll_if_due(now)
 
     async def _heartbeat(self) -> None:

@@ -35,6 +35,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, cast
@@ -423,6 +424,23 @@ class Channel:
             self.will = None
             return [self._refuse(RC.SERVER_UNAVAILABLE)]
         return []
+
+    def next_check(self, now: float) -> float:
+        """When `tick` may next have something to do, if nothing else happens to this
+        channel: `now` during the handshake (every tick), else the end of its keep-alive
+        (each packet moves it later, so a look then may find it not yet due) or of its
+        slow-consumer timeout, whichever comes first (inf: neither). A congestion that
+        starts later asks the sweeper for a look itself (Conn.writable)."""
+        if self.state is not State.CONNECTED:
+            return now
+        at = math.inf
+        ka = self._keepalive
+        if ka.interval_s:
+            at = ka.last_rx + 1.5 * ka.interval_s
+        since = self.outbound.congested_since
+        if since:
+            at = min(at, since + self.config.slow_consumer_timeout_s)
+        return at
 
     def _limit(self, name: str) -> None:
         self._on_limit(name, self.tenant)
