@@ -36,6 +36,7 @@ SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
 # Clients of the connection-rate scenario, then held idle for the memory rows.
 CONNECTIONS = int(os.environ.get("BENCH_IDLE_CONNECTIONS", "10000"))
 OUTSTANDING_CONNECTS = 64
+IDLE_CPU_S = 5.0  # the idle connections' CPU is measured over this long
 WINDOW = 64  # closed loop: messages published but not yet received, per pair
 
 
@@ -232,6 +233,11 @@ async def connections(b: Broker) -> Rows:
     await asyncio.sleep(0.5)
     await settle(b)  # the broker finishes what follows each CONNACK before RSS is read
     after = rss_kib(b.pid)
+    # What holding them costs while they are silent (keep-alive 120 s), every process of
+    # the broker (a mesh of Starling's, idle, costs some of that without any client).
+    cpu_before, began = sum(map(cpu_seconds, b.pids)), time.monotonic()
+    await asyncio.sleep(IDLE_CPU_S)
+    idle = (sum(map(cpu_seconds, b.pids)) - cpu_before) / (time.monotonic() - began)
     cr.close()
     per = (after - before) / cr.connected if cr.connected else float("nan")
     text = f"{cr.rate:,.0f} conn/s"
@@ -242,6 +248,7 @@ async def connections(b: Broker) -> Rows:
         "outstanding": Cell(text, cr.rate),
         "idle connections held": Cell(f"{cr.connected:,} of {CONNECTIONS:,}"),
         "memory per idle connection": Cell(f"{per:.1f} KiB", per),
+        "CPU while they idle, all processes": Cell(f"{100 * idle:.1f}% of a core", idle),
     }
 
 
@@ -486,6 +493,7 @@ EXTRAS = [
     ("Rules engine: one process, 10 versus 1,000 rules", "bench.rules"),
     ("Persistent path: fsync per commit versus store_sync=normal", "bench.persistent"),
     ("Scale-out: 1 node x 1 router versus 2 nodes x 2 routers, persistent QoS 1", "bench.scale"),
+    ("Idle clients: what silent connections and sessions cost", "bench.idle"),
 ]
 
 
