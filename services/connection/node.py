@@ -396,6 +396,7 @@ class Node:
             return None
         conn.closed = True
         self.registry.closed(conn, time.monotonic())
+        self.sweeper.forget(conn)
         self.per_address.closed(conn.channel.peer)
         self.writes.discard(conn)
         self.flow.forget(conn)

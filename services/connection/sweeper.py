@@ -46,9 +46,10 @@ class Sweeper:
         self._nc = nc
         self._carry_out = carry_out
         self._mark_dirty = mark_dirty
-        # A timing wheel of TICK_S slots: slot -> the connections to look at in it (a
-        # connection moved to an earlier slot is skipped where it was: `Conn.sweep_slot`).
-        self._wheel: dict[int, list[Conn]] = {}
+        # A timing wheel of TICK_S slots: slot -> the connections to look at in it (each in
+        # one slot at most, `Conn.sweep_slot`; a closed one leaves at once, `forget`, so a
+        # long keep-alive does not keep a closed connection's memory).
+        self._wheel: dict[int, set[Conn]] = {}
         self._slots: list[int] = []  # the wheel's slots, a heap
 
     async def run(self) -> None:
@@ -64,14 +65,30 @@ class Sweeper:
     def schedule(self, conn: Conn, at: float) -> None:
         """Look at `conn` in the first tick after `at` (unless it is looked at sooner)."""
         slot = int(at / TICK_S) + 1
-        if conn.sweep_slot and conn.sweep_slot <= slot:
-            return
+        if conn.sweep_slot:
+            if conn.sweep_slot <= slot:
+                return
+            self.forget(conn)
         conn.sweep_slot = slot
         bucket = self._wheel.get(slot)
         if bucket is None:
-            self._wheel[slot] = bucket = []
+            self._wheel[slot] = bucket = set()
             heapq.heappush(self._slots, slot)
-        bucket.append(conn)
+        bucket.add(conn)
+
+    def forget(self, conn: Conn) -> None:
+        """`conn` needs no more looks (it closed, or moves to another slot)."""
+        bucket = self._wheel.get(conn.sweep_slot)
+        if bucket is not None:
+            bucket.discard(conn)
+            if not bucket:
+                del self._wheel[conn.sweep_slot]  # its slot stays in the heap, popped in time
+        conn.sweep_slot = 0
+
+    @property
+    def watched(self) -> int:
+        """Connections waiting for a look."""
+        return sum(map(len, self._wheel.values()))
 
     def tick(self, now: float) -> None:
         """Look at the connections that are due: new ones, those in a handshake (every
@@ -84,11 +101,9 @@ class Sweeper:
         due: list[Conn] = []
         current = int(now / TICK_S)
         while self._slots and self._slots[0] <= current:
-            slot = heapq.heappop(self._slots)
-            for conn in self._wheel.pop(slot):
-                if conn.sweep_slot == slot:
-                    conn.sweep_slot = 0
-                    due.append(conn)
+            for conn in self._wheel.pop(heapq.heappop(self._slots), ()):
+                conn.sweep_slot = 0
+                due.append(conn)
         for conn in due:
             if conn.closed:
                 continue

@@ -37,15 +37,16 @@ class Node:
 
     def carry_out(self, conn: Conn, actions: list[Action]) -> None:
         if actions and not conn.closed:
-            conn.closed = True
-            self.registry.closed(conn, self.clock[0])
+            self.cleanup(conn)
             self.closed_at[conn] = self.clock[0]
 
     def mark_dirty(self, conn: Conn) -> None:
         pass
 
     def cleanup(self, conn: Conn) -> None:
-        pass
+        conn.closed = True
+        self.registry.closed(conn, self.clock[0])
+        self.sweeper.forget(conn)
 
     def sweep_at(self, conn: Conn, at: float) -> None:
         self.sweeper.schedule(conn, at)
@@ -113,3 +114,18 @@ def test_a_congestion_that_starts_between_looks_still_closes_on_time(
     slow.writable(False)  # its socket stopped taking bytes at t=10
     _run(node, clock, 30.0)
     assert node.closed_at[slow] == 15.0 + TICK_S
+
+
+def test_a_closed_connection_leaves_the_wheel_at_once(looks: Counter[int]) -> None:
+    """A closed connection is not held until its keep-alive would have ended (an hour
+    here): under churn that would keep every closed connection's memory that long."""
+    clock = [0.0]
+    node = Node(Registry(), clock)
+    conns = [_open(node, keepalive_s=3600) for _ in range(100)]
+    _run(node, clock, 2.0)
+    assert node.sweeper.watched == 100
+    for c in conns[:60]:
+        node.cleanup(c)  # the clients left
+    assert node.sweeper.watched == 40
+    _run(node, clock, 10.0)
+    assert node.sweeper.watched == 40 and not node.closed_at
