@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 import grpc
 from aiohttp import web
+from nats.aio.client import Client
 
 from services.common.bus.client import connect
 from services.common.mqtt.reason import ReasonCode as RC
@@ -99,27 +100,8 @@ class ConnectionService:
         loop = asyncio.get_running_loop()
         self.unhealthy = loop.create_future()
         self.finished = loop.create_future()
-        creds = s.nats_options()
         queue = QueueClient(s.queue_addr)
-
-        async def reconnected() -> None:
-            queue.changed()  # queue notices may have come while NATS was away: read
-
-        nc = await connect(
-            s.nats_url,
-            s.node_id,
-            no_echo=True,
-            on_closed=self._bus_closed,
-            on_reconnected=reconnected,
-            **creds,
-        )
-        nc_shared = await connect(
-            s.nats_url,
-            f"{s.node_id}-shared",
-            on_closed=self._bus_closed,
-            on_reconnected=reconnected,
-            **creds,
-        )
+        nc, nc_shared = await self._connect_bus(queue)
         router = RouterClient(s.router_addr)
         router.use_bus(nc)  # the persistent publish path over NATS request/reply
         queue.use_bus(nc)
@@ -235,6 +217,27 @@ class ConnectionService:
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()  # the listening socket only, not the WebSockets open
+
+    async def _connect_bus(self, queue: QueueClient) -> tuple[Client, Client]:
+        """The node's two NATS connections: one without echo (its own publishes do not
+        come back), one with (queue groups, where NATS may pick this node's member, and the
+        mesh interest ticks); both tell `queue` when they reconnect."""
+        s = self._s
+
+        async def reconnected() -> None:
+            queue.changed()  # queue notices may have come while NATS was away: read
+
+        async def open_one(name: str, no_echo: bool) -> Client:
+            return await connect(
+                s.nats_url,
+                name,
+                no_echo=no_echo,
+                on_closed=self._bus_closed,
+                on_reconnected=reconnected,
+                **s.nats_options(),
+            )
+
+        return await open_one(s.node_id, True), await open_one(f"{s.node_id}-shared", False)
 
     async def _bus_closed(self) -> None:
         """A NATS connection closed for good: this node can no longer reach the mesh. Stop
