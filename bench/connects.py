@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import loadgen
-from bench.machine import cpu_seconds, python_loop_seconds
+from bench.machine import cpu_seconds, open_files_to_hard_limit, python_loop_seconds
 from bench.run import starling_launcher
 from services.cli.launcher import Launcher, Mesh
 
@@ -137,8 +136,7 @@ def main() -> int:
     p.add_argument("--mosquitto", action="store_true", help="the same rounds against mosquitto")
     p.add_argument("--profile", type=float, default=0.0, help="py-spy seconds, first round")
     args = p.parse_args()
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    open_files_to_hard_limit()
     started = time.perf_counter()
     loop_s = python_loop_seconds()
     print(f"calibration: 10M-step for loop {loop_s:.2f} s; load {os.getloadavg()}", flush=True)

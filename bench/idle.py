@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import sys
 import tempfile
 from pathlib import Path
 
 from bench import loadgen
 from bench.connects import start_mesh
-from bench.machine import cpu_seconds
+from bench.machine import cpu_seconds, open_files_to_hard_limit
 
 SETTLE_S = 5.0  # after the last CONNACK: events, first polls and the like
 
@@ -42,8 +41,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=5000)
     p.add_argument("--seconds", type=float, default=30.0)
     args = p.parse_args()
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    open_files_to_hard_limit()
     import uvloop
 
     rows: list[tuple[str, int, dict[str, float]]] = []

@@ -15,7 +15,6 @@ import asyncio
 import gc
 import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import loadgen, micro
-from bench.machine import Machine, cpu_seconds, python_loop_seconds, this_machine
+from bench.machine import (
+    Machine,
+    cpu_seconds,
+    open_files_to_hard_limit,
+    python_loop_seconds,
+    this_machine,
+)
 from services.cli.launcher import Launcher
 from services.cli.ports import free_port, port_open
 from services.quota.client import Limits, QuotaAdminClient
@@ -168,9 +173,11 @@ def ratio(starling: Cell | None, other: Cell | None) -> str:
 GENERATOR_BUSY = 0.8  # of a core: above it, a row's figure may be the generator's limit
 
 
-def rate_cell(r: loadgen.Result) -> Cell:
+def rate_cell(r: loadgen.Result, note: str = "") -> Cell:
     text = f"{r.rate:,.0f} msg/s"
     notes = [f"{r.stalls} stalls"] if r.stalls else []
+    if note:
+        notes.append(note)
     if r.seconds and r.loadgen_cpu_s / r.seconds > GENERATOR_BUSY:
         notes.append(f"load generator at {r.loadgen_cpu_s / r.seconds:.0%} of a core")
     if notes:
@@ -211,12 +218,11 @@ def pairs(qos: int, window: int, rounds: int = 1) -> Scenario:
                 )
             )
         r = median_result(results)
-        cell = rate_cell(r)
-        if rounds > 1:
-            each = ", ".join(f"{x.rate:,.0f}" for x in results)
-            cell = Cell(f"{cell.text} (median of {rounds} rounds: {each})", cell.value)
+        each = ", ".join(f"{x.rate:,.0f}" for x in results)
         return {
-            f"8 pairs, QoS {qos}, {loop}": cell,
+            f"8 pairs, QoS {qos}, {loop}": rate_cell(
+                r, f"median of {rounds} rounds: {each}" if rounds > 1 else ""
+            ),
             f"8 pairs, QoS {qos}, {loop}: broker CPU per message": cpu_cell(b, r),
         }
 
@@ -599,9 +605,7 @@ def main() -> int:
     import uvloop
 
     began = time.monotonic()
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    # Brokers started from here inherit it: 10,000 clients on each side of the socket.
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    hard = open_files_to_hard_limit()
     if hard < CONNECTIONS + 1000:
         print(f"  RLIMIT_NOFILE hard limit {hard}: the connection rows will fall short")
     machine = this_machine(ROOT)

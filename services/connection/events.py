@@ -2,26 +2,25 @@
 on the EVENTS stream (`ev.<tenant>.<kind>`), for rules reading `$events/session_subscribed` or
 `$events/session_unsubscribed`. Only for tenants with such a rule (the rules service tells
 nodes which, services/rules/client.py): other tenants' SUBSCRIBEs cost nothing here. Like the
-session service's events, they are published without waiting (the stream stores them)."""
+session service's events, they are published without waiting (the stream stores them), those
+of one loop turn in one message per subject (services/common/bus/events.py)."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client
 
 from services.common.bus import subjects
+from services.common.bus.events import EventBatcher
 from services.common.connect import IdentifiedSubscription
 from starling.common.v1 import event_pb2
-
-log = logging.getLogger("starling.connection.events")
 
 
 class SubscriptionEvents:
     def __init__(self, nc: Client, node_id: str, wanted: Callable[[str, str], bool]) -> None:
-        self._nc = nc
+        self._batcher = EventBatcher(nc)
         self._node = node_id
         self._wanted = wanted  # (tenant, kind) -> whether a rule reads it
 
@@ -40,7 +39,7 @@ class SubscriptionEvents:
             ev.subscribed.CopyFrom(
                 event_pb2.Subscribed(topic_filter=s.filter, qos=s.qos, username=username, auto=auto)
             )
-            await self._publish(tenant, "subscribed", ev)
+            self._batcher.emit(subjects.event(tenant, "subscribed"), ev)
 
     async def unsubscribed(
         self, tenant: str, client_id: str, username: str, filters: Sequence[str]
@@ -50,7 +49,7 @@ class SubscriptionEvents:
         for f in filters:
             ev = self._event(tenant, client_id, event_pb2.EVENT_TYPE_UNSUBSCRIBED)
             ev.unsubscribed.CopyFrom(event_pb2.Unsubscribed(topic_filter=f, username=username))
-            await self._publish(tenant, "unsubscribed", ev)
+            self._batcher.emit(subjects.event(tenant, "unsubscribed"), ev)
 
     def _event(self, tenant: str, client_id: str, kind: int) -> event_pb2.Event:
         return event_pb2.Event(
@@ -60,9 +59,3 @@ class SubscriptionEvents:
             ts_ms=int(time.time() * 1000),
             type=kind,  # type: ignore[arg-type]
         )
-
-    async def _publish(self, tenant: str, kind: str, ev: event_pb2.Event) -> None:
-        try:
-            await self._nc.publish(subjects.event(tenant, kind), ev.SerializeToString())
-        except Exception as exc:  # a lost bus: the event is lost, the subscription is not
-            log.warning("event_publish_failed", extra={"error": type(exc).__name__})

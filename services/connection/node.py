@@ -337,6 +337,7 @@ class Node:
         channel = Channel(self.config, peer, now, self._new_client_id, self.refusals.count, gates)
         conn = Conn(self, channel, sink, cert)
         self.registry.opened(conn)
+        self.sweeper.schedule(conn, now)  # CONNECT timeout: looked at from the next tick
         self.per_address.opened(peer)
         return conn
 

@@ -150,6 +150,10 @@ class PersistentDelivery:
             subjects.queue_notice(self.tenant, self.queue_id), cb=self._on_notice
         )
         self._started = True
+        # This first read is also the first poll: the safety net's next one is a second
+        # later (a reconnect storm of N sessions read each queue twice at once otherwise).
+        self._polled_at = self.now()
+        self._poll_at = self._polled_at + POLL_MIN_S
         self.pump()
 
     async def _on_notice(self, msg: Msg) -> None:

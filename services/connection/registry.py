@@ -18,7 +18,6 @@ TOMBSTONE_TTL_S = 60.0
 class Registry:
     def __init__(self) -> None:
         self.conns: set[Conn] = set()
-        self._opened: list[Conn] = []  # since the sweeper last took them
         self._clients: dict[ClientKey, dict[int, Conn]] = {}
         self._tombstones: dict[ClientKey, tuple[int, float]] = {}  # key -> (epoch, at)
         # key -> (epoch, Session Expiry its DISCONNECT set or None, at): connections that
@@ -30,12 +29,6 @@ class Registry:
 
     def opened(self, conn: Conn) -> None:
         self.conns.add(conn)
-        self._opened.append(conn)
-
-    def take_opened(self) -> list[Conn]:
-        """The connections opened since the last call (the sweeper's new ones)."""
-        opened, self._opened = self._opened, []
-        return opened
 
     def accepted(self, conn: Conn) -> None:
         ch = conn.channel

@@ -91,13 +91,11 @@ class Sweeper:
         return sum(map(len, self._wheel.values()))
 
     def tick(self, now: float) -> None:
-        """Look at the connections that are due: new ones, those in a handshake (every
-        tick), and the others when their keep-alive may have run out, when their
-        congestion may have lasted too long, and (persistent sessions) when their
-        safety-net poll may be due. A connection is not looked at in between: 15,000 idle
-        ones cost 5.5% of a core when each was looked at every tick."""
-        for conn in self._registry.take_opened():
-            self.schedule(conn, now - TICK_S)  # this tick
+        """Look at the connections that are due: those in a handshake (every tick, from the
+        first after `Node.open`), and the others when their keep-alive may have run out,
+        when their congestion may have lasted too long, and (persistent sessions) when
+        their safety-net poll may be due. A connection is not looked at in between: 15,000
+        idle ones cost 5.5% of a core when each was looked at every tick."""
         due: list[Conn] = []
         current = int(now / TICK_S)
         while self._slots and self._slots[0] <= current:

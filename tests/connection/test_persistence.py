@@ -570,6 +570,9 @@ async def test_an_idle_session_polls_its_queue_ever_less_often_and_at_once_after
     await pd.start()
     await _settle()
     start = queue.reads
+    pd.poll_if_due(0.5)  # the start's read was the first poll: no second read at once
+    await _settle()
+    assert queue.reads == start
     t = 0.0
     for _ in range(60):  # a minute of sweeps with nothing queued
         t += 1.0

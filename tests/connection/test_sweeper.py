@@ -70,6 +70,7 @@ def _open(node: Node, keepalive_s: int, config: ChannelConfig | None = None) -> 
     ch, _ = connected(4, keepalive_s=keepalive_s, config=config)  # CONNECT at t=0
     conn = Conn(node, ch, Sink())
     node.registry.opened(conn)
+    node.sweeper.schedule(conn, node.clock[0])  # as Node.open does
     return conn
 
 
