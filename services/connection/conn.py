@@ -89,7 +89,7 @@ class Conn:
         now = time.time()
         ch.outbound.set_congested(not ok, now)
         if not ok:  # the sweeper closes it if this lasts too long
-            self.shell.sweep_at(self, now + ch.config.slow_consumer_timeout_s)
+            self.shell.sweep_at(self, ch.next_check(now))
         if ok and not self.closed:
             if self.persistent is not None:
                 self.persistent.pump()

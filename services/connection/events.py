@@ -24,7 +24,7 @@ class SubscriptionEvents:
         self._node = node_id
         self._wanted = wanted  # (tenant, kind) -> whether a rule reads it
 
-    async def subscribed(
+    def subscribed(
         self,
         tenant: str,
         client_id: str,
@@ -41,7 +41,7 @@ class SubscriptionEvents:
             )
             self._batcher.emit(subjects.event(tenant, "subscribed"), ev)
 
-    async def unsubscribed(
+    def unsubscribed(
         self, tenant: str, client_id: str, username: str, filters: Sequence[str]
     ) -> None:
         if not self._wanted(tenant, "unsubscribed"):

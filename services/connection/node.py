@@ -188,7 +188,9 @@ class Node:
         if rule_feed is not None:  # auto-subscriptions and subscription events (issue 17)
             self.sessions.auto_subscriptions = rule_feed.auto_subscriptions
             self.subscriber.events = SubscriptionEvents(self.nc, self.node_id, rule_feed.emits)
-        self.sweeper = Sweeper(self.node_id, self.registry, nc, self.carry_out, self.mark_dirty)
+        self.sweeper = Sweeper(
+            self.node_id, self.registry, nc, self.carry_out, self.mark_dirty, queue
+        )
         # Set while the node drains (services/connection/drain.py): the Server Reference a
         # CONNECT that still reaches it is refused with.
         self.drain_reference: str | None = None

@@ -92,12 +92,14 @@ class PersistentDelivery:
         queue_id: str,
         now: Callable[[], float],
         wrote: Callable[[], None],
+        wake: Callable[[float], None],
     ) -> None:
         self.channel = channel
         # Every PUBACK/PUBCOMP/PUBREC is reported (DeliveryProgress) so the queue is acked:
         # set before anything can be delivered on this channel.
         channel.outbound.track_completions = True
         self.wrote = wrote  # the channel has bytes to send
+        self._wake = wake  # the sweeper: call `poll_if_due` at the first tick after this time
         self.queue = queue
         self.nc = nc
         self.tenant = tenant
@@ -154,13 +156,14 @@ class PersistentDelivery:
         # later (a reconnect storm of N sessions read each queue twice at once otherwise).
         self._polled_at = self.now()
         self._poll_at = self._polled_at + POLL_MIN_S
+        self._wake(self._poll_at)
         self.pump()
 
     async def _on_notice(self, msg: Msg) -> None:
         self._notice(parse_notice(msg.data))
 
     def _notice(self, notice: Notice) -> None:
-        self._heard = True
+        self._hear()
         self.announced = max(self.announced, notice.last_seq)
         if notice.pushed and notice.reader == self.reader and not self.closed:
             if self._reading and len(self._stash) < STASH_MAX:
@@ -247,7 +250,7 @@ class PersistentDelivery:
                         reader=self.reader,
                     )
                 except Exception as exc:  # queue service down: the poll retries
-                    self._heard = True  # (soon)
+                    self._hear()  # the next poll comes soon
                     log.warning("queue_read_failed", extra={"error": type(exc).__name__})
                     return
                 if self.closed:
@@ -264,7 +267,7 @@ class PersistentDelivery:
                         self.more = False
                         return
                     continue
-                self._heard = True
+                self._hear()
                 stopped = self._deliver(resp.entries, min(resp.delivered_through, self.dup_through))
                 if stopped:  # read again from there once its packet id is free
                     self.next_read = stopped
@@ -454,21 +457,35 @@ class PersistentDelivery:
         self.more = True
         self.pump()
 
+    @property
+    def next_poll(self) -> float:
+        """When `poll_if_due` next reads, unless the queue client's generation moves first."""
+        if self._heard:
+            return min(self._poll_at, self._polled_at + POLL_MIN_S)
+        return self._poll_at
+
+    def _hear(self) -> None:
+        """Something happened (a notice, entries, a failed read): poll again soon."""
+        if not self._heard:
+            self._heard = True
+            if self._polled_at + POLL_MIN_S < self._poll_at:
+                self._wake(self._polled_at + POLL_MIN_S)
+
     def poll_if_due(self, now: float) -> None:
-        """The safety net for a notice that never came, called by the sweeper every
-        POLL_MIN_S. A read per connected session per second cost the queue service a
-        quarter of a core for 5,000 idle sessions, so the interval doubles after each poll
-        with nothing heard (no notice, no entry, no failed read) up to POLL_MAX_S; anything
-        heard brings the next poll within POLL_MIN_S and the interval back to it. When the
-        queue client's `generation` moves (a queue link opened or broke, a partition changed
-        owner, NATS reconnected: the times notices get lost) it polls at once. A notice lost
-        otherwise (e.g. dropped by a slow subscription) waits at most POLL_MAX_S. Jitter
-        keeps sessions that connected together from polling together."""
+        """The safety net for a notice that never came, called by the sweeper at `next_poll`
+        (`wake` says when that moved earlier) and when the queue client's generation moved.
+        A read per connected session per second cost the queue service a quarter of a core
+        for 5,000 idle sessions, so the interval doubles after each poll with nothing heard
+        (no notice, no entry, no failed read) up to POLL_MAX_S; anything heard brings the
+        next poll within POLL_MIN_S and the interval back to it. When the `generation` moves
+        (a queue link opened or broke, a partition changed owner, NATS reconnected: the
+        times notices get lost) it polls at once. A notice lost otherwise (e.g. dropped by a
+        slow subscription) waits at most POLL_MAX_S. Jitter keeps sessions that connected
+        together from polling together."""
         generation = self.queue.generation
         moved = generation != self._polled_generation
-        if not moved and now < self._poll_at:
-            if not self._heard or now < self._polled_at + POLL_MIN_S:
-                return
+        if not moved and now < self.next_poll:
+            return
         if moved or self._heard:
             self._poll_every = POLL_MIN_S
         else:

@@ -244,6 +244,7 @@ class SessionLink:
             queue_id(ch.client_id, ch.incarnation),
             time.time,
             lambda: self._writes.mark(conn),
+            lambda at: conn.shell.sweep_at(conn, at),
         )
         return persistent
 

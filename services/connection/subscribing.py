@@ -164,9 +164,7 @@ class Subscriber:
                 if self.events is not None:
                     ch = conn.channel
                     user = ch.identity.partition("/")[2]
-                    await self.events.subscribed(
-                        ch.tenant, ch.client_id, user, final.subscriptions, auto
-                    )
+                    self.events.subscribed(ch.tenant, ch.client_id, user, final.subscriptions, auto)
 
         self._ops.put(op)
 
@@ -258,8 +256,8 @@ class Subscriber:
         if announce and events is not None and filters:
             tenant, client_id, user = ch.tenant, ch.client_id, ch.identity.partition("/")[2]
 
-            async def announced() -> None:
-                await events.unsubscribed(tenant, client_id, user, filters)
+            async def announced() -> None:  # after the SUBSCRIBEs before it
+                events.unsubscribed(tenant, client_id, user, filters)
 
             self._ops.put(announced)
         if persist and router is not None:

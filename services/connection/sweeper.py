@@ -4,10 +4,11 @@ Every half second the channels that are due get a tick (keep-alive at 1.5 times 
 interval [MQTT-3.1.2-24], CONNECT timeout, slow consumers): each channel says when it may
 next have something to do (`Channel.next_check`), and a congestion that starts says so
 (`Node.sweep_at`), so an idle connection is looked at about once a keep-alive period, not
-twice a second; every second the node publishes its heartbeat (the session
-service parks a silent node's sessions), every persistent delivery whose safety-net poll is
-due reads its queue (for notices lost on the way; persistence.py `poll_if_due` says when),
-and old kick tombstones are dropped.
+twice a second. A persistent session's connection is also looked at when its safety-net
+poll of the queue is due (for notices lost on the way: persistence.py `next_poll`, and its
+`wake` when that comes sooner), and all of them at once when the queue client's generation
+moves. Every second the node publishes its heartbeat (the session service parks a silent
+node's sessions) and old kick tombstones are dropped.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from nats.aio.client import Client
 from services.common.bus import subjects
 from services.connection.channel import Action
 from services.connection.conn import Conn
-from services.connection.persistence import POLL_MIN_S
 from services.connection.registry import Registry
+from services.queue.client import QueueClient
 
 log = logging.getLogger("starling.connection.sweeper")
 
@@ -40,6 +41,7 @@ class Sweeper:
         nc: Client,
         carry_out: Callable[[Conn, list[Action]], None],
         mark_dirty: Callable[[Conn], None],
+        queue: QueueClient | None = None,
     ) -> None:
         self._node_id = node_id
         self._registry = registry
@@ -51,6 +53,8 @@ class Sweeper:
         # long keep-alive does not keep a closed connection's memory).
         self._wheel: dict[int, set[Conn]] = {}
         self._slots: list[int] = []  # the wheel's slots, a heap
+        self._queue = queue
+        self._generation = queue.generation if queue is not None else 0
 
     async def run(self) -> None:
         rounds = 0
@@ -96,6 +100,7 @@ class Sweeper:
         when their congestion may have lasted too long, and (persistent sessions) when
         their safety-net poll may be due. A connection is not looked at in between: 15,000
         idle ones cost 5.5% of a core when each was looked at every tick."""
+        self._on_generation(now)
         due: list[Conn] = []
         current = int(now / TICK_S)
         while self._slots and self._slots[0] <= current:
@@ -114,9 +119,19 @@ class Sweeper:
             if not conn.closed:
                 at = conn.channel.next_check(now)
                 if conn.persistent is not None:
-                    at = min(at, now + POLL_MIN_S)
+                    at = min(at, conn.persistent.next_poll)
                 if at < math.inf:
                     self.schedule(conn, at)
+
+    def _on_generation(self, now: float) -> None:
+        """The queue client's generation moved (notices may have been lost): every persistent
+        session gets its look, and so its safety-net poll, in this tick."""
+        if self._queue is None or self._queue.generation == self._generation:
+            return
+        self._generation = self._queue.generation
+        for conn in self._registry.conns:
+            if conn.persistent is not None:
+                self.schedule(conn, now - TICK_S)
 
     def _tick_one(self, conn: Conn, now: float) -> None:
         ch = conn.channel

@@ -92,9 +92,13 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-def _delivery(queue: FakeQueue) -> tuple[PersistentDelivery, object, object]:
+def _delivery(
+    queue: FakeQueue, wakes: list[float] | None = None
+) -> tuple[PersistentDelivery, object, object]:
+    """`wakes`: the times the delivery asks the sweeper to call `poll_if_due` at."""
     ch, dec = connected(5)
-    pd = PersistentDelivery(ch, queue, FakeNats(), "t", "q", lambda: 0.0, lambda: None)  # type: ignore[arg-type]
+    wake = wakes.append if wakes is not None else lambda at: None
+    pd = PersistentDelivery(ch, queue, FakeNats(), "t", "q", lambda: 0.0, lambda: None, wake)  # type: ignore[arg-type]
     return pd, ch, dec
 
 
@@ -560,11 +564,12 @@ async def test_acks_renew_the_push_credit_only_while_no_read_is_under_way_or_due
 
 
 async def test_an_idle_session_polls_its_queue_ever_less_often_and_at_once_after_a_change() -> None:
-    """The sweeper calls `poll_if_due` every second. Idle, a session reads its queue ever
-    less often (a read per second per idle session was a quarter of the queue service's
-    core at 5,000 sessions); an entry whose notice was lost is still found, within the
-    longest interval; after it, polls are frequent again; and when notices may have been
-    lost (the queue client's generation moved) the next poll reads at once."""
+    """`poll_if_due` called every second (the sweeper calls it less often: at `next_poll`,
+    tests/connection/test_sweeper.py). Idle, a session reads its queue ever less often (a
+    read per second per idle session was a quarter of the queue service's core at 5,000
+    sessions); an entry whose notice was lost is still found, within the longest interval;
+    after it, polls are frequent again; and when notices may have been lost (the queue
+    client's generation moved) the next poll reads at once."""
     queue = FakeQueue([])
     pd, ch, dec = _delivery(queue)
     await pd.start()

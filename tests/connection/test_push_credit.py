@@ -61,7 +61,7 @@ async def test_a_steady_stream_is_pushed_without_a_read_per_batch(
 
     client.read = counting_read  # type: ignore[method-assign]
     ch, dec = connected(4)  # MQTT 3.1.1: a window of 256
-    pd = PersistentDelivery(ch, client, nc, TENANT, qid, lambda: 0.0, lambda: None)
+    pd = PersistentDelivery(ch, client, nc, TENANT, qid, lambda: 0.0, lambda: None, lambda at: None)
     got: list[Publish] = []
     try:
         await pd.start()

@@ -9,13 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.common.mqtt import PingReq, encode
+from services.common.mqtt import PingReq, Publish, encode
 from services.connection import conn as conn_module
 from services.connection.channel import Action, Channel, ChannelConfig
 from services.connection.conn import Conn
+from services.connection.persistence import POLL_MIN_S, PersistentDelivery
 from services.connection.registry import Registry
 from services.connection.sweeper import TICK_S, Sweeper
-from tests.connection.harness import connected
+from services.queue.client import Notice
+from tests.connection.harness import connected, written
+from tests.connection.test_persistence import FakeNats, FakeQueue, _entry, _settle
 
 
 class Sink:
@@ -29,10 +32,10 @@ class Sink:
 class Node:
     """The node's part: a close the sweeper asks for ends the connection."""
 
-    def __init__(self, registry: Registry, clock: list[float]) -> None:
+    def __init__(self, registry: Registry, clock: list[float], queue: object = None) -> None:
         self.registry = registry
         self.clock = clock
-        self.sweeper = Sweeper("n", registry, None, self.carry_out, lambda c: None)  # type: ignore[arg-type]
+        self.sweeper = Sweeper("n", registry, None, self.carry_out, lambda c: None, queue)  # type: ignore[arg-type]
         self.closed_at: dict[Conn, float] = {}
 
     def carry_out(self, conn: Conn, actions: list[Action]) -> None:
@@ -130,3 +133,56 @@ def test_a_closed_connection_leaves_the_wheel_at_once(looks: Counter[int]) -> No
     assert node.sweeper.watched == 40
     _run(node, clock, 10.0)
     assert node.sweeper.watched == 40 and not node.closed_at
+
+
+async def test_a_persistent_session_is_looked_at_when_its_poll_is_due(
+    looks: Counter[int],
+) -> None:
+    """An idle persistent session (no keep-alive) is looked at when its safety-net poll is
+    due, not every second; a notice heard after a long quiet brings the next look within
+    POLL_MIN_S (the next lost notice is found that soon); and when the queue client's
+    generation moves, every persistent session polls in the next tick."""
+    clock = [0.0]
+    queue = FakeQueue([])
+    node = Node(Registry(), clock, queue)
+    ch, dec = connected(4, keepalive_s=0)
+    conn = Conn(node, ch, Sink())
+    node.registry.opened(conn)
+    node.sweeper.schedule(conn, 0.0)
+    conn.persistent = pd = PersistentDelivery(
+        ch,
+        queue,  # type: ignore[arg-type]
+        FakeNats(),  # type: ignore[arg-type]
+        "t",
+        "q",
+        lambda: clock[0],
+        lambda: None,
+        lambda at: node.sweep_at(conn, at),
+    )
+    await pd.start()
+
+    async def run(until: float) -> None:
+        while clock[0] < until:
+            clock[0] += TICK_S
+            node.sweeper.tick(clock[0])
+            await _settle()
+
+    await run(120.0)
+    reads = queue.reads
+    # Polls 1, 2, 4, 8, 16, 16, ... s apart (20% jitter): about 11 in two minutes, one look
+    # each (a look every second was 120).
+    assert 7 <= reads <= 13
+    assert looks[id(ch)] <= reads + 3
+    queue.entries.append(_entry(1))
+    pd._notice(Notice(last_seq=1))  # heard after a long quiet: read at once, look soon
+    await _settle()
+    assert queue.reads > reads
+    queue.entries.append(_entry(2))  # its notice is lost
+    await run(clock[0] + POLL_MIN_S + 2 * TICK_S)
+    assert [p.payload for p in written(ch, dec) if isinstance(p, Publish)] == [b"m1", b"m2"]
+    await run(clock[0] + 60.0)  # quiet again: long intervals
+    before = queue.reads
+    queue.generation += 1  # e.g. a queue link broke: notices may have been lost
+    await run(clock[0] + TICK_S)
+    assert queue.reads > before
+    await pd.close()

@@ -3,6 +3,7 @@ and the CONNECT timeout."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from services.common.mqtt.packets import Disconnect
@@ -21,9 +22,13 @@ class KeepAlive:
         self.last_rx = now
         self.interval_s = 0  # 0: no keep alive, the client may stay silent forever
 
+    def deadline(self) -> float:
+        """[MQTT-3.1.2-24] silent past one and a half keep-alive intervals after the last
+        packet is too long (inf: no keep alive)."""
+        return self.last_rx + 1.5 * self.interval_s if self.interval_s else math.inf
+
     def silent_too_long(self, now: float) -> bool:
-        """[MQTT-3.1.2-24] silent for more than one and a half keep-alive intervals."""
-        return bool(self.interval_s) and now - self.last_rx > 1.5 * self.interval_s
+        return now > self.deadline()
 
     def connect_overdue(self, now: float, timeout_s: float) -> bool:
         """No CONNECT within `timeout_s` of the transport opening."""

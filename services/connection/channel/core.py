@@ -405,8 +405,7 @@ class Channel:
         state = self.state
         if state is State.CONNECTED and self._keepalive.silent_too_long(now):
             return [self._shut(RC.KEEP_ALIVE_TIMEOUT, "keep alive timeout")]
-        since = self.outbound.congested_since
-        if since and now - since > self.config.slow_consumer_timeout_s:
+        if now > self._congestion_deadline():
             # It has not read what we sent for that long: stop holding buffers for it (a
             # persistent session's messages wait in its queue for the next connection).
             return [self._shut(RC.QUOTA_EXCEEDED, "slow consumer: not reading")]
@@ -433,14 +432,13 @@ class Channel:
         starts later asks the sweeper for a look itself (Conn.writable)."""
         if self.state is not State.CONNECTED:
             return now
-        at = math.inf
-        ka = self._keepalive
-        if ka.interval_s:
-            at = ka.last_rx + 1.5 * ka.interval_s
+        return min(self._keepalive.deadline(), self._congestion_deadline())
+
+    def _congestion_deadline(self) -> float:
+        """A client that has not read what we sent for `slow_consumer_timeout_s` is closed
+        (inf: not congested)."""
         since = self.outbound.congested_since
-        if since:
-            at = min(at, since + self.config.slow_consumer_timeout_s)
-        return at
+        return since + self.config.slow_consumer_timeout_s if since else math.inf
 
     def _limit(self, name: str) -> None:
         self._on_limit(name, self.tenant)
