@@ -3,13 +3,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint types protos fmt setup clean analytics
+.PHONY: run test bench lint types protos fmt setup clean analytics lock
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml requirements.lock scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Re-resolve pyproject.toml's ranges into requirements.lock (then make test and commit both).
+lock:
+	bash scripts/lock.sh
 
 run: $(STAMP)
 	$(VENV)/bin/starling up

@@ -10,7 +10,8 @@ import uuid
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho
 from tests.e2e.test_cli import starling
-from tests.rules.test_e2e import TENANT, wait_until
+from tests.poll import wait_until
+from tests.rules.test_e2e import TENANT
 from tests.rules.webhook import Webhook
 
 

@@ -21,6 +21,7 @@ from starling.rules.v1 import rules_pb2 as pb
 from starling.rules.v1 import rules_pb2_grpc as pb_grpc
 from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 from tests.rules.webhook import Webhook
 
 MD = [("authorization", f"Bearer {ADMIN_TOKEN}")]
@@ -56,15 +57,6 @@ def client(mesh: MeshInfo, node: int = 0) -> Paho:
     c = Paho(mesh.node(node), username=f"{TENANT}/dev-{uuid.uuid4().hex[:6]}")
     c.connect()
     return c
-
-
-def wait_until(cond: object, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_rule_with_republish_transforms_and_filters(

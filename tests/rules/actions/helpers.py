@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,15 +65,3 @@ class RecordingRepublisher:
     async def publish_many(self, messages: Sequence[Republished]) -> None:
         for m in messages:
             await self.publish(*m)
-
-
-async def eventually(check: Callable[[], Any], within_s: float = 15.0, what: str = "") -> Any:
-    """Poll `check` until it returns a truthy value."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        await asyncio.sleep(0.02)

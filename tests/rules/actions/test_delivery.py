@@ -13,7 +13,8 @@ import pytest
 from services.rules.actions.base import Output, PermanentActionError
 from services.rules.actions.dead_letters import SqliteDeadLetters
 from services.rules.actions.delivery import Delivery, DeliveryClosedError, RetryPolicy
-from tests.rules.actions.helpers import eventually, output
+from tests.poll import eventually
+from tests.rules.actions.helpers import output
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.02, max_retry_s=10)
 

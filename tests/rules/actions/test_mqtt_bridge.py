@@ -17,7 +17,8 @@ from services.rules.actions import ActionContext, build_action, build_source
 from services.rules.actions.dead_letters import SqliteDeadLetters
 from services.rules.actions.delivery import Delivery, RetryPolicy, replay
 from services.rules.actions.mqtt_bridge import MqttBridgeIn
-from tests.rules.actions.helpers import RecordingRepublisher, eventually, output
+from tests.poll import eventually
+from tests.rules.actions.helpers import RecordingRepublisher, output
 from tests.rules.actions.servers import MQTT_PASSWORD, MQTT_USER, Mosquitto, mosquitto
 
 FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.05, max_retry_s=10)
