@@ -1,6 +1,7 @@
 """Settings of the analytics jobs (env `STARLING_*`, TOML table `[analytics]`): where Spark
 runs, how scans are split and where outputs go. The store itself comes from the settings
-every service shares (data_dir, cassandra_*)."""
+every service shares (data_dir, cassandra_*); data_dir is the store folder, `data` in the
+mesh folder that `starling up --data-dir` and `starling analytics --data-dir` name."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ class AnalyticsSettings(ServiceSettings):
         le=100_000,
         description="Input partitions per table scan; 0: 1 + 2 x Spark's default parallelism.",
     )
-    analytics_output_dir: Path = Field(
-        default=Path(".starling/analytics"),
-        description="Where jobs write their outputs (Parquet, HTML report, run summaries).",
+    analytics_output_dir: Path | None = Field(
+        default=None,
+        description="Where jobs write their outputs (Parquet, HTML report, run summaries); "
+        "unset: `analytics` in the mesh folder, beside the store folder data_dir "
+        "(`starling analytics --data-dir D` writes to D/analytics).",
     )
     analytics_delete_batch: int = Field(
         default=500,
@@ -36,6 +39,13 @@ class AnalyticsSettings(ServiceSettings):
         description="Candidate keys per conditional-delete transaction of queue compaction "
         "(each batch holds the store's write lock once).",
     )
+
+
+def output_dir(settings: AnalyticsSettings) -> Path:
+    """The jobs' output folder: the setting, or `analytics` beside the store folder."""
+    if settings.analytics_output_dir is not None:
+        return Path(settings.analytics_output_dir)
+    return Path(settings.data_dir).resolve().parent / "analytics"
 
 
 def load_analytics_settings(**overrides: Any) -> AnalyticsSettings:

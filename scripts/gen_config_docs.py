@@ -32,6 +32,22 @@ MODELS: list[type[ServiceSettings]] = [
 ]
 
 
+# Profiles and the refusals they decide (services/cli/profiles.py keeps the list).
+PROFILES_NOTE = [
+    "The defaults below are production's. The local mesh (`starling up`, `make run`) runs",
+    "the `development` profile unless told `--profile production`: `max_connections_per_ip`",
+    "0, `flapping_enabled` false, `auth_failures_before_backoff_ip` 1000000 (every client of",
+    "one machine comes from 127.0.0.1); a `STARLING_*` variable you set wins over the",
+    "profile. A refusal by either protection names its setting: the 1,001st connection from",
+    "one address to a node gets CONNACK 0x97 with a Reason String naming",
+    "`max_connections_per_ip` (log event `connections_per_ip_refused`), and a flapping",
+    "client CONNACK 0x8A with one",
+    "naming `flapping_max_connects` (or `flapping_max_connects_per_address`),",
+    "`flapping_window_s`, `flapping_ban_s` and `flapping_enabled` (log event",
+    "`client_flapping`, the same fields).",
+]
+
+
 def _default(info: FieldInfo) -> str:
     if info.default_factory is not None:
         value = info.default_factory()  # type: ignore[call-arg]
@@ -84,6 +100,8 @@ def render() -> str:
         '...); the environment beats it, it beats the TOML file. With `admin_auth = "token"`',
         '(the default) a service without `admin_token`, and with `mesh_auth = "secret"` one',
         "without `mesh_secret`, stops at start naming the setting.",
+        "",
+        *PROFILES_NOTE,
         "",
         "```toml",
         "[common]",

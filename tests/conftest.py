@@ -186,6 +186,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
         "STARLING_SYS_OPERATOR_TENANT": "sysop",
         # A killed rules instance's unacknowledged batch comes back after this (tests/rules).
         "STARLING_RULES_ACK_WAIT_S": "5",
+        # Flapping bans are tested here (tests/quota); the launcher's default profile has none.
+        "STARLING_FLAPPING_ENABLED": "true",
         # Server redirection (tests/conformance): tenants served by another server.
         "STARLING_REDIRECTS": '{"moved": {"server_reference": "new.example:1883", "moved": true},'
         ' "busy": {"server_reference": "other.example:1883"}}',

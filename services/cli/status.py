@@ -1,4 +1,9 @@
-"""`starling status`: health of every component of a local mesh; exit 0 only if all serve."""
+"""`starling status`: health of every component of a local mesh; exit 0 only if all serve.
+
+Health is the endpoint's answer (gRPC health, a Redis PING, NATS's INFO), not the recorded
+pid: a component started again by hand (`starling serve X` with the mesh's environment)
+serves although the pid in mesh.json is gone; one whose pid lives but whose endpoint does not
+answer is DOWN all the same."""
 
 from __future__ import annotations
 
@@ -8,11 +13,13 @@ import socket
 import urllib.request
 from pathlib import Path
 
-from services.cli.launcher import Component, Mesh
+from services.cli.mesh import Component, Mesh
+from services.cli.ports import port_open
+from services.cli.profiles import describe
 from services.common.rpc.server import check_health
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -55,8 +62,8 @@ def _jetstream_ready(monitor_port: int) -> bool:
 
 
 def component_status(c: Component) -> str:
-    if c.pid and not _pid_alive(c.pid):
-        return "DOWN"
+    if c.pid and not pid_alive(c.pid) and not port_open("127.0.0.1", c.endpoint_port()):
+        return "DOWN"  # gone, and nothing else took its port
     if c.kind == "redis":
         return "SERVING" if _redis_ping(c.port) else "DOWN"
     if c.kind == "nats":
@@ -77,5 +84,11 @@ def run_status(data_dir: Path) -> int:
     for c in mesh.components:
         st = component_status(c)
         ok &= st == "SERVING"
-        print(f"{c.name:<16} {st}")
+        pid = str(c.pid) if c.pid and pid_alive(c.pid) else "-"
+        print(f"{c.name:<16} {st:<11} pid {pid:>7}  restarts {c.restarts}")
+    print(describe(mesh.profile))
+    if mesh.launcher_pid and pid_alive(mesh.launcher_pid):
+        print(f"supervised by starling up (pid {mesh.launcher_pid}): exits are restarted")
+    else:
+        print("no `starling up` supervises this mesh: nothing restarts a component that exits")
     return 0 if ok else 1

@@ -75,6 +75,8 @@ class ConnectOutcome:
     # The persistent session's QoS 2 fence as this connection set it: stamped on its QoS 2
     # receiver-state changes, so that what an earlier connection still writes is ignored.
     qos2_fence: int = 0
+    # A refusal's Reason String for MQTT 5 clients (empty: the reason code's description).
+    reason_string: str = ""
 
     @property
     def ok(self) -> bool:

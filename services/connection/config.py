@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from services.common.config import ServiceSettings, existing_file
 from services.common.connect import WILL_STORE_LIMIT_BYTES, WILL_STORE_MAX_BYTES
+from services.common.forwarded import TrustedProxies
 from services.common.mqtt.errors import MqttError
 from services.common.topics import validate_topic_name
 
@@ -180,6 +181,22 @@ class ConnectionSettings(ServiceSettings):
         description="Open connections from one IP address to one node; a CONNECT beyond it "
         "gets CONNACK 0x97 (3.1.1: 3). Raise it behind NAT or a load balancer; 0: no cap.",
     )
+    proxy_protocol: bool = Field(
+        default=False,
+        description="The TCP and TLS listeners expect a PROXY protocol header (v1 or v2, "
+        "before TLS) first on every connection and take the client's address from it "
+        "(docs/load-balancers.md); a connection without a valid one is closed at once.",
+    )
+    proxy_header_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, description="Time to deliver the PROXY header, or closed."
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="CIDRs of HTTP proxies in front of the WebSocket listeners: a request "
+        "from one of them takes its client address from `Forwarded: for=`, else the "
+        "right-most untrusted `X-Forwarded-For` entry; others' headers are ignored. JSON "
+        'in the env, e.g. `["10.0.0.0/8"]`.',
+    )
     will_store_max_bytes: int = Field(
         default=WILL_STORE_MAX_BYTES,
         ge=0,
@@ -325,6 +342,12 @@ class ConnectionSettings(ServiceSettings):
         if topic == "$SYS" or topic.startswith("$SYS/"):
             raise ValueError("$SYS topics are refused to clients")
         return template
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _trusted_proxies(cls, cidrs: list[str]) -> list[str]:
+        TrustedProxies.parse(cidrs)  # ValueError naming the entry
+        return cidrs
 
     @model_validator(mode="after")
     def _limits(self) -> ConnectionSettings:

@@ -11,6 +11,12 @@ their listening sockets, whose options accepted sockets inherit (Linux, the BSDs
 setsockopt calls and a socket object per accept were ~4% of a node's CPU per CONNECT.
 A WebSocket message may be at most one maximal MQTT packet: aiohttp refuses a larger frame
 from its header, before buffering it, and closes with 1009 (Message Too Big).
+
+The peer a connection opens under is the client's real address when a proxy names it: the
+PROXY protocol header on TCP/TLS (`proxy_protocol`, proxied.py), a trusted proxy's
+`Forwarded`/`X-Forwarded-For` on WebSocket (`trusted_proxies`, services/common/forwarded.py).
+Everything keyed on an address (the per-address cap, bans, flapping, ACLs, `starling
+clients`, events) takes it from there.
 """
 
 from __future__ import annotations
@@ -25,13 +31,21 @@ from typing import Any
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
+from services.common.forwarded import TrustedProxies, client_address, split_x_forwarded_for
 from services.connection.conn import Conn
 from services.connection.linger import Linger, TcpSink
 from services.connection.node import Node
 from services.connection.peer_cert import peer_cert
+from services.connection.proxied import (
+    ProxiedServing,
+    ProxyHeaderPolicy,
+    ProxyListener,
+    proxy_listener,
+)
 
 log = logging.getLogger("starling.connection.listener")
 WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+NO_TRUSTED_PROXIES = TrustedProxies()  # WebSocket peers as the socket says
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,22 +78,27 @@ class TcpKeepalive:
 
 class MqttProtocol(asyncio.Protocol):
     """One TCP/TLS connection. Write back-pressure marks the channel congested (QoS 0 drops).
-    The node closes it through `TcpSink.close`, a lingering close (linger.py)."""
+    The node closes it through `TcpSink.close`, a lingering close (linger.py). `peer`: the
+    client's address when a PROXY header named it; empty: the socket's peer."""
 
-    __slots__ = ("conn", "node", "sink")
+    __slots__ = ("conn", "node", "peer", "sink")
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, peer: str = "") -> None:
         self.node = node
+        self.peer = peer
         self.conn: Conn | None = None
         self.sink: TcpSink | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         tcp.set_write_buffer_limits(high=1 << 20)
-        peer = tcp.get_extra_info("peername")
+        peer = self.peer
+        if not peer:
+            name = tcp.get_extra_info("peername")
+            peer = f"{name[0]}:{name[1]}" if name else "?"
         cert = peer_cert(tcp.get_extra_info("peercert"))  # TLS: verified by the handshake
         self.sink = sink = TcpSink(tcp, self.node.linger)
-        self.conn = self.node.open(sink, f"{peer[0]}:{peer[1]}" if peer else "?", cert)
+        self.conn = self.node.open(sink, peer, cert)
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None
@@ -118,7 +137,12 @@ async def start_tcp(
     ssl_ctx: ssl.SSLContext | None = None,
     keepalive: TcpKeepalive = TcpKeepalive(),
     reuse_port: bool = False,
-) -> asyncio.Server:
+    proxy: ProxyHeaderPolicy | None = None,
+) -> asyncio.Server | ProxyListener:
+    """The TCP (or, with `ssl_ctx`, TLS) listener; with `proxy`, one that expects a PROXY
+    protocol header first on every connection (proxied.py)."""
+    if proxy is not None:
+        return await _start_proxied(node, host, port, ssl_ctx, keepalive, reuse_port, proxy)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: MqttProtocol(node),
@@ -134,6 +158,28 @@ async def start_tcp(
         keepalive.apply(sock)
     await server.start_serving()
     return server
+
+
+async def _start_proxied(
+    node: Node,
+    host: str,
+    port: int,
+    ssl_ctx: ssl.SSLContext | None,
+    keepalive: TcpKeepalive,
+    reuse_port: bool,
+    policy: ProxyHeaderPolicy,
+) -> ProxyListener:
+    serving = ProxiedServing(
+        protocol=lambda peer: MqttProtocol(node, peer),
+        ssl_ctx=ssl_ctx,
+        policy=policy,
+        refused=lambda: node.refusals.count("proxy_protocol"),
+    )
+    listener = await proxy_listener(host, port, reuse_port, serving)
+    for sock in listener.sockets:  # accepted sockets inherit it
+        keepalive.apply(sock)
+    listener.start_serving()
+    return listener
 
 
 # A WebSocket's unsent bytes: over HIGH the connection is congested (as a TCP transport over
@@ -249,7 +295,22 @@ async def _close_ws(
             request.transport.abort()
 
 
-def ws_app(node: Node, path: str, keepalive: TcpKeepalive = TcpKeepalive()) -> web.Application:
+def ws_peer(request: web.Request, trusted: TrustedProxies) -> str:
+    """The client's address: the socket's peer, or what trusted proxies say (forwarded.py)."""
+    peer = request.remote or "?"
+    if not trusted:
+        return peer
+    forwarded_for = [element.get("for") for element in request.forwarded]
+    x_forwarded_for = split_x_forwarded_for(request.headers.getall("X-Forwarded-For", ()))
+    return client_address(peer, trusted, forwarded_for, x_forwarded_for)
+
+
+def ws_app(
+    node: Node,
+    path: str,
+    keepalive: TcpKeepalive = TcpKeepalive(),
+    trusted: TrustedProxies = NO_TRUSTED_PROXIES,
+) -> web.Application:
     # aiohttp refuses a message of max_msg_size bytes or more: one maximal packet still fits.
     max_msg_size = node.config.max_packet_size_bytes + 1
     linger = node.linger
@@ -265,7 +326,7 @@ def ws_app(node: Node, path: str, keepalive: TcpKeepalive = TcpKeepalive()) -> w
             keepalive.apply(request.transport.get_extra_info("socket"))
         await ws.prepare(request)
         sink = _WsSink(ws)
-        peer = request.remote or "?"
+        peer = ws_peer(request, trusted)
         transport = request.transport
         cert = peer_cert(transport.get_extra_info("peercert")) if transport else None
         conn = sink.conn = node.open(sink, f"ws:{peer}", cert)
@@ -293,8 +354,10 @@ async def start_ws(
     ssl_ctx: ssl.SSLContext | None = None,
     keepalive: TcpKeepalive = TcpKeepalive(),
     reuse_port: bool = False,
+    trusted: TrustedProxies = NO_TRUSTED_PROXIES,
 ) -> web.AppRunner:
-    runner = web.AppRunner(ws_app(node, path, keepalive), access_log=None, handle_signals=False)
+    app = ws_app(node, path, keepalive, trusted)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(
         runner,

@@ -11,6 +11,7 @@ from aiohttp import web
 from nats.aio.client import Client
 
 from services.common.bus.client import connect
+from services.common.forwarded import TrustedProxies
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import DRAINING, run_service
@@ -22,6 +23,7 @@ from services.connection.drain import Drain
 from services.connection.linger import Linger
 from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
+from services.connection.proxied import ProxyHeaderPolicy, ProxyListener
 from services.connection.quota import NodeQuota
 from services.connection.replica import CopyRouter, RouteCopies
 from services.connection.rules_tap import RulesRouter
@@ -74,7 +76,7 @@ class ConnectionService:
     def __init__(self, settings: ConnectionSettings) -> None:
         self._s = settings
         self.node: Node | None = None
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[asyncio.Server | ProxyListener] = []
         self._runners: list[web.AppRunner] = []
         self._reporter: asyncio.Task[None] | None = None
         self._copies: RouteCopies | None = None
@@ -176,11 +178,20 @@ class ConnectionService:
                 MetricsClient(s.metrics_addr), node.node_id, node.stats.report, s.stats_interval_s
             )
         )
+        await self._listen(node)
+
+    async def _listen(self, node: Node) -> None:
+        """Open the MQTT listeners (TCP, TLS, WS, WSS as configured)."""
+        s = self._s
         keepalive = TcpKeepalive(
             s.tcp_keepalive_idle_s, s.tcp_keepalive_interval_s, s.tcp_keepalive_count
         )
         reuse = s.reuse_port
-        tcp = await start_tcp(node, s.mqtt_host, s.mqtt_port, keepalive=keepalive, reuse_port=reuse)
+        proxy = ProxyHeaderPolicy(s.proxy_header_timeout_s) if s.proxy_protocol else None
+        trusted = TrustedProxies.parse(s.trusted_proxies)
+        tcp = await start_tcp(
+            node, s.mqtt_host, s.mqtt_port, keepalive=keepalive, reuse_port=reuse, proxy=proxy
+        )
         self._servers.append(tcp)
         self.ports["mqtt"] = tcp.sockets[0].getsockname()[1]
         ctx = None
@@ -189,19 +200,27 @@ class ConnectionService:
                 s.tls_cert_file, s.tls_key_file, s.tls_ca_file, s.tls_require_client_cert
             )
         if s.tls_port >= 0 and ctx is not None:
-            tls = await start_tcp(node, s.mqtt_host, s.tls_port, ctx, keepalive, reuse)
+            tls = await start_tcp(node, s.mqtt_host, s.tls_port, ctx, keepalive, reuse, proxy)
             self._servers.append(tls)
             self.ports["mqtts"] = tls.sockets[0].getsockname()[1]
         if s.ws_port >= 0:
             self._runners.append(
                 await start_ws(
-                    node, s.mqtt_host, s.ws_port, s.ws_path, keepalive=keepalive, reuse_port=reuse
+                    node,
+                    s.mqtt_host,
+                    s.ws_port,
+                    s.ws_path,
+                    keepalive=keepalive,
+                    reuse_port=reuse,
+                    trusted=trusted,
                 )
             )
             self.ports["ws"] = s.ws_port
         if s.wss_port >= 0 and ctx is not None:
             self._runners.append(
-                await start_ws(node, s.mqtt_host, s.wss_port, s.ws_path, ctx, keepalive, reuse)
+                await start_ws(
+                    node, s.mqtt_host, s.wss_port, s.ws_path, ctx, keepalive, reuse, trusted
+                )
             )
             self.ports["wss"] = s.wss_port
         log.info("mqtt_listening", extra={"ports": self.ports, "node": s.node_id})

@@ -29,7 +29,7 @@ from services.common.bans import BanList
 from services.common.bus import subjects
 from services.common.bus.ids import MessageIds
 from services.common.bus.large import Fetcher, Holder
-from services.common.connect import WILL_STORE_MAX_BYTES, ConnectOutcome
+from services.common.connect import WILL_STORE_MAX_BYTES
 from services.common.envelope import to_envelope
 from services.common.message import Message
 from services.common.mqtt.reason import ReasonCode as RC
@@ -470,9 +470,9 @@ class Node:
             ref = self.drain_reference
             self.carry_out(conn, conn.channel.disconnect(RC.USE_ANOTHER_SERVER, "draining", ref))
             return
-        if self.per_address.over(conn.channel.peer):
+        refused = self.per_address.refusal(conn.channel.peer, time.monotonic())
+        if refused is not None:
             self.refusals.count("connections_per_ip")
-            refused = ConnectOutcome(reason_code=RC.QUOTA_EXCEEDED)
             self.carry_out(conn, conn.channel.authenticated(refused, time.time()))
             return
         self.sessions.authenticate(conn, action)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from services.common.message import Message
 from services.common.mqtt.errors import TopicNameInvalidError
 from services.common.topics.rules import validate_topic_name
+from services.connection.admission import peer_address
 from services.connection.channel import Channel
 
 log = logging.getLogger("starling.connection.sys_events")
@@ -41,7 +42,7 @@ def connected_payload(ch: Channel, node_id: str, session_present: bool, ts_ms: i
         {
             "clientid": ch.client_id,
             "username": ch.identity.partition("/")[2],
-            "ipaddress": ch.peer.rpartition(":")[0],
+            "ipaddress": peer_address(ch.peer),  # "ws:ip" has no port
             "proto_ver": ch.level,
             "session_present": session_present,
             "expiry_interval": ch.session_expiry_s,

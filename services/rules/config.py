@@ -57,23 +57,31 @@ class RulesSettings(ServiceSettings, ActionSettings):
         "together once their outputs are delivered).",
     )
     rules_ack_wait_s: float = Field(
-        default=60.0,
+        default=10.0,
         ge=1,
         le=3600,
-        description="A pulled batch not acknowledged within this time (its instance died, or "
-        "its actions are stuck) is delivered again, to any instance.",
+        description="A pulled batch not acknowledged within this time (its instance died) is "
+        "delivered again, to any instance: how long a killed instance's batch waits. A live "
+        "instance whose actions are slow marks its batch in progress every third of it, so "
+        "a slow target causes no redelivery. Set when the RULES and EVENTS consumers are "
+        "first created (an existing JetStream store keeps its consumers' value).",
     )
     rules_stream_max_age_s: float = Field(
-        default=7 * 24 * 3600.0,
-        gt=0,
-        description="Messages waiting in the RULES stream longer than this are dropped (the "
-        "rules service was down that long).",
+        default=0.0,
+        ge=0,
+        description="0 (the default): messages wait in the RULES stream until a rule saw "
+        "them, however long the rules service is down (max_bytes bounds the stream). A "
+        "positive value deletes messages older than this although their publishers were "
+        "acknowledged and no rule has seen them; set one only where a late rule output is "
+        "worse than a lost one. Applied to an existing stream when the service starts.",
     )
     rules_stream_max_bytes: int = Field(
         default=1 << 30,
         ge=1 << 20,
-        description="Bytes the RULES stream holds; when full, nodes' stores fail and QoS>=1 "
-        "publishers wait for their PUBACK (retried) instead of losing messages.",
+        description="Bytes the RULES stream holds. When full it refuses new messages (never "
+        "drops stored ones) and nodes answer the QoS>=1 publishes a rule reads with 0x97 "
+        "quota exceeded (MQTT 3.1.1: the connection closes unacknowledged) until the rules "
+        "service drains it. Applied to an existing stream when the service starts.",
     )
 
     def sql_limits(self) -> SqlLimits:

@@ -96,7 +96,10 @@ def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
         # A newer connection already won the race: accept, then close with 0x8E.
         return ConnectOutcome(tenant=resp.tenant, epoch=resp.epoch, taken_over=True)
     if resp.result != pb.CONNECT_RESULT_OK:
-        return ConnectOutcome(reason_code=_REFUSALS.get(resp.result, ReasonCode.NOT_AUTHORIZED))
+        code = _REFUSALS.get(resp.result, ReasonCode.NOT_AUTHORIZED)
+        # A ban says why (a flapping ban names its setting); other refusals say nothing more.
+        why = resp.reason if resp.result == pb.CONNECT_RESULT_BANNED else ""
+        return ConnectOutcome(reason_code=code, reason_string=why)
     return ConnectOutcome(
         tenant=resp.tenant,
         epoch=resp.epoch,

@@ -87,7 +87,10 @@ class SessionSettings(ServiceSettings):
     flapping_enabled: bool = Field(
         default=True,
         description="Ban clients that connect too often (docs/quota.md): the same client id "
-        "from the same address more than flapping_max_connects times in flapping_window_s.",
+        "from the same address more than flapping_max_connects times in flapping_window_s, "
+        "for flapping_ban_s. The refusal (CONNACK 0x8A Banned; 3.1.1: 5) and the "
+        "`client_flapping` log line name these settings. The local mesh's development "
+        "profile (`starling up`) sets false.",
     )
     flapping_max_connects: int = Field(
         default=15, ge=1, description="CONNECTs of one client id from one address per window."
@@ -143,7 +146,11 @@ class SessionSettings(ServiceSettings):
         default=5, ge=1, description="Failed logins of one user name before it is backed off."
     )
     auth_failures_before_backoff_ip: int = Field(
-        default=20, ge=1, description="Failed logins from one IP address before it is backed off."
+        default=20,
+        ge=1,
+        description="Failed logins from one IP address before it is backed off (every login "
+        "from it, CONNACK 0x89, until the back-off ends). The local mesh's development "
+        "profile sets 1000000 (its clients all come from 127.0.0.1).",
     )
     auth_backoff_base_s: float = Field(
         default=1.0, gt=0, description="First back-off; doubles with every further failure."

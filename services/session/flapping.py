@@ -126,6 +126,14 @@ class FlapDetector:
         self._instance = instance
         self._seq = itertools.count()
 
+    def limit_text(self, flap: Flap) -> str:
+        """The settings a refusal names, with their values: which count was over and the
+        window (`flapping_enabled=false` turns detection off; docs/configuration.md)."""
+        window = f"flapping_window_s {self._window_ms / 1000:g}"
+        if flap.client_id:
+            return f"flapping_max_connects {self._max}, {window}"
+        return f"flapping_max_connects_per_address {self._max_address}, {window}"
+
     async def connected(self, tenant: str, client_id: str, peer: str, now_ms: int) -> Flap | None:
         """Count one CONNECT (at wall-clock `now_ms`); a `Flap` when it is one too many
         within the window (the count starts over, so the next ban comes only after as many

@@ -14,7 +14,7 @@ import time
 
 from services.common.bans import Ban, BanKind, BanList
 from services.quota.client import QuotaClient
-from services.session.flapping import FlapDetector
+from services.session.flapping import Flap, FlapDetector
 
 log = logging.getLogger("starling.session.gatekeeper")
 
@@ -47,25 +47,20 @@ class Gatekeeper:
         flap = await self._flapping.connected(tenant, client_id, peer, now_ms)
         if flap is None:
             return ""
-        if flap.client_id:
-            ban = Ban(kind=BanKind.CLIENT_ID, tenant=tenant, value=flap.client_id)
-            what = f"client id {flap.client_id!r} from {flap.address}"
-        else:
-            ban = Ban(kind=BanKind.ADDRESS, tenant="", value=flap.address)
-            what = f"address {flap.address}"
-        reason = f"flapping: {flap.connects} connects of {what} within the window"
-        ban = Ban(
-            kind=ban.kind,
-            tenant=ban.tenant,
-            value=ban.value,
-            reason=reason,
-            expires_at_ms=now_ms + self._ban_s * 1000,
-            created_at_ms=now_ms,
-            source="flapping",
-        )
+        limits = self._flapping.limit_text(flap)
+        ban = self._ban_of(flap, tenant, now_ms, limits)
+        reason = ban.reason
         log.warning(
             "client_flapping",
-            extra={"tenant": tenant, "client_id": client_id, "address": flap.address},
+            extra={
+                "tenant": tenant,
+                "client_id": client_id,
+                "address": flap.address,
+                "connects": flap.connects,
+                "limits": limits,  # the settings the reason names
+                "ban_s": self._ban_s,
+                "setting": "flapping_enabled",  # false turns detection off
+            },
         )
         try:
             if self._quota is None:
@@ -76,3 +71,27 @@ class Gatekeeper:
             self._local_bans = [b for b in self._local_bans if b.active(now_ms)] + [ban]
             self._local.replace(self._local_bans)
         return reason
+
+    def _ban_of(self, flap: Flap, tenant: str, now_ms: int, limits: str) -> Ban:
+        """The ban of a flapping client (or address), its reason naming the settings
+        (`limits`) so that whoever meets the refusal knows what to change."""
+        if flap.client_id:
+            kind, scope, value = BanKind.CLIENT_ID, tenant, flap.client_id
+            what = f"client id {flap.client_id!r} from {flap.address}"
+        else:
+            kind, scope, value = BanKind.ADDRESS, "", flap.address
+            what = f"address {flap.address}"
+        reason = (
+            f"flapping: {flap.connects} connects of {what} within the window "
+            f"({limits}); banned for {self._ban_s} s (flapping_ban_s); "
+            "flapping_enabled=false turns this off"
+        )
+        return Ban(
+            kind=kind,
+            tenant=scope,
+            value=value,
+            reason=reason,
+            expires_at_ms=now_ms + self._ban_s * 1000,
+            created_at_ms=now_ms,
+            source="flapping",
+        )

@@ -154,13 +154,16 @@ def test_starling_analytics_command(data: Path) -> None:
     """The command a cron entry runs: its own Spark (local mode), the summary printed and
     kept as last-run.json."""
     import json
+    import os
     import subprocess
     import sys
 
     out = data / "cli-out"
     done = subprocess.run(
         [sys.executable, "-m", "services.cli.main", "analytics", "queue-compaction",
-         "--master", "local[1]", "--data-dir", str(data), "--output", str(out), "--dry-run"],
+         "--master", "local[1]", "--output", str(out), "--dry-run"],
+        # `data` is a store folder: the data_dir setting (--data-dir names a mesh folder).
+        env={**os.environ, "STARLING_DATA_DIR": str(data)},
         capture_output=True, text=True, timeout=120, check=True,
         cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip

@@ -145,7 +145,7 @@ GOLDEN: list[Golden] = [
     Golden(
         "[MQTT-2.2.2-1] property-not-allowed-in-packet", 5, h("30 08 0001 61 03 210001 78"), 0x81
     ),
-    Golden("[MQTT-3.3.2-8] topic-alias-zero", 5, h("30 08 0001 61 03 230000 78"), 0x82),
+    Golden("[MQTT-3.3.2-8] topic-alias-zero", 5, h("30 08 0001 61 03 230000 78"), 0x94),
     Golden(
         "[MQTT-3.3.2-14] response-topic-wildcard", 5, h("30 0a 0001 61 06 08 0003 722f2b"), 0x82
     ),

@@ -351,10 +351,10 @@ def test_MQTT_3_3_4_1_each_qos_gets_its_answer(mesh: MeshInfo) -> None:
 # ---- topic aliases -------------------------------------------------------------------------
 
 
-def test_MQTT_3_3_2_8_topic_alias_0_is_a_protocol_error(mesh: MeshInfo) -> None:
+def test_MQTT_3_3_2_8_topic_alias_0_gets_0x94(mesh: MeshInfo) -> None:
     raw = connected(mesh.node(0))
     raw.send(Publish("t", b"x", 0, properties=Properties(topic_alias=0)))
-    disconnected_with(raw, 0x82)
+    disconnected_with(raw, 0x94)  # Topic Alias invalid (section 3.3.2.3.4)
 
 
 def test_MQTT_3_3_2_9_topic_alias_above_maximum_gets_0x94(mesh: MeshInfo) -> None:

@@ -53,6 +53,7 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
             "STARLING_MAX_PACKET_SIZE_BYTES": str(MAX_PACKET),
             "STARLING_ROUTE_COPY_MAX_SUBSCRIPTIONS": "0",
             "STARLING_STATS_INTERVAL_S": "0.5",  # reports reach the metrics instances often
+            "STARLING_FLAPPING_ENABLED": "true",  # tested below; off in the default profile
         },
         instances={"router": 2, "queue": 2, "session": 2, "metrics": 2},
     )

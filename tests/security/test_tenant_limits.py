@@ -94,7 +94,7 @@ class RawConn:
         self.sock.sendall(encode(packet, level))
         data = b""
         while len(data) < 4:
-            chunk = self.sock.recv(64)
+            chunk = self.sock.recv(4096)  # a whole CONNACK, Reason String included
             if not chunk:
                 break
             data += chunk

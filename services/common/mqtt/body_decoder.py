@@ -57,7 +57,11 @@ from services.common.mqtt.properties import (
     PropId,
     PropKind,
 )
-from services.common.mqtt.reason import V5_FROM_V3_CONNACK, PacketType
+from services.common.mqtt.reason import V5_FROM_V3_CONNACK, PacketType, ReasonCode
+
+# A zero where the property forbids one is a Protocol Error (0x82), except a Topic Alias of 0:
+# Topic Alias invalid, as one above the maximum [MQTT-3.3.2-8] (section 3.3.2.3.4).
+_ZERO_REASON: dict[int, ReasonCode] = {PropId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
 
 # No count limit: what the packet size allows (every repeated field takes at least a byte).
 _NO_LIMIT = 268_435_455
@@ -137,7 +141,7 @@ def decode_properties(
             v, i = read_str(b, i, stop)
             value = (k, v)
         if ident in NONZERO and value == 0:
-            raise ProtocolViolationError(f"property {spec.name} must not be 0")
+            raise ProtocolViolationError(f"{spec.name} must not be 0", _ZERO_REASON.get(ident))
         if ident in REPEATABLE:
             seen = repeated.get(spec.name)
             if seen is None:

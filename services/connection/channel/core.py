@@ -300,7 +300,7 @@ class Channel:
             return actions
         if not outcome.ok:
             self.will = None  # a refused connection leaves no will
-            actions.append(self._refuse(outcome.reason_code))
+            actions.append(self._refuse(outcome.reason_code, outcome.reason_string))
             return actions
         connack = self._accept(outcome, now)
         if len(connack) > self.outbound.max_packet_size:
@@ -599,15 +599,16 @@ class Channel:
         self.out += self._handshake.take_connack()
         self.state = State.CONNECTED
 
-    def _refuse(self, code: int) -> Close:
+    def _refuse(self, code: int, why: str = "") -> Close:
         """Refuse the CONNECT: CONNACK with `code` (the v3 return code on 3.1/3.1.1, which
-        close without CONNACK on a protocol error [MQTT-3.1.4-1]: they have no code for it)."""
+        close without CONNACK on a protocol error [MQTT-3.1.4-1]: they have no code for it);
+        `why`: its Reason String (MQTT 5), by default the code's description."""
         self.state = State.AUTHENTICATING  # so `_shut` answers MQTT 5 with a CONNACK
         if self.level < 5:
             if code in _V3_CLOSE_ONLY:
                 return self._close(code, describe(code))
             self.out += encode(ConnAck(False, code), self.level)
-        return self._shut(code, describe(code))
+        return self._shut(code, why or describe(code))
 
     def _fail(self, exc: MqttError) -> Close:
         """The client broke a rule (`exc` says which): close with its reason code."""
