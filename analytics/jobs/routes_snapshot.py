@@ -1,9 +1,11 @@
 """`routes-snapshot`: event-log compaction on Spark. Every subscription, read through the
 `starling` data source (analytics/source.py) from the embedded store or Cassandra, grouped by
 tenant and encoded into the routing snapshot format (services/router/snapshot.py) in the
-executors; the driver stores the parts with their checkpoint and then prunes the log's hours
-wholly before it. Routers and connection nodes boot from the result
-(services/router/boot.py).
+executors; the driver stores the parts with their checkpoint and then prunes the log up to
+it (EventLog.prune_events: the embedded store exactly, Cassandra whole hours), raising each
+tenant's pruned-through watermark before its events go, so a running router whose position
+is behind the prune reloads that tenant from this snapshot instead of missing the pruned
+changes. Routers and connection nodes boot from the result (services/router/boot.py).
 
 Checkpoint: the log's stable position taken BEFORE the scan starts. Every change at or
 below it is in the rows the scan reads; changes that land during the scan may be in them too,

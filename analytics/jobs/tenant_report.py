@@ -73,7 +73,9 @@ def sessions(ctx: JobContext, args: argparse.Namespace) -> Any:
     """Per tenant and hour, the distinct client ids with a `connected` event."""
     from pyspark.sql import functions as f
 
-    log = ctx.table("event_log", ["tenant", "bucket", "kind", "client_id"])
+    # Cassandra keeps the log in minute slices (cassandra_eventlog.py), each row with its hour.
+    table = "event_log_slices" if ctx.store.cassandra else "event_log"
+    log = ctx.table(table, ["tenant", "bucket", "kind", "client_id"])
     log = log.where(f.col("kind") == "connected").withColumn("hour_ms", f.col("bucket") * HOUR_MS)
     log = _window(log, args, f.col("hour_ms"))
     return log.groupBy("tenant", "hour_ms").agg(f.countDistinct("client_id").alias("sessions"))

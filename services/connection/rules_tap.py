@@ -3,9 +3,11 @@ publishes that also stores, concurrently, each message some rule of its tenant r
 durable RULES stream (services/rules/client.py), so the publisher's PUBACK/PUBREC waits for
 both. A message the stream did not acknowledge comes back as TRY_LATER: the routing pipeline
 retries it with the same message id, which the router, the queues and the stream all
-de-duplicate on. A delayed message (a will with a Will Delay Interval; a `$delayed` topic,
-which no rule filter matches) goes to the rules when the router publishes it, when due
-(services/router/publishing.py)."""
+de-duplicate on. One the stream refused because it is full (the rules service behind or down
+for long: waiting would hold the publisher until it is dropped) comes back as
+QUEUE_QUOTA_EXCEEDED: its publisher gets 0x97, as for a subscriber's full queue. A delayed
+message (a will with a Will Delay Interval; a `$delayed` topic, which no rule filter matches)
+goes to the rules when the router publishes it, when due (services/router/publishing.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 
 from services.connection.routing import Router
 from services.router.client import RouteResult
-from services.rules.client import RuleFeed
+from services.rules.client import RuleFeed, StoreOutcome
 from starling.common.v1.message_pb2 import RoutedMessage
 
 
@@ -30,10 +32,12 @@ class RulesRouter:
         if not picked:
             return await self._inner.route(messages)
         routed, stored = await asyncio.gather(
-            self._inner.route(messages), self._feed.store([messages[i] for i in picked])
+            self._inner.route(messages), self._feed.store_outcomes([messages[i] for i in picked])
         )
         results = list(routed)
-        for i, ok in zip(picked, stored, strict=True):
-            if not ok:
+        for i, outcome in zip(picked, stored, strict=True):
+            if outcome is StoreOutcome.FAILED:
                 results[i] = RouteResult.TRY_LATER
+            elif outcome is StoreOutcome.FULL and results[i] is not RouteResult.TRY_LATER:
+                results[i] = RouteResult.QUEUE_QUOTA_EXCEEDED
         return results

@@ -12,6 +12,12 @@ Replaying is exact because a subscription event sets its row's whole state (a su
 with its options, or its absence): replayed in position order over a table that holds every
 change up to the checkpoint (and maybe some after it), the table ends as the subscriptions
 table is.
+
+Gaps: compaction prunes the log up to its snapshot's checkpoint. A reader whose position in
+a tenant is below what pruning took of it (`EventLog.pruned_through`, read after the events)
+has lost events it never applied: it reloads the tenant from the latest snapshot and replays
+from that checkpoint (`route_log_gap` in the log, `starling_route_log_gaps` counted). A boot
+that a prune overtook starts again.
 """
 
 from __future__ import annotations
@@ -20,13 +26,22 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from opentelemetry import metrics
+
 from services.common.gcpause import gc_paused
 from services.common.store.eventlog import EventKind, LogEvent, LoggedSessionStore, subscription_of
-from services.router.core import RouteTable
+from services.common.topics.trie import TopicTrie
+from services.router.core import RouteGrant, RouteTable, SessionKey
 from services.router.snapshot import SnapshotFormatError, load_tenant
 
 log = logging.getLogger("starling.router.boot")
 PAGE = 10_000  # events read per store call while replaying
+GAP_TRIES = 5  # reloads of one tenant (or boots) in a row that a prune overtook
+_GAPS = metrics.get_meter("starling.router").create_counter(
+    "starling_route_log_gaps",
+    description="Route-table reloads from the snapshot because the log was pruned past the "
+    "position a router held (a tenant, or a whole boot)",
+)
 
 
 @dataclass(slots=True)
@@ -62,14 +77,55 @@ async def replay(
 ) -> int:
     """Apply every route event above `after` (of one tenant, or all); the last position
     applied (`after` when there was none). Of one tenant, `after` must be the last of its
-    events the table holds, or a stable position none of its later events is applied at."""
-    while True:
-        events = await store.read_events(after, PAGE, tenant)
-        _apply(table, events, report)
-        if events:
-            after = events[-1].position
-        if len(events) < PAGE:
+    events the table holds, or a stable position none of its later events is applied at;
+    when pruning took some of them, the tenant is reloaded from the snapshot first (a
+    gap, module docstring) and the position returned is at least its checkpoint."""
+    for _ in range(GAP_TRIES):
+        start = after
+        while True:
+            events = await store.read_events(after, PAGE, tenant)
+            _apply(table, events, report)
+            if events:
+                after = events[-1].position
+            if len(events) < PAGE:
+                break
+        if tenant is None or not await gap(store, tenant, start):
             return after
+        after = await reload_tenant(store, table, tenant)
+        if report is not None:
+            report.tenant_positions[tenant] = after
+    raise RuntimeError(f"the log of {tenant!r} was pruned {GAP_TRIES} times while replayed")
+
+
+async def gap(store: LoggedSessionStore, tenant: str | None, after: int) -> bool:
+    """Whether pruning took events of `tenant` (None: of any) above `after`: read after the
+    events were, it covers a prune that ran meanwhile. Logged and counted."""
+    pruned = await store.pruned_through(tenant)
+    if pruned <= after:
+        return False
+    log.warning(
+        "route_log_gap", extra={"tenant": tenant or "*", "position": after, "pruned": pruned}
+    )
+    _GAPS.add(1)
+    return True
+
+
+async def reload_tenant(store: LoggedSessionStore, table: RouteTable, tenant: str) -> int:
+    """Replace the tenant's routes by the latest snapshot's (none when it has no part of
+    the tenant); the snapshot's checkpoint, from which the tenant's log continues. Pruning
+    only follows a stored snapshot, so there is one."""
+    manifest = await store.latest_snapshot()
+    if manifest is None:
+        raise RuntimeError("the event log was pruned but no routing snapshot is stored")
+    parts: list[bytes] = []
+    if tenant in manifest.tenants:
+        parts = await store.snapshot_parts(manifest.snapshot_id, tenant)
+    with gc_paused():
+        if parts:
+            load_tenant(table, tenant, parts)
+        else:
+            table.adopt(tenant, TopicTrie[SessionKey, RouteGrant](), {})
+    return manifest.checkpoint
 
 
 def _apply(table: RouteTable, events: list[LogEvent], report: BootReport | None) -> None:
@@ -132,14 +188,19 @@ async def load_snapshot(store: LoggedSessionStore, table: RouteTable) -> int | N
 
 
 async def load_routes(store: LoggedSessionStore, table: RouteTable) -> BootReport:
-    """Fill an empty `table` (see the module docstring)."""
+    """Fill an empty `table` (see the module docstring); again from the start when a prune
+    took events above the boot's checkpoint while it read them."""
     started = time.perf_counter()
-    checkpoint = await load_snapshot(store, table)
-    if checkpoint is None:
-        position = await scan(store, table)
-        report = BootReport("scan", position, position)
-    else:
-        report = BootReport("snapshot", checkpoint, checkpoint)
-    report.position = await replay_all(store, table, report)
-    report.seconds = time.perf_counter() - started
-    return report
+    for _ in range(GAP_TRIES):
+        checkpoint = await load_snapshot(store, table)
+        if checkpoint is None:
+            position = await scan(store, table)
+            report = BootReport("scan", position, position)
+        else:
+            report = BootReport("snapshot", checkpoint, checkpoint)
+        report.position = await replay_all(store, table, report)
+        if not await gap(store, None, report.checkpoint):
+            report.seconds = time.perf_counter() - started
+            return report
+        table.clear()
+    raise RuntimeError(f"the event log was pruned {GAP_TRIES} times during one boot")

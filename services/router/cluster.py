@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from services.common.store.eventlog import LoggedSessionStore
-from services.router.boot import PAGE, BootReport, apply
+from services.router.boot import GAP_TRIES, PAGE, BootReport, apply, gap, reload_tenant
 from services.router.copies import TablePositions
 from services.router.core import RouteTable, SessionKey
 
@@ -67,18 +67,29 @@ class RouteReplay:
 
     async def replay(self, tenant: str, mine: set[SessionKey] | None = None) -> bool:
         """Apply the tenant's new route events; True when any concerned a session not in
-        `mine` (another instance changed the table; `mine` None: any event counts)."""
+        `mine` (another instance changed the table; `mine` None: any event counts). When
+        pruning took events this instance had not applied (it was paused, or idle in the
+        tenant, past a compaction), the tenant is reloaded from the snapshot first
+        (services/router/boot.py `gap`)."""
         after = self._positions.get(tenant, self._default)
         foreign = False
-        while True:
-            events = await self._store.read_events(after, PAGE, tenant)
-            for e in events:
-                apply(self._table, e)
-                foreign |= mine is None or (e.client_id, e.incarnation) not in mine
-            if events:
-                after = events[-1].position
-            if len(events) < PAGE:
+        for _ in range(GAP_TRIES):
+            start = after
+            while True:
+                events = await self._store.read_events(after, PAGE, tenant)
+                for e in events:
+                    apply(self._table, e)
+                    foreign |= mine is None or (e.client_id, e.incarnation) not in mine
+                if events:
+                    after = events[-1].position
+                if len(events) < PAGE:
+                    break
+            if not await gap(self._store, tenant, start):
                 break
+            after = await reload_tenant(self._store, self._table, tenant)
+            foreign = True
+        else:
+            raise RuntimeError(f"the log of {tenant!r} was pruned {GAP_TRIES} times in a row")
         self._positions[tenant] = after
         if self._table_positions is not None:
             self._table_positions.logged(tenant, after)

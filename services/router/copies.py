@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.store.eventlog import LogEvent, LoggedSessionStore, bucket_of
+from services.common.store.eventlog import LogEvent, LoggedSessionStore
 
 PAGE = 10_000  # events read per store call
 # A tail longer than this and than the tenant's table: sending the entries is cheaper.
@@ -70,12 +70,8 @@ async def read_snapshot_and_tail(
         if len(events) < PAGE:
             break
         after = events[-1].position
-    # Pruning follows a newer snapshot's manifest: the same snapshot in force now means
-    # nothing above our checkpoint was pruned while we read.
-    latest = await store.latest_snapshot()
-    if latest is None or (
-        latest.snapshot_id != manifest.snapshot_id
-        and bucket_of(latest.checkpoint) > bucket_of(manifest.checkpoint)
-    ):
+    # Read after the tail: a prune that took any of it (a newer snapshot's, meanwhile)
+    # shows here.
+    if await store.pruned_through(tenant) > manifest.checkpoint:
         return None
     return SnapshotAndTail(parts, tail)

@@ -9,18 +9,20 @@ Theory of operation: the filters come as a snapshot of every tenant at start (re
 change (`ctl.rules.filters`), and again as a snapshot every `resync_s` (a push lost while the
 node was disconnected, or two changes racing, heal there). A message is stored with its
 message id as `Nats-Msg-Id`: a node retrying a batch after a lost answer does not store it
-twice (the stream's duplicate window)."""
+twice (the stream's duplicate window). A full stream refuses new messages (it never drops
+stored ones): `store_outcomes` says FULL for those, which the node answers with 0x97."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Sequence
+from enum import IntEnum
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from services.common.bus import subjects
 from services.common.topics.autosub import AutoSubscription
@@ -29,6 +31,18 @@ from starling.common.v1.message_pb2 import RoutedMessage
 from starling.rules.v1 import rules_pb2 as pb
 
 log = logging.getLogger("starling.rules.client")
+
+# JetStream's "store failed" API error; with DiscardPolicy.NEW a full stream answers it with
+# "maximum bytes exceeded" (or messages).
+_JS_STORE_FAILED = 10077
+
+
+class StoreOutcome(IntEnum):
+    """What the RULES stream did with one message."""
+
+    STORED = 1  # acknowledged (or a duplicate of a stored one)
+    FULL = 2  # refused: the stream is at its limit (the rules service is behind or down)
+    FAILED = 3  # no answer, no stream, another error: try again with the same message id
 
 
 class RuleFeed:
@@ -42,6 +56,7 @@ class RuleFeed:
         self._sub: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[object]] = set()
+        self._full = False  # the stream's last answer was "full" (logged once per episode)
 
     # ---- filters ------------------------------------------------------------------------
 
@@ -127,23 +142,38 @@ class RuleFeed:
 
     async def store(self, envs: Sequence[RoutedMessage]) -> list[bool]:
         """Store each message in the RULES stream; True where the stream acknowledged it."""
+        return [o is StoreOutcome.STORED for o in await self.store_outcomes(envs)]
+
+    async def store_outcomes(self, envs: Sequence[RoutedMessage]) -> list[StoreOutcome]:
+        """Store each message in the RULES stream; what the stream did with each."""
         results = await asyncio.gather(*(self._store_one(e) for e in envs))
         return list(results)
 
-    async def _store_one(self, env: RoutedMessage) -> bool:
+    async def _store_one(self, env: RoutedMessage) -> StoreOutcome:
         try:
             await self._js.publish(
                 subjects.rules_stream(env.tenant),
                 env.SerializeToString(),
                 headers={"Nats-Msg-Id": env.message_id} if env.message_id else None,
             )
-            return True
+            if self._full:
+                self._full = False
+                log.info("rules_stream_accepting")
+            return StoreOutcome.STORED
         except NoStreamResponseError:
             log.warning("rules_stream_missing")
-            return False
+            return StoreOutcome.FAILED
+        except APIError as exc:
+            if exc.err_code == _JS_STORE_FAILED and "exceeded" in (exc.description or ""):
+                if not self._full:  # the publishers are told (0x97); the operator once
+                    self._full = True
+                    log.warning("rules_stream_full", extra={"tenant": env.tenant})
+                return StoreOutcome.FULL
+            log.warning("rules_stream_store_failed", extra={"error": type(exc).__name__})
+            return StoreOutcome.FAILED
         except Exception as exc:
             log.warning("rules_stream_store_failed", extra={"error": type(exc).__name__})
-            return False
+            return StoreOutcome.FAILED
 
     def offer(self, env: RoutedMessage) -> None:
         """A QoS 0 message: into the stream without waiting for its acknowledgement."""

@@ -26,7 +26,14 @@ from collections.abc import Awaitable, Callable
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 
 from services.common.bus import subjects
 from services.common.bus.events import decode_events
@@ -47,13 +54,19 @@ EVENTS_DURABLE = "rules-events"
 def rules_stream_config(max_age_s: float, max_bytes: int, replicas: int = 1) -> StreamConfig:
     """`replicas`: 3 on a NATS cluster (setting nats_stream_replicas): a node's PUBACK for a
     message a rule reads waits for this stream's acknowledgement, which then means a quorum
-    of servers wrote it (each with sync_interval always: on disk)."""
+    of servers wrote it (each with sync_interval always: on disk; file storage).
+
+    Full (`max_bytes`): the stream refuses new messages (DiscardPolicy.NEW) and the node
+    answers their publishers 0x97 (services/connection/rules_tap.py); the default, OLD,
+    would delete acknowledged messages no rule has seen to make room. `max_age_s` 0: no
+    age limit (the default; a positive one deletes messages no rule has seen yet)."""
     return StreamConfig(
         name=subjects.RULES_STREAM,
         subjects=[subjects.RULES_WILDCARD],
         # Work queue: a message leaves the stream once the rules acknowledged it.
         retention=RetentionPolicy.WORK_QUEUE,
         storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,
         max_age=max_age_s,
         max_bytes=max_bytes,
         duplicate_window=120.0,
@@ -159,12 +172,23 @@ class StreamConsumer:
         self.processed = 0
 
     async def prepare(self) -> None:
-        """Create (or update) the RULES stream; nodes store into it once they learn a filter."""
+        """Create the RULES stream, or bring one made before (another discard policy, age
+        limit, size or replica count) to this config; nodes store into it once they learn a
+        filter. Logs what is waiting in it (`rules_stream_backlog`)."""
         cfg = rules_stream_config(self._max_age_s, self._max_bytes, self._replicas)
         try:
+            # Same config: a no-op. Another one: refused ("already in use"), so update.
             await self._js.add_stream(cfg)
         except Exception:
             await self._js.update_stream(cfg)
+            log.info("rules_stream_updated")
+        state = (await self._js.stream_info(subjects.RULES_STREAM)).state
+        if state.messages:
+            # Waiting since the rules service was last up; near max_bytes, nodes answer 0x97.
+            log.warning(
+                "rules_stream_backlog",
+                extra={"messages": state.messages, "bytes": state.bytes, "max": self._max_bytes},
+            )
 
     async def start(self) -> None:
         """Start consuming: only once the rules are installed (a message pulled before would

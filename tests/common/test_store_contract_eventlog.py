@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,13 +30,19 @@ from services.common.store.eventlog import (
 from services.common.store.ports import SubscriptionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from tests.common.test_store_contract_queue import _cassandra
+from tests.simulation.test_sim_eventlog import Simulated
 
 
-@pytest.fixture(params=["sqlite", "cassandra"])
+@pytest.fixture(params=["sqlite", "cassandra", "simulated"])
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[LoggedSessionStore]:
-    s = SqliteSessionStore(tmp_path / "s.db") if request.param == "sqlite" else _cassandra("s")
+    if request.param == "sqlite":
+        s: Any = SqliteSessionStore(tmp_path / "s.db")
+    elif request.param == "cassandra":
+        s = _cassandra("s")
+    else:
+        s = Simulated()
     yield s
     await s.close()
 
@@ -117,15 +124,48 @@ async def test_stable_position_covers_what_was_logged(store: LoggedSessionStore)
         assert stable < p  # writes still in flight may land below now
 
 
-async def test_prune_drops_only_whole_hours_before(store: LoggedSessionStore) -> None:
-    t = _tenant()
+async def test_prune_drops_nothing_above_before_and_says_how_far(
+    store: LoggedSessionStore,
+) -> None:
+    """Pruning never takes an event above `before`, and `pruned_through` covers every route
+    event it took (the embedded store takes exactly those at or below `before`, Cassandra
+    whole hours): what a router compares its position with to find a gap."""
+    t, other = _tenant(), _tenant()
     start = position_at(int(time.time() * 1000) - 1000)
+    assert await store.pruned_through(t) == 0
     p = await store.put_subscriptions([SubscriptionRecord(t, "c", 1, "x", 1)])
-    await store.prune_events(p)  # the hour of p is not wholly before p: kept
-    assert len(await store.read_events(start, 10, tenant=t)) == 1
-    next_hour = position_at((bucket_of(p) + 1) * 3_600_000)
+    q = await store.put_subscriptions([SubscriptionRecord(t, "c", 1, "y", 1)])
+    await store.prune_events(p)
+    left = [e.position for e in await store.read_events(start, 10, tenant=t)]
+    assert q in left
+    mark = await store.pruned_through(t)
+    assert all(pos > mark for pos in left)
+    assert p in left or mark >= p
+    if isinstance(store, SqliteSessionStore):
+        assert (left, mark) == ([q], p)  # exactly what is at or below `before`
+    next_hour = position_at((bucket_of(q) + 1) * 3_600_000)
     assert await store.prune_events(next_hour) >= 1
     assert await store.read_events(start, 10, tenant=t) == []
+    assert await store.pruned_through(t) >= q
+    assert await store.pruned_through() >= q  # of any tenant
+    assert await store.pruned_through(other) == 0  # a tenant with nothing pruned
+
+
+async def test_a_subscribe_past_the_batch_limit_is_stored_and_logged_whole(
+    store: LoggedSessionStore,
+) -> None:
+    """A SUBSCRIBE of many long filters (about 120 KiB: Cassandra refuses a batch over 50
+    KiB, the simulated cluster too) is written in several batches, every row logged."""
+    t = _tenant()
+    start = position_at(int(time.time() * 1000) - 1000)
+    subs = [SubscriptionRecord(t, "big", 1, f"{i:04}/" + "x" * 400, 1) for i in range(300)]
+    last = await store.put_subscriptions(subs)
+    events = await store.read_events(start, 1000, tenant=t)
+    assert [subscription_of(e) for e in events] == subs
+    assert events[-1].position == last
+    assert {s.topic_filter for s in await store.all_subscriptions()} >= {
+        s.topic_filter for s in subs
+    }
 
 
 async def test_snapshots_latest_wins_and_old_ones_go(store: LoggedSessionStore) -> None:

@@ -51,9 +51,34 @@ async def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     await s.close()
 
 
-@pytest.fixture(params=["sqlite", "cassandra"])
+def _model_queues() -> Any:
+    """The Cassandra queue store on the model of tests/simulation (a healthy cluster)."""
+    from services.common.store import cassandra_queue
+    from tests.simulation.standin import model_session, store_on
+
+    return store_on(model_session(0, cassandra_queue.MIGRATIONS))
+
+
+def _second(queues: QueueStore, tmp_path: Path) -> Any:
+    """Another instance on the same store (a second connection)."""
+    if isinstance(queues, SqliteQueueStore):
+        return SqliteQueueStore(tmp_path / "q.db")
+    session = getattr(queues, "_session", None)
+    if type(session).__name__ == "SimSession":
+        from tests.simulation.standin import store_on
+
+        return store_on(session)
+    return _cassandra("queue")
+
+
+@pytest.fixture(params=["sqlite", "cassandra", "model"])
 async def queues(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueStore]:
-    q = SqliteQueueStore(tmp_path / "q.db") if request.param == "sqlite" else _cassandra("queue")
+    if request.param == "sqlite":
+        q: Any = SqliteQueueStore(tmp_path / "q.db")
+    elif request.param == "model":
+        q = _model_queues()
+    else:
+        q = _cassandra("queue")
     yield q
     await q.close()
 
@@ -176,11 +201,7 @@ async def test_no_stale_append_lands_once_a_claim_returned(
     partition (on Cassandra, through a second connection): once the claim returned, every
     append of the old epoch is FENCED and changes nothing, and every append answered OK is
     in the queue, in order, with the counters matching."""
-    second = (
-        SqliteQueueStore(tmp_path / "q.db")
-        if isinstance(queues, SqliteQueueStore)
-        else _cassandra("queue")
-    )
+    second = _second(queues, tmp_path)
     t = f"t{uuid.uuid4().hex[:6]}"
     names = [f"c{i}#1" for i in range(4)]
     old = await queues.claim_partition(13)

@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from services.common.acl import Access, AclRule
 from services.common.store.cassandra_schema import (
@@ -215,7 +215,34 @@ class CassandraBase:
             self._session.execute(stmt)
         version = migrate(_CqlLedger(self, self.component), self.migrations, MIGRATION_WAITS)
         log.info("cassandra_schema", extra={"component": self.component, "version": version})
+        self._batch_type: Any = None  # cassandra.query.BatchStatement
         self.prepare()
+
+    @classmethod
+    def on_session(cls, session: Any, serial_consistency_level: int, batch_type: Any) -> Self:
+        """A store on a session someone else opened, whose keyspace has the schema already
+        (tests/simulation runs the stores on a model of Cassandra this way): no cluster of its
+        own, nothing migrated. `batch_type` makes the batches (BatchStatement's interface)."""
+        self = cls.__new__(cls)
+        self._cluster = None
+        self._session = session
+        self._serial_cl = serial_consistency_level
+        self._batch_type = batch_type
+        self.prepare()
+        return self
+
+    def _batch(self, parts: Sequence[tuple[Any, tuple[Any, ...]]]) -> Any:
+        """A batch of prepared statements with their values (one partition when any of them
+        has an IF: Cassandra refuses a conditional batch over several)."""
+        if self._batch_type is None:
+            from cassandra.query import BatchStatement
+
+            batch = BatchStatement()
+        else:
+            batch = self._batch_type()
+        for stmt, args in parts:
+            batch.add(stmt, args)
+        return batch
 
     def _check_replication(self, keyspace: str, wanted: dict[str, str | int]) -> None:
         rows = list(
@@ -272,7 +299,8 @@ class CassandraBase:
         return out
 
     async def close(self) -> None:
-        self._cluster.shutdown()
+        if self._cluster is not None:
+            self._cluster.shutdown()
 
 
 class CassandraStore(CassandraBase):

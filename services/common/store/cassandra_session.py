@@ -19,7 +19,11 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from services.common.store.cassandra_eventlog import CHAIN_MIGRATION, CassandraEventLog
+from services.common.store.cassandra_eventlog import (
+    CHAIN_MIGRATION,
+    INDEX_MIGRATION,
+    CassandraEventLog,
+)
 from services.common.store.cassandra_eventlog import MIGRATION as LOG_MIGRATION
 from services.common.store.cassandra_schema import AddColumn, Migration
 from services.common.store.eventlog import EventKind, LogEvent, subscribed
@@ -67,6 +71,7 @@ MIGRATIONS = [
     LOG_MIGRATION,
     CHAIN_MIGRATION,
     Migration(6, "sessions.qos2_fence", (AddColumn("sessions", "qos2_fence", "bigint"),)),
+    INDEX_MIGRATION,
 ]
 
 

@@ -12,7 +12,9 @@ grow in commit order; Cassandra writers put a per-process writer id in the low b
 processes never make the same position (`WRITER_BITS`).
 
 Partitioning: (tenant, hour bucket of the position), so Cassandra spreads a busy log over
-tenants and hours and an old hour is dropped as a whole partition.
+tenants and hours and an old hour is dropped as a whole partition. Pruning (after a routing
+snapshot) records per tenant how far it went (`EventLog.pruned_through`): a reader behind
+that has a gap and reloads the tenant from the snapshot (services/router/boot.py).
 
 Several writers (Cassandra, several routers): a tenant's route events form a chain. Each
 one's position is taken with a compare-and-set on the tenant's head (the last position
@@ -201,7 +203,18 @@ class EventLog(Protocol):
         as its checkpoint."""
 
     async def prune_events(self, before: int) -> int:
-        """Drop the hour buckets wholly below position `before`; rows removed."""
+        """Drop events at or below `before` (a stored snapshot's checkpoint): the embedded
+        store drops exactly the route events at or below it, Cassandra the hour partitions
+        wholly at or below it (both: other kinds by whole hours). Each tenant's
+        `pruned_through` is raised before its events go. Rows removed (Cassandra:
+        partitions)."""
+
+    async def pruned_through(self, tenant: str | None = None) -> int:
+        """The highest position of the tenant's route events (None: of any tenant's) that
+        pruning removed; 0 when none was. A reader that holds the tenant's events only up to
+        a lower position has lost some to pruning: it reloads the tenant from the snapshot
+        (services/router/boot.py `gap`). Read after the events, it also covers a prune that
+        ran while they were read."""
 
     async def put_snapshot(
         self, checkpoint: int, parts: dict[str, tuple[int, list[bytes]]]

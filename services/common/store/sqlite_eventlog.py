@@ -4,6 +4,11 @@ in the sessions file so a subscription change and its log row commit in one tran
 Positions are assigned inside the writing transaction from `log_head` (one row): SQLite has
 one writer at a time, so positions grow in commit order and every position at or below the
 head is committed: the head is the stable position.
+
+Pruning drops exactly the route events at or below the snapshot's checkpoint (the other
+kinds, records for reports, by whole hours as before) and, in the same transaction, raises
+each tenant's watermark in `log_pruned` to the last route event of it dropped
+(`pruned_through`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ CREATE TABLE IF NOT EXISTS event_log (
 CREATE INDEX IF NOT EXISTS event_log_position ON event_log (position);
 CREATE TABLE IF NOT EXISTS log_head (
   id INTEGER PRIMARY KEY CHECK (id = 0), position INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS log_pruned (tenant TEXT PRIMARY KEY, position INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS route_snapshots (
   snapshot_id INTEGER PRIMARY KEY, checkpoint INTEGER NOT NULL, created_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS route_snapshot_tenants (
@@ -124,10 +130,32 @@ class SqliteEventLog(SqliteDb):
         return int(row[0]) if row else 0
 
     async def prune_events(self, before: int) -> int:
-        cur = await self.run(
-            lambda: self.db.execute("DELETE FROM event_log WHERE bucket < ?", (bucket_of(before),))
-        )
-        return int(cur.rowcount)
+        marks = ",".join("?" * len(ROUTE_KINDS))
+
+        def prune(db: sqlite3.Connection) -> int:
+            db.execute(
+                "INSERT INTO log_pruned (tenant, position) SELECT tenant, max(position) "
+                f"FROM event_log WHERE position <= ? AND kind IN ({marks}) GROUP BY tenant "
+                "ON CONFLICT (tenant) DO UPDATE SET position = "
+                "max(log_pruned.position, excluded.position)",
+                (before, *ROUTE_KINDS),
+            )
+            # Other kinds (records for reports) by whole hours, as Cassandra drops them.
+            cur = db.execute(
+                f"DELETE FROM event_log WHERE position <= ? AND (kind IN ({marks}) OR bucket < ?)",
+                (before, *ROUTE_KINDS, bucket_of(before + 1)),
+            )
+            return int(cur.rowcount)
+
+        return await self.run(lambda: self.tx(prune))
+
+    async def pruned_through(self, tenant: str | None = None) -> int:
+        sql = "SELECT max(position) FROM log_pruned"
+        args: tuple[str, ...] = ()
+        if tenant is not None:
+            sql, args = sql + " WHERE tenant = ?", (tenant,)
+        row = await self.run(lambda: self.db.execute(sql, args).fetchone())
+        return int(row[0]) if row and row[0] is not None else 0
 
     async def put_snapshot(
         self, checkpoint: int, parts: dict[str, tuple[int, list[bytes]]]
