@@ -12,6 +12,7 @@ from pydantic.fields import FieldInfo
 from analytics.config import AnalyticsSettings
 from services.common.config import ServiceSettings
 from services.connection.config import ConnectionSettings
+from services.console.config import ConsoleSettings
 from services.metrics.config import MetricsSettings
 from services.queue.config import QueueSettings
 from services.quota.config import QuotaSettings
@@ -28,6 +29,7 @@ MODELS: list[type[ServiceSettings]] = [
     RulesSettings,
     QuotaSettings,
     MetricsSettings,
+    ConsoleSettings,
     AnalyticsSettings,
 ]
 

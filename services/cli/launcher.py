@@ -184,6 +184,7 @@ class Launcher(Children):
             "STARLING_QUEUE_ADDR": self._addr("queue"),
             "STARLING_QUOTA_ADDR": self._addr("quota"),
             "STARLING_METRICS_ADDR": self._addr("metrics"),
+            "STARLING_RULES_ADDR": self._addr("rules"),
             "PYTHONUNBUFFERED": "1",
             # Generated secrets win over the caller's environment; extra_env wins over them.
             "STARLING_NATS_USER": nats_user,
@@ -246,6 +247,10 @@ class Launcher(Children):
         if service == "metrics":
             comp.port = free_port()  # the cluster's Prometheus endpoint
             env["STARLING_CLUSTER_METRICS_PORT"] = str(comp.port)
+        if service == "console":  # the web console's HTTP port
+            comp.port = free_port()
+            env["STARLING_CONSOLE_PORT"] = str(comp.port)
+            comp.url = f"http://127.0.0.1:{comp.port}/"
         if service == "connection":
             self._node_env(comp, env, mqtt_port, ports_of, elsewhere)
         self._spawn(comp, [sys.executable, "-m", f"services.{service}"], env)
@@ -333,6 +338,7 @@ class Launcher(Children):
             if comp.service in BACK_OFFICE:
                 _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
         self._start_nodes(nats, redis)
+        self.start_service("console", "console", nats, redis)  # over the admin APIs
         self.mesh.save()
         for comp in self.mesh.components:
             _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)

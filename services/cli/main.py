@@ -15,6 +15,8 @@ from services.cli.profiles import DEVELOPMENT, PROFILES
 from services.cli.rules import add_autosub_commands, add_rules_commands
 
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
+# What `starling serve` runs: the services and the web console over their admin APIs.
+SERVED = (*SERVICES, "console")
 
 
 def _add_up(sub: Any) -> None:
@@ -96,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="starling", description="Starling MQTT mesh")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run one service in this process")
-    p.add_argument("service", choices=SERVICES)
+    p.add_argument("service", choices=SERVED)
     _add_up(sub)
     _add_mesh_commands(sub)
     add_admin_commands(sub)
@@ -106,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_rules_commands(sub)
     add_autosub_commands(sub)
+    from services.cli.store_cmd import add_store_command
+
+    add_store_command(sub)
     return parser
 
 
@@ -188,6 +193,18 @@ def _print_command(args: argparse.Namespace) -> int:
         from services.cli.restart_cmd import run_restart
 
         return run_restart(Path(args.data_dir), args.name, args.timeout_s)
+    if args.command == "store":
+        from services.cli.store_cmd import CheckOptions, run_check
+
+        return run_check(
+            CheckOptions(
+                cassandra=args.cassandra,
+                keyspace=args.keyspace,
+                consistency=args.consistency,
+                verbose=args.verbose,
+                contracts=not args.no_contracts,
+            )
+        )
     if args.command == "analytics":
         from analytics.cli import run_analytics
 

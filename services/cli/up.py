@@ -70,6 +70,8 @@ def print_endpoints(mesh: Mesh) -> None:
             print(f"{'':<16} {'':>7} mqtt://127.0.0.1:{c.port}")
             if c.ws_port:
                 print(f"{'':<16} {'':>7} ws://127.0.0.1:{c.ws_port}/mqtt")
+        elif c.service == "console" and c.port:
+            print(f"{'':<16} {'':>7} {'web console':<28} {c.url}")
         elif (c.service or c.name) == "metrics" and c.port:
             print(f"{'':<16} {'':>7} {'cluster metrics':<28} http://127.0.0.1:{c.port}/metrics")
     print(describe(mesh.profile))

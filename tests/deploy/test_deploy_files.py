@@ -17,11 +17,12 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from services.cli.main import SERVICES
+from services.cli.main import SERVED as SERVICES
 from services.cli.secrets import NATS_USER_OF, MeshSecrets, write_secret_files
 from services.common.config import ENV_PREFIX, ServiceSettings
 from services.common.rpc.client import target
 from services.connection.config import ConnectionSettings
+from services.console.config import ConsoleSettings
 from services.metrics.config import MetricsSettings
 from services.queue.config import QueueSettings
 from services.quota.config import QuotaSettings
@@ -41,12 +42,13 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "rules": RulesSettings,
     "quota": QuotaSettings,
     "metrics": MetricsSettings,
+    "console": ConsoleSettings,
 }
 # Read by the settings loader itself, not fields.
 SOURCE_VARIABLES = {"STARLING_SECRETS_DIR", "STARLING_CONFIG"}
 # Services that talk to Redis (and so need its password); a router and the metrics service
 # only among several (their shared state).
-REDIS_USERS = {"session", "quota", "queue"}
+REDIS_USERS = {"session", "quota", "queue", "console"}
 SHARING = {"router", "metrics"}
 # One instance each, the reason said in the files' headers (none left: issue 18).
 SINGLE: set[str] = set()
@@ -229,8 +231,11 @@ def test_compose_nodes_publish_distinct_ports_and_drain_elsewhere(
     published: list[str] = []
     node_ids = set()
     for name, (service, svc) in runs.items():
+        if service == "console":  # its web pages
+            assert svc["ports"] == ["8080-8081:8080"], name
+            continue
         if service != "connection":
-            assert "ports" not in svc, f"{name}: only nodes publish ports"
+            assert "ports" not in svc, f"{name}: only nodes and the console publish ports"
             continue
         node_ids.add(svc["environment"]["STARLING_NODE_ID"])
         assert svc["restart"] == "on-failure", f"{name}: a drained node must stay down"

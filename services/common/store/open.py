@@ -4,6 +4,7 @@ otherwise the embedded SQLite files under `data_dir`."""
 from __future__ import annotations
 
 from services.common.config import ServiceSettings
+from services.common.store.audit_log import AuditStore
 from services.common.store.eventlog import LoggedSessionStore
 from services.common.store.ports import (
     AdminTokenStore,
@@ -107,3 +108,15 @@ def open_ban_store(s: ServiceSettings) -> BanStore:
     from services.common.store.sqlite_bans import SqliteBanStore
 
     return SqliteBanStore(s.data_dir / "quota" / "bans.sqlite3")
+
+
+def open_audit_store(s: ServiceSettings) -> AuditStore:
+    """The console's audit log: Cassandra (every console instance writes one log), else the
+    SQLite file of the data dir."""
+    if s.cassandra_contact_points:
+        from services.common.store.cassandra_audit import CassandraAuditStore
+
+        return CassandraAuditStore(**_cassandra_args(s))  # type: ignore[arg-type]
+    from services.common.store.sqlite_audit import SqliteAuditStore
+
+    return SqliteAuditStore(s.data_dir / "audit.db")

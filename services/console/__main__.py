@@ -1,0 +1,5 @@
+import sys
+
+from services.console.main import main
+
+sys.exit(main())
