@@ -19,7 +19,8 @@ from services.cli.ports import free_port
 from services.rules.actions import ActionContext, build_action
 from services.rules.actions.dead_letters import SqliteDeadLetters
 from services.rules.actions.delivery import Delivery, RetryPolicy, replay
-from tests.rules.actions.helpers import RecordingRepublisher, eventually, output
+from tests.poll import eventually
+from tests.rules.actions.helpers import RecordingRepublisher, output
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05, max_retry_s=10)
 
