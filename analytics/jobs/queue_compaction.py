@@ -12,9 +12,12 @@ Categories, per tenant:
   embedded store only: Cassandra's carry a TTL).
 
 Spark finds candidates from a scan; the deletes are the store's conditional deletes
-(services/common/store/sqlite_queue.py and cassandra_queue.py, "Compaction" sections), which
-re-check each condition at delete time, so compaction is safe while the mesh runs: an entry
-that is live when its delete runs stays. Reported counts are rows actually removed (on
+(services/common/store/sqlite_queue.py and cassandra_queue_compaction.py), which re-check
+each condition at delete time, so compaction is safe while the mesh runs: an entry that is
+live when its delete runs stays. On Cassandra the scans read at LOCAL_QUORUM (analytics/
+source_cassandra.py) and a decision that deletes is re-read first: a session's end at SERIAL
+(`session_over`), an expired retained message at LOCAL_QUORUM and deleted at its own write
+time (`retained_removed`). Reported counts are rows actually removed (on
 Cassandra, which does not count deletes, the candidates whose re-check passed). Idempotent
 and restartable: each batch commits on its own and a second run finds nothing left.
 """
@@ -64,9 +67,40 @@ def candidates(ctx: JobContext, now_ms: int) -> dict[str, DataFrame]:
     `retained` and `msgids` one row per key."""
     from pyspark.sql import functions as f
 
-    entries = ctx.table("queue_entries", ["tenant", "queue_id", "seq", "expires_at_ms"])
-    state = ctx.table("queue_state", ["tenant", "queue_id", "acked_through"])
     sessions = ctx.table("sessions", ["tenant", "client_id", "incarnation", "expires_at_ms"])
+    s = sessions.select(
+        "tenant",
+        "client_id",
+        f.col("incarnation").alias("current_inc"),
+        f.col("expires_at_ms").alias("session_expires_at_ms"),
+    )
+    over = (f.col("current_inc") > f.col("inc")) | (
+        f.col("session_expires_at_ms").isNotNull() & (f.col("session_expires_at_ms") <= now_ms)
+    )
+    queues = (
+        _per_queue(ctx, now_ms)
+        .join(s, ["tenant", "client_id"], "left")
+        .withColumn("over", f.coalesce(over & f.col("inc").isNotNull(), f.lit(False)))
+    )
+    # Cassandra keys a retained message by ((tenant, bucket), topic).
+    key = ["tenant", "bucket", "topic"] if ctx.store.cassandra else ["tenant", "topic"]
+    retained = ctx.table("retained", [*key, "expires_at_ms"]).where(
+        (f.col("expires_at_ms") > 0) & (f.col("expires_at_ms") < now_ms)
+    )
+    out = {"queues": queues, "retained": retained}
+    if not ctx.store.cassandra:  # Cassandra's de-duplication rows expire by TTL
+        out["msgids"] = ctx.table(
+            "queue_msgids", ["tenant", "queue_id", "message_id", "created_at_ms"]
+        ).where(f.col("created_at_ms") < now_ms - MSGID_RETENTION_MS)
+    return out
+
+
+def _per_queue(ctx: JobContext, now_ms: int) -> DataFrame:
+    """One row per queue: its entries, the acked and expired ones with their seq bounds
+    (and on Cassandra the expired seqs), its client id and incarnation."""
+    from pyspark.sql import functions as f
+
+    entries, state = _queue_tables(ctx)
     # Full join: a queue with state but no entries left can still be a dead session's.
     both = entries.join(state, ["tenant", "queue_id"], "full")
     seq, acked_through = f.col("seq"), f.col("acked_through")
@@ -89,32 +123,29 @@ def candidates(ctx: JobContext, now_ms: int) -> dict[str, DataFrame]:
         aggs.append(f.collect_list(f.when(is_expired, seq)).alias("seqs"))
     per_queue = both.groupBy("tenant", "queue_id").agg(*aggs)
     # queue_id is "<client_id>#<incarnation>" (services/queue/core.py); client ids may hold '#'.
-    per_queue = per_queue.withColumn(
+    return per_queue.withColumn(
         "client_id", f.regexp_extract("queue_id", r"^(.*)#(\d+)$", 1)
     ).withColumn("inc", f.regexp_extract("queue_id", r"^(.*)#(\d+)$", 2).cast("long"))
-    s = sessions.select(
-        "tenant",
-        "client_id",
-        f.col("incarnation").alias("current_inc"),
-        f.col("expires_at_ms").alias("session_expires_at_ms"),
+
+
+def _queue_tables(ctx: JobContext) -> tuple[DataFrame, DataFrame]:
+    """(entries: tenant, queue_id, seq, expires_at_ms; state: tenant, queue_id,
+    acked_through). Cassandra keeps a queue in one `queue_log` partition: its entries are the
+    rows with seq >= 1 and mid '' (seq 0 holds message ids), its state static columns, on
+    every row (and alone on a queue with no rows left)."""
+    from pyspark.sql import functions as f
+
+    if not ctx.store.cassandra:
+        entries = ctx.table("queue_entries", ["tenant", "queue_id", "seq", "expires_at_ms"])
+        return entries, ctx.table("queue_state", ["tenant", "queue_id", "acked_through"])
+    log = ctx.table(
+        "queue_log", ["tenant", "queue_id", "seq", "mid", "acked_through", "expires_at_ms"]
     )
-    over = (f.col("current_inc") > f.col("inc")) | (
-        f.col("session_expires_at_ms").isNotNull() & (f.col("session_expires_at_ms") <= now_ms)
+    entries = log.where((f.col("mid") == "") & (f.col("seq") >= 1)).select(
+        "tenant", "queue_id", "seq", "expires_at_ms"
     )
-    queues = per_queue.join(s, ["tenant", "client_id"], "left").withColumn(
-        "over", f.coalesce(over & f.col("inc").isNotNull(), f.lit(False))
-    )
-    # Cassandra keys a retained message by ((tenant, bucket), topic).
-    key = ["tenant", "bucket", "topic"] if ctx.store.cassandra else ["tenant", "topic"]
-    retained = ctx.table("retained", [*key, "expires_at_ms"]).where(
-        (f.col("expires_at_ms") > 0) & (f.col("expires_at_ms") < now_ms)
-    )
-    out = {"queues": queues, "retained": retained}
-    if not ctx.store.cassandra:  # Cassandra's de-duplication rows expire by TTL
-        out["msgids"] = ctx.table(
-            "queue_msgids", ["tenant", "queue_id", "message_id", "created_at_ms"]
-        ).where(f.col("created_at_ms") < now_ms - MSGID_RETENTION_MS)
-    return out
+    state = log.groupBy("tenant", "queue_id").agg(f.max("acked_through").alias("acked_through"))
+    return entries, state
 
 
 def plan_queue(r: Any) -> dict[str, int]:
@@ -186,54 +217,16 @@ def delete_sqlite(ctx: JobContext, found: dict[str, DataFrame], now_ms: int) -> 
     """Run the conditional deletes for every candidate, batch by batch, from the driver (one
     writer per SQLite file anyway)."""
     tally = Tally()
-    removed = tally.removed
     data = ctx.store.sqlite or ""
     size = ctx.settings.analytics_delete_batch
     qdb = _open(sqlite_file(data, "queue_entries"))
     qdb.execute("ATTACH DATABASE ? AS s", (str(sqlite_file(data, "sessions")),))
     try:
-
-        def queues(batch: list[Any]) -> None:
-            for r in batch:
-                t = r.tenant
-                if r.over:  # the whole queue, and nothing of it counted as acked or expired
-                    n = compact_session_queue(qdb, "s", t, r.client_id, r.inc, now_ms)
-                    if n >= 0:
-                        removed["session_queues"][t] += n
-                        continue
-                if r.acked_rows:
-                    removed["acked"][t] += compact_acked(qdb, t, r.queue_id, r.acked_hi)
-                if r.expired_rows:
-                    removed["expired"][t] += compact_expired(
-                        qdb, t, r.queue_id, r.expired_lo, r.expired_hi, now_ms
-                    )
-
-        def msgids(batch: list[Any]) -> None:
-            before = now_ms - MSGID_RETENTION_MS
-            for r in batch:
-                key = (r.tenant, r.queue_id, r.message_id)
-                removed["msgids"][r.tenant] += compact_msgids(qdb, [key], before)
-
-        todo: list[Any] = []
-        for r in found["queues"].toLocalIterator(prefetchPartitions=True):
-            tally.scanned += r.rows
-            planned = plan_queue(r)
-            if any(planned.values()) or r.over:
-                for category, n in planned.items():
-                    tally.plan(category, n)
-                todo.append(r)
-            if len(todo) >= size:
-                _tx(qdb, queues, todo)
-                todo = []
-        if todo:
-            _tx(qdb, queues, todo)
-        if "msgids" in found:
-            for batch in _batches(found["msgids"].toLocalIterator(prefetchPartitions=True), size):
-                tally.plan("msgids", len(batch))
-                _tx(qdb, msgids, batch)
+        _delete_queues(qdb, found, size, now_ms, tally)
     finally:
         qdb.close()
     rdb = _open(sqlite_file(data, "retained"))
+    removed = tally.removed
     try:
 
         def retained(batch: list[Any]) -> None:
@@ -248,59 +241,56 @@ def delete_sqlite(ctx: JobContext, found: dict[str, DataFrame], now_ms: int) -> 
     return tally
 
 
-def delete_cassandra(ctx: JobContext, found: dict[str, DataFrame], now_ms: int) -> Tally:
-    """Run the conditional deletes in the executors, each partition with its own driver
-    session (synchronous calls: an executor task has nothing else to do meanwhile)."""
-    from analytics.source import CassandraTarget
+def _delete_queues(
+    qdb: sqlite3.Connection, found: dict[str, DataFrame], size: int, now_ms: int, tally: Tally
+) -> None:
+    """The queue candidates' deletes (queues, then de-duplication ids) on the queue file
+    (the sessions file attached as `s`)."""
+    removed = tally.removed
 
-    target = CassandraTarget(ctx.store.cassandra, ctx.store.port, ctx.store.keyspace, "")
-    ks = ctx.store.keyspace
+    def queues(batch: list[Any]) -> None:
+        for r in batch:
+            t = r.tenant
+            if r.over:  # the whole queue, and nothing of it counted as acked or expired
+                n = compact_session_queue(qdb, "s", t, r.client_id, r.inc, now_ms)
+                if n >= 0:
+                    removed["session_queues"][t] += n
+                    continue
+            if r.acked_rows:
+                removed["acked"][t] += compact_acked(qdb, t, r.queue_id, r.acked_hi)
+            if r.expired_rows:
+                removed["expired"][t] += compact_expired(
+                    qdb, t, r.queue_id, r.expired_lo, r.expired_hi, now_ms
+                )
 
-    def queue_part(rows: Iterator[Any]) -> Iterator[tuple[str, str, int, int]]:
-        """(tenant, category, removed, candidates) per queue and category."""
-        from services.common.store import cassandra_queue as cq
+    def msgids(batch: list[Any]) -> None:
+        before = now_ms - MSGID_RETENTION_MS
+        for r in batch:
+            key = (r.tenant, r.queue_id, r.message_id)
+            removed["msgids"][r.tenant] += compact_msgids(qdb, [key], before)
 
-        cluster, session = target.session()
-        try:
-            for r in rows:
-                yield r.tenant, "scanned", 0, r.rows
-                if r.over:
-                    ok = cq.cassandra_compact_session_queue(
-                        session, ks, r.tenant, r.client_id, r.inc, now_ms
-                    )
-                    yield r.tenant, "session_queues", r.rows if ok else 0, r.rows
-                    if ok:
-                        continue
-                if r.acked_rows:
-                    through = cq.cassandra_compact_acked(
-                        session, ks, r.tenant, r.queue_id, r.acked_lo, r.acked_hi
-                    )
-                    done = r.acked_rows if through >= r.acked_hi else 0
-                    yield r.tenant, "acked", done, r.acked_rows
-                if r.expired_rows:
-                    n = cq.cassandra_compact_expired(
-                        session, ks, r.tenant, r.queue_id, list(r.seqs)
-                    )
-                    yield r.tenant, "expired", n, r.expired_rows
-        finally:
-            cluster.shutdown()
+    todo: list[Any] = []
+    for r in found["queues"].toLocalIterator(prefetchPartitions=True):
+        tally.scanned += r.rows
+        planned = plan_queue(r)
+        if any(planned.values()) or r.over:
+            for category, n in planned.items():
+                tally.plan(category, n)
+            todo.append(r)
+        if len(todo) >= size:
+            _tx(qdb, queues, todo)
+            todo = []
+    if todo:
+        _tx(qdb, queues, todo)
+    if "msgids" in found:
+        for batch in _batches(found["msgids"].toLocalIterator(prefetchPartitions=True), size):
+            tally.plan("msgids", len(batch))
+            _tx(qdb, msgids, batch)
 
-    def retained_part(rows: Iterator[Any]) -> Iterator[tuple[str, str, int, int]]:
-        cluster, session = target.session()
-        try:
-            for r in rows:  # a compare-and-set on the expiry the scan saw
-                applied = session.execute(
-                    f"DELETE FROM {ks}.retained WHERE tenant=%s AND bucket=%s "
-                    "AND topic=%s IF expires_at_ms=%s",
-                    (r.tenant, r.bucket, r.topic, r.expires_at_ms),
-                ).one()[0]
-                yield r.tenant, "retained", int(bool(applied)), 1
-        finally:
-            cluster.shutdown()
 
+def tally_of(results: list[tuple[str, str, int, int]]) -> Tally:
+    """The Tally of (tenant, category, removed, candidates) results ("scanned": entries)."""
     tally = Tally()
-    results = found["queues"].rdd.mapPartitions(queue_part).collect()
-    results += found["retained"].rdd.mapPartitions(retained_part).collect()
     for tenant, category, n, seen in results:
         if category == "scanned":
             tally.scanned += seen
@@ -320,7 +310,9 @@ def run(ctx: JobContext, args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "dry_run", False):
         tally = scan_only(found)
     elif ctx.store.cassandra:
-        tally = delete_cassandra(ctx, found, now_ms)
+        from analytics.jobs.compaction_cassandra import delete_cassandra
+
+        tally = tally_of(delete_cassandra(ctx, found, now_ms))
     else:
         tally = delete_sqlite(ctx, found, now_ms)
     wall = time.monotonic() - started

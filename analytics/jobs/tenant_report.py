@@ -1,14 +1,15 @@
 """Tenant report: per tenant and hour, the usage the metrics service recorded (the `usage`
-table: services/metrics/usage.py) summed over nodes, the sessions seen in the event log, and
-the busiest topics (`usage_topics`) -> `usage.parquet` (partitioned by tenant),
-`top_topics.parquet` and `report.html`, one self-contained page of Plotly charts (plotly.js
-inlined, so it opens offline in any browser).
+table, on Cassandra `usage_daily` and `usage_peaks`: services/metrics/usage.py) summed over
+nodes, the sessions seen in the event log, and the busiest topics (`usage_topics`) ->
+`usage.parquet` (partitioned by tenant), `top_topics.parquet` and `report.html`, one
+self-contained page of Plotly charts (plotly.js inlined, so it opens offline in any browser).
 
 Figures per tenant and hour: peak connections (the sum of each node's peak in the hour),
 connection minutes, sessions (distinct client ids that connected, from the `connected`
 events of the event log: run the report before a routes-snapshot compaction prunes those
-hours), messages and PUBLISH bytes in and out by QoS, drops, quota refusals; per tenant the
-top topics of the window (the nodes' sampled top-topics summaries, summed). Idempotent: each
+hours), messages and message bytes (payload + topic: services/common/message_size.py, the
+figure the byte quotas limit) in and out by QoS, drops, quota refusals; per tenant the top
+topics of the window (the nodes' sampled top-topics summaries, summed). Idempotent: each
 run rewrites its outputs for its window.
 """
 
@@ -44,7 +45,7 @@ CHARTS = (
     ("Sessions (client ids that connected)", ("sessions",)),
     ("Messages in by QoS", ("msgs_in_q0", "msgs_in_q1", "msgs_in_q2")),
     ("Messages out by QoS", ("msgs_out_q0", "msgs_out_q1", "msgs_out_q2")),
-    ("PUBLISH bytes in and out", ("bytes_in", "bytes_out")),
+    ("Message bytes in and out (payload + topic)", ("bytes_in", "bytes_out")),
     ("Dropped deliveries and quota refusals", ("dropped", "quota_refusals")),
 )
 TOP_TOPICS = 10  # per tenant over the window
@@ -81,11 +82,38 @@ def sessions(ctx: JobContext, args: argparse.Namespace) -> Any:
     return log.groupBy("tenant", "hour_ms").agg(f.countDistinct("client_id").alias("sessions"))
 
 
-def hourly(ctx: JobContext, args: argparse.Namespace) -> Any:
-    """The per tenant and hour DataFrame (filters pushed down to the store scan)."""
+USAGE_KEY = ("tenant", "hour_ms", "node_id")
+# What a job reads of each table (tests/analytics/test_job_columns.py checks them against the
+# schema of each store): the embedded store's `usage` holds the peaks beside the counters;
+# Cassandra's counter table cannot, so they are in `usage_peaks` (cassandra_usage.py).
+READS_SQLITE = {"usage": (*USAGE_KEY, "connections_max", "connection_ms", *SUMMED)}
+READS_CASSANDRA = {
+    "usage_daily": (*USAGE_KEY, "connection_ms", *SUMMED),
+    "usage_peaks": (*USAGE_KEY, "connections_max"),
+}
+
+
+def usage_rows(ctx: JobContext, args: argparse.Namespace) -> Any:
+    """Per tenant, hour and reporter: connections_max, connection_ms and SUMMED, in the
+    window (tenant and hour filters pushed down to the store scan)."""
     from pyspark.sql import functions as f
 
-    usage = _window(ctx.table("usage"), args, f.col("hour_ms"))
+    if not ctx.store.cassandra:
+        return _window(ctx.table("usage", READS_SQLITE["usage"]), args, f.col("hour_ms"))
+    counters = _window(
+        ctx.table("usage_daily", READS_CASSANDRA["usage_daily"]), args, f.col("hour_ms")
+    )
+    peaks = _window(
+        ctx.table("usage_peaks", READS_CASSANDRA["usage_peaks"]), args, f.col("hour_ms")
+    )
+    return counters.join(peaks, list(USAGE_KEY), "left")
+
+
+def hourly(ctx: JobContext, args: argparse.Namespace) -> Any:
+    """The per tenant and hour DataFrame."""
+    from pyspark.sql import functions as f
+
+    usage = usage_rows(ctx, args)
     summed = usage.groupBy("tenant", "hour_ms").agg(
         f.sum("connections_max").alias("connections_peak"),
         (f.sum("connection_ms") / 60000.0).alias("connection_minutes"),

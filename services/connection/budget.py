@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable
 
 from services.common.message import Message
+from services.common.message_size import message_bytes
 from services.connection.channel.subscriptions import SubscriptionQuota
 
 UNKNOWN, UNLIMITED, LIMITED = 0, 1, 2
@@ -480,7 +481,7 @@ class DeliveryGate:
         starts so on every node, and most tenants have no limit at all."""
         for b in self._buckets:  # most tenants have no limit: a few reads, no call
             if b.state != UNLIMITED:
-                return self._admit(len(msg.payload) + len(msg.topic), qos0)
+                return self._admit(message_bytes(msg.topic, msg.payload), qos0)
         return True
 
     def open(self) -> bool:

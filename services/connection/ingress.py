@@ -16,6 +16,7 @@ from opentelemetry import trace
 from services.common.bus.ids import MessageIds
 from services.common.envelope import add_to_batch, to_envelope
 from services.common.message import Message
+from services.common.message_size import message_bytes
 from services.common.telemetry import TENANT_ATTRIBUTE, inject
 from services.common.topics import topic_to_subject
 from services.common.topics.delayed import DELAYED_PREFIX
@@ -86,7 +87,7 @@ class Ingress:
         sent = 0
         q1 = q2 = nbytes = 0  # the batch's counts (`_count`), inline: this loop is per message
         for msg in msgs:
-            nbytes += len(msg.payload) + len(msg.topic)
+            nbytes += message_bytes(msg.topic, msg.payload)
             if msg.qos:
                 if msg.qos == 1:
                     q1 += 1
@@ -131,15 +132,13 @@ class Ingress:
 
     @staticmethod
     def _count(tally: Tally, n: int, q1: int, q2: int, nbytes: int) -> None:
-        """A batch of `n` messages (`q1` at QoS 1, `q2` at QoS 2; `nbytes` of topics and
-        payloads). PUBLISH bytes are estimated: the fixed header (2), the topic length (2)
-        and the packet id at QoS > 0 (2) plus topic and payload; MQTT 5 properties and
-        longer length fields are not counted (the exact figure would take the decoder's
-        packet lengths down the hot path)."""
+        """A batch of `n` messages (`q1` at QoS 1, `q2` at QoS 2; `nbytes`: their sizes as
+        services/common/message_size.py defines them, the figure the bytes_in_per_s quota
+        limits)."""
         tally.messages_in += n
         tally.in_q1 += q1
         tally.in_q2 += q2
-        tally.bytes_in += nbytes + 4 * n + 2 * (q1 + q2)
+        tally.bytes_in += nbytes
 
     def _start_trace(self, msg: Message, env: RoutedMessage) -> Message:
         """Open the publish span; its context travels in the envelope and the message."""

@@ -40,8 +40,12 @@ _GAUGES: tuple[tuple[str, str, Callable[[TenantCounts], int]], ...] = (
 )  # fmt: skip
 # (series, help, figure) of the per-tenant counters without another label
 _COUNTERS: tuple[tuple[str, str, Callable[[TenantCounts], int]], ...] = (
-    ("bytes_received", "PUBLISH packet bytes received from clients", lambda c: c.bytes_in),
-    ("bytes_sent", "PUBLISH packet bytes sent to clients", lambda c: c.bytes_out),
+    (
+        "bytes_received",
+        "message bytes (payload + topic) received from clients",
+        lambda c: c.bytes_in,
+    ),
+    ("bytes_sent", "message bytes (payload + topic) sent to clients", lambda c: c.bytes_out),
     ("quota_refusals", "Requests refused by a tenant or user quota", lambda c: c.quota_refusals),
 )
 _DROP_CAUSES: tuple[tuple[str, Callable[[TenantCounts], int]], ...] = (

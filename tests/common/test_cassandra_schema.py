@@ -6,6 +6,7 @@ ResponseFuture, which cannot be built without a server)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from typing import Any
@@ -244,3 +245,57 @@ async def test_a_failed_page_raises_in_the_reader() -> None:
         async for page in PageBridge(Failing([[1], [2]])):
             got.append(page)
     assert got == [[1]]
+
+
+class _Prepared:
+    def __init__(self, query: str) -> None:
+        self.query_string = query
+        self.consistency_level: int | None = None
+
+
+class _Recorder:
+    """A session that only records what a store prepares."""
+
+    keyspace = "ks"
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def prepare(self, query: str) -> _Prepared:
+        self.queries.append(query)
+        return _Prepared(query)
+
+
+def test_no_row_takes_both_lightweight_transactions_and_plain_writes() -> None:
+    """Cassandra orders a plain write by its client's timestamp and an LWT by its Paxos
+    ballot: mixed on one row, a clear then a set can come out reversed (docs/storage.md,
+    "One kind of write per row"). Every table a store writes takes one kind only."""
+    from services.common.store import (
+        cassandra,
+        cassandra_bans,
+        cassandra_rules,
+        cassandra_usage,
+    )
+
+    stores = (
+        cassandra.CassandraStore,
+        cassandra_bans.CassandraBanStore,
+        cassandra_router.CassandraRouterStore,
+        cassandra_rules.CassandraRuleStore,
+        cassandra_session.CassandraSessionStore,
+        cassandra_tokens.CassandraTokenStore,
+        cassandra_usage.CassandraUsageStore,
+    )
+    for cls in stores:
+        rec = _Recorder()
+        cls.on_session(rec, 0, object)
+        kinds: dict[str, set[bool]] = {}
+        for q in rec.queries:
+            if not q.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+                continue
+            found = re.search(r"(?:INTO|UPDATE|FROM)\s+(\w+)", q, re.I)
+            assert found, q
+            kinds.setdefault(found.group(1), set()).add(bool(re.search(r"\bIF\b", q)))
+        mixed = sorted(t for t, k in kinds.items() if len(k) > 1)
+        assert not mixed, f"{cls.__name__}: LWT and plain writes on {mixed}"
+        assert kinds, cls.__name__

@@ -4,7 +4,6 @@ otherwise: Cassandra cannot run on machines without Docker)."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,8 +13,7 @@ import pytest
 from services.common.acl import Access, AclRule
 from services.common.store.ports import AuthStore, UserRecord
 from services.common.store.sqlite import SqliteStore
-
-CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
+from tests.common.cassandra_target import cassandra_target
 
 
 @pytest.fixture(params=["sqlite", "cassandra"])
@@ -23,15 +21,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     if request.param == "sqlite":
         s: AuthStore = SqliteStore(tmp_path / "store.db")
     else:
-        if not CASSANDRA:
-            pytest.skip(
-                "Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port "
-                "(no Docker engine here for testcontainers)"
-            )
+        t = cassandra_target()
         from services.common.store.cassandra import CassandraStore
 
-        host, _, port = CASSANDRA.partition(":")
-        s = CassandraStore([host], int(port or 9042), keyspace="starling_test", consistency="ONE")
+        s = CassandraStore(t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency)
     yield s
     await s.close()
 

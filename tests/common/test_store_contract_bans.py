@@ -5,7 +5,6 @@ objects on one backend stand for two quota instances: each sees what the other w
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -18,26 +17,27 @@ from services.common.store import cassandra_bans
 from services.common.store.cassandra_schema import check_migrations
 from services.common.store.ports import BanStore
 from services.common.store.sqlite_bans import SqliteBanStore
+from tests.common.cassandra_model import model_for, on_model
+from tests.common.cassandra_target import cassandra_target
 
-CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
 
-
-@pytest.fixture(params=["sqlite", "cassandra"])
+@pytest.fixture(params=["sqlite", "model", "cassandra"])
 async def opener(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[Callable[[], BanStore]]:
     """Opens another store object on the same backend (another quota instance)."""
     opened: list[BanStore] = []
+    model = model_for(cassandra_bans.CassandraBanStore)  # one model cluster for both
 
     def open_one() -> BanStore:
         if request.param == "sqlite":
             s: BanStore = SqliteBanStore(tmp_path / "quota" / "bans.sqlite3")
+        elif request.param == "model":  # the Cassandra store on the simulator's model
+            s = on_model(cassandra_bans.CassandraBanStore, model)
         else:
-            if not CASSANDRA:
-                pytest.skip("Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port")
-            host, _, port = CASSANDRA.partition(":")
+            t = cassandra_target()
             s = cassandra_bans.CassandraBanStore(
-                [host], int(port or 9042), keyspace="starling_test", consistency="ONE"
+                t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
             )
         opened.append(s)
         return s

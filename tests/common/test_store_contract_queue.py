@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -26,22 +25,16 @@ from services.common.store.ports import (
 )
 from services.common.store.sqlite_queue import SqliteQueueStore
 from services.common.store.sqlite_session import SqliteSessionStore
-
-CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
+from tests.common.cassandra_target import cassandra_target
 
 
 def _cassandra(kind: str) -> Any:
-    if not CASSANDRA:
-        pytest.skip(
-            "Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port "
-            "(no Docker engine here for testcontainers)"
-        )
+    t = cassandra_target()
     from services.common.store.cassandra_queue import CassandraQueueStore
     from services.common.store.cassandra_session import CassandraSessionStore
 
-    host, _, port = CASSANDRA.partition(":")
     cls = CassandraQueueStore if kind == "queue" else CassandraSessionStore
-    return cls([host], int(port or 9042), keyspace="starling_test", consistency="ONE")
+    return cls(t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency)
 
 
 @pytest.fixture(params=["sqlite", "cassandra"])

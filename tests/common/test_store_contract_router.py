@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,25 +10,24 @@ import pytest
 
 from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
 from services.common.store.sqlite_router import SqliteRouterStore
+from tests.common.cassandra_model import on_model
+from tests.common.cassandra_target import cassandra_target
 
-CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
 
-
-@pytest.fixture(params=["sqlite", "cassandra"])
+@pytest.fixture(params=["sqlite", "model", "cassandra"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[RouterStore]:
     if request.param == "sqlite":
         s: RouterStore = SqliteRouterStore(tmp_path / "router.db")
-    else:
-        if not CASSANDRA:
-            pytest.skip(
-                "Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port "
-                "(no Docker engine here for testcontainers)"
-            )
+    elif request.param == "model":  # the Cassandra store on the simulator's model
         from services.common.store.cassandra_router import CassandraRouterStore
 
-        host, _, port = CASSANDRA.partition(":")
+        s = on_model(CassandraRouterStore)
+    else:
+        t = cassandra_target()
+        from services.common.store.cassandra_router import CassandraRouterStore
+
         s = CassandraRouterStore(
-            [host], int(port or 9042), keyspace="starling_test", consistency="ONE"
+            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
         )
     yield s
     await s.close()

@@ -3,7 +3,6 @@ STARLING_TEST_CASSANDRA=host:port names a reachable cluster (skipped otherwise).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,20 +13,20 @@ from services.common.store import cassandra_rules
 from services.common.store.cassandra_schema import check_migrations
 from services.common.store.ports import RuleRecord, RuleStore
 from services.common.store.sqlite_rules import SqliteRuleStore
+from tests.common.cassandra_model import on_model
+from tests.common.cassandra_target import cassandra_target
 
-CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
 
-
-@pytest.fixture(params=["sqlite", "cassandra"])
+@pytest.fixture(params=["sqlite", "model", "cassandra"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[RuleStore]:
     if request.param == "sqlite":
         s: RuleStore = SqliteRuleStore(tmp_path / "rules.db")
+    elif request.param == "model":  # the Cassandra store on the simulator's model
+        s = on_model(cassandra_rules.CassandraRuleStore)
     else:
-        if not CASSANDRA:
-            pytest.skip("Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port")
-        host, _, port = CASSANDRA.partition(":")
+        t = cassandra_target()
         s = cassandra_rules.CassandraRuleStore(
-            [host], int(port or 9042), keyspace="starling_test", consistency="ONE"
+            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
         )
     yield s
     await s.close()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,22 +17,24 @@ from services.common.store.ports import (
     SessionStore,
 )
 from services.common.store.sqlite_session import SqliteSessionStore
+from tests.common.cassandra_model import on_model
+from tests.common.cassandra_target import cassandra_target
 
-CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
 
-
-@pytest.fixture(params=["sqlite", "cassandra"])
+@pytest.fixture(params=["sqlite", "model", "cassandra"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
     if request.param == "sqlite":
         s: SessionStore = SqliteSessionStore(tmp_path / "sessions.db")
-    else:
-        if not CASSANDRA:
-            pytest.skip("Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port")
+    elif request.param == "model":  # the Cassandra store on the simulator's model
         from services.common.store.cassandra_session import CassandraSessionStore
 
-        host, _, port = CASSANDRA.partition(":")
+        s = on_model(CassandraSessionStore)
+    else:
+        t = cassandra_target()
+        from services.common.store.cassandra_session import CassandraSessionStore
+
         s = CassandraSessionStore(
-            [host], int(port or 9042), keyspace="starling_test", consistency="ONE"
+            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
         )
     yield s
     await s.close()

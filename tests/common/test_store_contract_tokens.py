@@ -3,7 +3,6 @@ STARLING_TEST_CASSANDRA=host:port names a reachable cluster (skipped otherwise).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,22 +11,24 @@ import pytest
 
 from services.common.store.ports import AdminTokenRecord, AdminTokenStore
 from services.common.store.sqlite_tokens import SqliteTokenStore
+from tests.common.cassandra_model import on_model
+from tests.common.cassandra_target import cassandra_target
 
-CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
 
-
-@pytest.fixture(params=["sqlite", "cassandra"])
+@pytest.fixture(params=["sqlite", "model", "cassandra"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AdminTokenStore]:
     if request.param == "sqlite":
         s: AdminTokenStore = SqliteTokenStore(tmp_path / "tokens.db")
-    else:
-        if not CASSANDRA:
-            pytest.skip("Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port")
+    elif request.param == "model":  # the Cassandra store on the simulator's model
         from services.common.store.cassandra_tokens import CassandraTokenStore
 
-        host, _, port = CASSANDRA.partition(":")
+        s = on_model(CassandraTokenStore)
+    else:
+        t = cassandra_target()
+        from services.common.store.cassandra_tokens import CassandraTokenStore
+
         s = CassandraTokenStore(
-            [host], int(port or 9042), keyspace="starling_test", consistency="ONE"
+            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
         )
     yield s
     await s.close()

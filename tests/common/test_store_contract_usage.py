@@ -4,7 +4,6 @@ embedded store opening a file written before the per-QoS columns existed."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -16,8 +15,8 @@ from services.common.store import cassandra_usage
 from services.common.store.cassandra_schema import check_migrations
 from services.common.store.ports import TopicDelta, UsageDelta, UsageStore
 from services.common.store.sqlite_usage import SqliteUsageStore
+from tests.common.cassandra_target import cassandra_target
 
-CASSANDRA = os.environ.get("STARLING_TEST_CASSANDRA", "")
 H = 3_600_000
 
 
@@ -26,11 +25,9 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     if request.param == "sqlite":
         s: UsageStore = SqliteUsageStore(tmp_path / "usage.db")
     else:
-        if not CASSANDRA:
-            pytest.skip("Cassandra contract run needs STARLING_TEST_CASSANDRA=host:port")
-        host, _, port = CASSANDRA.partition(":")
+        t = cassandra_target()
         s = cassandra_usage.CassandraUsageStore(
-            [host], int(port or 9042), keyspace="starling_test", consistency="ONE"
+            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
         )
     yield s
     await s.close()

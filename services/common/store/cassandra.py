@@ -53,7 +53,19 @@ MIGRATIONS = [
                  username text, client_id text,
                  PRIMARY KEY ((tenant), idx))""",
         ),
-    )
+    ),
+    # One partition per user: a tenant's users in one partition grew without bound (a
+    # tenant with a million device credentials). `users` is still read for rows written
+    # before, and deleted from; never written.
+    Migration(
+        2,
+        "users by name",
+        (
+            """CREATE TABLE IF NOT EXISTS users_by_name (
+                 tenant text, username text, password_hash text,
+                 PRIMARY KEY ((tenant, username)))""",
+        ),
+    ),
 ]
 
 _LEDGER_TABLES = (
@@ -311,9 +323,15 @@ class CassandraStore(CassandraBase):
 
     def prepare(self) -> None:
         p = self._session.prepare
-        self._get_user = p("SELECT password_hash FROM users WHERE tenant=? AND username=?")
-        self._put_user = p("INSERT INTO users (tenant, username, password_hash) VALUES (?, ?, ?)")
-        self._del_user = p("DELETE FROM users WHERE tenant=? AND username=? IF EXISTS")
+        self._get_user = p("SELECT password_hash FROM users_by_name WHERE tenant=? AND username=?")
+        self._get_old_user = p("SELECT password_hash FROM users WHERE tenant=? AND username=?")
+        self._put_user = p(
+            "INSERT INTO users_by_name (tenant, username, password_hash) VALUES (?, ?, ?)"
+        )
+        # Plain writes only on users (no LWT: it would be ordered by another clock than the
+        # plain inserts, so a delete then a put could come out deleted).
+        self._del_user = p("DELETE FROM users_by_name WHERE tenant=? AND username=?")
+        self._del_old_user = p("DELETE FROM users WHERE tenant=? AND username=?")
         self._get_acl = p(
             "SELECT allow, access, topic_filter, username, client_id FROM acls WHERE tenant=?"
         )
@@ -327,14 +345,19 @@ class CassandraStore(CassandraBase):
 
     async def get_user(self, tenant: str, username: str) -> UserRecord | None:
         rows = list(await self._exec(self._get_user, (tenant, username)))
+        if not rows:  # a user stored before migration 2
+            rows = list(await self._exec(self._get_old_user, (tenant, username)))
         return UserRecord(tenant, username, rows[0].password_hash) if rows else None
 
     async def put_user(self, user: UserRecord) -> None:
         await self._exec(self._put_user, (user.tenant, user.username, user.password_hash))
 
     async def delete_user(self, tenant: str, username: str) -> bool:
-        rows = list(await self._exec(self._del_user, (tenant, username)))
-        return bool(rows and rows[0][0])
+        if await self.get_user(tenant, username) is None:
+            return False
+        await self._exec(self._del_user, (tenant, username))
+        await self._exec(self._del_old_user, (tenant, username))
+        return True
 
     async def get_acl(self, tenant: str) -> list[AclRule]:
         rows = await self._exec(self._get_acl, (tenant,))

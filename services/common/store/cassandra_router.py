@@ -1,6 +1,12 @@
 """Cassandra `RouterStore`: retained ((tenant, bucket), topic) with bucket = crc32(topic) % 16
 so a tenant's retained messages spread over several partitions; delayed ((due_bucket), due_ms,
 tenant, id) with due_bucket = due_ms // 60000, so the scheduler finds due messages per minute.
+
+Retained rows take only plain writes, never a lightweight transaction: a clear (delete)
+followed by a set must never come out reversed, and Cassandra orders a plain write and an LWT
+on one row by different clocks. `delete_retained` reads the row (LOCAL_QUORUM) to say whether
+it was there, then deletes it; queue compaction removes an expired one with a delete at the
+row's own write time (`USING TIMESTAMP`), which cannot shadow a newer set.
 """
 
 from __future__ import annotations
@@ -47,7 +53,10 @@ class CassandraRouterStore(CassandraBase):
             "INSERT INTO retained (tenant, bucket, topic, data, expires_at_ms) VALUES (?,?,?,?,?)"
         )
         self._r_tenant = p("INSERT INTO retained_tenants (tenant) VALUES (?)")
-        self._r_del = p("DELETE FROM retained WHERE tenant=? AND bucket=? AND topic=? IF EXISTS")
+        self._r_del = p("DELETE FROM retained WHERE tenant=? AND bucket=? AND topic=?")
+        self._r_get = p(
+            "SELECT expires_at_ms FROM retained WHERE tenant=? AND bucket=? AND topic=?"
+        )
         self._r_tenants = p("SELECT tenant FROM retained_tenants")
         self._r_scan = p(
             "SELECT topic, data, expires_at_ms FROM retained WHERE tenant=? AND bucket=?"
@@ -71,8 +80,11 @@ class CassandraRouterStore(CassandraBase):
         await self._exec(self._r_tenant, (r.tenant,))
 
     async def delete_retained(self, tenant: str, topic: str) -> bool:
-        rows = list(await self._exec(self._r_del, (tenant, _bucket(topic), topic)))
-        return bool(rows and rows[0][0])
+        key = (tenant, _bucket(topic), topic)
+        if not await self._exec(self._r_get, key):
+            return False
+        await self._exec(self._r_del, key)
+        return True
 
     async def all_retained(self) -> list[RetainedRecord]:
         out = []

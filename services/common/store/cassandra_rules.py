@@ -1,5 +1,10 @@
 """Cassandra `RuleStore`: one partition per tenant, one row per rule (a tenant's rules are
-read together); listing every tenant scans the table, which a rules instance does at start."""
+read together); listing every tenant scans the table, which a rules instance does at start
+(a few rows per tenant: docs/storage.md, "rules").
+
+Only plain writes, never a lightweight transaction: a rule deleted then set again must come
+out set, and Cassandra orders a plain write and an LWT on one row by different clocks. A
+delete reads the row (LOCAL_QUORUM) to say whether it was there, then deletes it."""
 
 from __future__ import annotations
 
@@ -41,9 +46,10 @@ class CassandraRuleStore(CassandraBase):
         self._get = p(f"SELECT {_COLUMNS} FROM rules WHERE tenant=? AND rule_id=?")
         self._of = p(f"SELECT {_COLUMNS} FROM rules WHERE tenant=?")
         self._all = p(f"SELECT {_COLUMNS} FROM rules")
-        self._del = p("DELETE FROM rules WHERE tenant=? AND rule_id=? IF EXISTS")
+        self._del = p("DELETE FROM rules WHERE tenant=? AND rule_id=?")
         self._put_auto = p("INSERT INTO auto_subscriptions (tenant, filter, qos) VALUES (?, ?, ?)")
-        self._del_auto = p("DELETE FROM auto_subscriptions WHERE tenant=? AND filter=? IF EXISTS")
+        self._del_auto = p("DELETE FROM auto_subscriptions WHERE tenant=? AND filter=?")
+        self._get_auto = p("SELECT qos FROM auto_subscriptions WHERE tenant=? AND filter=?")
         self._auto_of = p("SELECT tenant, filter, qos FROM auto_subscriptions WHERE tenant=?")
         self._auto_all = p("SELECT tenant, filter, qos FROM auto_subscriptions")
 
@@ -74,15 +80,19 @@ class CassandraRuleStore(CassandraBase):
         return sorted(rows, key=lambda r: (r.tenant, r.rule_id))
 
     async def delete_rule(self, tenant: str, rule_id: str) -> bool:
-        rows = list(await self._exec(self._del, (tenant, rule_id)))
-        return bool(rows and rows[0][0])
+        if not await self._exec(self._get, (tenant, rule_id)):
+            return False
+        await self._exec(self._del, (tenant, rule_id))
+        return True
 
     async def put_auto_subscription(self, tenant: str, filter: str, qos: int) -> None:
         await self._exec(self._put_auto, (tenant, filter, qos))
 
     async def delete_auto_subscription(self, tenant: str, filter: str) -> bool:
-        rows = list(await self._exec(self._del_auto, (tenant, filter)))
-        return bool(rows and rows[0][0])
+        if not await self._exec(self._get_auto, (tenant, filter)):
+            return False
+        await self._exec(self._del_auto, (tenant, filter))
+        return True
 
     async def list_auto_subscriptions(
         self, tenant: str | None = None

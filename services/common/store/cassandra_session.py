@@ -2,8 +2,8 @@
 
 sessions ((tenant, client_id)) with the session's owner (null: unknown, for rows written
 before owners were stored; the column is added to older keyspaces by migration 2);
-session_expiry ((shard), expires_at_ms, tenant, client_id) so expired sessions are found per
-shard in time order without a full scan;
+the expiry index in minute buckets (cassandra_session_expiry.py, migration 8), so expired
+sessions are found without a full scan or a read through earlier sweeps' tombstones;
 subscriptions ((tenant, client_id, incarnation), topic_filter);
 inbound_qos2 ((tenant, client_id, incarnation), packet_id): QoS 2 publishes awaiting PUBREL,
 whose changes are checked against sessions.qos2_fence (migration 6) as they are written: the
@@ -12,11 +12,14 @@ against the old fence in the milliseconds before a new connection raised it can 
 (a lightweight transaction per change would close that, at four round trips each);
 the event log and routing snapshots (cassandra_eventlog.py, migration 4): a subscription
 change and its log rows go in one logged batch, so the log holds every durable change.
+
+A session row takes only lightweight transactions (`replace_session`, `delete_session`, and
+`put_session` as a read at SERIAL then a compare-and-set): a plain write and an LWT on one row
+are ordered by different clocks, so mixing them could undo a later decision.
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 from services.common.store.cassandra_eventlog import (
@@ -26,6 +29,8 @@ from services.common.store.cassandra_eventlog import (
 )
 from services.common.store.cassandra_eventlog import MIGRATION as LOG_MIGRATION
 from services.common.store.cassandra_schema import AddColumn, Migration
+from services.common.store.cassandra_session_expiry import MIGRATION as EXPIRY_MIGRATION
+from services.common.store.cassandra_session_expiry import NOT_YET, Due, ExpiryIndex
 from services.common.store.eventlog import EventKind, LogEvent, subscribed
 from services.common.store.ports import (
     InboundQos2,
@@ -34,8 +39,6 @@ from services.common.store.ports import (
     SessionRecord,
     SubscriptionRecord,
 )
-
-SHARDS = 16
 
 MIGRATIONS = [
     Migration(
@@ -72,11 +75,13 @@ MIGRATIONS = [
     CHAIN_MIGRATION,
     Migration(6, "sessions.qos2_fence", (AddColumn("sessions", "qos2_fence", "bigint"),)),
     INDEX_MIGRATION,
+    EXPIRY_MIGRATION,
 ]
-
-
-def _shard(tenant: str, client_id: str) -> int:
-    return zlib.crc32(f"{tenant}/{client_id}".encode()) % SHARDS
+_PUT_ATTEMPTS = 8
+_GET = (
+    "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, expires_at_ms, "
+    "owner, qos2_fence, expiry_due_ms FROM sessions WHERE tenant=? AND client_id=?"
+)
 
 
 class CassandraSessionStore(CassandraEventLog):
@@ -86,42 +91,31 @@ class CassandraSessionStore(CassandraEventLog):
     def prepare(self) -> None:
         self.prepare_log()
         p = self._session.prepare
-        self._get = p(
-            "SELECT incarnation, expiry_interval_s, connected, disconnected_at_ms, "
-            "expires_at_ms, owner, qos2_fence FROM sessions WHERE tenant=? AND client_id=?"
-        )
-        self._put = p(
-            "INSERT INTO sessions (tenant, client_id, incarnation, expiry_interval_s, "
-            "connected, disconnected_at_ms, expires_at_ms, owner, qos2_fence) "
-            "VALUES (?,?,?,?,?,?,?,?,?)"
-        )
+        self._get = p(_GET)
+        self._get_serial = p(_GET)
+        self._get_serial.consistency_level = self._serial_cl
         self._del = p("DELETE FROM sessions WHERE tenant=? AND client_id=? IF incarnation=?")
         # Compare-and-set of a session record (lightweight transactions, SERIAL): see
         # `replace_session`.
         self._cas_new = p(
             "INSERT INTO sessions (tenant, client_id, incarnation, expiry_interval_s, "
-            "connected, disconnected_at_ms, expires_at_ms, owner, qos2_fence) "
-            "VALUES (?,?,?,?,?,?,?,?,?) IF NOT EXISTS"
+            "connected, disconnected_at_ms, expires_at_ms, owner, qos2_fence, expiry_due_ms) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?) IF NOT EXISTS"
         )
         cas_set = (
             "UPDATE sessions SET incarnation=?, expiry_interval_s=?, connected=?, "
-            "disconnected_at_ms=?, expires_at_ms=?, owner=?, qos2_fence=? "
+            "disconnected_at_ms=?, expires_at_ms=?, owner=?, qos2_fence=?, expiry_due_ms=? "
             "WHERE tenant=? AND client_id=? IF incarnation=? AND connected=? "
             "AND expiry_interval_s=? AND disconnected_at_ms=?"
         )
         self._cas_set = p(cas_set)
         self._cas_set_fenced = p(cas_set + " AND qos2_fence=?")
-        self._idx_put = p(
-            "INSERT INTO session_expiry (shard, expires_at_ms, tenant, client_id) VALUES (?,?,?,?)"
-        )
-        self._idx_del = p(
-            "DELETE FROM session_expiry WHERE shard=? AND expires_at_ms=? AND "
-            "tenant=? AND client_id=?"
-        )
-        self._idx_scan = p(
-            "SELECT expires_at_ms, tenant, client_id FROM session_expiry "
-            "WHERE shard=? AND expires_at_ms<=? LIMIT ?"
-        )
+        self._expiry = ExpiryIndex(prepare=p, run=self._exec)
+        self._prepare_subscriptions()
+
+    def _prepare_subscriptions(self) -> None:
+        """The statements of persistent subscriptions and inbound QoS 2 state."""
+        p = self._session.prepare
         self._sub_put = p(
             "INSERT INTO subscriptions (tenant, client_id, incarnation, "
             "topic_filter, qos, no_local, retain_as_published, retain_handling, "
@@ -156,9 +150,20 @@ class CassandraSessionStore(CassandraEventLog):
 
     async def get_session(self, tenant: str, client_id: str) -> SessionRecord | None:
         rows = list(await self._exec(self._get, (tenant, client_id)))
-        if not rows:
-            return None
-        r = rows[0]
+        return self._record(tenant, client_id, rows[0]) if rows else None
+
+    async def put_session(self, r: SessionRecord) -> None:
+        # A compare-and-set against what a SERIAL read saw (never a plain write: see the
+        # module docstring); another writer in between means read and try again.
+        for _ in range(_PUT_ATTEMPTS):
+            rows = list(await self._exec(self._get_serial, (r.tenant, r.client_id)))
+            current = self._record(r.tenant, r.client_id, rows[0]) if rows else None
+            if await self.replace_session(r, current):
+                return
+        raise RuntimeError(f"session {r.tenant}/{r.client_id} kept changing under put_session")
+
+    @staticmethod
+    def _record(tenant: str, client_id: str, r: Any) -> SessionRecord:
         return SessionRecord(
             tenant,
             client_id,
@@ -170,38 +175,18 @@ class CassandraSessionStore(CassandraEventLog):
             r.qos2_fence or 0,
         )
 
-    async def put_session(self, r: SessionRecord) -> None:
-        old = list(await self._exec(self._get, (r.tenant, r.client_id)))
-        shard = _shard(r.tenant, r.client_id)
-        if old and old[0].expires_at_ms is not None:
-            await self._exec(self._idx_del, (shard, old[0].expires_at_ms, r.tenant, r.client_id))
-        expires = r.expires_at_ms()
-        await self._exec(
-            self._put,
-            (
-                r.tenant,
-                r.client_id,
-                r.incarnation,
-                r.expiry_interval_s,
-                r.connected,
-                r.disconnected_at_ms,
-                expires,
-                r.owner,
-                r.qos2_fence,
-            ),
-        )
-        if expires is not None:
-            await self._exec(self._idx_put, (shard, expires, r.tenant, r.client_id))
-
     async def replace_session(self, r: SessionRecord, expect: SessionRecord | None) -> bool:
+        after = r.expires_at_ms()
+        due = self._expiry.due_at(after)
         values = (
             r.incarnation,
             r.expiry_interval_s,
             r.connected,
             r.disconnected_at_ms,
-            r.expires_at_ms(),
+            after,
             r.owner,
             r.qos2_fence,
+            due,
         )
         if expect is None:
             rows = list(await self._exec(self._cas_new, (r.tenant, r.client_id, *values)))
@@ -221,14 +206,14 @@ class CassandraSessionStore(CassandraEventLog):
             rows = list(await self._exec(stmt, (*values, r.tenant, r.client_id, *cond)))
         if not (rows and rows[0][0]):  # [applied]
             return False
-        # The expiry index follows the record that won (a lost race changed nothing).
-        shard = _shard(r.tenant, r.client_id)
+        # The expiry index follows the record that won (a lost race changed nothing). The
+        # previous row is deleted at its expiry; one written already due (at the writer's
+        # clock instead) is found stale and deleted by the sweep.
         before = expect.expires_at_ms() if expect is not None else None
-        after = r.expires_at_ms()
-        if before is not None and before != after:
-            await self._exec(self._idx_del, (shard, before, r.tenant, r.client_id))
-        if after is not None:
-            await self._exec(self._idx_put, (shard, after, r.tenant, r.client_id))
+        if before is not None and before != due:
+            await self._expiry.remove(r.tenant, r.client_id, before)
+        if due is not None:
+            await self._expiry.add(r.tenant, r.client_id, due)
         return True
 
     async def delete_session(self, tenant: str, client_id: str, incarnation: int) -> bool:
@@ -236,25 +221,26 @@ class CassandraSessionStore(CassandraEventLog):
         rows = list(await self._exec(self._del, (tenant, client_id, incarnation)))
         applied = bool(rows and rows[0][0])
         if applied and old and old[0].expires_at_ms is not None:
-            await self._exec(
-                self._idx_del, (_shard(tenant, client_id), old[0].expires_at_ms, tenant, client_id)
+            due = old[0].expiry_due_ms
+            await self._expiry.remove(
+                tenant, client_id, old[0].expires_at_ms if due is None else due
             )
         return applied
 
     async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]:
-        out: list[SessionRecord] = []
-        for shard in range(SHARDS):
-            for row in await self._exec(self._idx_scan, (shard, now_ms, limit)):
-                rec = await self.get_session(row.tenant, row.client_id)
-                if rec is not None and (rec.expires_at_ms() or now_ms + 1) <= now_ms:
-                    out.append(rec)
-                else:  # stale index row
-                    await self._exec(
-                        self._idx_del, (shard, row.expires_at_ms, row.tenant, row.client_id)
-                    )
-            if len(out) >= limit:
-                break
-        return out[:limit]
+        async def check(row: Due) -> Any:
+            rows = list(await self._exec(self._get, (row.tenant, row.client_id)))
+            if not rows:
+                return None  # gone
+            r = rows[0]
+            indexed = r.expires_at_ms if row.legacy or r.expiry_due_ms is None else r.expiry_due_ms
+            if r.expires_at_ms is None or indexed != row.due_ms:
+                return None  # resumed, or changed and indexed elsewhere
+            if r.expires_at_ms > now_ms:
+                return NOT_YET
+            return self._record(row.tenant, row.client_id, r)
+
+        return await self._expiry.due(now_ms, limit, check)
 
     async def put_subscriptions(self, subs: list[SubscriptionRecord]) -> int:
         statements, last = await self.log_statements([subscribed(s) for s in subs])

@@ -1,5 +1,9 @@
 """Cassandra `AdminTokenStore`: one row per token keyed by its id (a lookup is one partition
-read); listing scans the table, which holds a handful of rows per tenant."""
+read); listing scans the table, which holds a handful of rows per tenant.
+
+Only plain writes, never a lightweight transaction (a plain write and an LWT on one row are
+ordered by different clocks): a delete reads the row (LOCAL_QUORUM) to say whether it was
+there, then deletes it."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ class CassandraTokenStore(CassandraBase):
         self._put = p(f"INSERT INTO admin_tokens ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)")
         self._get = p(f"SELECT {_COLUMNS} FROM admin_tokens WHERE token_id=?")
         self._all = p(f"SELECT {_COLUMNS} FROM admin_tokens")
-        self._del = p("DELETE FROM admin_tokens WHERE token_id=? IF EXISTS")
+        self._del = p("DELETE FROM admin_tokens WHERE token_id=?")
 
     async def put_token(self, r: AdminTokenRecord) -> None:
         await self._exec(
@@ -50,8 +54,10 @@ class CassandraTokenStore(CassandraBase):
         return sorted(mine, key=lambda r: (r.created_at_ms, r.token_id))
 
     async def delete_token(self, token_id: str) -> bool:
-        rows = list(await self._exec(self._del, (token_id,)))
-        return bool(rows and rows[0][0])
+        if not await self._exec(self._get, (token_id,)):
+            return False
+        await self._exec(self._del, (token_id,))
+        return True
 
 
 def _record(row: object) -> AdminTokenRecord:

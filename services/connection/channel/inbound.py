@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from services.common.acl import AclChecker
 from services.common.message import Message, message_properties
+from services.common.message_size import message_bytes
 from services.common.mqtt.encoder import encode
 from services.common.mqtt.errors import ProtocolViolationError, QuotaExceededError
 from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
@@ -235,7 +236,7 @@ class InboundPublishes:
         elif props.payload_format_indicator == 1 and not is_utf8_payload(p.payload):
             code = RC.PAYLOAD_FORMAT_INVALID
             text = "payload is not valid UTF-8"
-        elif self._gate is not None and not self._gate.admit(len(p.payload) + len(topic)):
+        elif self._gate is not None and not self._gate.admit(message_bytes(topic, p.payload)):
             if qos and level < 5:
                 raise QuotaExceededError("publish rate quota exceeded")
             code = RC.QUOTA_EXCEEDED

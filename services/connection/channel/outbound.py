@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from services.common.message import Message
+from services.common.message_size import message_bytes
 from services.common.mqtt.encoder import encode, encode_properties, frame_publish
 from services.common.mqtt.packets import PubRel
 from services.common.mqtt.properties import EMPTY, Properties
@@ -324,7 +325,7 @@ class Outbound:
             self._alias[topic] = new_alias
         self.out += data
         self.sent += 1
-        self.bytes_out += len(data)
+        self.bytes_out += message_bytes(msg.topic, msg.payload)  # the billed size
         if qos:
             if qos == 1:
                 self.sent_q1 += 1
