@@ -44,6 +44,7 @@ class Conn:
         "channel",
         "closed",
         "exactly_once",
+        "opened_at",
         "persistent",
         "registered",
         "shell",
@@ -58,6 +59,11 @@ class Conn:
         self.channel = channel
         self.sink = sink
         self.closed = False
+        # When this node took the connection (wall clock, whole milliseconds, as a mesh
+        # message's publish time): a transient message published before it is not delivered
+        # to it (fanout.py), so a late copy of one the client got on another node cannot
+        # arrive here a second time.
+        self.opened_at = int(time.time() * 1000) / 1000
         self.registered = False  # in the registry: CONNECT was accepted
         self.sweep_slot = 0  # when the sweeper looks at it next (sweeper.py; 0: not yet)
         self.persistent: PersistentDelivery | None = None  # the session outlives the connection

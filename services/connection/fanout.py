@@ -2,10 +2,19 @@
 
 Each client gets a message once, however many of its subscriptions match (merged by
 `merge_matches` [MQTT-3.3.4-2]); a persistent session takes QoS >= 1 only from its queue,
-never from here, so nothing arrives twice. Messages from other nodes arrive in `on_mesh`, one
-NATS message per batch of one tenant and topic: the trie is matched once per batch. A message
-too large for one NATS message arrives as a reference, fetched before anything after it on
-that subscription is handled (services/common/bus/large.py).
+never from here, so nothing arrives twice. A connection gets no message published (by its
+origin node's clock) before this node took the connection (`Conn.opened_at`): a copy
+NATS held back (a route or a node's link cut, then healed) can arrive seconds late, and a
+clean session that meanwhile got the message on the old node and moved here (its node
+fenced, services/connection/lease.py) would get it twice, at QoS 2 too. No subscription of
+that connection existed when it was published, so it was never owed one. This compares
+the clocks of two hosts, as message expiry does: a node's clock behind by d drops its
+messages published within d after a connection elsewhere opened.
+
+Messages from other nodes arrive in `on_mesh`, one NATS message per batch of one tenant and
+topic: the trie is matched once per batch. A message too large for one NATS message arrives
+as a reference, fetched before anything after it on that subscription is handled
+(services/common/bus/large.py).
 """
 
 from __future__ import annotations
@@ -81,6 +90,8 @@ class Fanout:
     ) -> None:
         if qos and conn.persistent is not None:
             return  # a persistent session takes QoS>=1 only from its queue
+        if 0.0 < message.published_at < conn.opened_at:
+            return  # published before this connection was opened: a late copy (see above)
         ch = conn.channel
         ch.deliver(message, qos, retain, sub_ids, now)
         if ch.out:
