@@ -101,6 +101,9 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         await server.stop(0)
         raise
     await set_serving(health, names)
+    attach = getattr(service, "attach_readiness", None)
+    if attach is not None:  # a service that leaves the pool for a while (a fenced node)
+        attach(lambda ready: (set_serving if ready else set_not_serving)(health, names))
     unhealthy: asyncio.Future[str] | None = getattr(service, "unhealthy", None)
     watcher = None
     if unhealthy is not None:

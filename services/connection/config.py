@@ -325,6 +325,16 @@ class ConnectionSettings(ServiceSettings):
         "this long for the acks it still owes it (PUBACK/PUBREC of publishes being stored, "
         "PUBCOMP of releases being written) before its DISCONNECT.",
     )
+    self_fence_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=60,
+        description="A node whose heartbeats no session instance answered for this long "
+        "fences itself: every client gets DISCONNECT 0x9C, a CONNECT CONNACK 0x88, gRPC "
+        "health turns NOT_SERVING, until answers resume (services/connection/lease.py). "
+        "Must be well below the session service's node_timeout_s (10 s), after which its "
+        "clients are released; 0: never fence.",
+    )
 
     _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(existing_file)
 

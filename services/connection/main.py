@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import grpc
 from aiohttp import web
@@ -20,6 +20,8 @@ from services.connection.api import ConnectionAdminApi
 from services.connection.channel import ChannelConfig
 from services.connection.config import ConnectionSettings
 from services.connection.drain import Drain
+from services.connection.drop_log import DropLog
+from services.connection.lease import register_lease_metrics
 from services.connection.linger import Linger
 from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
@@ -92,6 +94,9 @@ class ConnectionService:
         # Resolved when a drain is done: the runtime then stops the process as on SIGTERM.
         self.finished: asyncio.Future[None] | None = None
         self.drain: Drain | None = None
+        # Sets gRPC health (readiness) SERVING/NOT_SERVING; given by the runtime once serving.
+        self._readiness: Callable[[bool], Awaitable[None]] | None = None
+        self._health_tasks: set[asyncio.Task[None]] = set()
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_ConnectionAdminServiceServicer_to_server(ConnectionAdminApi(self), server)
@@ -144,6 +149,8 @@ class ConnectionService:
             quota=quota,
             rule_feed=feed,
             will_store_max_bytes=s.will_store_max_bytes,
+            self_fence_s=s.self_fence_s,
+            on_lease_change=self._lease_changed,
         )
         node.refusals = refusals
         if limits is not None:
@@ -172,10 +179,14 @@ class ConnectionService:
         self._bans = BanWatch(watch_client, s.ban_sync_s, node.kick_banned)
         await self._bans.start(nc)
         register_metrics(node.stats)
+        register_lease_metrics(node.lease)
         register_refusal_metrics(node.refusals, "starling.connection")
         self._reporter = asyncio.create_task(
             report_every(
-                MetricsClient(s.metrics_addr), node.node_id, node.stats.report, s.stats_interval_s
+                MetricsClient(s.metrics_addr),
+                node.node_id,
+                DropLog(node.registry.conns).before(node.stats.report),  # drops logged too
+                s.stats_interval_s,
             )
         )
         await self._listen(node)
@@ -224,6 +235,19 @@ class ConnectionService:
             )
             self.ports["wss"] = s.wss_port
         log.info("mqtt_listening", extra={"ports": self.ports, "node": s.node_id})
+
+    def attach_readiness(self, set_ready: Callable[[bool], Awaitable[None]]) -> None:
+        """The runtime's hook on gRPC health, for a fence that comes and goes."""
+        self._readiness = set_ready
+
+    def _lease_changed(self, fenced: bool) -> None:
+        """Fenced (lease.py): NOT_SERVING, so load balancers that check readiness move away;
+        unfenced: SERVING again, unless the node is draining or lost its bus for good."""
+        if self._readiness is None or (self.unhealthy is not None and self.unhealthy.done()):
+            return
+        task = asyncio.get_running_loop().create_task(self._readiness(not fenced))
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
 
     async def _stop_accepting(self) -> None:
         """A drain began: close the listeners (new connections are refused, or go to the

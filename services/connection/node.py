@@ -58,6 +58,7 @@ from services.connection.fanout import Fanout
 from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
 from services.connection.interest import MeshInterest
+from services.connection.lease import NodeLease
 from services.connection.linger import Linger
 from services.connection.mesh import MeshPublisher
 from services.connection.ordered import OrderedOps
@@ -114,8 +115,11 @@ class Node:
         quota: NodeQuota | None = None,
         rule_feed: RuleFeed | None = None,
         will_store_max_bytes: int = WILL_STORE_MAX_BYTES,
+        self_fence_s: float = 0.0,
+        on_lease_change: Callable[[bool], None] | None = None,
     ) -> None:
-        """`publish_router`: what QoS>=1 publishes are routed by (services/connection/
+        """`self_fence_s`: fence after that long without an answered heartbeat (lease.py;
+        0: never). `publish_router`: what QoS>=1 publishes are routed by (services/connection/
         replica.py's CopyRouter); `router` by default. `quota`: the tenants' rate budgets
         (None: no rate limits). `rule_feed`: where QoS 0 messages the rules read go (QoS>=1
         ones go through `publish_router`, services/connection/rules_tap.py)."""
@@ -188,8 +192,9 @@ class Node:
         if rule_feed is not None:  # auto-subscriptions and subscription events (issue 17)
             self.sessions.auto_subscriptions = rule_feed.auto_subscriptions
             self.subscriber.events = SubscriptionEvents(self.nc, self.node_id, rule_feed.emits)
+        self.lease = NodeLease(self, nc, self_fence_s, on_lease_change)
         self.sweeper = Sweeper(
-            self.node_id, self.registry, nc, self.carry_out, self.mark_dirty, queue
+            self.node_id, self.registry, nc, self.carry_out, self.mark_dirty, queue, self.lease
         )
         # Set while the node drains (services/connection/drain.py): the Server Reference a
         # CONNECT that still reaches it is refused with.
@@ -469,6 +474,10 @@ class Node:
             self.refusals.count("draining")
             ref = self.drain_reference
             self.carry_out(conn, conn.channel.disconnect(RC.USE_ANOTHER_SERVER, "draining", ref))
+            return
+        if self.lease.fenced:  # its right to hold clients lapsed (lease.py): at once, 0x88
+            self.refusals.count("node_fenced")
+            self.carry_out(conn, conn.channel.authenticated(self.lease.refusal(), time.time()))
             return
         refused = self.per_address.refusal(conn.channel.peer, time.monotonic())
         if refused is not None:

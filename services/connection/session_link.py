@@ -331,6 +331,10 @@ class SessionLink:
 
     async def on_registry_lost(self, msg: Msg) -> None:
         """The session registry was lost: re-assert every connection this node holds."""
+        await self.reassert(msg.data.decode())
+
+    async def reassert(self, generation: str) -> None:
+        """Re-assert every connection this node holds (also after its lease lapsed, lease.py)."""
         held = self._registry.held()
         if not held:
             return
@@ -346,7 +350,7 @@ class SessionLink:
             extra={
                 "reclaimed": reclaimed,
                 "superseded": superseded,
-                "generation": msg.data.decode(),
+                "generation": generation,
             },
         )
         for conn in held:

@@ -7,8 +7,11 @@ next have something to do (`Channel.next_check`), and a congestion that starts s
 twice a second. A persistent session's connection is also looked at when its safety-net
 poll of the queue is due (for notices lost on the way: persistence.py `next_poll`, and its
 `wake` when that comes sooner), and all of them at once when the queue client's generation
-moves. Every second the node publishes its heartbeat (the session service parks a silent
-node's sessions) and old kick tombstones are dropped.
+moves. Every second the node sends its heartbeat (the session service parks a silent
+node's sessions; with a lease, lease.py, the heartbeat is a request whose answer renews the
+node's right to hold its clients) and old kick tombstones are dropped. Every tick checks
+the lease first, from the last confirmed send time, so a node that resumes from a long
+pause fences before it looks at any connection.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from nats.aio.client import Client
 from services.common.bus import subjects
 from services.connection.channel import Action
 from services.connection.conn import Conn
+from services.connection.lease import NodeLease
 from services.connection.registry import Registry
 from services.queue.client import QueueClient
 
@@ -42,8 +46,11 @@ class Sweeper:
         carry_out: Callable[[Conn, list[Action]], None],
         mark_dirty: Callable[[Conn], None],
         queue: QueueClient | None = None,
+        lease: NodeLease | None = None,
     ) -> None:
         self._node_id = node_id
+        self._lease = lease
+        self._beats: set[asyncio.Task[None]] = set()
         self._registry = registry
         self._nc = nc
         self._carry_out = carry_out
@@ -61,6 +68,8 @@ class Sweeper:
         while True:
             await asyncio.sleep(TICK_S)
             rounds += 1
+            if self._lease is not None:
+                self._lease.check(time.monotonic())
             self.tick(time.time())
             if rounds % 2 == 0:
                 await self._heartbeat()
@@ -144,6 +153,12 @@ class Sweeper:
             conn.persistent.poll_if_due(now)
 
     async def _heartbeat(self) -> None:
+        if self._lease is not None:
+            # In the background: the answer may take up to the fence time; ticks go on.
+            beat = asyncio.get_running_loop().create_task(self._lease.beat(), name="heartbeat")
+            self._beats.add(beat)
+            beat.add_done_callback(self._beats.discard)
+            return
         try:
             await self._nc.publish(subjects.node_heartbeat(self._node_id), self._node_id.encode())
         except Exception:  # NATS away: the session service will notice

@@ -49,7 +49,7 @@ from services.session.events import Events, ensure_stream
 from services.session.fence import watch_generation
 from services.session.flapping import FlapDetector
 from services.session.gatekeeper import Gatekeeper
-from services.session.liveness import NodeLiveness
+from services.session.liveness import NodeLiveness, SeenRecords
 from services.session.login import Login
 from services.session.registry import Registry
 from services.session.sessions import Sessions
@@ -127,6 +127,7 @@ class SessionService:
             settings.node_timeout_s,
             SubscriptionCounts(self._redis).drop_node,
             self._wills,
+            seen=SeenRecords(self._redis),  # shared, by Redis's clock (liveness.py)
         )
         self._watcher: asyncio.Task[None] | None = None
         self._fence: asyncio.Task[None] | None = None

@@ -68,9 +68,9 @@ def moved_off(c: Cluster, node: str, timeout_s: float, moved: list[bool]) -> Rea
 @pytest.mark.timeout(300)
 def test_node_host_cut_off_from_nats_and_redis(part_mesh: Cluster) -> None:
     """node-0 loses NATS and Redis but not its clients: nothing acknowledged is lost, no
-    client is on two nodes at once; and its clients should be told, and reconnect through
-    HAProxy to node-1 (today they are not: xfail, see the report in
-    docs/failure-behaviour.md, "Partitions (multi-host test mesh)")."""
+    client is on two nodes at once; its heartbeats go unanswered, so it fences itself
+    (services/connection/lease.py): its clients are told (DISCONNECT 0x9C) and reconnect
+    through HAProxy to node-1 within the partition."""
     c, net = part_mesh, part_mesh.net
     moved: list[bool] = []
     outcome = run_case(
@@ -84,12 +84,7 @@ def test_node_host_cut_off_from_nats_and_redis(part_mesh: Cluster) -> None:
         ),
     )
     check(outcome)
-    if not moved[0]:
-        pytest.xfail(
-            "a node cut off from NATS and Redis does not notice (nats-py pings every 120 s) "
-            "and never tells its clients; its clean subscribers miss other nodes' messages "
-            f"meanwhile ({outcome.figures['clean_lost']} lost)"
-        )
+    assert moved[0], f"the clients of node-0 were not told: {outcome.figures['reaction']}"
 
 
 def lease_owners(c: Cluster) -> dict[str, str]:

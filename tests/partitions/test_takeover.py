@@ -5,12 +5,11 @@ Redis (its clients still reach it); X's client id then connects again, through H
 node-1 (a device that reconnected over another path, or a second device with the same id).
 MQTT allows one live connection per client id [MQTT-3.1.4-3]: the old one must be closed.
 
-Today it is not, during the partition nor after the heal (strict xfail: it fails the day a
-fix makes it pass, so the marker comes off then). Why: the session service declares node-0
-dead after `node_timeout_s` without heartbeats and releases its clients in the registry
-(services/session/liveness.py), but node-0 is alive and keeps them; the CONNECT at node-1
-finds no holder to kick, and when node-0's heartbeats come back nothing reconciles it (it
-is never asked to re-assert, and never lets go of its clients by itself).
+node-0 cannot hear the takeover's kick, but its heartbeats go unanswered, so it fences
+itself after `self_fence_s` (services/connection/lease.py), before the session service
+releases its clients (`node_timeout_s`, services/session/liveness.py): the old connection
+is told DISCONNECT 0x9C during the partition, and after the heal X is still connected once,
+to node-1.
 """
 
 from __future__ import annotations
@@ -86,10 +85,6 @@ def connect_to(node: str, client_id: str, c: Cluster, lb: Balancer) -> Device:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a node cut off from NATS and Redis keeps a client whose id connects elsewhere",
-)
 def test_client_id_taken_over_while_its_node_is_cut_off(part_mesh: Cluster) -> None:
     c, net = part_mesh, part_mesh.net
     lb = Balancer(c.folder / "haproxy.sock")
@@ -107,6 +102,8 @@ def test_client_id_taken_over_while_its_node_is_cut_off(part_mesh: Cluster) -> N
         finally:
             net.unblock("node-0")
         mesh_back(c, lb)
+        assert new.node(lb) == "node-1", "X lost its connection at node-1 after the heal"
+        assert old.node(lb) is None
     finally:
         for d in devices:
             d.close()

@@ -21,6 +21,8 @@ from services.common.telemetry import inject
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
+PING_INTERVAL_S = 5
+MAX_OUTSTANDING_PINGS = 3
 
 
 async def connect(
@@ -57,6 +59,11 @@ async def connect(
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 allow_reconnect=True,
+                # A silently dead connection (a cut link) is noticed in ~15-20 s rather than
+                # nats-py's 4 minutes (120 s x 2); not shorter, so that a process starved of
+                # CPU for a few seconds is not cut off by its own pings.
+                ping_interval=PING_INTERVAL_S,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 no_echo=no_echo,
                 **({"closed_cb": on_closed} if on_closed is not None else {}),
                 **({"reconnected_cb": on_reconnected} if on_reconnected is not None else {}),
