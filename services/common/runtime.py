@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -71,6 +71,31 @@ class Service(Protocol):
 S = TypeVar("S", bound=ServiceSettings)
 
 
+def _follow_health(
+    service: Service, health: Any, names: list[str], name: str
+) -> asyncio.Task[None] | None:
+    """Keep the service's gRPC health current after start-up: readiness changes it reports
+    (a fenced node leaves the pool for a while) and its `unhealthy` future (draining, or a
+    fatal fault, which also ends liveness). Returns the watcher task, if any."""
+    attach = getattr(service, "attach_readiness", None)
+    if attach is not None:
+        attach(lambda ready: (set_serving if ready else set_not_serving)(health, names))
+    unhealthy: asyncio.Future[str] | None = getattr(service, "unhealthy", None)
+    if unhealthy is None:
+        return None
+
+    async def watch(f: asyncio.Future[str]) -> None:
+        reason = await f
+        if reason == DRAINING:
+            log.warning("service_not_serving", extra={"service": name, "reason": reason})
+        else:
+            log.error("service_not_serving", extra={"service": name, "reason": reason})
+            await health.set(LIVENESS, NOT_SERVING)
+        await set_not_serving(health, names)
+
+    return asyncio.create_task(watch(unhealthy))
+
+
 async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
     """Run `service` until SIGTERM/SIGINT (or cancellation)."""
     loop = asyncio.get_running_loop()
@@ -101,23 +126,7 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         await server.stop(0)
         raise
     await set_serving(health, names)
-    attach = getattr(service, "attach_readiness", None)
-    if attach is not None:  # a service that leaves the pool for a while (a fenced node)
-        attach(lambda ready: (set_serving if ready else set_not_serving)(health, names))
-    unhealthy: asyncio.Future[str] | None = getattr(service, "unhealthy", None)
-    watcher = None
-    if unhealthy is not None:
-
-        async def watch(f: asyncio.Future[str]) -> None:
-            reason = await f
-            if reason == DRAINING:
-                log.warning("service_not_serving", extra={"service": name, "reason": reason})
-            else:
-                log.error("service_not_serving", extra={"service": name, "reason": reason})
-                await health.set(LIVENESS, NOT_SERVING)
-            await set_not_serving(health, names)
-
-        watcher = asyncio.create_task(watch(unhealthy))
+    watcher = _follow_health(service, health, names, name)
     finished: asyncio.Future[None] | None = getattr(service, "finished", None)
     if finished is not None:
         finished.add_done_callback(lambda _: stop.set())

@@ -18,14 +18,13 @@ from services.common.acl import AclRule
 from services.common.bus import unary
 from services.common.bus.unary import UnaryClient
 from services.common.connect import ConnectAttempt, ConnectOutcome, ReauthAttempt
-from services.common.mqtt.reason import ReasonCode
 from services.common.rpc.client import LazyStub
 from services.common.rpc.errors import UnavailableError
 from services.common.rpc.limits import BATCH_BYTES, split_by_bytes
 from services.common.store.ports import Qos2Change, Qos2Update
-from services.common.subscription import identified_from_pb
 from services.common.tasks import TaskSet
 from services.session.acl_codec import rule_from_pb, rule_to_pb
+from services.session.connect_client import connect_outcome, connect_request, reauth_outcome
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
 
@@ -36,19 +35,6 @@ CONNECT_BATCH = 64  # CONNECTs per ConnectMany call; the session service refuses
 # event-loop turn, and an idle node's lone CONNECT still goes at once. Bounded so that one
 # slow call (a takeover waiting for a hung node's kick reply) does not hold back the rest.
 CONNECT_LINGER_S = 0.002
-
-# CONNACK reason code of each refusal; any other refusal is Not authorized.
-_REFUSALS: dict[int, ReasonCode] = {
-    pb.CONNECT_RESULT_BAD_CREDENTIALS: ReasonCode.BAD_USER_NAME_OR_PASSWORD,
-    pb.CONNECT_RESULT_NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
-    pb.CONNECT_RESULT_CLIENT_ID_INVALID: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
-    pb.CONNECT_RESULT_SERVER_BUSY: ReasonCode.SERVER_BUSY,
-    pb.CONNECT_RESULT_QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
-    pb.CONNECT_RESULT_SERVER_UNAVAILABLE: ReasonCode.SERVER_UNAVAILABLE,
-    pb.CONNECT_RESULT_BAD_AUTH_METHOD: ReasonCode.BAD_AUTHENTICATION_METHOD,
-    pb.CONNECT_RESULT_BANNED: ReasonCode.BANNED,
-}
-
 
 _QOS2_CHANGES = {
     Qos2Change.RECEIVED: pb.QOS2_CHANGE_RECEIVED,
@@ -62,73 +48,6 @@ _PendingConnect = tuple[pb.ConnectRequest, "asyncio.Future[pb.ConnectResponse]"]
 
 def _held_size(c: pb.HeldConnection) -> int:
     return c.ByteSize() + 8  # and its field tag and length in the request
-
-
-def _connect_request(a: ConnectAttempt) -> pb.ConnectRequest:
-    req = pb.ConnectRequest(
-        username=a.username,
-        client_id=a.client_id,
-        node_id=a.node_id,
-        peer_address=a.peer_address,
-        protocol_level=a.protocol_level,
-        clean_start=a.clean_start,
-        cert_common_name=a.cert_common_name,
-        cert_subject_alt_names=a.cert_subject_alt_names,
-        session_expiry_interval_s=a.session_expiry_s,
-        auth_method=a.auth_method,
-        auth_data=a.auth_data,
-        auth_state=a.auth_state,
-        will=a.will,
-        will_delay_s=a.will_delay_s,
-    )
-    if a.password is not None:
-        req.password = a.password
-    return req
-
-
-def connect_outcome(resp: pb.ConnectResponse) -> ConnectOutcome:
-    """The session service's answer as the channel takes it."""
-    if resp.result == pb.CONNECT_RESULT_CONTINUE:
-        return ConnectOutcome(
-            auth_continue=True, auth_data=resp.auth_data, auth_state=resp.auth_state
-        )
-    if resp.result == pb.CONNECT_RESULT_TAKEN_OVER:
-        # A newer connection already won the race: accept, then close with 0x8E.
-        return ConnectOutcome(tenant=resp.tenant, epoch=resp.epoch, taken_over=True)
-    if resp.result != pb.CONNECT_RESULT_OK:
-        code = _REFUSALS.get(resp.result, ReasonCode.NOT_AUTHORIZED)
-        # A ban says why (a flapping ban names its setting); other refusals say nothing more.
-        why = resp.reason if resp.result == pb.CONNECT_RESULT_BANNED else ""
-        return ConnectOutcome(reason_code=code, reason_string=why)
-    return ConnectOutcome(
-        tenant=resp.tenant,
-        epoch=resp.epoch,
-        session_present=resp.session_present,
-        acl=tuple(rule_from_pb(r) for r in resp.acl),
-        acl_default_allow=resp.acl_default != pb.PERMISSION_DENY,
-        incarnation=resp.incarnation,
-        session_expiry_s=resp.session_expiry_interval_s,
-        subscriptions=tuple(identified_from_pb(s) for s in resp.subscriptions),
-        auth_data=resp.auth_data or None,
-        identity=resp.username,
-        awaiting_release=tuple(
-            (q.packet_id, q.message_id, q.stored) for q in resp.awaiting_release
-        ),
-        settle_will=not resp.no_previous_session,
-        qos2_fence=resp.qos2_fence,
-    )
-
-
-def reauth_outcome(resp: pb.ReauthenticateResponse) -> ConnectOutcome:
-    """Re-authentication's answer: go on (`auth_continue`), done (ok), or the DISCONNECT
-    reason code."""
-    if resp.result == pb.CONNECT_RESULT_CONTINUE:
-        return ConnectOutcome(
-            auth_continue=True, auth_data=resp.auth_data, auth_state=resp.auth_state
-        )
-    if resp.result != pb.CONNECT_RESULT_OK:
-        return ConnectOutcome(reason_code=_REFUSALS.get(resp.result, ReasonCode.NOT_AUTHORIZED))
-    return ConnectOutcome(auth_data=resp.auth_data or None)
 
 
 class SessionClient:
@@ -161,7 +80,7 @@ class SessionClient:
         resumed session with megabytes of subscriptions) is asked for again over gRPC: the
         second Connect takes the client id again under a later epoch, as a quick reconnect
         of the same client would."""
-        req = _connect_request(attempt)
+        req = connect_request(attempt)
         if self._bus is None:
             return connect_outcome(await self._rpc.call(self._rpc.stub.Connect, req))
         loop = asyncio.get_running_loop()
