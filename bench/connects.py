@@ -2,7 +2,7 @@
 outstanding, and the CPU every mesh process spends per connect.
 
 `python -m bench.connects [--clients N] [--outstanding K] [--rounds R] [--mosquitto]
-[--persistent] [--profile SECONDS]` starts a mesh (bench/run.py's settings: no cap per IP,
+[--persistent] [--profile SECONDS]` starts a mesh (bench/broker.py's settings: no cap per IP,
 log level WARNING), runs `loadgen.connect_rate` R times against node 0 and prints, per round,
 connects/s and CPU milliseconds per connect of each mesh process (utime + stime from
 /proc/<pid>/stat). `--mosquitto` runs the same rounds against `mosquitto` in the same run.
@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import loadgen
+from bench.broker import starling_launcher
 from bench.machine import cpu_seconds, open_files_to_hard_limit, python_loop_seconds
-from bench.run import starling_launcher
 from services.cli.launcher import Launcher, Mesh
 
 CLIENTS = int(os.environ.get("BENCH_CONNECT_CLIENTS", "10000"))
@@ -156,7 +156,7 @@ def main() -> int:
         finally:
             launcher.stop()
         if args.mosquitto:
-            from bench.run import start_mosquitto
+            from bench.mosquitto import start_mosquitto
 
             broker = start_mosquitto(Path(tmp) / "mosquitto")
             if broker is None:

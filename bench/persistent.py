@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from bench import loadgen
-from bench.run import SECONDS, start_starling
+from bench.broker import start_starling
+from bench.scenarios import SECONDS
 
 MODES = ("full", "normal")
 

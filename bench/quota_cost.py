@@ -15,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.run import Broker, quota_rounds, start_starling
+from bench.broker import Broker, start_starling
+from bench.scenarios import quota_rounds
 
 
 async def measure(b: Broker, rounds: int, seconds: float) -> None:

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import loadgen
-from bench.run import SECONDS, starling_launcher
+from bench.broker import starling_launcher
+from bench.scenarios import SECONDS
 from services.cli.launcher import Launcher
 
 PAIRS = 8

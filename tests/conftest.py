@@ -9,9 +9,9 @@ NATS and Redis require credentials here as in production; their URLs carry them
 from __future__ import annotations
 
 import datetime
+import os
 import shutil
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from services.cli.launcher import Launcher, Mesh, nats_binary
-from services.cli.ports import free_port, port_open
+from services.cli.ports import default_range, free_port, port_open
+from tests.poll import wait_until
 
 if TYPE_CHECKING:
     from tests.inproc import Core
@@ -30,15 +31,27 @@ NATS_USER, NATS_PASSWORD = "tests", "tests-nats-password"
 REDIS_PASSWORD = "tests-redis-password"
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if port_open("127.0.0.1", port):
-            return
+def pytest_configure(config: pytest.Config) -> None:
+    """Parallel workers (`make test` runs pytest-xdist) each pick ports from their own slice
+    of the free-port range (services/cli/ports.py), inherited by the meshes they start."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or "STARLING_PORT_RANGE" in os.environ:
+        return
+    index, count = int(worker[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    low, high = default_range()
+    span = (high - low) // max(count, 1)
+    os.environ["STARLING_PORT_RANGE"] = f"{low + index * span}-{low + (index + 1) * span - 1}"
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, within_s: float = 20) -> None:
+    """Until `proc` listens on `port`; RuntimeError at once if it exits."""
+
+    def listening() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}")
-        time.sleep(0.02)
-    raise RuntimeError(f"{what} did not open port {port}")
+        return port_open("127.0.0.1", port)
+
+    wait_until(listening, within_s, f"{what} to open port {port}", every_s=0.02)
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +68,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _wait_port(port, proc, "nats-server")
+    wait_port(port, proc, "nats-server")
     yield f"nats://{NATS_USER}:{NATS_PASSWORD}@127.0.0.1:{port}"
     proc.terminate()
     proc.wait(10)
@@ -86,7 +99,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _wait_port(port, proc, "redis-server")
+    wait_port(port, proc, "redis-server")
     yield f"redis://:{REDIS_PASSWORD}@127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(10)

@@ -1,42 +1,87 @@
 """The one polling helper of the suite: wait for a condition instead of sleeping.
 
-`wait_until` for synchronous tests, `eventually` inside an event loop. Both return the
-condition's first truthy value and fail with `what` (or the condition's repr) on timeout.
+`wait_until` for synchronous tests, `eventually` inside an event loop (its check may be a
+coroutine function: each try is awaited). Both return the condition's first truthy value
+and fail with `what` (or the condition's repr) on timeout; `what` may be a callable, asked
+on failure only, to show what was last seen.
+`holds_within` (and `holds_within_async` inside an event loop) answers True or False
+instead of failing: to assert that something does not happen in a short window, or to let
+a load settle before counting what arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+What = str | Callable[[], str]
 
 
-def wait_until(
-    check: Callable[[], T], timeout_s: float = 15.0, what: str = "", every_s: float = 0.05
-) -> T:
-    """Call `check` until it returns a truthy value; AssertionError after `timeout_s`."""
+def _first(check: Callable[[], T], timeout_s: float, every_s: float) -> tuple[bool, T]:
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
         if value:
-            return value
+            return True, value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or check}")
+            return False, value
         time.sleep(every_s)
 
 
-async def eventually(
-    check: Callable[[], T], within_s: float = 15.0, what: str = "", every_s: float = 0.02
+def _timed_out(timeout_s: float, what: What, check: object) -> AssertionError:
+    said = what() if callable(what) else what
+    return AssertionError(f"timed out after {timeout_s} s waiting for {said or check}")
+
+
+def wait_until(
+    check: Callable[[], T], timeout_s: float = 15.0, what: What = "", every_s: float = 0.05
 ) -> T:
-    """`wait_until` for async tests: polls without blocking the event loop."""
+    """Call `check` until it returns a truthy value; AssertionError after `timeout_s`."""
+    held, value = _first(check, timeout_s, every_s)
+    if not held:
+        raise _timed_out(timeout_s, what, check)
+    return value
+
+
+def holds_within(check: Callable[[], object], timeout_s: float, every_s: float = 0.05) -> bool:
+    """True as soon as `check` returns a truthy value, False if it did not in `timeout_s`."""
+    return _first(check, timeout_s, every_s)[0]
+
+
+async def _first_async(
+    check: Callable[[], T | Awaitable[T]], within_s: float, every_s: float
+) -> tuple[bool, T]:
     deadline = time.monotonic() + within_s
     while True:
-        value = check()
+        answer = check()
+        value: T = await answer if inspect.isawaitable(answer) else answer
         if value:
-            return value
+            return True, value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what or check}")
+            return False, value
         await asyncio.sleep(every_s)
+
+
+async def eventually(
+    check: Callable[[], T | Awaitable[T]],
+    within_s: float = 15.0,
+    what: What = "",
+    every_s: float = 0.02,
+) -> T:
+    """`wait_until` for async tests: polls without blocking the event loop. A check that
+    returns an awaitable (an `async def`) is awaited on each try."""
+    held, value = await _first_async(check, within_s, every_s)
+    if not held:
+        raise _timed_out(within_s, what, check)
+    return value
+
+
+async def holds_within_async(
+    check: Callable[[], object], within_s: float, every_s: float = 0.02
+) -> bool:
+    """`holds_within` inside an event loop (an awaitable answer is awaited)."""
+    return (await _first_async(check, within_s, every_s))[0]

@@ -134,6 +134,10 @@ async def _session(c: SessionAdminClient, args: argparse.Namespace) -> object:
         return {"rules": [rule_to_json(r) for r in await c.get_acl(tenant)]}
     if cmd == "clients":
         return {"clients": await c.list_clients(tenant)}
+    if cmd == "sessions":
+        return await c.list_sessions(tenant, prefix=args.prefix, after=args.after, limit=args.limit)
+    if cmd == "session-discard":
+        return {"discarded": await c.discard_session(tenant, args.client_id)}
     if cmd == "kick":
         await c.kick(tenant, args.client_id)
         return {"kicked": True}
@@ -255,6 +259,12 @@ def _add_session_commands(sub: Any) -> None:
     p.add_argument("--file", required=True, help="JSON list of AclRule objects")
     _add_session_command(sub, "acl-get", "show a tenant's ACL")
     _add_session_command(sub, "clients", "list connected clients of a tenant")
+    p = _add_session_command(sub, "sessions", "a page of a tenant's offline sessions, with depth")
+    p.add_argument("--prefix", default="", help="client ids starting with this")
+    p.add_argument("--after", default="", help="the `next` of the previous page")
+    p.add_argument("--limit", type=int, default=0)
+    p = _add_session_command(sub, "session-discard", "end an offline session and its queue")
+    p.add_argument("--client-id", required=True)
     p = _add_session_command(sub, "kick", "disconnect a client (any node)")
     p.add_argument("--client-id", required=True)
 

@@ -31,15 +31,16 @@ from functools import partial
 from pathlib import Path
 
 from services.cli.children import Children
-from services.cli.infra import nats_binary, nats_cluster_lines, nats_conf, redis_binary, redis_conf
+from services.cli.infra import nats_binary, nats_cluster_lines, nats_conf, redis_binary
 from services.cli.mesh import Component, Mesh
-from services.cli.ports import free_port, port_open
+from services.cli.ports import free_port
 from services.cli.profiles import (
     DEVELOPMENT,
     anonymous_by_default,
     check_profile,
     profile_settings,
 )
+from services.cli.redis_setup import LocalRedis, check_redis_mode, start_local_redis
 from services.cli.secrets import (
     NATS_USER_OF,
     MeshSecrets,
@@ -82,13 +83,15 @@ class Launcher(Children):
         nats_servers: int = 1,
         profile: str = DEVELOPMENT,
         supervised: bool = False,
+        redis: str = "standalone",
     ) -> None:
         """`instances`: how many of each back-office service (default one each); each gets
         `instance_index` and `instance_count` in its environment. `nats_servers`: above 1,
         a NATS cluster of that many servers (routes between them, JetStream on each).
         `profile`: the settings profile of the children (services/cli/profiles.py);
         `anonymous` (default: the profile's) lets anonymous clients into every tenant.
-        `supervised`: a `starling up` that serves `starling restart` (mesh.json says so)."""
+        `supervised`: a `starling up` that serves `starling restart` (mesh.json says so).
+        `redis`: standalone, sentinel or cluster (services/cli/redis_setup.py)."""
         if nats_servers < 1:
             raise ValueError(f"nats_servers (--nats) must be at least 1, not {nats_servers}")
         if node_workers < 1:
@@ -96,6 +99,8 @@ class Launcher(Children):
                 f"node_workers (--node-workers) must be at least 1, not {node_workers}"
             )
         self.profile = check_profile(profile)
+        self.redis_mode = check_redis_mode(redis)
+        self.local_redis: LocalRedis | None = None  # started by start()
         self.data_dir = data_dir.resolve()
         self.nodes = nodes
         self.node_workers = node_workers
@@ -155,16 +160,14 @@ class Launcher(Children):
         return 3 if self.nats_servers >= 3 else 1
 
     def start_redis(self) -> Component:
-        comp = Component("redis", "redis", port=free_port())
-        rdir = self.data_dir / "redis"
-        rdir.mkdir(parents=True, exist_ok=True)
-        # The password goes in a 0600 file: a command line is visible to every local user.
-        conf = self.data_dir / "redis.conf"
-        write_private(
-            conf, redis_conf(port=comp.port, folder=rdir, password=self.secrets.redis_password)
+        """The local Redis of `redis_mode`; returns its (first) primary."""
+        self.local_redis = start_local_redis(
+            mode=self.redis_mode,
+            spawn=self._spawn,
+            data_dir=self.data_dir,
+            password=self.secrets.redis_password,
         )
-        self._spawn(comp, [redis_binary(), str(conf)])
-        return comp
+        return self.local_redis.components[0]
 
     def _service_env(
         self, comp: Component, service: str, nats: list[Component], redis: Component
@@ -193,6 +196,7 @@ class Launcher(Children):
             "STARLING_MESH_SECRET": self.secrets.mesh_secret,
             "STARLING_ADMIN_TOKEN": self.secrets.admin_token,
         }
+        env.update(self.local_redis.env if self.local_redis else {})
         env.update(profile_settings(self.profile, os.environ))
         if self.anonymous:
             env.setdefault("STARLING_ANONYMOUS_TENANTS", '["*"]')
@@ -251,6 +255,8 @@ class Launcher(Children):
             comp.port = free_port()
             env["STARLING_CONSOLE_PORT"] = str(comp.port)
             comp.url = f"http://127.0.0.1:{comp.port}/"
+            # Where the console finds every instance to watch and every node to drain.
+            env["STARLING_CONSOLE_MESH_FILE"] = str(self.data_dir / "mesh.json")
         if service == "connection":
             self._node_env(comp, env, mqtt_port, ports_of, elsewhere)
         self._spawn(comp, [sys.executable, "-m", f"services.{service}"], env)
@@ -327,7 +333,8 @@ class Launcher(Children):
 
         for n in nats:  # a cluster's servers: JetStream ready (services create streams)
             _wait(partial(_serving, n), timeout_s, n.name, self)
-        _wait(lambda: port_open("127.0.0.1", redis.port), timeout_s, "redis", self)
+        ready = self.local_redis.ready if self.local_redis else lambda: False
+        _wait(ready, timeout_s, "redis", self)
 
         for name in BACK_OFFICE:
             for i in range(self.instances[name]):

@@ -12,6 +12,7 @@ from typing import Any
 
 from services.cli.admin import add_admin_commands, run_admin
 from services.cli.profiles import DEVELOPMENT, PROFILES
+from services.cli.redis_setup import REDIS_MODES
 from services.cli.rules import add_autosub_commands, add_rules_commands
 
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
@@ -38,6 +39,13 @@ def _add_up(sub: Any) -> None:
         default=1,
         help="processes per node, all on the node's ports (SO_REUSEPORT): one core each "
         "(default 1)",
+    )
+    p.add_argument(
+        "--redis",
+        choices=REDIS_MODES,
+        default="standalone",
+        help="the local Redis: one server (standalone, default), a primary with two replicas "
+        "and three Sentinels (sentinel), or a three-primary Redis Cluster (cluster)",
     )
     p.add_argument(
         "--nats",
@@ -136,6 +144,7 @@ def _run_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             instances=instances,
             nats_servers=args.nats,
             profile=args.profile,
+            redis=args.redis,
         )
     )
 

@@ -4,11 +4,14 @@ Ports come from below the kernel's ephemeral range (net.ipv4.ip_local_port_range
 outgoing connections use for their source ports: a port handed out by the kernel for
 `bind(0)` could otherwise be taken by some component's outgoing connection before the child
 process that should listen on it binds it. Each candidate is test-bound before it is
-handed out, and never handed out twice by one process.
+handed out, and never handed out twice by one process. `STARLING_PORT_RANGE` ("low-high")
+narrows the range, so processes that pick ports side by side (parallel test workers) never
+pick the same one.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -23,9 +26,22 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def default_range() -> tuple[int, int]:
+    """The ports free_port picks from when STARLING_PORT_RANGE does not narrow them."""
     high = min(_ephemeral_low(), 32768) - 1
-    low = 10000 if high > 12000 else 1024
+    return (10000 if high > 12000 else 1024), high
+
+
+def _range() -> tuple[int, int]:
+    asked = os.environ.get("STARLING_PORT_RANGE", "")
+    if asked:
+        low, _, high = asked.partition("-")
+        return int(low), int(high)
+    return default_range()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    low, high = _range()
     for _ in range(200):
         port = random.randint(low, high)
         if port in _handed_out:

@@ -39,6 +39,7 @@ class UpOptions:
     instances: dict[str, int] = field(default_factory=dict)
     nats_servers: int = 1
     profile: str = DEVELOPMENT
+    redis: str = "standalone"  # standalone | sentinel | cluster (services/cli/redis_setup.py)
     policy: RestartPolicy = field(default_factory=RestartPolicy)
 
 
@@ -110,6 +111,7 @@ def run_up(opts: UpOptions) -> int:
         nats_servers=opts.nats_servers,
         profile=opts.profile,
         supervised=True,
+        redis=opts.redis,
     )
     stopping: list[int] = []
 

@@ -27,6 +27,7 @@ from pydantic_settings import (
 )
 
 from services.common.redact import redact_url, url_passwords
+from services.common.redis_settings import RedisSettings
 from services.common.rpc import limits as rpc_limits
 from services.common.store.cassandra_schema import parse_replication
 
@@ -68,8 +69,9 @@ class _TomlSource(PydanticBaseSettingsSource):
         return {k: v for k, v in self._data.items() if k in names}
 
 
-class ServiceSettings(BaseSettings):
-    """Fields every service has. Subclasses set `service_name`."""
+class ServiceSettings(RedisSettings):
+    """Fields every service has (the Redis ones in services/common/redis_settings.py).
+    Subclasses set `service_name`."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
     service_name: ClassVar[str] = "service"
@@ -125,13 +127,6 @@ class ServiceSettings(BaseSettings):
         "answer "
         "(retrying with backoff, NOT_SERVING meanwhile) before it exits with an error "
         "(docs/failure-behaviour.md).",
-    )
-    redis_url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        description="Redis URL (a password in it is accepted, and redacted in logs).",
-    )
-    redis_password: SecretStr = Field(
-        default=SecretStr(""), description="Redis password (`requirepass`); empty: the URL's."
     )
     data_dir: Path = Field(default=Path(".starling/data"), description="Embedded store folder.")
     log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")

@@ -27,6 +27,7 @@ from services.common.config import ConfigError, ServiceSettings, load_settings
 from services.common.logs import setup_logging
 from services.common.redact import register_secrets
 from services.common.rpc.admin_auth import CachedTokenResolver, TokenResolver
+from services.common.rpc.audit import AuditLog
 from services.common.rpc.credentials import set_mesh_secret
 from services.common.rpc.server import (
     NOT_SERVING,
@@ -37,6 +38,7 @@ from services.common.rpc.server import (
     set_serving,
     stop_server,
 )
+from services.common.store.open import open_audit_store
 from services.common.telemetry import setup_telemetry
 
 log = logging.getLogger("starling.runtime")
@@ -108,10 +110,9 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
         names.extend(service.register(server))
         return names
 
+    auth = server_auth(settings, getattr(service, "admin_tokens", None))
     server, port, health = create_server(
-        f"{settings.grpc_host}:{settings.grpc_port}",
-        register,
-        auth=server_auth(settings, getattr(service, "admin_tokens", None)),
+        f"{settings.grpc_host}:{settings.grpc_port}", register, auth=auth
     )
     # The health servicer answers SERVING from birth: NOT_SERVING until `start` returns, or
     # whoever polls health (the launcher, an orchestrator) sends clients to listeners that
@@ -130,8 +131,20 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
     finished: asyncio.Future[None] | None = getattr(service, "finished", None)
     if finished is not None:
         finished.add_done_callback(lambda _: stop.set())
-    # Everything built during start-up lives for the whole process: move it out of the
-    # collector's sight so full collections stay short (tail latency on the hot path).
+    _settle_the_heap()
+    log.info("service_serving", extra={"service": name, "grpc_port": port})
+    try:
+        await stop.wait()
+    finally:
+        log.info("service_stopping", extra={"service": name})
+        if watcher is not None:
+            watcher.cancel()
+        await _stop(settings.shutdown_grace_s, server, health, service, auth, name)
+
+
+def _settle_the_heap() -> None:
+    """Everything built during start-up lives for the whole process: move it out of the
+    collector's sight so full collections stay short (tail latency on the hot path)."""
     gc.collect()
     gc.freeze()
     # Full collections considered every 100 middle-generation passes, not 10: each walks every
@@ -140,31 +153,36 @@ async def serve(settings: ServiceSettings, service: Service, name: str) -> None:
     # Cyclic garbage that reached the old generation lives longer; it stays bounded by it.
     gen0, gen1, _ = gc.get_threshold()
     gc.set_threshold(gen0, gen1, FULL_COLLECTION_EVERY)
-    log.info("service_serving", extra={"service": name, "grpc_port": port})
+
+
+async def _stop(
+    grace: float,
+    server: grpc.aio.Server,
+    health: Any,
+    service: Service,
+    auth: ServerAuth,
+    name: str,
+) -> None:
+    """Stop the gRPC server, then the service, within `grace` (and a backstop after it)."""
+    # Backstop: a dependency that swallows cancellation (a NATS drain with the server gone,
+    # say) must not keep the process alive past its grace period.
+    backstop = threading.Timer(grace + 3.0, _force_exit, args=(name,))
+    backstop.daemon = True
+    backstop.start()
     try:
-        await stop.wait()
-    finally:
-        log.info("service_stopping", extra={"service": name})
-        if watcher is not None:
-            watcher.cancel()
-        grace = settings.shutdown_grace_s
-        # Backstop: a dependency that swallows cancellation (a NATS drain with the server
-        # gone, say) must not keep the process alive past its grace period.
-        backstop = threading.Timer(grace + 3.0, _force_exit, args=(name,))
-        backstop.daemon = True
-        backstop.start()
-        try:
-            async with asyncio.timeout(grace + 1.0):
-                # The server first: it takes no new calls and lets those under way finish
-                # while everything they use is still open; stopped first, the service would
-                # fail them (a closed store) or leave them hanging until the grace ran out.
-                await stop_server(server, health, grace)
-                await service.stop()
-        except TimeoutError:
-            log.warning("service_stop_timeout", extra={"service": name})
-        # Stopped in time: whatever runs `serve` (a test, an embedding) goes on living.
-        backstop.cancel()
-        log.info("service_stopped", extra={"service": name})
+        async with asyncio.timeout(grace + 1.0):
+            # The server first: it takes no new calls and lets those under way finish while
+            # everything they use is still open; stopped first, the service would fail them
+            # (a closed store) or leave them hanging until the grace ran out.
+            await stop_server(server, health, grace)
+            await service.stop()
+            if auth.audit is not None:
+                await auth.audit.close()
+    except TimeoutError:
+        log.warning("service_stop_timeout", extra={"service": name})
+    # Stopped in time: whatever runs `serve` (a test, an embedding) goes on living.
+    backstop.cancel()
+    log.info("service_stopped", extra={"service": name})
 
 
 def server_auth(settings: ServiceSettings, local_tokens: TokenResolver | None) -> ServerAuth:
@@ -184,6 +202,7 @@ def server_auth(settings: ServiceSettings, local_tokens: TokenResolver | None) -
         admin_token=settings.admin_token.get_secret_value(),
         admin_disabled=settings.admin_auth == "disabled",
         tokens=tokens,
+        audit=AuditLog(lambda: open_audit_store(settings)),
     )
 
 

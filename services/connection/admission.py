@@ -1,4 +1,8 @@
-"""Connections per peer address on this node: counted from accept to close, and checked when
+"""Whether a CONNECT is authenticated on this node (`Admission`): not while the node drains,
+nor while it is fenced, nor past its address's cap of connections (`PerAddress`); and the
+connected clients a new ban names are disconnected (`Admission.kick_banned`).
+
+Connections per peer address on this node are counted from accept to close, and checked when
 the client's CONNECT is about to be authenticated (over the cap: CONNACK 0x97, 3.1.1 code 3).
 
 Counting starts at accept so that sockets still in their pre-CONNECT phase count too: an
@@ -12,9 +16,19 @@ client shares the balancer's address, so raise the cap or set 0 (no cap) there.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from services.common.bans import BanList
 from services.common.connect import ConnectOutcome
 from services.common.mqtt.reason import ReasonCode as RC
+from services.common.refusals import Refusals
+from services.connection.channel import Action, Authenticate
+from services.connection.conn import Conn
+
+if TYPE_CHECKING:  # lease.py imports the node, which imports this module
+    from services.connection.lease import NodeLease
 
 log = logging.getLogger("starling.connection.admission")
 SETTING = "max_connections_per_ip"
@@ -83,3 +97,68 @@ class PerAddress:
             )
             self._logged_at, self._unlogged = now, 0
         return ConnectOutcome(reason_code=RC.QUOTA_EXCEEDED, reason_string=self.why())
+
+
+class Admission:
+    def __init__(
+        self,
+        *,
+        conns: set[Conn],
+        per_address: PerAddress,
+        lease: NodeLease,
+        refusals: Refusals,
+        carry_out: Callable[[Conn, list[Action]], None],
+        authenticate: Callable[[Conn, Authenticate], None],
+    ) -> None:
+        self._conns = conns  # the registry's open connections
+        self._per_address = per_address
+        self._lease = lease
+        self._refusals = refusals
+        self._carry_out = carry_out
+        self._authenticate = authenticate
+        # Set while the node drains (drain.py): the Server Reference a CONNECT that still
+        # reaches it is refused with.
+        self.drain_reference: str | None = None
+
+    def drain(self, server_reference: str) -> None:
+        """From now on a CONNECT that reaches the node is sent to `server_reference`."""
+        self.drain_reference = server_reference
+
+    def admit(self, conn: Conn, action: Authenticate) -> None:
+        """Authenticate the CONNECT unless its address holds too many connections here or
+        the node drains (then: elsewhere, CONNACK 0x9C with the Server Reference)."""
+        ch = conn.channel
+        if self.drain_reference is not None:
+            self._refusals.count("draining")
+            ref = self.drain_reference
+            self._carry_out(conn, ch.disconnect(RC.USE_ANOTHER_SERVER, "draining", ref))
+            return
+        if self._lease.fenced:  # its right to hold clients lapsed (lease.py): at once, 0x88
+            self._refusals.count("node_fenced")
+            self._carry_out(conn, ch.authenticated(self._lease.refusal(), time.time()))
+            return
+        refused = self._per_address.refusal(ch.peer, time.monotonic())
+        if refused is not None:
+            self._refusals.count("connections_per_ip")
+            self._carry_out(conn, ch.authenticated(refused, time.time()))
+            return
+        self._authenticate(conn, action)
+
+    def kick_banned(self, bans: BanList) -> None:
+        """The ban list changed: disconnect every client it names now. DISCONNECT 0x98
+        (Administrative action) with the ban's reason as Reason String: 0x8A (Banned) is a
+        CONNACK code only, not allowed in DISCONNECT [MQTT-3.14.2.1] (paho calls it a
+        protocol error); the client's next CONNECT gets CONNACK 0x8A."""
+        if not len(bans):
+            return
+        now_ms = int(time.time() * 1000)
+        for conn in list(self._conns):
+            ch = conn.channel
+            if not conn.registered or conn.closed:
+                continue
+            name = ch.identity.partition("/")[2]
+            ban = bans.match(ch.tenant, ch.client_id, name, ch.peer, now_ms)
+            if ban is not None:
+                self._refusals.count("banned", ch.tenant)
+                why = f"banned: {ban.reason}" if ban.reason else "banned"
+                self._carry_out(conn, ch.disconnect(RC.ADMINISTRATIVE_ACTION, why))

@@ -1,5 +1,5 @@
 """Typed client of a connection node's admin API: `ConnectionAdminClient` for operators
-(`starling drain`)."""
+(`starling drain`, the console's overview and operations pages)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,17 @@ class DrainProgress:
     remaining_s: float  # before the node closes what remains and exits
 
 
+@dataclass(frozen=True, slots=True)
+class NodeFigures:
+    """A node's own counters (cumulative since it started) and open connections."""
+
+    node_id: str
+    connections: int
+    messages_in: int
+    messages_out: int
+    messages_dropped: int
+
+
 class ConnectionAdminClient:
     def __init__(self, address: str, token: str, timeout_s: float = 10.0) -> None:
         self._rpc = LazyStub(
@@ -31,6 +42,14 @@ class ConnectionAdminClient:
         r = await self._rpc.call(self._rpc.stub.Drain, req)
         return DrainProgress(
             r.node_id, r.started, r.connections, r.server_reference, round(r.remaining_s, 1)
+        )
+
+    async def node_stats(self) -> NodeFigures:
+        """The node's connections and message counters (operator token)."""
+        r = await self._rpc.call(self._rpc.stub.GetNodeStats, pb.GetNodeStatsRequest())
+        st = r.stats
+        return NodeFigures(
+            st.node_id, st.connections, st.messages_in, st.messages_out, st.messages_dropped
         )
 
     async def close(self) -> None:

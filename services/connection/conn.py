@@ -70,7 +70,6 @@ class Conn:
         self.cert = cert  # a verified client certificate (mTLS), if any
         # A persistent session's publishes, QoS 2 recorded with the session first.
         self.exactly_once: ExactlyOnceInbound | None = None
-        channel.on_resume = self.resume_delivery
 
     def receive(self, data: bytes) -> None:
         ch = self.channel
@@ -103,7 +102,8 @@ class Conn:
                 self.shell.mark_dirty(self)
 
     def resume_delivery(self) -> None:
-        """The outbound bandwidth budget has tokens again: send what it held."""
+        """The outbound bandwidth budget has tokens again: send what it held (its channel's
+        `on_resume`, given by the node at the channel's construction)."""
         if self.closed:
             return
         ch = self.channel

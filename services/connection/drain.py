@@ -91,8 +91,8 @@ class Drain:
         if started:
             self.reference = server_reference or self._default_reference
             self._deadline = time.monotonic() + self._timeout_s
-            # From now on a CONNECT that reaches the node is sent elsewhere (node._admit).
-            self._node.drain_reference = self.reference
+            # From now on a CONNECT that reaches the node is sent elsewhere (admission.py).
+            self._node.admission.drain(self.reference)
             self._task = asyncio.create_task(self._run(), name="node-drain")
             log.warning(
                 "node_draining",

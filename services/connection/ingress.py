@@ -11,6 +11,8 @@ go there from the routing pipeline, services/connection/rules_tap.py).
 
 from __future__ import annotations
 
+from typing import cast
+
 from opentelemetry import trace
 
 from services.common.bus.ids import MessageIds
@@ -75,17 +77,29 @@ class Ingress:
         stats = self._stats
         if counted:
             stats.topics_of(tenant).sample(msgs)
+        # No other node listens to this tenant: no NATS batch (most of the per-message cost).
+        mesh = self._interest is None or self._interest.wanted_elsewhere(tenant)
+        sent, q1, q2, nbytes = self._each(msgs, conn, tenant, mesh)
+        if counted:
+            self._count(stats.for_tenant(tenant), len(msgs), q1, q2, nbytes)
+        if sent:
+            self._mesh.added(sent)
+        elif not mesh and self._interest is not None:
+            self._interest.skipped += len(msgs)
+        self._flow.published(len(msgs), conn)
+
+    def _each(
+        self, msgs: list[Message], conn: Conn | None, tenant: str, mesh: bool
+    ) -> tuple[int, int, int, int]:
+        """Each message to the router, the NATS batch (`mesh`), the rules and this node's
+        subscribers; (messages put in NATS batches, QoS 1 ones, QoS 2 ones, bytes)."""
         node_id = self._node_id
         routing = self._routing
         trie = self._subs.tries.get(tenant)
         rules = self._rules
         rule_filters = rules.filters_of(tenant) if rules is not None else None
-        # No other node listens to this tenant: no NATS batch (most of the per-message cost).
-        mesh = self._interest is None or self._interest.wanted_elsewhere(tenant)
-        last_topic = None
-        matches: Matches = []
-        sent = 0
-        q1 = q2 = nbytes = 0  # the batch's counts (`_count`), inline: this loop is per message
+        last_topic, matches = None, cast(Matches, [])
+        sent = q1 = q2 = nbytes = 0  # the batch's counts (`_count`), inline: per message
         for msg in msgs:
             nbytes += message_bytes(msg.topic, msg.payload)
             if msg.qos:
@@ -122,13 +136,7 @@ class Ingress:
                 # Persistent sessions and retained messages: stored before the publisher is
                 # acknowledged.
                 routing.submit(conn, msg.packet_id, env)
-        if counted:
-            self._count(stats.for_tenant(tenant), len(msgs), q1, q2, nbytes)
-        if sent:
-            self._mesh.added(sent)
-        elif not mesh and self._interest is not None:
-            self._interest.skipped += len(msgs)
-        self._flow.published(len(msgs), conn)
+        return sent, q1, q2, nbytes
 
     @staticmethod
     def _count(tally: Tally, n: int, q1: int, q2: int, nbytes: int) -> None:

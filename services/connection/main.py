@@ -22,9 +22,9 @@ from services.connection.config import ConnectionSettings
 from services.connection.drain import Drain
 from services.connection.drop_log import DropLog
 from services.connection.lease import register_lease_metrics
-from services.connection.linger import Linger
 from services.connection.listener import TcpKeepalive, server_ssl_context, start_tcp, start_ws
 from services.connection.node import Node
+from services.connection.node_parts import NodeLinks, NodeSettings
 from services.connection.proxied import ProxyHeaderPolicy, ProxyListener
 from services.connection.quota import NodeQuota
 from services.connection.replica import CopyRouter, RouteCopies
@@ -74,6 +74,20 @@ def channel_config(s: ConnectionSettings) -> ChannelConfig:
     )
 
 
+def node_settings(s: ConnectionSettings) -> NodeSettings:
+    return NodeSettings(
+        config=channel_config(s),
+        tracing=s.tracing,
+        max_connections_per_ip=s.max_connections_per_ip,
+        mesh_interest_window_s=s.mesh_interest_window_s,
+        will_store_max_bytes=s.will_store_max_bytes,
+        self_fence_s=s.self_fence_s,
+        linger_s=s.close_linger_s,
+        linger_max_sockets=s.close_linger_max_sockets,
+        ack_wait_s=s.close_ack_wait_s,
+    )
+
+
 class ConnectionService:
     def __init__(self, settings: ConnectionSettings) -> None:
         self._s = settings
@@ -83,8 +97,6 @@ class ConnectionService:
         self._reporter: asyncio.Task[None] | None = None
         self._copies: RouteCopies | None = None
         self._bans: BanWatch | None = None
-        self._slots: SubscriptionSlots | None = None
-
         self._rule_feed: RuleFeed | None = None
         self.ports: dict[str, int] = {}
         self._stopping = False
@@ -118,53 +130,60 @@ class ConnectionService:
         # CONNECT and end of connection over NATS request/reply too.
         session = SessionClient(s.session_addr)
         session.use_bus(nc, s.session_subject)
-        refusals = Refusals()
-        quota = None
-        limits = None
-        if s.quota_enabled:
-            limits = LimitsCopies(QuotaClient(s.quota_addr, timeout_s=1.0))
-            quota = NodeQuota(
-                s.node_id,
-                QuotaClient(s.quota_addr, timeout_s=1.0),
-                refusals.count,
-                s.quota_unavailable,
-                s.quota_lease_slices,
-                limits=limits,
-            )
-
         # Which messages the rules read, known before the first client connects.
         self._rule_feed = feed = RuleFeed(nc, s.rule_filters_resync_s)
         await feed.start()
-        self.node = node = Node(
-            channel_config(s),
-            nc,
-            session,
-            tracing=s.tracing,
+        refusals = Refusals()
+        quota, slots = self._quota(refusals)
+        links = NodeLinks(
+            nc=nc,
             nc_shared=nc_shared,
+            session=session,
             router=router,
             queue=queue,
-            max_connections_per_ip=s.max_connections_per_ip,
             publish_router=RulesRouter(CopyRouter(router, queue, self._copies), feed),
-            mesh_interest_window_s=s.mesh_interest_window_s,
             quota=quota,
             rule_feed=feed,
-            will_store_max_bytes=s.will_store_max_bytes,
-            self_fence_s=s.self_fence_s,
+            slots=slots,
+            refusals=refusals,
             on_lease_change=self._lease_changed,
         )
-        node.refusals = refusals
-        if limits is not None:
-            # Tenants' max_tenant_subscriptions, counted cluster-wide through the quota service.
-            self._slots = SubscriptionSlots(
-                QuotaClient(s.quota_addr, timeout_s=1.0), s.node_id, limits, node.subs.counts
-            )
-            node.subscriber.slots = self._slots
-            node.subscriber.on_refused = refusals.count
-        node.linger = Linger(s.close_linger_s, s.close_linger_max_sockets)
-        node.ack_wait_s = s.close_ack_wait_s
+        self.node = node = Node(settings=node_settings(s), links=links)
         await node.start()
-        if self._slots is not None:
-            self._slots.start()
+        if node.slots is not None:
+            node.slots.start()
+        await self._watch(node)
+        await self._listen(node)
+
+    def _quota(
+        self, refusals: Refusals
+    ) -> tuple[NodeQuota | None, Callable[[dict[str, int]], SubscriptionSlots] | None]:
+        """The tenants' rate budgets and their max_tenant_subscriptions counted cluster-wide,
+        both through the quota service (None, None: quotas off)."""
+        s = self._s
+        if not s.quota_enabled:
+            return None, None
+        limits = LimitsCopies(QuotaClient(s.quota_addr, timeout_s=1.0))
+        quota = NodeQuota(
+            s.node_id,
+            QuotaClient(s.quota_addr, timeout_s=1.0),
+            refusals.count,
+            s.quota_unavailable,
+            s.quota_lease_slices,
+            limits=limits,
+        )
+
+        def slots(counts: dict[str, int]) -> SubscriptionSlots:
+            return SubscriptionSlots(
+                QuotaClient(s.quota_addr, timeout_s=1.0), s.node_id, limits, counts
+            )
+
+        return quota, slots
+
+    async def _watch(self, node: Node) -> None:
+        """What watches the running node: its drain, ban kicks, metrics and reports."""
+        s = self._s
+        assert self.finished is not None
         self.drain = Drain(
             node,
             s.drain_rate_per_s,
@@ -176,8 +195,8 @@ class ConnectionService:
         # Bans: already connected clients named by a new ban are kicked (the session
         # service refuses their next CONNECT).
         watch_client = QuotaClient(s.quota_addr, timeout_s=2.0)
-        self._bans = BanWatch(watch_client, s.ban_sync_s, node.kick_banned)
-        await self._bans.start(nc)
+        self._bans = BanWatch(watch_client, s.ban_sync_s, node.admission.kick_banned)
+        await self._bans.start(node.nc)
         register_metrics(node.stats)
         register_lease_metrics(node.lease)
         register_refusal_metrics(node.refusals, "starling.connection")
@@ -189,7 +208,6 @@ class ConnectionService:
                 s.stats_interval_s,
             )
         )
-        await self._listen(node)
 
     async def _listen(self, node: Node) -> None:
         """Open the MQTT listeners (TCP, TLS, WS, WSS as configured)."""
@@ -303,8 +321,8 @@ class ConnectionService:
             self._reporter.cancel()
         if self._bans is not None:
             await self._bans.stop()
-        if self._slots is not None:
-            await self._slots.stop()
+        if self.node is not None and self.node.slots is not None:
+            await self.node.slots.stop()
         for srv in self._servers:
             srv.close()
         if self.node is not None:

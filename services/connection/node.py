@@ -1,15 +1,7 @@
 """A connection node: the composition root that wires the modules that own its behaviours.
 
-Who owns what (docs/architecture.md has the full map):
-- `conn.Conn` one connection (channel + transport); `listener` the sockets; `linger` how
-  they close; `writes` batched writes; `registry` connections by client id and kick
-  tombstones; `admission` connections per peer address;
-- `ingress` a client's publishes (local fan-out, NATS batch, router); `mesh` batching onto
-  NATS; `fanout` delivery to this node's clients; `shared` shared-subscription dispatch;
-  `flow` back-pressure; `routing` the router pipeline that releases PUBACK/PUBREC;
-- `subscribing` SUBSCRIBE/UNSUBSCRIBE; `retained` retained replay; `session_link`
-  authenticate, resume, takeover, release; `persistence` a persistent session's queue;
-  `wills` wills; `sweeper` timers and heartbeats; `stats` counters and their export.
+Who owns what: docs/architecture.md's module map. The node builds each module with what it
+needs, by keyword where it takes many (what the node itself is built from: node_parts.py).
 
 The channel (services/connection/channel/) is sans-I/O: it returns actions and `carry_out`
 hands each to its owner.
@@ -20,29 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import Callable
 
-from nats.aio.client import Client
-
-from services.common.bans import BanList
 from services.common.bus import subjects
 from services.common.bus.ids import MessageIds
 from services.common.bus.large import Fetcher, Holder
-from services.common.connect import WILL_STORE_MAX_BYTES
 from services.common.envelope import to_envelope
 from services.common.message import Message
 from services.common.mqtt.reason import ReasonCode as RC
-from services.common.refusals import Refusals
 from services.common.rpc.limits import max_message_bytes
 from services.common.tasks import TaskSet
-from services.connection.admission import PerAddress
+from services.connection.admission import Admission, PerAddress
 from services.connection.channel import (
     Action,
     Authenticate,
     AutoSubscribe,
     Channel,
-    ChannelConfig,
     Close,
     DeliveryProgress,
     Reauthenticate,
@@ -52,8 +36,9 @@ from services.connection.channel import (
     Unsubscribed,
 )
 from services.connection.conn import Conn, Sink
+from services.connection.ending import Endings
 from services.connection.events import SubscriptionEvents
-from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal
+from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal, SettlingConnections
 from services.connection.fanout import Fanout
 from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
@@ -61,14 +46,15 @@ from services.connection.interest import MeshInterest
 from services.connection.lease import NodeLease
 from services.connection.linger import Linger
 from services.connection.mesh import MeshPublisher
+from services.connection.node_parts import NodeLinks, NodeSettings
 from services.connection.ordered import OrderedOps
 from services.connection.peer_cert import PeerCert
-from services.connection.quota import NodeQuota
+from services.connection.publish_answers import PublishAnswers
 from services.connection.registry import Registry
 from services.connection.retained import RetainedReplay
-from services.connection.routing import Router, RoutingPipeline
+from services.connection.routing import RoutingPipeline
 from services.connection.session_link import SessionLink
-from services.connection.shared import Origin, SharedDispatch
+from services.connection.shared import SharedDispatch
 from services.connection.stats import NodeStats
 from services.connection.subscribing import Subscriber
 from services.connection.subscriptions import NodeSubscriptions
@@ -76,10 +62,6 @@ from services.connection.sweeper import Sweeper
 from services.connection.sys_events import SysEvents
 from services.connection.wills import Wills
 from services.connection.writes import WriteBatcher
-from services.queue.client import QueueClient
-from services.router.client import RouterClient, RouteResult
-from services.rules.client import RuleFeed
-from services.session.client import SessionClient
 
 log = logging.getLogger("starling.connection")
 # Large messages (over one NATS message) a node holds for other nodes to fetch, in units of
@@ -91,123 +73,57 @@ HOLD_MESSAGES = 4
 QOS2_SETTLE_S = 0.8
 
 
-def assigned_client_id() -> str:
-    return "auto-" + uuid.uuid4().hex  # [MQTT-3.1.3-6]
-
-
-_REFUSED = (RouteResult.QUOTA_EXCEEDED, RouteResult.QUEUE_QUOTA_EXCEEDED)
-
-
 class Node:
-    def __init__(
-        self,
-        config: ChannelConfig,
-        nc: Client,
-        session: SessionClient,
-        tracing: bool = False,
-        nc_shared: Client | None = None,
-        router: RouterClient | None = None,
-        queue: QueueClient | None = None,
-        new_client_id: Callable[[], str] = assigned_client_id,
-        max_connections_per_ip: int = 0,
-        publish_router: Router | None = None,
-        mesh_interest_window_s: float = 0.0,
-        quota: NodeQuota | None = None,
-        rule_feed: RuleFeed | None = None,
-        will_store_max_bytes: int = WILL_STORE_MAX_BYTES,
-        self_fence_s: float = 0.0,
-        on_lease_change: Callable[[bool], None] | None = None,
-    ) -> None:
-        """`self_fence_s`: fence after that long without an answered heartbeat (lease.py;
-        0: never). `publish_router`: what QoS>=1 publishes are routed by (services/connection/
-        replica.py's CopyRouter); `router` by default. `quota`: the tenants' rate budgets
-        (None: no rate limits). `rule_feed`: where QoS 0 messages the rules read go (QoS>=1
-        ones go through `publish_router`, services/connection/rules_tap.py)."""
-        self.config = config
-        self.rule_feed = rule_feed
-        self.node_id = config.node_id
-        self.nc = nc  # connected with no_echo: our own mesh publishes never come back
-        self.nc_shared = nc_shared or nc  # queue groups, so NATS picks among our members too
-        self._new_client_id = new_client_id
+    def __init__(self, *, settings: NodeSettings, links: NodeLinks) -> None:
+        self.config = settings.config
+        self.rule_feed = links.rule_feed
+        self.node_id = self.config.node_id
+        self.nc = links.nc  # connected with no_echo: our own mesh publishes never come back
+        self.nc_shared = links.nc_shared or links.nc  # queue groups: NATS picks among ours too
+        self._new_client_id = settings.new_client_id
         self._loop = asyncio.get_event_loop()
         self.tasks = TaskSet()
         self._workers = TaskSet()
         self.registry = Registry()
-        self.per_address = PerAddress(max_connections_per_ip)
-        self.refusals = Refusals()
-        self.quota = quota
-        self.stats = NodeStats(self.registry.conns, lambda: self.refusals)
+        self.per_address = PerAddress(settings.max_connections_per_ip)
+        self.refusals = links.refusals
+        self.quota = links.quota
+        self.stats = NodeStats(self.registry.conns, links.refusals)
         self.writes = WriteBatcher(self._loop)
         self.subs: NodeSubscriptions[Conn] = NodeSubscriptions()
         self.ops = OrderedOps()
         self.ids = MessageIds(self.node_id, time.time_ns())
         # Messages larger than one NATS message go by reference, held here for fetching.
         self.holder = Holder(self.node_id, HOLD_MESSAGES * max_message_bytes())
-        self.mesh = MeshPublisher(nc, self.holder)
+        self.mesh = MeshPublisher(self.nc, self.holder)
         # Which tenants other nodes listen to (0: unknown, publish everything on NATS).
-        self.interest = MeshInterest(self.nc_shared, self.node_id, mesh_interest_window_s)
-        self.qos2_journal = Qos2Journal(session)
+        self.interest = MeshInterest(self.nc_shared, self.node_id, settings.mesh_interest_window_s)
+        self.qos2_journal = Qos2Journal(links.session)
+        self.answers = PublishAnswers(
+            tasks=self.tasks, writes=self.writes, carry_out=self.carry_out
+        )
+        router = links.router
         self.routing: RoutingPipeline[Conn] | None = (
             RoutingPipeline(
-                publish_router or router,
-                self._routed,
-                self._routing_gave_up,
+                links.publish_router or router,
+                self.answers.routed,
+                self.answers.gave_up,
                 on_acked=self.stats.acked,
             )
             if router
             else None
         )
-        self._build_message_path(router, tracing)
-        self.wills = Wills(
-            self.node_id,
-            self.ingress.publish,
-            self.routing,
-            router,
-            self.ids,
-            will_store_max_bytes,
-        )
-        self.sys_events = SysEvents(
-            self.node_id,
-            self.ingress.reaches,
-            lambda msgs: self.ingress.publish(msgs, None, counted=False),
-        )
-        self.sessions = SessionLink(
-            self.node_id,
-            session,
-            queue,
-            self.nc_shared,
-            self.registry,
-            self.subscriber,
-            self.wills,
-            self.sys_events,
-            self.ops,
-            self.writes,
-            self.tasks,
-            self.carry_out,
-            tracing,
-        )
-        # Ended connections whose QoS 2 records are still being written, by client.
-        self._qos2_pending: dict[tuple[str, str], ExactlyOnceInbound] = {}
-        self.sessions.settle_first = self._qos2_settled
-        if rule_feed is not None:  # auto-subscriptions and subscription events (issue 17)
-            self.sessions.auto_subscriptions = rule_feed.auto_subscriptions
-            self.subscriber.events = SubscriptionEvents(self.nc, self.node_id, rule_feed.emits)
-        self.lease = NodeLease(self, nc, self_fence_s, on_lease_change)
-        self.sweeper = Sweeper(
-            self.node_id, self.registry, nc, self.carry_out, self.mark_dirty, queue, self.lease
-        )
-        # Set while the node drains (services/connection/drain.py): the Server Reference a
-        # CONNECT that still reaches it is refused with.
-        self.drain_reference: str | None = None
-        # How the listeners close sockets (linger.py); main.py sets it from the settings.
-        self.linger = Linger()
-        # How long a drain or shutdown waits for the acks a client is owed (close_ack_wait_s).
-        self.ack_wait_s = 1.0
+        self._build_message_path(links, settings.tracing)
+        self._build_session_path(links, settings)
+        self._build_endings()
+        self.linger = Linger(settings.linger_s, settings.linger_max_sockets)  # socket closes
+        self.ack_wait_s = settings.ack_wait_s  # a drain's or shutdown's wait for owed acks
 
-    def _build_message_path(self, router: RouterClient | None, tracing: bool) -> None:
+    def _build_message_path(self, links: NodeLinks, tracing: bool) -> None:
         """Fan-out, shared dispatch, subscribing, flow control and ingress: the modules a
         message passes through."""
-        node_id, routing = self.node_id, self.routing
+        node_id, routing, router, feed = self.node_id, self.routing, links.router, links.rule_feed
+        self.slots = links.slots(self.subs.counts) if links.slots is not None else None
         fanout = Fanout(node_id, self.subs, self.writes, tracing, Fetcher(self.nc))
         self.shared = SharedDispatch(
             self.nc_shared, self.writes, self.tasks, self.holder, Fetcher(self.nc_shared)
@@ -224,6 +140,10 @@ class Node:
             self.writes,
             router,
             self.interest,
+            # Subscription events when rules may read them (issue 17).
+            events=SubscriptionEvents(self.nc, node_id, feed.emits) if feed else None,
+            slots=self.slots,
+            on_refused=self.refusals.count,
         )
         self.flow = FlowControl(
             self._loop,
@@ -243,6 +163,81 @@ class Node:
             tracing,
             self.interest,
             self.rule_feed,
+        )
+
+    def _build_session_path(self, links: NodeLinks, settings: NodeSettings) -> None:
+        """Wills, $SYS events, the session link, the lease and the sweeper: the modules a
+        connection's life passes through."""
+        node_id, feed = self.node_id, links.rule_feed
+        self.wills = Wills(
+            node_id,
+            self.ingress.publish,
+            self.routing,
+            links.router,
+            self.ids,
+            settings.will_store_max_bytes,
+        )
+        self.sys_events = SysEvents(
+            node_id,
+            self.ingress.reaches,
+            lambda msgs: self.ingress.publish(msgs, None, counted=False),
+        )
+        # Ended connections whose QoS 2 records are still being written, by client.
+        self.settling = SettlingConnections(QOS2_SETTLE_S)
+        self.sessions = SessionLink(
+            node_id=node_id,
+            session=links.session,
+            queue=links.queue,
+            nc=self.nc_shared,
+            registry=self.registry,
+            subscriber=self.subscriber,
+            wills=self.wills,
+            sys_events=self.sys_events,
+            ops=self.ops,
+            writes=self.writes,
+            tasks=self.tasks,
+            carry_out=self.carry_out,
+            tracing=settings.tracing,
+            settle_first=self.settling.settled,
+            auto_subscriptions=feed.auto_subscriptions if feed else None,  # issue 17
+        )
+        self.lease = NodeLease(self, self.nc, settings.self_fence_s, links.on_lease_change)
+        self.sweeper = Sweeper(
+            node_id,
+            self.registry,
+            self.nc,
+            self.carry_out,
+            self.mark_dirty,
+            links.queue,
+            self.lease,
+        )
+
+    def _build_endings(self) -> None:
+        """Admission of a CONNECT, and how a connection ends."""
+        self.admission = Admission(
+            conns=self.registry.conns,
+            per_address=self.per_address,
+            lease=self.lease,
+            refusals=self.refusals,
+            carry_out=self.carry_out,
+            authenticate=self.sessions.authenticate,
+        )
+        self.endings = Endings(
+            registry=self.registry,
+            sweeper=self.sweeper,
+            per_address=self.per_address,
+            writes=self.writes,
+            flow=self.flow,
+            subscriber=self.subscriber,
+            shared=self.shared,
+            ops=self.ops,
+            tasks=self.tasks,
+            stats=self.stats,
+            wills=self.wills,
+            sys_events=self.sys_events,
+            sessions=self.sessions,
+            settling=self.settling,
+            settle_s=QOS2_SETTLE_S,
         )
 
     # ---- life cycle ---------------------------------------------------------------------
@@ -269,25 +264,6 @@ class Node:
         if self.routing is not None:
             self._workers.spawn(self.routing.run(), name="node-routing")
 
-    def kick_banned(self, bans: BanList) -> None:
-        """The ban list changed: disconnect every client it names now. DISCONNECT 0x98
-        (Administrative action) with the ban's reason as Reason String: 0x8A (Banned) is a
-        CONNACK code only, not allowed in DISCONNECT [MQTT-3.14.2.1] (paho calls it a
-        protocol error); the client's next CONNECT gets CONNACK 0x8A."""
-        if not len(bans):
-            return
-        now_ms = int(time.time() * 1000)
-        for conn in list(self.registry.conns):
-            ch = conn.channel
-            if not conn.registered or conn.closed:
-                continue
-            name = ch.identity.partition("/")[2]
-            ban = bans.match(ch.tenant, ch.client_id, name, ch.peer, now_ms)
-            if ban is not None:
-                self.refusals.count("banned", ch.tenant)
-                why = f"banned: {ban.reason}" if ban.reason else "banned"
-                self.carry_out(conn, ch.disconnect(RC.ADMINISTRATIVE_ACTION, why))
-
     def shed(self, reason: int, why: str) -> None:
         """Disconnect every client with `reason` (their wills follow as for any close)."""
         for conn in list(self.registry.conns):
@@ -302,20 +278,9 @@ class Node:
         await self.settle(deadline - time.monotonic())
 
     async def answer_owed(self, conns: list[Conn], timeout_s: float) -> None:
-        """Before closing `conns`: stop reading them, then wait (at most `timeout_s`) until
-        the acks they are owed are written, so that no exchange the node finished is left
-        unanswered (a PUBREL whose release was written, answered PUBCOMP 0x92 on the next
-        node). Polled: it runs once, on the way out."""
-        owing = []
-        for conn in conns:
-            if not conn.closed:
-                conn.channel.stop_reading()
-                if conn.channel.owes_acks:
-                    owing.append(conn)
-        deadline = time.monotonic() + timeout_s
-        while owing and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-            owing = [c for c in owing if not c.closed and c.channel.owes_acks]
+        """Before closing `conns`: wait (at most `timeout_s`) for the acks they are owed
+        (ending.py), then stop the node's background work."""
+        await self.endings.answer_owed(conns, timeout_s)
         await self._workers.cancel()
         await self.interest.stop()
         if self.quota is not None:
@@ -341,7 +306,13 @@ class Node:
     def open(self, sink: Sink, peer: str, cert: PeerCert | None = None) -> Conn:
         now = time.time()
         gates = self.quota.gate if self.quota is not None else None
-        channel = Channel(self.config, peer, now, self._new_client_id, self.refusals.count, gates)
+        conn: Conn  # the channel calls `on_resume` only once connected, long after this
+
+        def resume() -> None:
+            conn.resume_delivery()
+
+        new_id, on_limit = self._new_client_id, self.refusals.count
+        channel = Channel(self.config, peer, now, new_id, on_limit, gates, on_resume=resume)
         conn = Conn(self, channel, sink, cert)
         self.registry.opened(conn)
         self.sweeper.schedule(conn, now)  # CONNECT timeout: looked at from the next tick
@@ -358,7 +329,7 @@ class Node:
                 else:
                     self.ingress.publish(action.messages, conn)
             elif isinstance(action, ReleaseQos2):
-                self._release_qos2(conn, action.packet_id)
+                self.answers.release(conn, self._exactly_once(conn), action.packet_id)
             elif isinstance(action, DeliveryProgress):
                 if conn.persistent is not None:
                     conn.persistent.progress()
@@ -373,19 +344,11 @@ class Node:
                     conn, action.filters, persist=conn.channel.persistent, announce=True
                 )
             elif isinstance(action, Authenticate):
-                self._admit(conn, action)
+                self.admission.admit(conn, action)
             elif isinstance(action, Reauthenticate):
                 self.sessions.reauthenticate(conn, action)
             elif isinstance(action, Close):
-                conn.flush()
-                detaching = self.cleanup(conn)
-                if detaching is None:
-                    conn.sink.close()
-                else:
-                    # The socket closes once the queue reader detached (bounded): a message
-                    # published after the client saw its connection end must reach its next
-                    # connection as a first attempt (DUP=0), not be pushed to this one.
-                    self.tasks.spawn(self._close_after(conn, detaching), name="close-after")
+                self.endings.close(conn)
         if conn.channel.out and not conn.closed:
             self.writes.mark(conn)
 
@@ -398,93 +361,8 @@ class Node:
             self.sweeper.schedule(conn, at)
 
     def cleanup(self, conn: Conn) -> asyncio.Task[None] | None:
-        """Exactly once per connection: forget its subscriptions, publish its will, release
-        its session. Returns the detach of its queue reader (a persistent session), if any."""
-        if conn.closed:
-            return None
-        conn.closed = True
-        self.registry.closed(conn, time.monotonic())
-        self.sweeper.forget(conn)
-        self.per_address.closed(conn.channel.peer)
-        self.writes.discard(conn)
-        self.flow.forget(conn)
-        ch = conn.channel
-        ch.connection_lost()
-        leftovers: list[Origin] = ch.outbound.unacked_shared()  # type: ignore[assignment]
-        if ch.subscriptions:
-            self.subscriber.unsubscribe(conn, tuple(ch.subscriptions))
-        if leftovers:
-            self.ops.put(lambda: self.shared.redeliver(leftovers))
-        closing = None
-        if conn.persistent is not None:
-            closing = self.tasks.spawn(conn.persistent.close(), name="persistent-close")
-        if conn.exactly_once is not None:
-            self.tasks.spawn(conn.exactly_once.ended(), name="qos2-ended")
-        if not conn.registered:
-            return closing
-        self.stats.connection_ended(conn)
-        self.wills.connection_ended(ch)
-        self.sys_events.disconnected(ch)
-        eo = conn.exactly_once
-        if eo is not None and eo.busy:
-            # Released only once its records are written: the next connection resumes a
-            # session that knows every QoS 2 id this one took.
-            self._qos2_pending[(ch.tenant, ch.client_id)] = eo  # before any kick reply
-        elif closing is None:
-            self.sessions.connection_ended(conn)
-            return None
-        self.tasks.spawn(self._release_when_settled(conn, eo, closing), name="release-wait")
-        return closing
-
-    @staticmethod
-    async def _close_after(conn: Conn, detaching: asyncio.Task[None]) -> None:
-        try:
-            await asyncio.wait((detaching,), timeout=QOS2_SETTLE_S)
-        finally:
-            conn.sink.close()
-
-    async def _release_when_settled(
-        self, conn: Conn, eo: ExactlyOnceInbound | None, closing: asyncio.Task[None] | None
-    ) -> None:
-        """Release the session once this connection's queue reader has detached (so the
-        queue pushes nothing more to it: entries published after the client is seen gone
-        reach its next connection as first attempts, DUP=0) and its QoS 2 records are
-        written. Each wait is bounded: a lost dependency delays the release, never blocks it."""
-        key = (conn.channel.tenant, conn.channel.client_id)
-        try:
-            if closing is not None:
-                await asyncio.wait((closing,), timeout=QOS2_SETTLE_S)
-            if eo is not None and eo.busy:
-                await eo.idle(QOS2_SETTLE_S)
-        finally:
-            if eo is not None and self._qos2_pending.get(key) is eo:
-                del self._qos2_pending[key]
-        self.sessions.connection_ended(conn)
-
-    async def _qos2_settled(self, tenant: str, client_id: str) -> None:
-        """Before a takeover's kick is answered: this client's QoS 2 records are written."""
-        eo = self._qos2_pending.get((tenant, client_id))
-        if eo is not None:
-            await eo.idle(QOS2_SETTLE_S)
-
-    def _admit(self, conn: Conn, action: Authenticate) -> None:
-        """Authenticate the CONNECT unless its address holds too many connections here or
-        the node drains (then: elsewhere, CONNACK 0x9C with the Server Reference)."""
-        if self.drain_reference is not None:
-            self.refusals.count("draining")
-            ref = self.drain_reference
-            self.carry_out(conn, conn.channel.disconnect(RC.USE_ANOTHER_SERVER, "draining", ref))
-            return
-        if self.lease.fenced:  # its right to hold clients lapsed (lease.py): at once, 0x88
-            self.refusals.count("node_fenced")
-            self.carry_out(conn, conn.channel.authenticated(self.lease.refusal(), time.time()))
-            return
-        refused = self.per_address.refusal(conn.channel.peer, time.monotonic())
-        if refused is not None:
-            self.refusals.count("connections_per_ip")
-            self.carry_out(conn, conn.channel.authenticated(refused, time.time()))
-            return
-        self.sessions.authenticate(conn, action)
+        """Exactly once per connection (ending.py); the detach of its queue reader, if any."""
+        return self.endings.cleanup(conn)
 
     # ---- QoS 2 of persistent sessions (exactly_once.py) ---------------------------------
 
@@ -519,47 +397,3 @@ class Node:
             self.ingress.publish([msg], conn)
             return
         self.routing.submit(conn, msg.packet_id, to_envelope(msg, self.node_id, msg.message_id))
-
-    def _release_qos2(self, conn: Conn, pid: int, code: int = -1) -> None:
-        """Forget `pid` in the session's stored state, then PUBCOMP (or, with `code`, the
-        PUBREC with an error that ends the exchange)."""
-
-        def done() -> None:
-            if conn.closed:
-                return
-            if code < 0:
-                conn.channel.qos2_released(pid)
-            else:
-                conn.channel.publish_routed(pid, code)
-            self.writes.mark(conn)
-
-        self.tasks.spawn(self._exactly_once(conn).release(pid, done), name="qos2-release")
-
-    # ---- answers of the router pipeline -------------------------------------------------
-
-    def _routed(self, conn: Conn | None, pid: int, result: RouteResult) -> None:
-        """The router stored a QoS>=1 publish: the publisher gets its PUBACK/PUBREC now
-        (0x97 when the tenant's retained-message cap refused its retained part, or a
-        subscriber's queue refused it by the tenant's max_queue_depth)."""
-        if conn is not None and pid and conn.exactly_once is not None:
-            conn.exactly_once.routed(pid)
-        if conn is not None and pid and not conn.closed:
-            code = RC.QUOTA_EXCEEDED if result in _REFUSED else 0
-            if result is RouteResult.QUEUE_QUOTA_EXCEEDED and conn.channel.level < 5:
-                # A subscriber's queue refused it and a 3.1.1 PUBACK cannot say so: close
-                # unacknowledged (the client resends it), as for a publish over the rate.
-                # (Counted by the queue service, which refused it.)
-                why = "a subscriber's queue is at the tenant's max_queue_depth"
-                self.carry_out(conn, conn.channel.disconnect(RC.QUOTA_EXCEEDED, why))
-                return
-            eo = conn.exactly_once
-            if code and conn.channel.level == 5 and eo is not None and pid in eo.recorded:
-                self._release_qos2(conn, pid, code)  # the error PUBREC ends the exchange
-                return
-            conn.channel.publish_routed(pid, code)
-            self.writes.mark(conn)
-
-    def _routing_gave_up(self, conn: Conn | None) -> None:
-        if conn is not None and not conn.closed:
-            actions = conn.channel.disconnect(RC.SERVER_BUSY, "persistent routing unavailable")
-            self.carry_out(conn, actions)

@@ -194,7 +194,25 @@ class RoutingPipeline(Generic[P]):
     async def _retry_once(self) -> bool:
         """One attempt at the head of every lane (together, within the batch limits); True
         when anything was settled."""
-        taken: list[tuple[P | None, int]] = []  # (publisher, messages taken from its lane)
+        taken, batch = self._lane_heads()
+        if not batch:
+            return False
+        results = await self._attempt(batch)
+        progress = False
+        i = 0
+        now = time.monotonic()
+        for publisher, k in taken:
+            items, outcome = batch[i : i + k], results[i : i + k]
+            i += k
+            progress = self._settle_lane(publisher, items, outcome, now) or progress
+        return progress
+
+    def _lane_heads(
+        self,
+    ) -> tuple[list[tuple[P | None, int]], list[tuple[P | None, int, RoutedMessage]]]:
+        """The next retry batch: the head of every lane, in lane order, within the batch
+        limits; and (publisher, messages taken from its lane) for each lane in it."""
+        taken: list[tuple[P | None, int]] = []
         batch: list[tuple[P | None, int, RoutedMessage]] = []
         total = 0
         for publisher, lane in self._lanes.items():
@@ -210,37 +228,40 @@ class RoutingPipeline(Generic[P]):
                 taken.append((publisher, k))
             if k < len(lane):
                 break  # the batch is full
-        if not batch:
+        return taken, batch
+
+    def _settle_lane(
+        self,
+        publisher: P | None,
+        items: list[tuple[P | None, int, RoutedMessage]],
+        outcome: list[RouteResult],
+        now: float,
+    ) -> bool:
+        """Release what the router settled of the `items` retried from the head of
+        `publisher`'s lane (progress at `now`); the rest stays at its head. True when any
+        was settled."""
+        lane = self._lanes.get(publisher)
+        if lane is None:  # given up meanwhile
             return False
-        results = await self._attempt(batch)
-        progress = False
-        i = 0
-        now = time.monotonic()
-        for publisher, k in taken:
-            lane = self._lanes.get(publisher)
-            items, outcome = batch[i : i + k], results[i : i + k]
-            i += k
-            if lane is None:  # given up meanwhile
-                continue
-            for _ in range(k):  # the lane only grew at its end meanwhile
-                lane.popleft()
-            failed = []
-            acked = []
-            for item, result in zip(items, outcome, strict=True):
-                if result in _DONE:
-                    self._on_done(item[0], item[1], result)
-                    if item[1]:
-                        acked.append(item[2])
-                else:
-                    failed.append(item)
-            if acked and self._on_acked is not None:
-                self._on_acked(acked)
-            if len(failed) < k:
-                progress = True
-                self._since[publisher] = now
-            lane.extendleft(reversed(failed))
-            if not lane:
-                del self._lanes[publisher], self._since[publisher]
+        for _ in range(len(items)):  # the lane only grew at its end meanwhile
+            lane.popleft()
+        failed = []
+        acked = []
+        for item, result in zip(items, outcome, strict=True):
+            if result in _DONE:
+                self._on_done(item[0], item[1], result)
+                if item[1]:
+                    acked.append(item[2])
+            else:
+                failed.append(item)
+        if acked and self._on_acked is not None:
+            self._on_acked(acked)
+        progress = len(failed) < len(items)
+        if progress:
+            self._since[publisher] = now
+        lane.extendleft(reversed(failed))
+        if not lane:
+            del self._lanes[publisher], self._since[publisher]
         return progress
 
     def _give_up_stuck(self) -> None:

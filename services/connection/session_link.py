@@ -50,7 +50,7 @@ from services.connection.channel import (
 from services.connection.conn import Conn
 from services.connection.ordered import OrderedOps
 from services.connection.peer_cert import PeerCert
-from services.connection.persistence import PersistentDelivery
+from services.connection.persistence import DeliveryDeps, PersistentDelivery
 from services.connection.registry import Registry
 from services.connection.subscribing import Subscriber
 from services.connection.sys_events import SysEvents
@@ -106,6 +106,7 @@ async def _settled(tenant: str, client_id: str) -> None:
 class SessionLink:
     def __init__(
         self,
+        *,
         node_id: str,
         session: SessionClient,
         queue: QueueClient | None,
@@ -119,11 +120,19 @@ class SessionLink:
         tasks: TaskSet,
         carry_out: Callable[[Conn, list[Action]], None],
         tracing: bool = False,
+        settle_first: Callable[[str, str], Awaitable[None]] = _settled,
+        auto_subscriptions: Callable[[str], tuple[AutoSubscription, ...]] | None = None,
     ) -> None:
+        """`settle_first(tenant, client_id)`: awaited before a takeover's kick is answered
+        (the node waits for the QoS 2 records of the client's ended connection).
+        `auto_subscriptions(tenant)`: a tenant's auto-subscription templates
+        (services/rules/client.py), if any."""
         self._node_id = node_id
         self._session = session
-        self._queue = queue
         self._nc = nc  # queue notices and kick replies
+        self._delivery_deps = (
+            DeliveryDeps(queue=queue, nc=nc, now=time.time) if queue is not None else None
+        )
         self._registry = registry
         self._subscriber = subscriber
         self._wills = wills
@@ -133,11 +142,8 @@ class SessionLink:
         self._tasks = tasks
         self._carry_out = carry_out
         self._tracing = tracing
-        # Awaited before a takeover's kick is answered (the node waits for the QoS 2
-        # records of the client's ended connection).
-        self.settle_first: Callable[[str, str], Awaitable[None]] = _settled
-        # A tenant's auto-subscription templates (services/rules/client.py), if any.
-        self.auto_subscriptions: Callable[[str], tuple[AutoSubscription, ...]] | None = None
+        self.settle_first = settle_first
+        self.auto_subscriptions = auto_subscriptions
 
     def authenticate(self, conn: Conn, action: Authenticate) -> None:
         self._tasks.spawn(self._authenticate(conn, action), name="authenticate")
@@ -234,17 +240,15 @@ class SessionLink:
             self._subscriber.subscribe(
                 conn, SubscribeRequest(0, outcome.subscriptions, ()), answer=False
             )
-        if self._queue is None:
+        if self._delivery_deps is None:
             return None
         persistent = conn.persistent = PersistentDelivery(
-            ch,
-            self._queue,
-            self._nc,
-            ch.tenant,
-            queue_id(ch.client_id, ch.incarnation),
-            time.time,
-            lambda: self._writes.mark(conn),
-            lambda at: conn.shell.sweep_at(conn, at),
+            channel=ch,
+            deps=self._delivery_deps,
+            tenant=ch.tenant,
+            queue_id=queue_id(ch.client_id, ch.incarnation),
+            wrote=lambda: self._writes.mark(conn),
+            wake=lambda at: conn.shell.sweep_at(conn, at),
         )
         return persistent
 

@@ -111,11 +111,12 @@ class Tally:
 
 
 class NodeStats:
-    def __init__(self, conns: set[Conn], refusals: Callable[[], Refusals] = Refusals) -> None:
+    def __init__(self, conns: set[Conn], refusals: Refusals | None = None) -> None:
         self._conns = conns  # the registry's open connections
         self._closed: dict[str, Tally] = {}  # tenant -> totals, ended connections included
         self._topics: dict[str, TopTopics] = {}  # tenant -> busiest topics since the report
-        self._refusals = refusals  # the node's refusal counts (quota ones are reported)
+        # The node's refusal counts (quota ones are reported).
+        self._refusals = refusals if refusals is not None else Refusals()
 
     def for_tenant(self, tenant: str) -> Tally:
         t = self._closed.get(tenant)
@@ -193,7 +194,7 @@ class NodeStats:
         """Every tenant's figures; each tenant's top topics start again from empty."""
         conns = self.connections_by_tenant()
         sessions = self.sessions_by_tenant()
-        refused = self._refusals().quota_by_tenant()
+        refused = self._refusals.quota_by_tenant()
         tallies = self.by_tenant()
         out = []
         for t in sorted({*tallies, *conns, *refused} - {"-"}):

@@ -11,6 +11,7 @@ auto-subscriptions at connect take the same path, and the CONNACK stands in for 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 
 from services.common.bus import subjects
 from services.common.topics import NO_LIMITS, parse_shared
-from services.connection.channel import SubscribeRequest
+from services.connection.channel import Channel, SubscribeRequest
 from services.connection.conn import Conn
 from services.connection.events import SubscriptionEvents
 from services.connection.fanout import Fanout
@@ -72,6 +73,10 @@ def refused(req: SubscribeRequest) -> SubscribeRequest:
     return replace(req, subscriptions=(), reason_codes=codes, fresh=())
 
 
+def _uncounted(limit: str, tenant: str, n: int) -> None:
+    """The default `Subscriber.on_refused`: nobody counts."""
+
+
 class Subscriber:
     def __init__(
         self,
@@ -86,9 +91,15 @@ class Subscriber:
         writes: WriteBatcher,
         router: RouterClient | None,
         interest: MeshInterest | None = None,
+        events: SubscriptionEvents | None = None,
+        slots: SubscriptionSlots | None = None,
+        on_refused: Callable[[str, str, int], None] | None = None,
     ) -> None:
+        """`events`: where subscription events go when rules may read them; `slots`:
+        tenants' max_tenant_subscriptions (None: not enforced), refusals counted by
+        `on_refused(limit, tenant, n)`."""
         self._node_id = node_id
-        self.events: SubscriptionEvents | None = None  # set when rules may read them
+        self.events = events
         self._interest = interest
         self.subs = subs
         self._nc = nc
@@ -102,9 +113,8 @@ class Subscriber:
         self._nats_subs: dict[str, NatsSubscription] = {}
         self._keys: dict[str, set[str]] = {}  # tenant -> its keys in _nats_subs
         self._shared_keys: dict[str, set[str]] = {}  # tenant -> those of shared groups
-        # Tenants' max_tenant_subscriptions (None: not enforced) and the refusal counter.
-        self.slots: SubscriptionSlots | None = None
-        self.on_refused: Callable[[str, str, int], None] = lambda limit, tenant, n: None
+        self.slots = slots
+        self.on_refused = on_refused or _uncounted
 
     def inbound_backlog_bytes(self) -> int:
         """Bytes NATS handed us that no subscription task has delivered yet."""
@@ -123,26 +133,7 @@ class Subscriber:
         (the CONNACK instead of a SUBACK, then retained replay as for a SUBSCRIBE); neither
         `answer` nor `auto`: a resumed session's subscriptions (restored, not new: no
         replay, no event)."""
-        tenant = conn.channel.tenant
-        new_subjects: list[str] = []
-        new_groups: list[SharedGroup[Conn]] = []
-        held = self.subs.counts.get(tenant, 0)
-        added: list[str] = []  # filters the client did not hold: each takes a tenant slot
-        for s, sub_id in req.subscriptions:
-            shared = parse_shared(s.filter, NO_LIMITS)
-            if shared is None:
-                entry = entry_for(
-                    s.filter, tenant, s.qos, s.no_local, s.retain_as_published, sub_id
-                )
-                new_subjects += self.subs.add(tenant, conn, entry)
-            else:
-                entry = entry_for(shared.filter, tenant, s.qos, False, False, sub_id)
-                g = self.subs.add_shared(tenant, shared.group, conn, entry)
-                if g is not None:
-                    new_groups.append(g)
-            if self.subs.counts.get(tenant, 0) > held:
-                held += 1
-                added.append(s.filter)
+        new_subjects, new_groups, added = self._add(conn, req)
         # Only a client's SUBSCRIBE is checked: a resumed session's and the tenant's
         # auto-subscriptions are counted (reported with the node's figure), never refused.
         check = self.slots is not None and answer and added
@@ -167,6 +158,34 @@ class Subscriber:
                     self.events.subscribed(ch.tenant, ch.client_id, user, final.subscriptions, auto)
 
         self._ops.put(op)
+
+    def _add(
+        self, conn: Conn, req: SubscribeRequest
+    ) -> tuple[list[str], list[SharedGroup[Conn]], list[str]]:
+        """Put the SUBSCRIBE's filters in the node's trie (and shared groups). Returns the
+        NATS subjects and shared groups new on this node, and the filters the client did not
+        hold (each takes a tenant slot)."""
+        tenant = conn.channel.tenant
+        new_subjects: list[str] = []
+        new_groups: list[SharedGroup[Conn]] = []
+        held = self.subs.counts.get(tenant, 0)
+        added: list[str] = []
+        for s, sub_id in req.subscriptions:
+            shared = parse_shared(s.filter, NO_LIMITS)
+            if shared is None:
+                entry = entry_for(
+                    s.filter, tenant, s.qos, s.no_local, s.retain_as_published, sub_id
+                )
+                new_subjects += self.subs.add(tenant, conn, entry)
+            else:
+                entry = entry_for(shared.filter, tenant, s.qos, False, False, sub_id)
+                g = self.subs.add_shared(tenant, shared.group, conn, entry)
+                if g is not None:
+                    new_groups.append(g)
+            if self.subs.counts.get(tenant, 0) > held:
+                held += 1
+                added.append(s.filter)
+        return new_subjects, new_groups, added
 
     async def _slots(self, conn: Conn, req: SubscribeRequest, added: list[str]) -> SubscribeRequest:
         """Ask the tenant's slots for the SUBSCRIBE's new filters; those past the tenant's
@@ -251,27 +270,10 @@ class Subscriber:
         """Remove from the node; `persist`: also from the session's stored subscriptions;
         `announce`: the client's UNSUBSCRIBE (an `unsubscribed` event, when a rule reads it)."""
         ch = conn.channel
-        router = self._router
-        events = self.events
-        if announce and events is not None and filters:
-            tenant, client_id, user = ch.tenant, ch.client_id, ch.identity.partition("/")[2]
-
-            async def announced() -> None:  # after the SUBSCRIBEs before it
-                events.unsubscribed(tenant, client_id, user, filters)
-
-            self._ops.put(announced)
-        if persist and router is not None:
-            tenant, client_id, incarnation = ch.tenant, ch.client_id, ch.incarnation
-
-            async def forget() -> None:
-                try:
-                    await router.unsubscribe(tenant, client_id, incarnation, list(filters))
-                except Exception as exc:
-                    log.warning(
-                        "persistent_unsubscribe_failed", extra={"error": type(exc).__name__}
-                    )
-
-            self._ops.put(forget)
+        if announce and self.events is not None and filters:
+            self._announce(ch, filters, self.events)
+        if persist and self._router is not None:
+            self._forget(ch, filters, self._router)
         gone: list[str] = []
         held = self.subs.counts.get(ch.tenant, 0)
         for f in filters:
@@ -285,27 +287,48 @@ class Subscriber:
         if self.slots is not None and self.subs.counts.get(ch.tenant, 0) < held:
             self.slots.changed(ch.tenant)
         if gone:
-            tenant = ch.tenant
+            self._ops.put(functools.partial(self._drop, ch.tenant, gone))
 
-            async def drop() -> None:
-                held = self._keys.get(tenant, set())
-                for key in gone:
-                    held.discard(key)
-                    sub = self._nats_subs.pop(key, None)
-                    if sub is not None:
-                        await sub.unsubscribe()
-                shared = self._shared_keys.get(tenant, set())
-                shared.difference_update(gone)
-                if not shared:
-                    self._shared_keys.pop(tenant, None)
-                    if self._interest is not None:
-                        self._interest.shared(tenant, False)
-                if not held:
-                    self._keys.pop(tenant, None)
-                    if self._interest is not None:
-                        self._interest.release(tenant)
+    def _announce(self, ch: Channel, filters: Sequence[str], events: SubscriptionEvents) -> None:
+        """The `unsubscribed` event, after the SUBSCRIBEs before it."""
+        tenant, client_id, user = ch.tenant, ch.client_id, ch.identity.partition("/")[2]
 
-            self._ops.put(drop)
+        async def announced() -> None:
+            events.unsubscribed(tenant, client_id, user, filters)
+
+        self._ops.put(announced)
+
+    def _forget(self, ch: Channel, filters: Sequence[str], router: RouterClient) -> None:
+        """Remove `filters` from the session's stored subscriptions, in order."""
+        tenant, client_id, incarnation = ch.tenant, ch.client_id, ch.incarnation
+
+        async def forget() -> None:
+            try:
+                await router.unsubscribe(tenant, client_id, incarnation, list(filters))
+            except Exception as exc:
+                log.warning("persistent_unsubscribe_failed", extra={"error": type(exc).__name__})
+
+        self._ops.put(forget)
+
+    async def _drop(self, tenant: str, gone: list[str]) -> None:
+        """Unsubscribe on NATS the subjects (`gone`) no client of this node needs any more;
+        the mesh's interest follows what the tenant still holds."""
+        held = self._keys.get(tenant, set())
+        for key in gone:
+            held.discard(key)
+            sub = self._nats_subs.pop(key, None)
+            if sub is not None:
+                await sub.unsubscribe()
+        shared = self._shared_keys.get(tenant, set())
+        shared.difference_update(gone)
+        if not shared:
+            self._shared_keys.pop(tenant, None)
+            if self._interest is not None:
+                self._interest.shared(tenant, False)
+        if not held:
+            self._keys.pop(tenant, None)
+            if self._interest is not None:
+                self._interest.release(tenant)
 
     async def on_routes(self, msg: Msg) -> None:
         """The router's ListRoutes asks every node which filters its clients hold."""

@@ -51,6 +51,40 @@ class ConsoleSettings(ServiceSettings):
         default=50, ge=5, le=1000, description="Rows per page of the console's lists."
     )
 
+    console_sample_interval_s: float = Field(
+        default=10.0,
+        ge=0.2,
+        le=300.0,
+        description="How often the overview's charts take a sample (one console replica takes "
+        "each, kept in Redis).",
+    )
+    console_history_s: int = Field(
+        default=3600,
+        ge=60,
+        le=86400,
+        description="How far back the overview's charts go (samples older are dropped).",
+    )
+    console_mesh_file: str = Field(
+        default="",
+        description="A local mesh's mesh.json (set by `starling up`): where the console finds "
+        "every instance to watch and every node to drain. Empty: the instances of the *_addr "
+        "settings and `console_nodes`.",
+    )
+    console_nodes: list[str] = Field(
+        default_factory=list,
+        description="Connection nodes' admin gRPC addresses as `name=host:port` (outside a "
+        "local mesh), for the overview and the operations page.",
+    )
+
+    @field_validator("console_nodes")
+    @classmethod
+    def _nodes_parse(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            name, sep, addr = entry.partition("=")
+            if not sep or not name.strip() or ":" not in addr:
+                raise ValueError(f"{entry!r}: expected name=host:port")
+        return value
+
     @field_validator("console_trusted_proxies")
     @classmethod
     def _proxies_parse(cls, value: list[str]) -> list[str]:

@@ -1,5 +1,6 @@
-"""Access: bans (add with reason and expiry, remove), users (add, delete) and tenant admin
-tokens (operator: create with expiry, revoke). The ACL and quotas: pages_policy.py."""
+"""Access: bans (add with reason and expiry, remove; a tenant token sees and changes its own
+tenant's), users (add, delete) and tenant admin tokens (operator: create with expiry,
+revoke). The ACL and quotas: pages_policy.py."""
 
 from __future__ import annotations
 
@@ -37,13 +38,16 @@ async def _part(out: dict[str, Any], name: str, call: Awaitable[object]) -> None
 
 
 async def _gather(ctx: Ctx) -> dict[str, Any]:
-    """What the page shows: the ban list and tenant admin tokens (the APIs list them for the
-    operator only)."""
+    """What the page shows: the bans (every one for the operator, the tenant's own for a
+    tenant token) and the tenant's admin tokens (operator only: the API lists them to it
+    alone)."""
     out: dict[str, Any] = {"errors": []}
     if ctx.principal.operator:
         await _part(out, "bans", ctx.clients.quota.list_bans())
         if ctx.tenant:
             await _part(out, "tokens", ctx.clients.tokens.list(ctx.tenant))
+    elif ctx.tenant:
+        await _part(out, "bans", ctx.clients.quota.list_bans(ctx.tenant))
     if "bans" in out and ctx.tenant:
         out["bans"] = [b for b in out["bans"] if b.tenant in (ctx.tenant, "")]
     return out

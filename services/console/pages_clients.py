@@ -9,7 +9,7 @@ from aiohttp import web
 
 from services.common.rpc.errors import NotFoundError, ServiceError
 from services.console.web import back, changing, render, signed_in
-from services.session.client import ClientInfo
+from services.session.client import ClientInfo, SessionAdminClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,21 +20,24 @@ class Page:
     total: int
 
 
-def matches(c: ClientInfo, query: str) -> bool:
-    """A search by client id, user or address (case-insensitive substring)."""
-    q = query.strip().lower()
-    return not q or any(q in v.lower() for v in (c.client_id, c.username, c.peer_address))
-
-
-def page_of(clients: list[ClientInfo], query: str, number: int, size: int) -> Page:
-    found = sorted((c for c in clients if matches(c, query)), key=lambda c: c.client_id)
-    pages = max(1, -(-len(found) // size))
-    number = min(max(1, number), pages)
-    return Page(found[(number - 1) * size : number * size], number, pages, len(found))
-
-
 def _page_number(text: str) -> int:
     return int(text) if text.isdigit() else 1
+
+
+async def _page(
+    session: SessionAdminClient, tenant: str, query: str, request: web.Request, size: int
+) -> Page:
+    """One page of the search, asked of the session service (it pages and counts, so a
+    tenant with 10,000 clients sends one page, not all of them)."""
+    number = _page_number(request.query.get("page", ""))
+    found = await session.clients_page(tenant, query=query, offset=(number - 1) * size, limit=size)
+    pages = max(1, -(-found.total // size))
+    if number > pages:  # past the end (fewer clients since): the last page
+        number = pages
+        found = await session.clients_page(
+            tenant, query=query, offset=(number - 1) * size, limit=size
+        )
+    return Page(list(found.clients), number, pages, found.total)
 
 
 async def clients(request: web.Request) -> web.StreamResponse:
@@ -43,9 +46,9 @@ async def clients(request: web.Request) -> web.StreamResponse:
     page, error = Page([], 1, 1, 0), ""
     if ctx.tenant:
         try:
-            listed = await ctx.clients.session.list_clients(ctx.tenant)
-            size = ctx.console.page_size
-            page = page_of(listed, query, _page_number(request.query.get("page", "")), size)
+            page = await _page(
+                ctx.clients.session, ctx.tenant, query, request, ctx.console.page_size
+            )
         except ServiceError as exc:
             error = str(exc)
     return render(request, "clients.html", ctx, page=page, query=query, error=error)
@@ -57,9 +60,9 @@ async def client(request: web.Request) -> web.StreamResponse:
     info, subscriptions, error = None, [], ""
     if ctx.tenant:
         try:
-            listed = await ctx.clients.session.list_clients(ctx.tenant)
-            info = next((c for c in listed if c.client_id == client_id), None)
-            routes = await ctx.clients.router.list_routes(ctx.tenant)
+            found = await ctx.clients.session.clients_page(ctx.tenant, client_id=client_id)
+            info = found.clients[0] if found.clients else None
+            routes = await ctx.clients.router.list_routes(ctx.tenant, persistent_only=True)
             prefix = f"{client_id}#"
             subscriptions = [
                 r.topic_filter

@@ -58,6 +58,9 @@ def parse_limits(form: Mapping[str, str]) -> Limits:
 
 async def set_limits(request: web.Request) -> web.StreamResponse:
     ctx, form = await changing(request)
+    if not ctx.principal.operator:  # a tenant must not raise its own limits
+        await ctx.audit("limits_set", "quotas", outcome="refused: operator only")
+        raise back("/policy", ctx, msg="Quotas not saved: only the operator sets them")
     try:
         limits = parse_limits(form)
         await ctx.clients.quota.set_limits(ctx.tenant, limits)

@@ -1,16 +1,32 @@
-"""One rule's page: its SQL and actions, its metrics and each action's (summed over the
-rules instances), and its dead letters (deliveries its actions gave up on) with replay and
-purge; replays and purges are recorded in the audit log."""
+"""One rule's page: its SQL and actions, editing them in place (UpdateRule; the SQL checked as
+you type, as on creation), its metrics and each action's (summed over the rules instances),
+and its dead letters (deliveries its actions gave up on) with replay and purge. Edits,
+replays and purges are recorded in the audit log."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from aiohttp import web
 
 from services.common.rpc.errors import ServiceError
+from services.console.pages_rules import parse_params
 from services.console.pages_topics import payload_view
 from services.console.web import Ctx, back, changing, render, signed_in
 
 SHOWN = 100
+MAX_ACTIONS = 16  # form slots read; the rules service has its own, lower, limit
+
+
+def edited_actions(form: Mapping[str, str]) -> list[tuple[str, dict[str, str]]]:
+    """The actions of the edit form: slots `action_N` (kind; empty: none) with `params_N`
+    (`key=value` lines); ValueError naming a bad line."""
+    out = []
+    for n in range(MAX_ACTIONS):
+        kind = form.get(f"action_{n}", "").strip()
+        if kind:
+            out.append((kind, parse_params(form.get(f"params_{n}", ""))))
+    return out
 
 
 async def rule(request: web.Request) -> web.StreamResponse:
@@ -34,6 +50,7 @@ async def rule(request: web.Request) -> web.StreamResponse:
         letters=letters,
         count=count,
         error=error,
+        editing=request.query.get("edit") == "1",
     )
 
 
@@ -64,3 +81,25 @@ async def purge(request: web.Request) -> web.StreamResponse:
         raise _to_rule(ctx, rule_id, msg=f"Purge failed: {exc}") from None
     await ctx.audit("dead_letters_purge", f"rule {rule_id}", detail=f"{purged} purged")
     raise _to_rule(ctx, rule_id, msg=f"Purged {purged} dead letters")
+
+
+async def update(request: web.Request) -> web.StreamResponse:
+    """The edit form: the rule replaced in place (same id, metrics and dead letters)."""
+    ctx, form = await changing(request)
+    rule_id = form.get("rule_id", "")
+    sql = form.get("sql", "")
+    try:
+        await ctx.clients.rules.update(
+            ctx.tenant,
+            rule_id,
+            sql,
+            edited_actions(form),
+            enabled=form.get("enabled") == "true",
+            description=form.get("description", ""),
+            if_updated_at_ms=int(form.get("version", "0") or 0),
+        )
+    except (ServiceError, ValueError) as exc:
+        await ctx.audit("rule_update", f"rule {rule_id}", outcome=f"refused: {exc}")
+        raise _to_rule(ctx, rule_id, msg=f"Rule not saved: {exc}") from None
+    await ctx.audit("rule_update", f"rule {rule_id}", detail=sql)
+    raise _to_rule(ctx, rule_id, msg=f"Saved rule {rule_id}")

@@ -1,4 +1,4 @@
-"""Sign-in (`/`), sign-out and the overview page."""
+"""Sign-in (`/`) and sign-out; the overview is pages_overview.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from aiohttp import web
 
 from services.common.rpc.errors import ServiceError
 from services.console.signin import COOKIE, SIGN_IN_COOKIE, new_secret, same
-from services.console.web import CONSOLE, Console, address_of, changing, render, signed_in
+from services.console.web import CONSOLE, Console, address_of, changing
 
 log = logging.getLogger("starling.console")
 
@@ -77,17 +77,3 @@ async def sign_out(request: web.Request) -> web.StreamResponse:
     response = web.HTTPSeeOther("/")
     response.del_cookie(COOKIE, path="/")
     return response
-
-
-async def overview(request: web.Request) -> web.StreamResponse:
-    ctx = await signed_in(request)
-    tenants, nodes, error = [], 0, ""
-    try:
-        if ctx.principal.operator:
-            totals = await ctx.clients.metrics.cluster_stats()
-            tenants, nodes = list(totals.tenants), totals.nodes
-    except ServiceError as exc:
-        error = str(exc)
-    if ctx.tenant:
-        tenants = [t for t in tenants if t.tenant == ctx.tenant]
-    return render(request, "overview.html", ctx, tenants=tenants, nodes=nodes, error=error)

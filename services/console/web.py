@@ -19,6 +19,9 @@ from aiohttp import web
 from services.common.forwarded import TrustedProxies, client_address, split_x_forwarded_for
 from services.console.audit import Auditor
 from services.console.backends import AdminClients, Backends
+from services.console.drains import Drains
+from services.console.history import History
+from services.console.instances import Directory
 from services.console.signin import COOKIE, Principal, Sessions, same
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -40,6 +43,9 @@ class Console:
     trusted: TrustedProxies
     page_size: int
     cookie_secure: bool
+    history: History  # the overview's samples
+    directory: Directory  # the instances to watch and the nodes to drain
+    drains: Drains  # drains begun from the console
 
 
 CONSOLE = web.AppKey("console", Console)

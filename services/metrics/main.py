@@ -11,6 +11,7 @@ from nats.aio.client import Client
 from redis.asyncio import Redis
 
 from services.common.bus.client import connect, drain
+from services.common.redis_client import redis_client
 from services.common.runtime import run_service
 from services.common.store.open import open_usage_store
 from services.metrics.api import MetricsAdminApi, MetricsApi
@@ -40,9 +41,7 @@ class MetricsService:
         self._shared: SharedReports | None = None
         self._refresh: asyncio.Task[None] | None = None
         if settings.instance_count > 1:
-            self._redis = Redis.from_url(
-                settings.redis_url, password=settings.redis_password.get_secret_value() or None
-            )
+            self._redis = redis_client(settings)
             self._shared = SharedReports(self._redis)
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:

@@ -18,6 +18,10 @@ another instance; a new instance gets its share as the others shed theirs. Time 
 If Redis data is lost, leases are taken again at the next tick (an instance first renews what
 it holds); while Redis is unreachable, an instance keeps what it holds (its epochs still
 fence it) and takes nothing new.
+
+Redis Cluster: the script names every key it touches (the members set and each partition's
+lease) and they share the hash tag `{q}`, so it runs on one slot: `<prefix>{q}members`,
+`<prefix>lease:{q}<partition>` (a prefix must not contain braces).
 """
 
 from __future__ import annotations
@@ -28,20 +32,20 @@ from typing import Any
 
 PREFIX = "starling:queue:"
 
-# KEYS: none (one Redis, keys built from the prefix). ARGV: prefix, instance, partitions,
-# ttl_ms. Returns {share, live members, owned...}.
+# KEYS: the members set, then the lease of each partition 0..n-1 (one slot: tag `{q}`).
+# ARGV: instance, ttl_ms. Returns {share, live members, owned...}.
 _TICK = """
-local prefix, me = ARGV[1], ARGV[2]
-local n, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+local me, ttl = ARGV[1], tonumber(ARGV[2])
+local n = #KEYS - 1
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local members = prefix .. 'members'
+local members = KEYS[1]
 redis.call('ZADD', members, now + ttl, me)
 redis.call('ZREMRANGEBYSCORE', members, '-inf', now)
 local live = redis.call('ZCARD', members)
 local owned, free = {}, {}
 for p = 0, n - 1 do
-  local k = prefix .. 'lease:' .. p
+  local k = KEYS[p + 2]
   local v = redis.call('GET', k)
   if v == me then
     redis.call('PEXPIRE', k, ttl)
@@ -57,7 +61,7 @@ local start = #free > 0 and (redis.sha1hex(me):byte(1) % #free) or 0
 for i = 0, #free - 1 do
   if #owned >= share then break end
   local p = free[(start + i) % #free + 1]
-  redis.call('SET', prefix .. 'lease:' .. p, me, 'PX', ttl)
+  redis.call('SET', KEYS[p + 2], me, 'PX', ttl)
   owned[#owned + 1] = p
 end
 local out = {share, live}
@@ -65,9 +69,9 @@ for i = 1, #owned do out[#out + 1] = owned[i] end
 return out
 """
 
+# KEYS: the lease. ARGV: instance.
 _RELEASE = """
-local k = ARGV[1]
-if redis.call('GET', k) == ARGV[2] then return redis.call('DEL', k) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
@@ -86,21 +90,25 @@ class LeaseTable:
         self._redis = redis
         self._prefix = prefix
         self._id = instance_id
-        self._n = partitions
         self._ttl_ms = ttl_ms
         self._tick = redis.register_script(_TICK)
         self._release = redis.register_script(_RELEASE)
+        self._members = f"{prefix}{{q}}members"
+        self._keys = [self._members, *(self._lease_key(p) for p in range(partitions))]
+
+    def _lease_key(self, partition: int) -> str:
+        return f"{self._prefix}lease:{{q}}{partition}"
 
     async def tick(self) -> LeaseView:
         """Renew this instance's leases, take free partitions up to its fair share."""
-        out = await self._tick(args=[self._prefix, self._id, self._n, self._ttl_ms])
+        out = await self._tick(keys=self._keys, args=[self._id, self._ttl_ms])
         share, members, *owned = (int(v) for v in out)
         return LeaseView(frozenset(owned), share, members)
 
     async def release(self, partitions: Iterable[int]) -> None:
         """Give these leases up now (a graceful stop: the others need not wait for expiry)."""
         for p in partitions:
-            await self._release(args=[f"{self._prefix}lease:{p}", self._id])
+            await self._release(keys=[self._lease_key(p)], args=[self._id])
 
     async def leave(self) -> None:
-        await self._redis.zrem(f"{self._prefix}members", self._id)
+        await self._redis.zrem(self._members, self._id)

@@ -11,8 +11,8 @@ import uuid
 from collections.abc import Iterable
 
 import grpc
+from nats.aio.client import Client
 from nats.aio.msg import Msg
-from redis.asyncio import Redis
 
 from services.common.bus import subjects
 from services.common.bus.client import LateClient, connect, drain
@@ -30,6 +30,7 @@ from services.common.bus.unary import (
     servicer_handler,
 )
 from services.common.dependencies import redis_ready
+from services.common.redis_client import redis_client
 from services.common.refusals import register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.open import open_queue_store
@@ -56,9 +57,7 @@ class QueueService:
         # Unique per process: a restarted instance never renews its predecessor's leases
         # (they run out), and callers never take one incarnation's claims for another's.
         self.instance_id = f"{settings.node_id}-{uuid.uuid4().hex[:8]}"
-        self._redis = Redis.from_url(
-            settings.redis_url, password=settings.redis_password.get_secret_value() or None
-        )
+        self._redis = redis_client(settings)
         leases = LeaseTable(
             self._redis,
             self.instance_id,
@@ -108,8 +107,28 @@ class QueueService:
             await self._api.depths.scan(self._store)
         except Exception as exc:  # the store is away: the scan loop tries again
             log.warning("queue_depth_scan_failed", extra={"error": repr(exc)})
-        # The persistent path's calls come over NATS too: on the shared subjects (a caller
-        # that knows no owner yet; any instance) and on this instance's own ones.
+        on_link = await self._serve_over_nats(nc)
+        if self._s.link_enabled:
+            await self._start_link(on_link, limit(nc))
+        await self._parts.announce()
+        self._leasing = asyncio.create_task(self._parts.run(), name="queue-leases")
+        self._depth_scans = asyncio.create_task(self._scan_depths(), name="queue-depths")
+        await nc.subscribe(subjects.QUEUED_BYTES, cb=self._on_peer_bytes)
+        self._sharing = asyncio.create_task(self._share_bytes(), name="queue-bytes")
+        self._reporter = asyncio.create_task(
+            report_every(
+                MetricsClient(self._s.metrics_addr),
+                f"queue:{self._s.node_id}",
+                self._figures,
+                self._s.stats_interval_s,
+                kind="queue",
+            )
+        )
+
+    async def _serve_over_nats(self, nc: Client) -> dict[int, Handler]:
+        """The persistent path's calls come over NATS too: on the shared subjects (a caller
+        that knows no owner yet; any instance) and on this instance's own ones. Answers the
+        handlers the queue link serves as well."""
         api = self._api
         on_link: dict[int, Handler] = {}
         for subject, method, request in (
@@ -136,22 +155,7 @@ class QueueService:
         )
         for server in self._servers:
             await server.start()
-        if self._s.link_enabled:
-            await self._start_link(on_link, limit(nc))
-        await self._parts.announce()
-        self._leasing = asyncio.create_task(self._parts.run(), name="queue-leases")
-        self._depth_scans = asyncio.create_task(self._scan_depths(), name="queue-depths")
-        await nc.subscribe(subjects.QUEUED_BYTES, cb=self._on_peer_bytes)
-        self._sharing = asyncio.create_task(self._share_bytes(), name="queue-bytes")
-        self._reporter = asyncio.create_task(
-            report_every(
-                MetricsClient(self._s.metrics_addr),
-                f"queue:{self._s.node_id}",
-                self._figures,
-                self._s.stats_interval_s,
-                kind="queue",
-            )
-        )
+        return on_link
 
     async def _start_link(self, handlers: dict[int, Handler], nats_limit: int) -> None:
         """Serve the queue link, announced with the partitions from now on. A frame holds

@@ -21,7 +21,7 @@ from services.common.bans import Ban, BanKind, normalized
 from services.common.bus import subjects
 from services.common.rpc.errors import InvalidArgumentError, ResourceExhaustedError
 from services.common.store.ports import BanStore
-from services.quota.keys import limits_key
+from services.quota.keys import limits_key, scope
 from services.quota.subscriptions import SubscriptionCounts
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
@@ -78,7 +78,7 @@ async def get_limits(redis: Redis, request: pb.GetLimitsRequest) -> pb.GetLimits
 
 
 def _scope(tenant: str, user: str) -> str:
-    return f"st:quota:{tenant}:u:{user}" if user else f"st:quota:{tenant}"
+    return scope(tenant, user)  # the tenant's hash tag: one slot per lease script
 
 
 def ban_to_pb(b: Ban) -> pb.Ban:
@@ -164,8 +164,12 @@ class Bans:
             await self._announce()
         return pb.RemoveBanResponse(removed=removed)
 
-    async def list(self) -> pb.ListBansResponse:
-        return pb.ListBansResponse(bans=[ban_to_pb(b) for b in await self._store.list()])
+    async def list(self, tenant: str = "") -> pb.ListBansResponse:
+        """Every ban in force, or (`tenant`) that tenant's own."""
+        bans = await self._store.list()
+        return pb.ListBansResponse(
+            bans=[ban_to_pb(b) for b in bans if not tenant or b.tenant == tenant]
+        )
 
     async def _announce(self) -> None:
         try:
@@ -208,7 +212,7 @@ class QuotaAdminApi(pb_grpc.QuotaAdminServiceServicer):
     async def ListBans(
         self, request: pb.ListBansRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListBansResponse:
-        return await self._bans.list()
+        return await self._bans.list(request.tenant)
 
     async def RemoveBan(
         self, request: pb.RemoveBanRequest, context: grpc.aio.ServicerContext

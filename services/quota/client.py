@@ -122,8 +122,11 @@ class QuotaAdminClient:
         resp = await self._rpc.call(self._rpc.stub.AddBan, _add_request(ban, duration_s))
         return ban_from_pb(resp.ban)
 
-    async def list_bans(self) -> list[Ban]:
-        resp = await self._rpc.call(self._rpc.stub.ListBans, pb.ListBansRequest())
+    async def list_bans(self, tenant: str = "") -> list[Ban]:
+        """Every ban in force (operator), or `tenant`'s own (a tenant token may ask for its
+        own tenant's)."""
+        req = pb.ListBansRequest(tenant=tenant)
+        resp = await self._rpc.call(self._rpc.stub.ListBans, req)
         return [ban_from_pb(b) for b in resp.bans]
 
     async def remove_ban(self, kind: BanKind, tenant: str, value: str) -> bool:

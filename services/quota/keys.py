@@ -1,11 +1,20 @@
 """Redis keys of the quota service that other services read too (the session service's
-CONNECT script reads a tenant's `max_connections`)."""
+CONNECT script reads a tenant's `max_connections`).
+
+Every key of a tenant carries the tenant as its Redis Cluster hash tag (`{tenant}`), so a
+script that reads a tenant's limits and writes its counters (the lease script, the session
+registry's claim) touches one slot."""
 
 from __future__ import annotations
 
 
+def scope(tenant: str, user: str = "") -> str:
+    """The prefix of a tenant's (or one of its users') quota keys."""
+    if user:
+        return f"st:quota:{{{tenant}}}:u:{user}"
+    return f"st:quota:{{{tenant}}}"
+
+
 def limits_key(tenant: str, user: str = "") -> str:
     """The Redis hash of a tenant's limits (or of one of its users)."""
-    if user:
-        return f"st:quota:{tenant}:u:{user}:limits"
-    return f"st:quota:{tenant}:limits"
+    return f"{scope(tenant, user)}:limits"

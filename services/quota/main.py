@@ -7,14 +7,15 @@ from collections.abc import Iterable
 
 import grpc
 from nats.aio.client import Client
-from redis.asyncio import Redis
 
 from services.common.bus.client import connect, drain
 from services.common.dependencies import redis_ready
+from services.common.redis_client import redis_client
 from services.common.runtime import run_service
 from services.common.store.open import open_ban_store
 from services.quota.api import Bans, QuotaAdminApi, QuotaApi
 from services.quota.config import QuotaSettings
+from services.quota.key_migration import migrate_limit_keys
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
 
@@ -24,9 +25,7 @@ log = logging.getLogger("starling.quota")
 class QuotaService:
     def __init__(self, settings: QuotaSettings) -> None:
         self._settings = settings
-        self._redis = Redis.from_url(
-            settings.redis_url, password=settings.redis_password.get_secret_value() or None
-        )
+        self._redis = redis_client(settings)
         # The store, not Redis: a Redis flush loses no ban; Cassandra when configured, so
         # every quota instance of the cluster holds one list.
         self._store = open_ban_store(settings)
@@ -56,6 +55,7 @@ class QuotaService:
 
     async def start(self) -> None:
         await redis_ready(self._redis, self._settings.dependency_wait_s)
+        await migrate_limit_keys(self._redis)
         s = self._settings
         self._nc = await connect(s.nats_url, s.node_id, **s.nats_options())
 

@@ -11,22 +11,27 @@ adding, or releases it has not reported yet). A node that dies leaves its figure
 the session service declares it dead (`drop_node`, from the node's set of tenants), or it
 restarts (its hello does the same). Offline persistent sessions hold their subscriptions in
 the router, not on a node: they are not counted (docs/quota.md states the bound).
+
+Redis Cluster: the script touches the tenant's keys only (hash tag `{tenant}`, one slot);
+the node's set of tenants lives in another slot, so it is written by its own command just
+before the script, whenever the script may give the node a figure: a node's figure in a
+tenant's hash is always listed in its set (a listed tenant without a figure costs `drop_node`
+one HDEL of nothing).
 """
 
 from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from services.quota.keys import limits_key
+from services.quota.keys import limits_key, scope
 
-# KEYS: the tenant's limits hash, its subscription hash, the node's set of tenants.
+# KEYS (the tenant's slot): the tenant's limits hash, its subscription hash.
 # ARGV: node id, held (the node's figure before this call's new filters), amount (new
-# filters asking for slots; 0: only report held), tenant. Returns {granted, limit}.
+# filters asking for slots; 0: only report held). Returns {granted, limit}.
 _HOLD = """
 local held = tonumber(ARGV[2]); local amount = tonumber(ARGV[3])
 if held > 0 then
   redis.call('HSET', KEYS[2], ARGV[1], held)
-  redis.call('SADD', KEYS[3], ARGV[4])
 else
   redis.call('HDEL', KEYS[2], ARGV[1])
 end
@@ -38,17 +43,14 @@ if limit > 0 then
   for _, v in ipairs(redis.call('HVALS', KEYS[2])) do total = total + tonumber(v) end
   grant = math.max(0, math.min(amount, limit - total))
 end
-if grant > 0 then
-  redis.call('HINCRBY', KEYS[2], ARGV[1], grant)
-  redis.call('SADD', KEYS[3], ARGV[4])
-end
+if grant > 0 then redis.call('HINCRBY', KEYS[2], ARGV[1], grant) end
 return {grant, limit}
 """
 
 
 def subscriptions_key(tenant: str) -> str:
     """The hash node id -> subscriptions its clients of `tenant` hold."""
-    return f"st:quota:{tenant}:subscriptions"
+    return f"{scope(tenant)}:subscriptions"
 
 
 def node_tenants_key(node_id: str) -> str:
@@ -64,9 +66,10 @@ class SubscriptionCounts:
     async def hold(self, tenant: str, node_id: str, held: int, amount: int) -> tuple[int, int]:
         """Record `held` as the node's figure and grant up to `amount` more below the
         tenant's limit; returns (granted, limit; 0: none)."""
+        if held > 0 or amount > 0:  # the script may give the node a figure
+            await self._redis.sadd(node_tenants_key(node_id), tenant)  # type: ignore[misc]
         granted, limit = await self._hold(
-            keys=[limits_key(tenant), subscriptions_key(tenant), node_tenants_key(node_id)],
-            args=[node_id, held, amount, tenant],
+            keys=[limits_key(tenant), subscriptions_key(tenant)], args=[node_id, held, amount]
         )
         return int(granted), int(limit)
 

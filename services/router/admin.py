@@ -67,7 +67,8 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
         persistent routes (filter -> sessions client#incarnation, from the route table)."""
         tenant = _tenant(request.tenant)
         nodes: dict[str, set[str]] = {}
-        for reply in await self._gather(tenant):
+        gathered = [] if request.persistent_only else await self._gather(tenant)
+        for reply in gathered:
             for r in reply.routes:
                 nodes.setdefault(r.topic_filter, set()).update(r.node_ids)
         routes = [pb.Route(topic_filter=f, node_ids=sorted(ns)) for f, ns in sorted(nodes.items())]
@@ -77,20 +78,34 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
         ]
         return pb.ListRoutesResponse(routes=routes)
 
-    async def _gather(self, tenant: str, gather_s: float = 0.3) -> list[pb.ListRoutesResponse]:
-        """Scatter-gather over NATS: every node answers within `gather_s`."""
+    async def _gather(
+        self, tenant: str, gather_s: float = 0.3, quiet_s: float = 0.05
+    ) -> list[pb.ListRoutesResponse]:
+        """Scatter-gather over NATS: the nodes' answers within `gather_s`, ending early once
+        `quiet_s` passed without another after the first (nodes answer together; a console
+        page must not wait the whole window every time)."""
         nc = self._nats
         if nc is None:
             return []
         inbox = nc.new_inbox()
         replies: list[pb.ListRoutesResponse] = []
+        arrived = asyncio.Event()
 
         async def collect(msg: Any) -> None:
             replies.append(pb.ListRoutesResponse.FromString(msg.data))
+            arrived.set()
 
         sub = await nc.subscribe(inbox, cb=collect)
         await nc.publish(subjects.ROUTE_LISTING, tenant.encode(), reply=inbox)
-        await asyncio.sleep(gather_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + gather_s
+        while (left := deadline - loop.time()) > 0:
+            arrived.clear()
+            try:
+                await asyncio.wait_for(arrived.wait(), min(left, quiet_s) if replies else left)
+            except TimeoutError:
+                if replies:
+                    break
         await sub.unsubscribe()
         return replies
 

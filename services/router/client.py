@@ -259,9 +259,10 @@ class RouterAdminClient:
             address, pb_grpc.RouterAdminServiceStub, timeout_s=timeout_s, token=token
         )
 
-    async def list_routes(self, tenant: str) -> list[Route]:
-        """Transient filters with their nodes, then persistent ones with their sessions."""
-        req = pb.ListRoutesRequest(tenant=tenant)
+    async def list_routes(self, tenant: str, persistent_only: bool = False) -> list[Route]:
+        """Transient filters with their nodes, then persistent ones with their sessions
+        (`persistent_only`: those alone, without asking the nodes)."""
+        req = pb.ListRoutesRequest(tenant=tenant, persistent_only=persistent_only)
         resp = await self._rpc.call(self._rpc.stub.ListRoutes, req)
         return [Route(r.topic_filter, tuple(r.node_ids), r.persistent) for r in resp.routes]
 

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterable
 
 import grpc
+from nats.aio.client import Client
 from redis.asyncio import Redis
 
 from services.common.bus.client import LateClient, connect, drain
@@ -18,6 +19,7 @@ from services.common.bus.unary import (
     servicer_handler,
 )
 from services.common.dependencies import redis_ready
+from services.common.redis_client import redis_client
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.rpc.limits import max_message_bytes
 from services.common.runtime import run_service
@@ -65,27 +67,13 @@ class RouterService:
             if settings.quota_enabled
             else None
         )
-        self._publisher = Publisher(
-            self._table,
-            self._queues,
-            self._retained,
-            self._router_store,
-            self._nats,
-            settings.caps(),
-            settings.queue_qos0_offline,
-            self._fence,
-            self._refusals,
-            self._limits,
-        )
-        self._publisher.tracing = settings.tracing
+        self._publisher = self._build_publisher()
         # Several instances share their state through the store and Redis
         # (services/router/cluster.py); one alone needs neither.
-        self._shared: Shared | None = None
         self._redis: Redis | None = None
+        self._shared: Shared | None = None
         if settings.instance_count > 1:
-            self._redis = Redis.from_url(
-                settings.redis_url, password=settings.redis_password.get_secret_value() or None
-            )
+            self._redis = redis_client(settings)
             self._shared = self._publisher.shared = Shared(self._redis, settings.node_id)
         self._scheduler: asyncio.Task[None] | None = None
         self._rule_feed: RuleFeed | None = None
@@ -103,6 +91,22 @@ class RouterService:
         self._servers: list[UnaryServer] = []
         self.boot: BootReport | None = None
 
+    def _build_publisher(self) -> Publisher:
+        publisher = Publisher(
+            self._table,
+            self._queues,
+            self._retained,
+            self._router_store,
+            self._nats,
+            self._s.caps(),
+            self._s.queue_qos0_offline,
+            self._fence,
+            self._refusals,
+            self._limits,
+        )
+        publisher.tracing = self._s.tracing
+        return publisher
+
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_RouterServiceServicer_to_server(self._api, server)
         pb_grpc.add_RouterAdminServiceServicer_to_server(
@@ -117,9 +121,9 @@ class RouterService:
         self._nats.nc = await connect(self._s.nats_url, self._s.node_id, **self._s.nats_options())
         if self._redis is not None:  # the instances' shared state is read below
             await redis_ready(self._redis, self._s.dependency_wait_s)
-        # Delayed messages larger than one NATS message are published by reference.
         if self._limits is not None:
             await self._limits.start(self._nats.nc)
+        # Delayed messages larger than one NATS message are published by reference.
         holder = Holder(self._s.node_id, HOLD_MESSAGES * max_message_bytes())
         await holder.start(self._nats.nc)
         self._publisher.holder = holder
@@ -129,24 +133,7 @@ class RouterService:
         self._rule_feed = RuleFeed(self._nats.nc)
         self._publisher.rules = self._rule_feed
         await self._rule_feed.start()
-        # The latest routing snapshot and the events after its checkpoint (or a scan).
-        self.boot = await load_routes(self._store, self._table)
-        if self._shared is not None:
-            self._fence.replay = RouteReplay(self._store, self._table, self.boot, self._positions)
-        self._positions.booted(self.boot.position)
-        for tenant, position in self.boot.tenant_positions.items():
-            self._positions.logged(tenant, position)
-        await self._publisher.load()
-        log.info(
-            "route_table_loaded",
-            extra={
-                "subscriptions": len(self._table),
-                "delayed": len(self._publisher.schedule),
-                "source": self.boot.source,
-                "replayed": self.boot.replayed,
-                "seconds": round(self.boot.seconds, 3),
-            },
-        )
+        await self._load_table()
         self._scheduler = asyncio.create_task(self._publisher.run_scheduler())
         self._reporter = asyncio.create_task(
             report_every(
@@ -159,13 +146,37 @@ class RouterService:
         )
         # The persistent publish path: routes over NATS once the table is loaded, appends too.
         self._queues.use_bus(self._nats.nc)
-        # And the CONNECT path's will settlement.
+        await self._serve_over_nats(self._nats.nc)
+
+    async def _load_table(self) -> None:
+        """The latest routing snapshot and the events after its checkpoint (or a scan), and
+        the delayed messages."""
+        self.boot = boot = await load_routes(self._store, self._table)
+        if self._shared is not None:
+            self._fence.replay = RouteReplay(self._store, self._table, boot, self._positions)
+        self._positions.booted(boot.position)
+        for tenant, position in boot.tenant_positions.items():
+            self._positions.logged(tenant, position)
+        await self._publisher.load()
+        log.info(
+            "route_table_loaded",
+            extra={
+                "subscriptions": len(self._table),
+                "delayed": len(self._publisher.schedule),
+                "source": boot.source,
+                "replayed": boot.replayed,
+                "seconds": round(boot.seconds, 3),
+            },
+        )
+
+    async def _serve_over_nats(self, nc: Client) -> None:
+        """The persistent publish path's routing, and the CONNECT path's will settlement."""
         for subject, method, request in (
             (ROUTE_SUBJECT, self._api.RoutePersistent, pb.RoutePersistentRequest),
             (SETTLE_WILL_SUBJECT, self._api.SettleWill, pb.SettleWillRequest),
         ):
             handler = servicer_handler(method, request)
-            server = UnaryServer(self._nats.nc, subject, "router", handler)
+            server = UnaryServer(nc, subject, "router", handler)
             await server.start()
             self._servers.append(server)
 

@@ -40,6 +40,31 @@ class RulesAdminClient:
         resp = await self._rpc.call(self._rpc.stub.CreateRule, pb.CreateRuleRequest(rule=rule))
         return resp.rule
 
+    async def update(
+        self,
+        tenant: str,
+        rule_id: str,
+        sql: str,
+        actions: Sequence[tuple[str, Mapping[str, str]]],
+        *,
+        enabled: bool = True,
+        description: str = "",
+        if_updated_at_ms: int = 0,
+    ) -> pb.Rule:
+        """Replace a rule's SQL, actions, description and state in place (validated as
+        `create` validates); `if_updated_at_ms`: refuse (InvalidArgumentError,
+        FAILED_PRECONDITION) if the rule changed since that version."""
+        rule = pb.Rule(
+            tenant=tenant,
+            rule_id=rule_id,
+            sql=sql,
+            enabled=enabled,
+            description=description,
+            actions=[pb.Action(kind=k, params=dict(p)) for k, p in actions],
+        )
+        req = pb.UpdateRuleRequest(rule=rule, if_updated_at_ms=if_updated_at_ms)
+        return (await self._rpc.call(self._rpc.stub.UpdateRule, req)).rule
+
     async def list(self, tenant: str) -> list[pb.Rule]:
         resp = await self._rpc.call(self._rpc.stub.ListRules, pb.ListRulesRequest(tenant=tenant))
         return list(resp.rules)

@@ -25,6 +25,7 @@ from services.common.topics.rules import topic_matches
 from services.rules.actions import ActionContext, build_action
 from services.rules.actions.dead_letters import DeadLetterStore
 from services.rules.actions.delivery import replay
+from services.rules.editing import edited
 from services.rules.engine import ActionSpec, Engine, decode_actions, encode_actions
 from services.rules.metrics import merge
 from services.rules.registry import Registry
@@ -121,6 +122,25 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
         await self._store.put_rule(rec)
         await self._registry.changed(r.tenant)
         return pb.CreateRuleResponse(rule=to_proto(rec))
+
+    async def UpdateRule(
+        self, request: pb.UpdateRuleRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateRuleResponse:
+        r = request.rule
+        stored = await self._get(r.tenant, r.rule_id)
+        specs = self._check(r)
+        rec = edited(
+            stored,
+            sql=r.sql,
+            actions_json=encode_actions(specs),
+            enabled=r.enabled,
+            description=r.description,
+            if_updated_at_ms=request.if_updated_at_ms,
+            now_ms=int(time.time() * 1000),
+        )
+        await self._store.put_rule(rec)
+        await self._registry.changed(r.tenant)
+        return pb.UpdateRuleResponse(rule=to_proto(rec))
 
     async def DeleteRule(
         self, request: pb.DeleteRuleRequest, context: grpc.aio.ServicerContext

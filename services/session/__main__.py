@@ -1,3 +1,5 @@
+"""`python -m services.session`: runs the session service (services/session/main.py)."""
+
 import sys
 
 from services.session.main import main

@@ -57,6 +57,8 @@ class Authenticator:
         gate: HashGate | None = None,
         local_ttl_s: float = 0.0,
         local_entries: int = 100_000,
+        *,
+        announce: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._redis = redis
@@ -68,8 +70,8 @@ class Authenticator:
             local_ttl_s, local_entries
         )
         self._acls: LocalCache[str, tuple[AclRule, ...]] = LocalCache(local_ttl_s, local_entries)
-        # Tells the other instances of a change (set once NATS is up; None: alone).
-        self.announce: Callable[[bytes], Awaitable[None]] | None = None
+        # Tells the other instances of a change (None: alone).
+        self._announce_change = announce
         self._gate = gate or HashGate(4, 16)
         # Verified in place of a missing user's hash: same cost, never matches.
         self._decoy_hash = hash_password(secrets.token_urlsafe(24))
@@ -194,10 +196,10 @@ class Authenticator:
 
     async def _announce(self, change: bytes) -> None:
         self.changed(change)
-        if self.announce is None:
+        if self._announce_change is None:
             return
         try:
-            await self.announce(change)
+            await self._announce_change(change)
         except Exception as exc:  # the copies elsewhere expire with their TTL
             log.warning("auth_change_unannounced", extra={"error": type(exc).__name__})
 

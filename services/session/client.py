@@ -25,6 +25,8 @@ from services.common.store.ports import Qos2Change, Qos2Update
 from services.common.tasks import TaskSet
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.connect_client import connect_outcome, connect_request, reauth_outcome
+from services.session.offline import OfflineSession as OfflineSession
+from services.session.offline import SessionPage as SessionPage
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
 
@@ -257,6 +259,12 @@ class ClientInfo:
     clean_start: bool
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientsPage:
+    clients: tuple[ClientInfo, ...]
+    total: int  # how many matched (the page is a slice of them)
+
+
 class SessionAdminClient:
     """Users, ACLs and connected clients of a tenant (the admin token is required)."""
 
@@ -299,9 +307,19 @@ class SessionAdminClient:
         return [rule_from_pb(r) for r in resp.rules]
 
     async def list_clients(self, tenant: str) -> list[ClientInfo]:
-        req = pb.ListClientsRequest(tenant=tenant)
+        return list((await self.clients_page(tenant)).clients)
+
+    async def clients_page(
+        self, tenant: str, *, query: str = "", offset: int = 0, limit: int = 0, client_id: str = ""
+    ) -> ClientsPage:
+        """The tenant's connected clients whose id, user or address contains `query`, by
+        client id: `offset` skipped, at most `limit` (0: all), and how many matched; with
+        `client_id`, only that client (if connected)."""
+        req = pb.ListClientsRequest(
+            tenant=tenant, query=query, offset=offset, limit=limit, client_id=client_id
+        )
         resp = await self._rpc.call(self._rpc.stub.ListClients, req)
-        return [
+        clients = [
             ClientInfo(
                 c.tenant,
                 c.client_id,
@@ -315,6 +333,37 @@ class SessionAdminClient:
             )
             for c in resp.clients
         ]
+        return ClientsPage(clients=tuple(clients), total=resp.total)
+
+    async def list_sessions(
+        self, tenant: str, *, prefix: str = "", after: str = "", limit: int = 0
+    ) -> SessionPage:
+        """A page of the tenant's offline persistent sessions by client id, with their queue
+        depths; pass the page's `next` as `after` for the next one."""
+        req = pb.ListSessionsRequest(
+            tenant=tenant, client_id_prefix=prefix, after=after, limit=limit
+        )
+        resp = await self._rpc.call(self._rpc.stub.ListSessions, req)
+        return SessionPage(
+            sessions=tuple(
+                OfflineSession(
+                    client_id=s.client_id,
+                    owner=s.owner,
+                    incarnation=s.incarnation,
+                    disconnected_at_ms=s.disconnected_at_ms,
+                    expires_at_ms=s.expires_at_ms,
+                    queue_depth=s.queue_depth if s.queue_depth_known else None,
+                )
+                for s in resp.sessions
+            ),
+            next=resp.next,
+        )
+
+    async def discard_session(self, tenant: str, client_id: str) -> bool:
+        """End the client id's offline session (subscriptions and queue dropped); False if
+        it has none or is connected."""
+        req = pb.DiscardSessionRequest(tenant=tenant, client_id=client_id)
+        return bool((await self._rpc.call(self._rpc.stub.DiscardSession, req)).discarded)
 
     async def kick(self, tenant: str, client_id: str) -> None:
         """Disconnect the client (DISCONNECT 0x98) on whatever node holds it; raises

@@ -20,6 +20,7 @@ import time
 from nats.aio.client import Client
 
 from services.common.bus import subjects
+from services.session.failover import PrimaryWatch
 from services.session.registry import Holder, Registry
 from starling.session.v1 import session_pb2 as pb
 
@@ -33,14 +34,18 @@ async def announce_loss(nc: Client, generation: str) -> None:
     await nc.flush(timeout=2)
 
 
-async def watch_generation(registry: Registry, nc: Client, period_s: float = 1.0) -> None:
-    """Check the registry's sentinel every `period_s`: a loss is noticed within a period even
-    when no CONNECT arrives to notice it."""
+async def watch_generation(
+    registry: Registry, nc: Client, period_s: float = 1.0, primary: PrimaryWatch | None = None
+) -> None:
+    """Check the registry's sentinel every `period_s`, and with `primary` whether another
+    server became the primary (a failover to a replica that lagged: services/session/
+    failover.py): a loss is noticed within a period even when no CONNECT arrives to notice it."""
     while True:
         try:
             generation = await registry.check_generation()
-            if generation is not None:
-                await announce_loss(nc, generation)
+            moved = await primary.check() if primary is not None else None
+            if generation is not None or moved is not None:
+                await announce_loss(nc, generation or moved or "")
         except Exception:  # Redis down for now: try again next period
             log.warning("registry_generation_check_failed", exc_info=True)
         await asyncio.sleep(period_s)

@@ -15,6 +15,10 @@ window. The CONNECTs of one event-loop turn are counted by one call of the scrip
 a quarter of the session service's CPU per CONNECT (bench/connects.py, py-spy). Redis
 unreachable: the CONNECT goes on uncounted (flapping protects the service; it must not
 take it down with Redis).
+
+Redis Cluster: both keys of a CONNECT carry its address as their hash tag (a digest of it),
+so each CONNECT's two counts are on one slot; the batch of a loop turn is split by slot
+(BatchedScript), one call per slot.
 """
 
 from __future__ import annotations
@@ -78,9 +82,12 @@ class Flap:
 
 
 def count_key(*parts: str) -> str:
-    # Hashed: client ids may be long, and a key's size should not depend on them.
+    """The count of `parts`, the address last: tagged with the address (one slot for the two
+    counts of a CONNECT). Hashed: client ids may be long, and a key's size should not depend
+    on them."""
+    address = hashlib.blake2b(parts[-1].encode(), digest_size=8).hexdigest()
     digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=16).hexdigest()
-    return PREFIX + digest
+    return f"{PREFIX}{{{address}}}:{digest}"
 
 
 @lru_cache(maxsize=4096)

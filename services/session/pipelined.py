@@ -9,6 +9,11 @@ bench/connects.py); sent together they share one write and one read. Each caller
 its own reply or its own error, and nothing waits for a batch to fill: the pipeline leaves at
 the end of the loop turn in which the first call was made. Calls are independent (the caller
 orders calls of one client id with its own lock), so they need no transaction.
+
+Redis Cluster: each call's keys share one slot (the callers' hash tags). A pipeline of calls
+is split by redis-py's cluster pipeline, a command per call to the node of its slot; a
+`BatchedScript` call names the keys of several calls, so its batch is split by slot first
+(one script call per slot of the turn).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import asyncio
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
 from services.common.tasks import TaskSet
@@ -55,8 +62,13 @@ class _TurnCalls:
     def _send_pending(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, []
-        for i in range(0, len(pending), MAX_BATCH):
-            self._tasks.spawn(self._send(pending[i : i + MAX_BATCH]), name="redis_script")
+        for group in self._groups(pending):
+            for i in range(0, len(group), MAX_BATCH):
+                self._tasks.spawn(self._send(group[i : i + MAX_BATCH]), name="redis_script")
+
+    def _groups(self, pending: list[_Call]) -> list[list[_Call]]:
+        """The calls that may go together (all of them, unless a subclass says otherwise)."""
+        return [pending]
 
     async def _send(self, calls: list[_Call]) -> None:
         raise NotImplementedError
@@ -91,7 +103,9 @@ class PipelinedScript(_TurnCalls):
     async def _pipeline(self, calls: list[_Call]) -> list[Any]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for keys, args, _ in calls:
-                pipe.evalsha(self._sha, len(keys), *keys, *args)
+                # Not pipe.evalsha: redis-py's cluster pipeline blocks that method, while
+                # its EVALSHA routes by the call's keys like any keyed command.
+                pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
             return list(await pipe.execute(raise_on_error=False))
 
 
@@ -108,6 +122,17 @@ class BatchedScript(_TurnCalls):
         super().__init__(redis, script)
         self._shared = shared
         self._reply_len = reply_len
+        self._cluster = isinstance(redis, RedisCluster)
+
+    def _groups(self, pending: list[_Call]) -> list[list[_Call]]:
+        """On a cluster, one group per slot (of each call's first key: a call's keys share
+        it); on one Redis, all of them."""
+        if not self._cluster:
+            return [pending]
+        by_slot: dict[int, list[_Call]] = {}
+        for call in pending:
+            by_slot.setdefault(key_slot(str(call[0][0]).encode()), []).append(call)
+        return list(by_slot.values())
 
     async def _send(self, calls: list[_Call]) -> None:
         keys = [k for ks, _, _ in calls for k in ks]

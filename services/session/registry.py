@@ -18,12 +18,18 @@ and the tenant's client ids with a persistent session, online or offline (a set,
 `max_sessions`: joined by the CONNECT that opens the session, left when services/session/
 sessions.py discards it).
 
-Losing Redis (restart without persistence, FLUSHALL, failover to an empty replica) empties
-the registry; the sentinel key `st:registry:generation` goes with it. Whoever finds it missing
-(`claim`, or `check_generation` every second) writes a new generation and the session service
-asks every node to re-assert the connections it holds (`reclaim`, the same later-epoch-wins
-claim, never refused by the cap): the registry is rebuilt, and a client that connected to
-another node meanwhile keeps the later connection while the earlier one is kicked.
+Every key of a claim carries the tenant's hash tag, so the script touches one slot of a Redis
+Cluster; services/session/registry_keys.py has the layout, and the index of tenants through
+which node liveness finds a node's clients (`held_by`, `known_nodes`).
+
+Losing Redis (restart without persistence, FLUSHALL, failover to an empty replica, one cluster
+shard restarted empty) empties the registry, or a part of it; the generation sentinels go with
+it: the global one (`{st:registry}:generation`) and each tenant's, in its slot. Whoever
+finds one missing (`claim`, or `check_generation` every second) writes a new generation and
+the session service asks every node to re-assert the connections it holds (`reclaim`, the
+same later-epoch-wins claim, never refused by the cap): the registry is rebuilt, and a client
+that connected to another node meanwhile keeps the later connection while the earlier one is
+kicked.
 Redis holds only what may be lost: losing it drops the registry, never a message. The
 per-user counts come back with the re-asserted connections; the session set comes back as
 sessions reconnect (until then the tenant may open more than `max_sessions`).
@@ -38,13 +44,26 @@ from dataclasses import dataclass, fields, replace
 
 from redis.asyncio import Redis
 
-from services.quota.keys import limits_key as quota_limits_key
 from services.session.pipelined import PipelinedScript
+from services.session.registry_keys import (
+    GENERATION,
+    TenantIndex,
+    claim_keys,
+    clients_key,
+    node_clients_key,
+    release_keys,
+    sessions_key,
+    tenant_nodes_key,
+    users_key,
+)
+
+__all__ = ["GENERATION", "ClaimResult", "Holder", "Registry", "sessions_key"]
 
 # One round trip per CONNECT: the owner check of the installed connection, the claim (within
 # the tenant's and the user's connection caps and the tenant's session cap), and which node
 # holds the client, in one atomic script.
-# KEYS: tenant hash, generation sentinel, the node's set of clients, the set of nodes, the
+# KEYS (one slot: the tenant's hash tag): tenant hash, the tenant's generation sentinel, the
+# node's set of the tenant's clients, the set of nodes holding the tenant's clients, the
 # tenant's limits hash of the quota service (its `max_connections`, 0 or absent: none, caps
 # the tenant too, the lower cap wins; its `max_sessions`), the tenant's connections per user
 # (hash user -> count), the user's limits hash (its `max_connections`), the tenant's set of
@@ -53,9 +72,9 @@ from services.session.pipelined import PipelinedScript
 # ours asks for a higher one; 'reclaim': only a higher installed epoch refuses ours, an equal
 # one is this connection's entry, kept as it is), new generation, owner of the claim, '1' to
 # refuse a client id whose installed connection belongs to another owner (its JSON `owner`;
-# null: unknown, anyone may), member of the node's set, node id, user name ('' none: not
-# counted per user), '1' when the CONNECT opens or keeps a persistent session (the client id
-# joins the session set unless the tenant is at `max_sessions`).
+# null: unknown, anyone may), member of the node's set (the client id), node id, user name
+# ('' none: not counted per user), '1' when the CONNECT opens or keeps a persistent session
+# (the client id joins the session set unless the tenant is at `max_sessions`).
 # Epochs are microseconds (< 2^53): exact as Lua numbers.
 # Returns {code, previous holder JSON, generation written ('' if the sentinel was there)};
 # code 0 refused, 1 installed, 2 tenant at its cap (the cap in the second slot), 3 retry
@@ -116,8 +135,8 @@ redis.call('SADD', KEYS[4], ARGV[10])
 return {1, cur or '', fresh}
 """
 
-# KEYS: tenant hash, the node's set of clients (or the tenant hash again: no node), the
-# tenant's connections per user.
+# KEYS (the tenant's slot): tenant hash, the node's set of the tenant's clients (or the tenant
+# hash again: no node), the tenant's connections per user.
 # ARGV: client id, epoch, member of the node's set ('' none).
 # Returns 1 removed, 0 a connection of another epoch is installed, -1 none at all.
 _RELEASE = """
@@ -172,30 +191,7 @@ class ClaimResult:
     generation: str = ""
 
 
-def _key(tenant: str) -> str:
-    return f"st:clients:{tenant}"
-
-
-def _users_key(tenant: str) -> str:
-    return f"st:clients:{tenant}:users"
-
-
-def sessions_key(tenant: str) -> str:
-    """The set of the tenant's client ids that have a persistent session (max_sessions)."""
-    return f"st:sessions:{tenant}"
-
-
-def _node_key(node_id: str) -> str:
-    return f"st:node:{node_id}:clients"
-
-
-_NODES = "st:nodes"  # ids of the nodes that hold clients (each has a _node_key set)
-GENERATION = "st:registry:generation"  # sentinel: gone means the registry was lost
 MAX_CLAIM_TRIES = 8  # retries above a higher installed epoch (only clock skew causes them)
-
-
-def _member(tenant: str, client_id: str) -> str:
-    return f"{tenant}\0{client_id}"
 
 
 def _decode(raw: bytes | str) -> Holder:
@@ -206,6 +202,7 @@ def _decode(raw: bytes | str) -> Holder:
         return Holder(**{k: v for k, v in data.items() if k in _FIELD_SET})
 
 
+decode_holder = _decode  # for the admin listing (services/session/listing.py)
 _FIELDS = tuple(f.name for f in fields(Holder))
 _FIELD_SET = frozenset(_FIELDS)
 _FIELDS_NO_WILL = tuple(f for f in _FIELDS if f not in ("will", "will_delay_s"))
@@ -224,6 +221,7 @@ class Registry:
         # Claims and releases of concurrent CONNECTs and disconnects share pipelines.
         self._claim = PipelinedScript(redis, _CLAIM)
         self._release = PipelinedScript(redis, _RELEASE)
+        self._tenants = TenantIndex(redis)
         self._last_epoch = 0
 
     def next_epoch(self) -> int:
@@ -287,18 +285,13 @@ class Registry:
         check_owner: bool = False,
         persistent: bool = False,
     ) -> tuple[int, bytes | str, str]:
-        # The node's set: which clients each node holds, what to release if the node dies.
+        # The node's set: which clients each node holds, what to release if the node dies;
+        # found through the index of tenants (a re-assertion adds its tenant in any case: the
+        # index may be what was lost).
+        tenant = holder.tenant
+        await self._tenants.add(tenant, always=mode == "reclaim")
         code, prev, fresh = await self._claim(
-            keys=[
-                _key(holder.tenant),
-                GENERATION,
-                _node_key(holder.node_id),
-                _NODES,
-                quota_limits_key(holder.tenant),
-                _users_key(holder.tenant),
-                quota_limits_key(holder.tenant, holder.username),
-                sessions_key(holder.tenant),
-            ],
+            keys=claim_keys(tenant, holder.node_id, holder.username),
             args=[
                 holder.client_id,
                 holder.epoch,
@@ -308,7 +301,7 @@ class Registry:
                 uuid.uuid4().hex,
                 holder.owner or "",
                 "1" if check_owner else "0",
-                _member(holder.tenant, holder.client_id),
+                holder.client_id,
                 holder.node_id,
                 holder.username,
                 "1" if persistent else "0",
@@ -317,12 +310,10 @@ class Registry:
         return int(code), prev, fresh.decode() if isinstance(fresh, bytes) else fresh
 
     async def check_generation(self) -> str | None:
-        """Write a new generation if the sentinel is missing (Redis lost its data, or was
-        never used); returns it then, None when the registry is the one we knew."""
-        generation = uuid.uuid4().hex
-        if await self._redis.set(GENERATION, generation, nx=True):
-            return generation
-        return None
+        """Write a new generation where a sentinel is missing (Redis, or a cluster shard, lost
+        its data, or was never used): the global one or a tenant's; returns it then, None
+        when the registry is the one we knew."""
+        return await self._tenants.check()
 
     async def release(self, tenant: str, client_id: str, epoch: int) -> bool:
         """Remove the client id's entry if `epoch` is the one installed."""
@@ -332,16 +323,9 @@ class Registry:
         """A connection ended, in one round trip: its entry removed if `epoch` is the one
         installed (1; 0: another epoch's is; -1: no entry at all) and the client forgotten
         on `node_id` ("": no node)."""
-        key = _key(tenant)
-        if node_id:
-            node, member = _node_key(node_id), _member(tenant, client_id)
-        else:
-            node, member = key, ""
-        return int(
-            await self._release(
-                keys=[key, node, _users_key(tenant)], args=[client_id, epoch, member]
-            )
-        )
+        keys = release_keys(tenant, node_id)
+        member = client_id if node_id else ""
+        return int(await self._release(keys=keys, args=[client_id, epoch, member]))
 
     async def session_ended(self, tenant: str, client_id: str) -> None:
         """The client id's persistent session ended (discarded or expired): it no longer
@@ -349,7 +333,7 @@ class Registry:
         await self._redis.srem(sessions_key(tenant), client_id)  # type: ignore[misc]
 
     async def connections_of_user(self, tenant: str, user: str) -> int:
-        raw = await self._redis.hget(_users_key(tenant), user)  # type: ignore[misc]
+        raw = await self._redis.hget(users_key(tenant), user)  # type: ignore[misc]
         return int(raw or 0)
 
     async def sessions(self, tenant: str) -> int:
@@ -357,30 +341,34 @@ class Registry:
         return int(await self._redis.scard(sessions_key(tenant)))  # type: ignore[misc]
 
     async def forget_on_node(self, node_id: str, tenant: str, client_id: str) -> None:
-        await self._redis.srem(_node_key(node_id), _member(tenant, client_id))  # type: ignore[misc]
+        await self._redis.srem(node_clients_key(tenant, node_id), client_id)  # type: ignore[misc]
 
     async def held_by(self, node_id: str) -> list[tuple[str, str]]:
-        """(tenant, client id) of every client the node was given (may include stale ones)."""
-        raw = await self._redis.smembers(_node_key(node_id))  # type: ignore[misc]
-        out = []
-        for m in raw:
-            tenant, _, client_id = (m.decode() if isinstance(m, bytes) else m).partition("\0")
-            out.append((tenant, client_id))
-        return out
+        """(tenant, client id) of every client the node was given (may include stale ones),
+        over every tenant of the index."""
+        sets = await self._tenants.union(lambda t: node_clients_key(t, node_id))
+        return [(tenant, client_id) for tenant, members in sets for client_id in members]
 
     async def known_nodes(self) -> list[str]:
         """Nodes that hold (or held) clients and were not dropped since."""
-        raw = await self._redis.smembers(_NODES)  # type: ignore[misc]
-        return sorted(m.decode() if isinstance(m, bytes) else m for m in raw)
+        sets = await self._tenants.union(tenant_nodes_key)
+        return sorted({node for _, nodes in sets for node in nodes})
 
     async def drop_node(self, node_id: str) -> None:
-        await self._redis.delete(_node_key(node_id))
-        await self._redis.srem(_NODES, node_id)  # type: ignore[misc]
+        """Forget the node in every tenant (one pipeline; each command has one key)."""
+        tenants = await self._tenants.tenants()
+        if not tenants:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.delete(node_clients_key(tenant, node_id))
+                pipe.srem(tenant_nodes_key(tenant), node_id)
+            await pipe.execute()
 
     async def get(self, tenant: str, client_id: str) -> Holder | None:
-        raw = await self._redis.hget(_key(tenant), client_id)  # type: ignore[misc]
+        raw = await self._redis.hget(clients_key(tenant), client_id)  # type: ignore[misc]
         return _decode(raw) if raw else None
 
     async def list(self, tenant: str) -> list[Holder]:
-        raw = await self._redis.hgetall(_key(tenant))  # type: ignore[misc]
+        raw = await self._redis.hgetall(clients_key(tenant))  # type: ignore[misc]
         return sorted((_decode(v) for v in raw.values()), key=lambda h: h.client_id)

@@ -266,6 +266,21 @@ class Sessions:
                 return
             fence = rec.qos2_fence  # a retry is for this same connection's record only
 
+    async def discard_offline(self, tenant: str, client_id: str) -> bool:
+        """An administrator ends the client id's parked session as its expiry would (the
+        record ended by a compare-and-set, then `_discard`); False if it has none, or it is
+        connected (or reconnects under this call: the compare-and-set then loses)."""
+        cur = await self._store.get_session(tenant, client_id)
+        if cur is None or cur.connected or _ended_by_clean_start(cur):
+            return False
+        rec = _ended(cur)
+        if not await self._store.replace_session(rec, cur):
+            return False
+        await self._events.emit(tenant, client_id, "session_expired")
+        log.info("session_discarded", extra={"tenant": tenant, "client_id": client_id})
+        await self._discard(rec)
+        return True
+
     async def _discard(self, rec: SessionRecord, keep_count: bool = False) -> bool:
         """End a session incarnation: forget its subscriptions, its queue, its record (and,
         unless `keep_count`, its place in the tenant's session count). True when its record

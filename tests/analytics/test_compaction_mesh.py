@@ -20,6 +20,7 @@ from analytics.source import StoreConf
 from tests.conftest import MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 
 SUBSCRIBERS = 6
 PER_SUBSCRIBER = 80  # below the mesh's 100-message queue limit
@@ -64,8 +65,7 @@ def test_compaction_while_publishing_keeps_every_acknowledged_message(
             if stop.wait(0.4) and n >= PER_SUBSCRIBER // 2:
                 break
 
-    while time.time() < expired_by:
-        time.sleep(0.05)
+    wait_until(lambda: time.time() >= expired_by, 5, "the entries' expiry")
     writer = threading.Thread(target=publish)
     writer.start()
     data = Path(mesh.mesh.data_dir) / "data"

@@ -24,6 +24,7 @@ from services.router.client import Route, RouterAdminClient
 from services.router.compaction import compact
 from services.router.core import RouteTable
 from tests.e2e.clients import Paho
+from tests.poll import eventually
 from tests.router.test_boot import _change, _records
 
 if TYPE_CHECKING:
@@ -125,11 +126,13 @@ async def test_router_restarted_after_the_job_serves_the_same_routes(
     admin = RouterAdminClient(f"127.0.0.1:{small_mesh.mesh.by_name('router').grpc_port}",
                               small_mesh.admin_token)  # fmt: skip
     try:
-        for _ in range(200):  # the UNSUBSCRIBE is answered asynchronously
-            before = await _persistent_routes(admin)
-            if all(r.topic_filter != "fleet/gone" for r in before):
-                break
-            await asyncio.sleep(0.05)
+
+        async def unsubscribed() -> set[Route]:
+            routes = await _persistent_routes(admin)
+            return routes if all(r.topic_filter != "fleet/gone" for r in routes) else set()
+
+        # The UNSUBSCRIBE is answered asynchronously.
+        before = await eventually(unsubscribed, 10, "fleet/gone unsubscribed", every_s=0.05)
         assert len(before) == 8  # 6 own filters + 2 shared ones
 
         store = SqliteSessionStore(Path(small_mesh.data_dir) / "data" / "sessions.db")

@@ -26,18 +26,9 @@ from services.metrics.client import MetricsAdminClient
 from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 
 MESSAGES = 25
-
-
-def _poll(fn: Any, what: str, timeout_s: float = 30) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _usage(data: Path, tenant: str) -> tuple[int, int] | None:
@@ -101,13 +92,23 @@ def report(
     assert len(sub.expect(MESSAGES)) == MESSAGES
     data = Path(mesh.mesh.data_dir) / "data"
     # Both stay connected until the nodes' reports have seen them open for a while.
-    _poll(lambda: getattr(_cluster(mesh, tenant), "connections", 0) == 2, "2 connections")
-    _poll(lambda: _connection_ms(data, tenant) > 0, "connection time")
+    wait_until(
+        lambda: getattr(_cluster(mesh, tenant), "connections", 0) == 2,
+        30,
+        "2 connections",
+        every_s=0.2,
+    )
+    wait_until(lambda: _connection_ms(data, tenant) > 0, 30, "connection time", every_s=0.2)
     sub.close()
     pub.close()
     # The nodes report every 0.5 s here; wait until the usage table has everything.
-    _poll(lambda: _usage(data, tenant) == (MESSAGES, MESSAGES), "usage rows")
-    _poll(lambda: _sessions_logged(data, tenant) == 2, "connected events in the event log")
+    wait_until(lambda: _usage(data, tenant) == (MESSAGES, MESSAGES), 30, "usage rows", every_s=0.2)
+    wait_until(
+        lambda: _sessions_logged(data, tenant) == 2,
+        30,
+        "connected events in the event log",
+        every_s=0.2,
+    )
     counters = _cluster(mesh, tenant)
     out = tmp_path_factory.mktemp("report")
     settings = load_analytics_settings(

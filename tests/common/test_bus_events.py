@@ -3,7 +3,6 @@ loop turn together (real NATS server)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import nats
@@ -11,6 +10,7 @@ from nats.aio.msg import Msg
 
 from services.common.bus.events import MAX_BATCH, EventBatcher, decode_events, encode_events
 from starling.common.v1 import event_pb2
+from tests.poll import holds_within_async
 
 
 def _ev(client: str) -> event_pb2.Event:
@@ -51,11 +51,11 @@ async def test_the_events_of_one_loop_turn_go_in_one_message_per_subject(nats_ur
         batcher.emit(f"{prefix}.disconnected", _ev("x"))
 
         async def arrived(n: int) -> None:
-            for _ in range(100):
+            async def enough() -> bool:
                 await nc.flush()
-                if len(got) >= n:
-                    return
-                await asyncio.sleep(0.02)
+                return len(got) >= n
+
+            await holds_within_async(enough, 2)  # settling: the asserts below count them
 
         await arrived(3)
         batcher.emit(f"{prefix}.connected", _ev("late"))  # a later turn: a message of its own

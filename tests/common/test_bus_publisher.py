@@ -6,7 +6,6 @@ router did not keep again next round."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 
@@ -23,6 +22,7 @@ from services.metrics.core import ClusterStats, TenantCounts
 from services.metrics.sys_publisher import SysPublisher
 from services.router.core import RouteResult
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
+from tests.poll import eventually, holds_within_async
 
 TENANT = "busp"
 
@@ -65,17 +65,18 @@ class Listener:
         """Everything `publisher_nc` sent before now has arrived: a marker sent after it on
         the same connection came through (NATS keeps one connection's order)."""
         marker = topic_to_subject(TENANT, "marker")
-        deadline = time.monotonic() + 15
-        while not any(s == marker for s, _ in self.got):
+
+        def arrived() -> bool:
+            return any(s == marker for s, _ in self.got)
+
+        async def marker_through() -> bool:
             # Sent again each second: one marker lost (a connection that reconnected under a
             # loaded suite) must not fail the test; any marker still comes after what was sent.
             await publisher_nc.publish(marker, RoutedBatch().SerializeToString())
             await publisher_nc.flush()
-            for _ in range(100):  # up to a second for this one
-                if any(s == marker for s, _ in self.got):
-                    break
-                await asyncio.sleep(0.01)
-            assert time.monotonic() < deadline, "marker never arrived"
+            return await holds_within_async(arrived, 1.0, every_s=0.01)
+
+        await eventually(marker_through, 15, "the marker", every_s=0)
         self.got = [g for g in self.got if g[0] != marker]
 
 

@@ -14,6 +14,7 @@ from services.cli.ports import free_port
 from services.common.config import ServiceSettings
 from services.common.rpc.server import check_health
 from services.common.runtime import serve
+from tests.poll import eventually, holds_within_async
 
 METHOD = "/starling.test.Slow/Call"
 
@@ -48,16 +49,6 @@ class SlowService:
         self.closed = True
 
 
-async def _until(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        if loop.time() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
-
-
 @contextlib.asynccontextmanager
 async def _serving(service: SlowService) -> AsyncIterator[tuple[str, asyncio.Task[None]]]:
     port = free_port()
@@ -76,14 +67,13 @@ async def _serving(service: SlowService) -> AsyncIterator[tuple[str, asyncio.Tas
 
 
 async def _first_status(address: str, wanted: Callable[[str], bool]) -> str:
-    """Poll the health of `address` until `wanted` (at most 10 s); the last status."""
-    status = "UNREACHABLE"
-    for _ in range(500):
-        status = await check_health(address)
-        if wanted(status):
-            break
-        await asyncio.sleep(0.02)
-    return status
+    """Poll the health of `address` until `wanted` (at most 10 s); that status."""
+
+    async def status() -> str:
+        answer = await check_health(address)
+        return answer if wanted(answer) else ""
+
+    return await eventually(status, 10, f"a wanted health status of {address}")
 
 
 async def test_health_is_not_serving_while_the_service_starts() -> None:
@@ -108,8 +98,9 @@ async def test_calls_under_way_at_shutdown_finish_before_the_service_stops() -> 
             call = ch.unary_unary(METHOD)(b"", timeout=10)
             await service.in_call.wait()
             task.cancel()  # as SIGTERM does: serve() shuts down
-            # Give a wrong order every chance to show: stop() would run at once.
-            await _until(lambda: service.closed, 0.5)
+            # Give a wrong order every chance to show: stop() would run at once. A short
+            # window to show something does not happen (the call below must still answer).
+            await holds_within_async(lambda: service.closed, 0.5)
             service.may_answer.set()
             assert await call == b"open"
-        assert await _until(lambda: service.closed)
+        await eventually(lambda: service.closed, 10, "the service stopped")

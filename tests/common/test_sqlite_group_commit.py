@@ -12,6 +12,7 @@ import pytest
 
 from services.common.store.ports import AppendOutcome, NewQueueItem
 from services.common.store.sqlite_queue import SqliteQueueStore
+from tests.poll import eventually
 
 
 def _item(i: int) -> NewQueueItem:
@@ -156,8 +157,7 @@ async def test_the_wal_is_checkpointed_off_the_commit_path(tmp_path: Path) -> No
     size_before = path.stat().st_size
     big = [NewQueueItem(f"m{i}", 1, b"x" * 4000) for i in range(300)]
     await store.append("t", "c#1", big, 0, epoch, 0, True)
-    deadline = asyncio.get_running_loop().time() + 5
-    while path.stat().st_size < size_before + 1_000_000:
-        assert asyncio.get_running_loop().time() < deadline, "WAL never checkpointed"
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: path.stat().st_size >= size_before + 1_000_000, 5, "the WAL checkpointed"
+    )
     await store.close()

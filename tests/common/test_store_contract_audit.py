@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.common.store import cassandra_audit
-from services.common.store.audit_log import AuditRecord, AuditStore
+from services.common.store.audit_log import DAY_MS, RETENTION_DAYS, AuditRecord, AuditStore
 from services.common.store.cassandra_schema import check_migrations
 from services.common.store.sqlite_audit import SqliteAuditStore
 from tests.common.cassandra_target import cassandra_target
@@ -84,3 +84,11 @@ async def test_recent_takes_the_newest_of_many(store: AuditStore) -> None:
     for r in records:
         await store.append(r)
     assert await store.recent(tenant, 55) == records[::-1][:55]
+
+
+async def test_records_past_the_retention_are_not_kept(store: AuditStore) -> None:
+    tenant = f"old{uuid.uuid4().hex[:6]}"
+    now = int(time.time() * 1000)
+    await store.append(_record(tenant, now - (RETENTION_DAYS + 1) * DAY_MS, "too_old"))
+    await store.append(_record(tenant, now, "kept"))
+    assert [r.action for r in await store.recent(tenant, 10)] == ["kept"]

@@ -29,7 +29,7 @@ from services.common.store.eventlog import (
 )
 from services.common.store.ports import SubscriptionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
-from tests.common.test_store_contract_queue import _cassandra
+from tests.common.queue_stores import cassandra_store as _cassandra
 from tests.simulation.test_sim_eventlog import Simulated
 
 
@@ -233,6 +233,32 @@ async def two_writers(
     await b.close()
 
 
+async def _write(store: LoggedSessionStore, t: str, client: str, rounds: int) -> list[int]:
+    """`rounds` subscriptions of `client`, every third one deleted again; their positions."""
+    mine: list[int] = []
+    for i in range(rounds):
+        mine.append(await store.put_subscriptions([SubscriptionRecord(t, client, 1, f"f/{i}", 1)]))
+        if i % 3 == 0:  # a change that must come after the one above in every order
+            mine.append(await store.delete_subscriptions(t, client, 1, [f"f/{i}"]))
+    return mine
+
+
+async def _replay(
+    store: LoggedSessionStore, t: str, after: int, done: asyncio.Event, seen: list[LogEvent]
+) -> None:
+    """Read `t`'s events after `after` into `seen` as they come, until `done` and caught up."""
+    while True:
+        finished = done.is_set()  # read once more after the writers ended
+        events = await store.read_events(after, 7, tenant=t)  # small pages: many reads
+        seen.extend(events)
+        if events:
+            after = events[-1].position
+        elif finished:
+            return
+        else:
+            await asyncio.sleep(0.001)
+
+
 async def test_two_writers_and_a_reader_see_every_change_once_in_one_order(
     two_writers: tuple[LoggedSessionStore, LoggedSessionStore],
 ) -> None:
@@ -244,34 +270,9 @@ async def test_two_writers_and_a_reader_see_every_change_once_in_one_order(
     start = position_at(int(time.time() * 1000) - 1000)
     rounds = 25
     done = asyncio.Event()
-
-    async def write(store: LoggedSessionStore, client: str) -> list[int]:
-        mine: list[int] = []
-        for i in range(rounds):
-            mine.append(
-                await store.put_subscriptions([SubscriptionRecord(t, client, 1, f"f/{i}", 1)])
-            )
-            if i % 3 == 0:  # a change that must come after the one above in every order
-                mine.append(await store.delete_subscriptions(t, client, 1, [f"f/{i}"]))
-        return mine
-
     seen: list[LogEvent] = []
-
-    async def replay() -> None:
-        after = start
-        while True:
-            finished = done.is_set()  # read once more after the writers ended
-            events = await a.read_events(after, 7, tenant=t)  # small pages: many reads
-            seen.extend(events)
-            if events:
-                after = events[-1].position
-            elif finished:
-                return
-            else:
-                await asyncio.sleep(0.001)
-
-    reader = asyncio.create_task(replay())
-    written = await asyncio.gather(write(a, "x"), write(b, "y"))
+    reader = asyncio.create_task(_replay(a, t, start, done, seen))
+    written = await asyncio.gather(_write(a, t, "x", rounds), _write(b, t, "y", rounds))
     done.set()
     await asyncio.wait_for(reader, 30)
 

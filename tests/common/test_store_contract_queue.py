@@ -1,13 +1,13 @@
-"""Contract of `SessionStore` and `QueueStore`, for every backend (see test_store_contract)."""
+"""Contract of `SessionStore` and `QueueStore`, for every backend (see test_store_contract):
+sessions, and a queue's appends, reads, acks, limits, marks and migrations. Owners and
+concurrent writers: test_store_contract_queue_owners.py."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,61 +25,18 @@ from services.common.store.ports import (
 )
 from services.common.store.sqlite_queue import SqliteQueueStore
 from services.common.store.sqlite_session import SqliteSessionStore
-from tests.common.cassandra_target import cassandra_target
+from tests.common import queue_stores
+from tests.common.queue_stores import cassandra_store
+from tests.common.queue_stores import items as _items
 
-
-def _cassandra(kind: str) -> Any:
-    t = cassandra_target()
-    from services.common.store.cassandra_queue import CassandraQueueStore
-    from services.common.store.cassandra_session import CassandraSessionStore
-
-    cls = CassandraQueueStore if kind == "queue" else CassandraSessionStore
-    return cls(t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency)
+queues = queue_stores.queues  # the fixture: every queue store
 
 
 @pytest.fixture(params=["sqlite", "cassandra"])
 async def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
-    s = SqliteSessionStore(tmp_path / "s.db") if request.param == "sqlite" else _cassandra("s")
+    s = SqliteSessionStore(tmp_path / "s.db") if request.param == "sqlite" else cassandra_store("s")
     yield s
     await s.close()
-
-
-def _model_queues() -> Any:
-    """The Cassandra queue store on the model of tests/simulation (a healthy cluster)."""
-    from services.common.store import cassandra_queue
-    from tests.simulation.standin import model_session, store_on
-
-    return store_on(model_session(0, cassandra_queue.MIGRATIONS))
-
-
-def _second(queues: QueueStore, tmp_path: Path) -> Any:
-    """Another instance on the same store (a second connection)."""
-    if isinstance(queues, SqliteQueueStore):
-        return SqliteQueueStore(tmp_path / "q.db")
-    session = getattr(queues, "_session", None)
-    if type(session).__name__ == "SimSession":
-        from tests.simulation.standin import store_on
-
-        return store_on(session)
-    return _cassandra("queue")
-
-
-@pytest.fixture(params=["sqlite", "cassandra", "model"])
-async def queues(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueStore]:
-    if request.param == "sqlite":
-        q: Any = SqliteQueueStore(tmp_path / "q.db")
-    elif request.param == "model":
-        q = _model_queues()
-    else:
-        q = _cassandra("queue")
-    yield q
-    await q.close()
-
-
-def _items(n: int, start: int = 0, prefix: str = "m") -> list[NewQueueItem]:
-    return [
-        NewQueueItem(f"{prefix}{i}", 1, f"payload-{i}".encode()) for i in range(start, start + n)
-    ]
 
 
 async def test_session_records_and_expiry(sessions: SessionStore) -> None:
@@ -174,80 +131,6 @@ async def test_append_is_idempotent_per_message_id(queues: QueueStore) -> None:
     res = await queues.append(t, q, _items(4), 1, epoch, 0, True)  # retry plus one new
     assert res.outcomes == [AppendOutcome.DUPLICATE] * 3 + [AppendOutcome.OK]
     assert (await queues.state(t, q)).last_seq == 4
-
-
-async def test_fencing_rejects_a_stale_owner(queues: QueueStore) -> None:
-    t, q = f"t{uuid.uuid4().hex[:6]}", "c#1"
-    old = await queues.claim_partition(9)
-    new = await queues.claim_partition(9)
-    assert new > old
-    assert (await queues.append(t, q, _items(1), 9, old, 0, True)).outcomes == [
-        AppendOutcome.FENCED
-    ]
-    assert (await queues.append(t, q, _items(1), 9, new, 0, True)).outcomes == [AppendOutcome.OK]
-
-
-async def test_no_stale_append_lands_once_a_claim_returned(
-    queues: QueueStore, tmp_path: Path
-) -> None:
-    """An old owner keeps appending to its queues while another instance claims the
-    partition (on Cassandra, through a second connection): once the claim returned, every
-    append of the old epoch is FENCED and changes nothing, and every append answered OK is
-    in the queue, in order, with the counters matching."""
-    second = _second(queues, tmp_path)
-    t = f"t{uuid.uuid4().hex[:6]}"
-    names = [f"c{i}#1" for i in range(4)]
-    old = await queues.claim_partition(13)
-    for q in names[:2]:  # two queues the old owner already wrote to, two it has not yet
-        await queues.append(t, q, _named(1, 0, "pre-"), 13, old, 0, True)
-    ok: dict[str, list[str]] = {q: ["pre-0"] if q in names[:2] else [] for q in names}
-    claimed = asyncio.Event()
-    writing = asyncio.Event()  # the old owner has appended a few: the claim races them
-    late: list[str] = []
-    fenced = 0
-
-    async def stale_owner() -> None:
-        # Appends until it has tried a few after the claim returned (however fast or slow
-        # the claim is on this machine), at most 2,000.
-        after = 0
-        for i in range(2000):
-            q = names[i % len(names)]
-            after_claim = claimed.is_set()  # read before the call: it started after the claim
-            item = _named(1, i, "old-")
-            res = await queues.append(t, q, item, 13, old, 0, True)
-            if res.outcomes == [AppendOutcome.OK]:
-                ok[q].append(item[0].message_id)
-                if after_claim:
-                    late.append(item[0].message_id)
-            else:
-                nonlocal fenced
-                fenced += 1
-            if i == 4:
-                writing.set()
-            after += after_claim
-            if after >= 5:
-                return
-            await asyncio.sleep(0)
-
-    async def new_owner() -> int:
-        await writing.wait()
-        epoch = await second.claim_partition(13)
-        claimed.set()
-        return epoch
-
-    try:
-        _, new = await asyncio.gather(stale_owner(), new_owner())
-        assert late == []  # nothing of the old epoch was taken after the claim returned
-        # The race happened: the old owner wrote before the claim and was fenced after it.
-        assert sum(len(v) for v in ok.values()) > 2 and fenced > 0
-        for q in names:
-            res = await second.append(t, q, _named(1, 0, "new-"), 13, new, 0, True)
-            assert res.outcomes == [AppendOutcome.OK]
-            entries, st = await second.read(t, q, 1, 100)
-            assert [e.seq for e in entries] == list(range(1, len(ok[q]) + 2))
-            assert st.last_seq == st.depth == len(ok[q]) + 1
-    finally:
-        await second.close()
 
 
 async def test_depth_limit_policies(queues: QueueStore) -> None:
@@ -436,82 +319,3 @@ async def test_a_database_from_before_delivered_through_is_migrated(tmp_path: Pa
     again = SqliteQueueStore(path)  # opening a migrated database changes nothing
     assert (await again.state("t", "old#1")).delivered_through == 9
     await again.close()
-
-
-def _named(n: int, start: int, prefix: str) -> list[NewQueueItem]:
-    """Items whose payload is their message id (tells which writer's message is stored)."""
-    return [
-        NewQueueItem(f"{prefix}{i}", 1, f"{prefix}{i}".encode()) for i in range(start, start + n)
-    ]
-
-
-async def _all_entries(queues: QueueStore, t: str, q: str) -> list[Any]:
-    entries, _ = await queues.read(t, q, 1, 10_000)
-    return entries
-
-
-async def test_concurrent_appends_never_share_a_seq(queues: QueueStore) -> None:
-    """Writers racing on one queue (the same owner's concurrent calls): every appended
-    message is stored once, at its own seq, and the counters add up."""
-    t, q = f"t{uuid.uuid4().hex[:6]}", "race#1"
-    epoch = await queues.claim_partition(11)
-    reports = await asyncio.gather(
-        *(queues.append(t, q, _named(5, 0, f"w{w}-"), 11, epoch, 0, True) for w in range(12))
-    )
-    assert all(r.outcomes == [AppendOutcome.OK] * 5 for r in reports)
-    entries = await _all_entries(queues, t, q)
-    assert [e.seq for e in entries] == list(range(1, 61))
-    assert len({e.data for e in entries}) == 60
-    st = await queues.state(t, q)
-    assert (st.last_seq, st.depth, st.acked_through) == (60, 60, 0)
-
-
-async def test_acks_racing_appends_keep_depth_and_never_go_back(queues: QueueStore) -> None:
-    t, q = f"t{uuid.uuid4().hex[:6]}", "race#2"
-    epoch = await queues.claim_partition(12)
-    await queues.append(t, q, _items(40), 12, epoch, 0, True)
-    await asyncio.gather(
-        queues.ack(t, q, 30),
-        queues.append(t, q, _items(10, 40), 12, epoch, 0, True),
-        queues.ack(t, q, 10),
-        queues.append(t, q, _items(10, 50), 12, epoch, 0, True),
-        queues.ack(t, q, 20),
-    )
-    st = await queues.state(t, q)
-    entries = await _all_entries(queues, t, q)
-    assert st.acked_through == 30  # the later, lower acks did not move it back
-    assert st.last_seq == 60
-    assert [e.seq for e in entries] == list(range(31, 61))
-    assert st.depth == len(entries) == 30
-
-
-async def test_a_new_owner_racing_the_old_one_loses_nothing(queues: QueueStore) -> None:
-    """A hand-over mid-stream: whatever either owner was told was stored (OK) is stored,
-    exactly once, each at its own seq; the old owner is fenced once the new one claimed."""
-    t, q = f"t{uuid.uuid4().hex[:6]}", "race#3"
-    old = await queues.claim_partition(13)
-
-    async def new_owner() -> list[tuple[str, str]]:
-        new = await queues.claim_partition(13)
-        out = []
-        for i in range(5):
-            items = _named(2, 2 * i, "new-")
-            res = await queues.append(t, q, items, 13, new, 0, True)
-            out += [(it.message_id, o) for it, o in zip(items, res.outcomes, strict=True)]
-        return out
-
-    async def old_owner(i: int) -> list[tuple[str, str]]:
-        items = _named(2, 2 * i, "old-")
-        res = await queues.append(t, q, items, 13, old, 0, True)
-        return [(it.message_id, o) for it, o in zip(items, res.outcomes, strict=True)]
-
-    results = await asyncio.gather(*(old_owner(i) for i in range(5)), new_owner())
-    outcomes = dict(pair for r in results for pair in r)
-    assert all(outcomes[f"new-{i}"] == AppendOutcome.OK for i in range(10))
-    entries = await _all_entries(queues, t, q)
-    stored = sorted(e.data.decode() for e in entries)
-    ok = sorted(m for m, o in outcomes.items() if o == AppendOutcome.OK)
-    assert stored == ok
-    assert [e.seq for e in entries] == list(range(1, len(ok) + 1))
-    fenced = await queues.append(t, q, _items(1, 0, "late-"), 13, old, 0, True)
-    assert fenced.outcomes == [AppendOutcome.FENCED]

@@ -206,29 +206,29 @@ def test_a_client_that_stays_congested_is_disconnected_with_0x97(level: int) -> 
 def test_acks_of_a_persistent_session_report_progress_once_per_call() -> None:
     ch, _ = connected(5)
     ob = ch.outbound
-    ob.track_completions = True
+    ob.track_completions()
     for pid, qos in ((10, 1), (11, 1), (12, 2)):
         assert ob.deliver_stored(_msg(), qos, False, (), pid, False, 1.0)
     acks = encode(PubAck(10), 5) + encode(PubAck(11), 5) + encode(PubRec(12), 5)
     assert ch.receive(acks, 1.0) == [DeliveryProgress()]
-    assert (ob.completed, ob.released) == ([10, 11], [12])
+    assert ob.take_progress() == ([10, 11], [12])
     assert ch.receive(encode(PubAck(99), 5), 1.0) == []  # unknown: nothing recorded
 
 
 def test_progress_is_reported_before_the_close_that_followed_the_acks() -> None:
     ch, _ = connected(5)
-    ch.outbound.track_completions = True
+    ch.outbound.track_completions()
     ch.outbound.deliver_stored(_msg(), 1, False, (), 10, False, 1.0)
     actions = ch.receive(encode(PubAck(10), 5) + encode(Disconnect(), 5), 1.0)
     assert actions == [DeliveryProgress(), Close(0, "client disconnected")]
-    assert ch.outbound.completed == [10]
+    assert ch.outbound.take_progress() == ([10], [])
 
 
 def test_acks_without_tracking_report_nothing() -> None:
     ch, _ = connected(5)
     ch.deliver(_msg(), 1, False, (), 1.0)
     assert ch.receive(encode(PubAck(1), 5), 1.0) == []
-    assert ch.outbound.completed == [] and ch.outbound.free_window == 65535
+    assert ch.outbound.take_progress() == ([], []) and ch.outbound.free_window == 65535
 
 
 def test_stored_delivery_keeps_its_packet_id_and_dup_flag() -> None:
@@ -253,7 +253,7 @@ def test_a_persistent_sessions_shared_qos2_delivery_gets_its_pubrel_at_once() ->
     # (It used to wait for one that never came: no PUBREL, and its slot of the window held.)
     ch, dec = connected(5, connect_props=Properties(receive_maximum=1))
     ob = ch.outbound
-    ob.track_completions = True
+    ob.track_completions()
     ob.deliver(_msg(), 2, False, (), 1.0, origin="first")
     ob.deliver(_msg(payload=b"next"), 2, False, (), 1.0, origin="second")
     (first,) = written(ch, dec)
@@ -280,7 +280,7 @@ def test_nothing_is_delivered_before_connack_or_after_close() -> None:
 def test_a_persistent_sessions_pubrel_waits_for_send_pubrel() -> None:
     ch, _ = connected(5)
     ob = ch.outbound
-    ob.track_completions = True
+    ob.track_completions()
     assert ob.deliver_stored(_msg(), 2, False, (), 12, False, 1.0)
     take(ch)
     assert ch.receive(encode(PubRec(12), 5), 1.0) == [DeliveryProgress()]
@@ -292,4 +292,4 @@ def test_a_persistent_sessions_pubrel_waits_for_send_pubrel() -> None:
     ob.send_pubrel(12)  # only once
     assert take(ch) == b""
     assert ch.receive(encode(PubComp(12), 5), 1.0) == [DeliveryProgress()]
-    assert ob.completed == [12] and ob.inflight == {}
+    assert ob.take_progress() == ([12], [12]) and ob.inflight == {}

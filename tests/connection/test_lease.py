@@ -28,7 +28,7 @@ from services.session.main import SessionService
 from services.session.registry import Registry
 from tests.e2e.clients import Raw
 from tests.inproc import OPEN_TENANT, Core, serving
-from tests.poll import eventually
+from tests.poll import eventually, holds_within_async
 from tests.session.test_liveness_shared import own_servers
 
 FENCE_S = 1.0
@@ -151,11 +151,14 @@ async def test_a_redis_outage_longer_than_the_fence_time_fences_no_node(
                 assert not node.lease.fenced and node.lease.fences == 0
                 assert not await asyncio.to_thread(client.closed, 0.2), "client disconnected"
                 # Back: the node keeps beating, nobody releases its client.
-                deadline = asyncio.get_running_loop().time() + 3 * 2.0 + 1
-                while asyncio.get_running_loop().time() < deadline:
+
+                async def released() -> bool:
                     held = await Registry(redis).get(OPEN_TENANT, "outage-c")
-                    assert held is not None and held.node_id == node.node_id
-                    await asyncio.sleep(0.2)
+                    return held is None or held.node_id != node.node_id
+
+                # Must not happen: a release within three node timeouts (and a second).
+                moved = await holds_within_async(released, 3 * 2.0 + 1, every_s=0.2)
+                assert not moved, "the client's registry entry was released"
                 assert node.lease.fences == 0
                 assert not await asyncio.to_thread(client.closed, 0.2), "client disconnected"
                 client.close()

@@ -8,6 +8,7 @@ from services.common.bus.large import HEADROOM, REF_HEADER, Holder
 from services.common.rpc.limits import BATCH_BYTES
 from services.connection.mesh import MAX_BATCH, MeshPublisher, pieces
 from starling.common.v1.message_pb2 import RoutedBatch
+from tests.poll import eventually
 
 
 class FakeNats:
@@ -55,10 +56,7 @@ async def test_batches_are_published_in_the_order_they_were_opened() -> None:
     mesh.added(4)
     assert mesh.queued == 4
     task = asyncio.ensure_future(mesh.run())
-    for _ in range(100):
-        if mesh.queued == 0:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: mesh.queued == 0, 5, "the queue sent", every_s=0.01)
     task.cancel()
     assert nc.published == [("x", ["0", "1"]), ("y", ["2"]), ("x", ["3"])]
     assert mesh.queued == 0
@@ -94,10 +92,7 @@ async def test_a_message_larger_than_nats_takes_a_reference_in_its_place() -> No
         mesh.batch_for("x", size).messages.add(message_id=str(i), payload=bytes(size))
     mesh.added(3)
     task = asyncio.ensure_future(mesh.run())
-    for _ in range(100):
-        if mesh.queued == 0:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: mesh.queued == 0, 5, "the queue sent", every_s=0.01)
     task.cancel()
     assert nc.published == [("x", ["0"]), ("x", ["ref"]), ("x", ["2"])]
     subject, _, size = nc.refs[0].split()

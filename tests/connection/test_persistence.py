@@ -10,11 +10,18 @@ from collections.abc import Sequence
 from services.common.message import Message
 from services.common.mqtt import PubAck, PubComp, Publish, PubRec, PubRel, encode
 from services.connection.channel import DeliveryProgress
-from services.connection.persistence import POLL_MAX_S, READ_BATCH, PersistentDelivery, pid_for
+from services.connection.persistence import (
+    READ_BATCH,
+    DeliveryDeps,
+    PersistentDelivery,
+    pid_for,
+)
+from services.connection.queue_poll import POLL_MAX_S
 from services.queue.client import QueueEntry, QueueRead
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
 from tests.connection.harness import connected, written
+from tests.poll import eventually
 
 
 class FakeQueue:
@@ -98,7 +105,10 @@ def _delivery(
     """`wakes`: the times the delivery asks the sweeper to call `poll_if_due` at."""
     ch, dec = connected(5)
     wake = wakes.append if wakes is not None else lambda at: None
-    pd = PersistentDelivery(ch, queue, FakeNats(), "t", "q", lambda: 0.0, lambda: None, wake)  # type: ignore[arg-type]
+    deps = DeliveryDeps(queue=queue, nc=FakeNats(), now=lambda: 0.0)  # type: ignore[arg-type]
+    pd = PersistentDelivery(
+        channel=ch, deps=deps, tenant="t", queue_id="q", wrote=lambda: None, wake=wake
+    )
     return pd, ch, dec
 
 
@@ -263,10 +273,8 @@ async def test_a_failed_released_mark_is_retried_before_pubrel() -> None:
     pd.progress()
     await _settle()
     assert written(ch, dec) == []  # type: ignore[arg-type]
-    for _ in range(100):  # poll: the retry comes after a short pause
-        if queue.released:
-            break
-        await asyncio.sleep(0.02)
+    # The retry comes after a short pause.
+    await eventually(lambda: queue.released, 5, "the retried release")
     await _settle()
     assert queue.released == [1]
     assert written(ch, dec) == [PubRel(pid_for(1))]  # type: ignore[arg-type]
@@ -321,7 +329,7 @@ async def test_an_entry_read_again_by_its_connection_keeps_the_mark_of_its_first
 async def test_a_queued_entry_never_takes_the_packet_id_of_a_shared_delivery() -> None:
     queue = FakeQueue([_entry(1), _entry(2)])
     pd, ch, dec = _delivery(queue)
-    ch.outbound.track_completions = True  # type: ignore[attr-defined]
+    ch.outbound.track_completions()  # type: ignore[attr-defined]
     # A shared-subscription delivery (not from the queue) holds packet id 3 = pid_for(2).
     ch.outbound.inflight[pid_for(2)] = 1  # type: ignore[attr-defined]
     await pd.start()
@@ -460,10 +468,8 @@ async def test_a_failed_mark_holds_back_the_pubrels_behind_it() -> None:
     await _pubrecs(ch, pd, 1, 2)
     await _pubrecs(ch, pd, 3)
     assert written(ch, dec) == []  # type: ignore[arg-type]
-    for _ in range(100):  # poll: the retry comes after a short pause
-        if 1 in queue.released:
-            break
-        await asyncio.sleep(0.02)
+    # The retry comes after a short pause.
+    await eventually(lambda: 1 in queue.released, 5, "the retried release")
     await _settle()
     assert written(ch, dec) == [PubRel(pid_for(s)) for s in (1, 2, 3)]  # type: ignore[arg-type]
     assert sorted(queue.released) == [1, 2, 3]  # each marked once
@@ -544,10 +550,7 @@ async def test_acks_renew_the_push_credit_only_while_no_read_is_under_way_or_due
     await _settle()
     assert [p[0] for p in _publishes(ch, dec)] == [pid_for(1), pid_for(2)]
     _pubacks(ch, pd, 1, 2)
-    for _ in range(200):
-        if renewals:
-            break
-        await asyncio.sleep(0.005)
+    await eventually(lambda: renewals, 5, "a renewal", every_s=0.005)
     assert renewals == [(2, (pd.reader, READ_BATCH, 2))]  # the window takes a read's worth
     # Due or under way, a read sets the credit itself: no renewal then.
     pd.more = True

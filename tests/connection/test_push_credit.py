@@ -4,7 +4,6 @@ per batch of them, because its acks renew its push credit (services/queue/reader
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -12,11 +11,12 @@ import pytest
 
 from services.common.bus.client import connect
 from services.common.mqtt import PubAck, Publish, encode
-from services.connection.persistence import READ_BATCH, PersistentDelivery, pid_for
+from services.connection.persistence import READ_BATCH, DeliveryDeps, PersistentDelivery, pid_for
 from services.queue.client import NewEntry, QueueClient, QueueRead
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
 from tests.connection.harness import connected, written
 from tests.inproc import queue_service
+from tests.poll import eventually
 
 TENANT = "t"
 
@@ -61,7 +61,14 @@ async def test_a_steady_stream_is_pushed_without_a_read_per_batch(
 
     client.read = counting_read  # type: ignore[method-assign]
     ch, dec = connected(4)  # MQTT 3.1.1: a window of 256
-    pd = PersistentDelivery(ch, client, nc, TENANT, qid, lambda: 0.0, lambda: None, lambda at: None)
+    pd = PersistentDelivery(
+        channel=ch,
+        deps=DeliveryDeps(queue=client, nc=nc, now=lambda: 0.0),
+        tenant=TENANT,
+        queue_id=qid,
+        wrote=lambda: None,
+        wake=lambda at: None,
+    )
     got: list[Publish] = []
     try:
         await pd.start()
@@ -71,12 +78,13 @@ async def test_a_steady_stream_is_pushed_without_a_read_per_batch(
             if i == 10:  # the reads that started the delivery (and took its first notices)
                 warm = reads
             await client.append(TENANT, [NewEntry(qid, _message(i), 1, False)])
-            for _ in range(500):
-                got += [p for p in written(ch, dec) if isinstance(p, Publish)]
-                if len(got) >= i:
-                    break
-                await asyncio.sleep(0.002)
-            assert len(got) == i, f"message {i} not delivered"
+
+            def delivered(i: int = i) -> bool:
+                got.extend(p for p in written(ch, dec) if isinstance(p, Publish))
+                return len(got) >= i
+
+            await eventually(delivered, 5, f"message {i} delivered", every_s=0.002)
+            assert len(got) == i, f"message {i} delivered more than once"
             ch.receive(encode(PubAck(pid_for(i)), 4), 0.0)
             pd.progress()
         assert [p.payload for p in got] == [f"m{i}".encode() for i in range(1, count + 1)]

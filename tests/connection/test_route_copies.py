@@ -5,10 +5,9 @@ exactly the sessions the router's table says, and changes reach the copy as even
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import nats
@@ -24,6 +23,7 @@ from services.router.client import RouterClient, RouteResult
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
 from starling.queue.v1.queue_pb2 import AppendRequest
 from tests.inproc import Core
+from tests.poll import eventually
 
 
 @dataclass
@@ -62,20 +62,8 @@ def msg(tenant: str, topic: str, retain: bool = False) -> RoutedMessage:
     )
 
 
-async def until(cond: Callable[[], bool | Awaitable[bool]], what: str, within: float = 10) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        got = cond()
-        if not isinstance(got, bool):
-            got = await got
-        if got:
-            return
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
-
-
 async def loaded(copies: RouteCopies, t: str) -> None:
-    await until(lambda: copies.get(t) is not None, f"copy of {t} loaded")
+    await eventually(lambda: copies.get(t) is not None, 10, f"copy of {t} loaded")
 
 
 async def topics_in(parts: Parts, t: str, client: str) -> list[str]:
@@ -137,9 +125,9 @@ async def test_changes_reach_a_started_copy_without_reloading(parts: Parts) -> N
         assert await route.route([msg(t, "x/1")]) == [RouteResult.NO_MATCH]
         await parts.router.subscribe(t, "s1", 1, [(Subscription("x/+", 1), 7)])
         await parts.router.subscribe(t, "s2", 1, [(Subscription("x/#", 0), None)])
-        await until(lambda: len(copies.get(t).table) == 2, "changes applied")  # type: ignore[union-attr]
+        await eventually(lambda: len(copies.get(t).table) == 2, 10, "changes applied")  # type: ignore[union-attr]
         await parts.router.unsubscribe(t, "s2", 1, ["x/#"])
-        await until(lambda: len(copies.get(t).table) == 1, "unsubscribe applied")  # type: ignore[union-attr]
+        await eventually(lambda: len(copies.get(t).table) == 1, 10, "unsubscribe applied")  # type: ignore[union-attr]
         assert await route.route([msg(t, "x/2")]) == [RouteResult.STORED]
         read = await parts.queues.read(t, queue_id("s1", 1), 1, 10)
         assert [(e.message.topic, e.subscription_ids) for e in read.entries] == [("x/2", (7,))]
@@ -156,7 +144,7 @@ async def test_retained_and_over_budget_tenants_go_through_the_router(parts: Par
     small = RouteCopies(parts.router, parts.nc, 1)  # budget below the tenant's table
     route = CopyRouter(parts.router, parts.queues, small)
     small.get(t)
-    await until(lambda: small.loads == 1, "snapshot asked")
+    await eventually(lambda: small.loads == 1, 10, "snapshot asked")
     assert small.get(t) is None  # too large: the router routes
     assert await route.route([msg(t, "r/1")]) == [RouteResult.STORED]
     copies = RouteCopies(parts.router, parts.nc, 1000)

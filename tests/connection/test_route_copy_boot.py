@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +37,9 @@ from services.router.compaction import compact
 from services.router.config import RouterSettings
 from services.router.main import RouterService
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
-from tests.conftest import _wait_port
+from tests.conftest import wait_port
 from tests.inproc import serving
+from tests.poll import eventually
 
 T = "boot"
 
@@ -96,8 +97,8 @@ def private_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         ),
     ]  # fmt: skip
     try:
-        _wait_port(nats_port, procs[0], "nats-server")
-        _wait_port(redis_port, procs[1], "redis-server")
+        wait_port(nats_port, procs[0], "nats-server")
+        wait_port(redis_port, procs[1], "redis-server")
         yield f"nats://127.0.0.1:{nats_port}", f"redis://127.0.0.1:{redis_port}/0"
     finally:
         for proc in procs:
@@ -146,18 +147,6 @@ def msg(topic: str) -> RoutedMessage:
     )
 
 
-async def until(cond: Callable[[], bool | Awaitable[bool]], what: str, within: float = 10) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        got = cond()
-        if not isinstance(got, bool):
-            got = await got
-        if got:
-            return
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
-
-
 async def ids_in(m: Mesh, client: str) -> list[str]:
     read = await m.queues.read(T, queue_id(client, 1), 1, 100_000)
     return [e.message.payload.decode() for e in read.entries]
@@ -186,7 +175,7 @@ async def test_a_new_nodes_copy_is_the_snapshot_plus_only_the_later_events(mesh:
 
     copies = RouteCopies(router, m.nc, 10_000)  # a newly started node
     route = CopyRouter(router, m.queues, copies)
-    await until(lambda: copies.get(T) is not None, "copy loaded")
+    await eventually(lambda: copies.get(T) is not None, 10, "copy loaded")
     sent = [msg("dev/7/x"), msg("dev/5/a"), msg("dev/6/a"), msg("dev/3")]
     assert await route.route(sent) == [
         RouteResult.STORED,
@@ -237,9 +226,9 @@ async def test_publishes_flow_while_the_router_restarts_from_the_snapshot(mesh: 
 
     task = asyncio.create_task(publisher())
     try:
-        await until(lambda: len(stored) >= 50, "publishes before the restart")
+        await eventually(lambda: len(stored) >= 50, 10, "publishes before the restart")
         await m.stop_router()  # killed while publishes flow
-        await until(lambda: len(stored) >= 80, "the copy routes while the router is down")
+        await eventually(lambda: len(stored) >= 80, 10, "the copy routes while the router is down")
         new_router = await m.start_router()
         assert m.service is not None and m.service.boot is not None
         assert m.service.boot.source == "snapshot" and m.service.boot.replayed == 1
@@ -247,9 +236,9 @@ async def test_publishes_flow_while_the_router_restarts_from_the_snapshot(mesh: 
         copies = RouteCopies(new_router, m.nc, 10_000)  # a newly started node
         await copies.start()
         current["route"] = CopyRouter(new_router, m.queues, copies)
-        await until(lambda: copies.get(T) is not None, "new node's copy loaded")
+        await eventually(lambda: copies.get(T) is not None, 10, "new node's copy loaded")
         seen = len(stored)
-        await until(lambda: len(stored) >= seen + 50, "publishes after the restart")
+        await eventually(lambda: len(stored) >= seen + 50, 10, "publishes after the restart")
     finally:
         stop.set()
         await task

@@ -4,13 +4,14 @@ message ids, and publishers disconnected (not acked) when the router stays away.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from services.common.rpc.errors import UnavailableError
 from services.common.rpc.limits import BATCH_BYTES
 from services.connection.routing import MAX_BATCH, RoutingPipeline
 from services.router.client import RouteResult
 from starling.common.v1.message_pb2 import RoutedMessage
+from tests.poll import eventually
 
 
 class FakeRouter:
@@ -32,14 +33,10 @@ def _env(i: int) -> RoutedMessage:
     return RoutedMessage(tenant="t", topic="a", message_id=f"m{i}")
 
 
-async def _run(pipeline: RoutingPipeline[str], until: object) -> None:
+async def _run(pipeline: RoutingPipeline[str], until: Callable[[], bool]) -> None:
     task = asyncio.ensure_future(pipeline.run())
     try:
-        for _ in range(500):
-            if until():  # type: ignore[operator]
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("pipeline did not finish")
+        await eventually(until, 10, "the pipeline finished", every_s=0.01)
     finally:
         task.cancel()
 
@@ -121,26 +118,17 @@ async def test_a_failing_publisher_does_not_hold_up_the_others_and_keeps_its_ord
     task = asyncio.ensure_future(p.run())
     try:
         p.submit("bad", 1, RoutedMessage(tenant="a", message_id="bad-0"))
-        for _ in range(100):
-            if router.calls:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: router.calls, 5, "bad-0 at the router", every_s=0.01)
         p.submit("good", 1, RoutedMessage(tenant="b", message_id="good-0"))
         p.submit("bad", 2, RoutedMessage(tenant="a", message_id="bad-1"))
         for i in range(1, 50):
             p.submit("good", i + 1, RoutedMessage(tenant="b", message_id=f"good-{i}"))
-        for _ in range(200):
-            if len(done) == 50:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(done) == 50, 5, "the 50 good ones done", every_s=0.01)
         assert [pid for c, pid in done if c == "good"] == list(range(1, 51))
         assert not [d for d in done if d[0] == "bad"]  # bad-1 waits behind bad-0
         assert len(p) == 2
         router.heal()
-        for _ in range(300):
-            if len(done) == 52:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(done) == 52, 5, "the two bad ones done", every_s=0.01)
         assert [pid for c, pid in done if c == "bad"] == [1, 2]
         assert [m for m in router.stored if m.startswith("bad")] == ["bad-0", "bad-1"]
         assert len(p) == 0

@@ -13,7 +13,8 @@ from services.common.mqtt import PingReq, Publish, encode
 from services.connection import conn as conn_module
 from services.connection.channel import Action, Channel, ChannelConfig
 from services.connection.conn import Conn
-from services.connection.persistence import POLL_MIN_S, PersistentDelivery
+from services.connection.persistence import DeliveryDeps, PersistentDelivery
+from services.connection.queue_poll import POLL_MIN_S
 from services.connection.registry import Registry
 from services.connection.sweeper import TICK_S, Sweeper
 from services.queue.client import Notice
@@ -150,14 +151,12 @@ async def test_a_persistent_session_is_looked_at_when_its_poll_is_due(
     node.registry.opened(conn)
     node.sweeper.schedule(conn, 0.0)
     conn.persistent = pd = PersistentDelivery(
-        ch,
-        queue,  # type: ignore[arg-type]
-        FakeNats(),  # type: ignore[arg-type]
-        "t",
-        "q",
-        lambda: clock[0],
-        lambda: None,
-        lambda at: node.sweep_at(conn, at),
+        channel=ch,
+        deps=DeliveryDeps(queue=queue, nc=FakeNats(), now=lambda: clock[0]),  # type: ignore[arg-type]
+        tenant="t",
+        queue_id="q",
+        wrote=lambda: None,
+        wake=lambda at: node.sweep_at(conn, at),
     )
     await pd.start()
 

@@ -7,10 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import MeshInfo
+from services.common.bans import Ban, BanKind
+from services.common.rpc.errors import PermissionDeniedError
+from services.quota.client import QuotaAdminClient
+from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.console.browser import Tab, browser, open_tab  # noqa: F401 - fixture
-from tests.console.mesh_admin import connected, new_tenant, tenant_token
+from tests.console.mesh_admin import connected, new_tenant, run, tenant_token
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 
 if False:  # typing only
     from playwright.sync_api import Browser
@@ -114,3 +118,76 @@ def test_a_forged_form_cannot_change_another_tenant(
     )
     assert refused.status == 403
     assert tab.errors == []
+
+
+def test_a_tenant_manages_its_own_bans(
+    tab: Tab, mesh: MeshInfo, tenants: tuple[str, str, Paho, Paho]
+) -> None:
+    """The tenant's ban list (not another tenant's), a ban that refuses its client, removal."""
+    a, b, _, _ = tenants
+    other_ban = Ban(kind=BanKind.CLIENT_ID, tenant=b, value="b-banned", reason="b only")
+    run(lambda: _operator_ban(mesh, other_ban))
+    page = tab.go("/access")
+    page.select_option("#ban-kind", "client-id")
+    page.fill("#ban-value", "a-banned")
+    page.fill("#ban-reason", "tenant test")
+    page.fill("#ban-duration", "1h")
+    page.click("#add-ban button[type=submit]")
+    page.wait_for_selector("text=Banned client-id a-banned")
+    row = page.locator("tr[data-ban='a-banned']")
+    assert "tenant test" in row.inner_text() and a in row.inner_text()
+    assert page.locator("tr[data-ban='b-banned']").count() == 0 and b not in tab.text()
+    tab.shot("tenant-access")
+
+    def refused() -> bool:
+        c = Paho(mesh.node(0), client_id="a-banned", username=f"{a}/u", password="pw")
+        rc = c.connect(expect_ok=False)
+        c.c.disconnect()
+        c.c.loop_stop()
+        return bool(rc.is_failure and rc.value == 0x8A)  # Banned
+
+    wait_until(refused, timeout_s=15, what="the tenant's banned client refused")
+    page.locator("tr[data-ban='a-banned']").get_by_role("button", name="Remove").click()
+    page.wait_for_selector("text=Removed ban client-id a-banned")
+    assert page.locator("tr[data-ban='a-banned']").count() == 0
+    assert tab.errors == []
+
+
+def test_a_tenant_sees_its_quotas_but_cannot_raise_them(tab: Tab) -> None:
+    page = tab.go("/policy")
+    assert page.locator("#limit-max_connections").get_attribute("readonly") is not None
+    assert page.locator("#limits-form button[type=submit]").count() == 0
+    csrf = page.locator("input[name=csrf]").first.input_value()
+    page.request.post(f"{tab.base}/policy/limits", form={"csrf": csrf, "max_connections": "9"})
+    assert tab.go("/policy").locator("#limit-max_connections").input_value() != "9"
+    assert "limits_set" in tab.go("/audit").locator("#audit").inner_text()  # refused, recorded
+    assert tab.errors == []
+
+
+async def _operator_ban(mesh: MeshInfo, ban: Ban) -> None:
+    c = QuotaAdminClient(mesh.addr("quota"), ADMIN_TOKEN)
+    try:
+        await c.add_ban(ban, 3600)
+    finally:
+        await c.close()
+
+
+def test_a_tenant_token_lists_no_other_tenants_bans(
+    mesh: MeshInfo, tenants: tuple[str, str, Paho, Paho]
+) -> None:
+    """The quota admin API behind the page: the token's own tenant only."""
+    a, b, _, _ = tenants
+
+    async def lists(tenant: str) -> list[Ban] | str:
+        c = QuotaAdminClient(mesh.addr("quota"), tenant_token(mesh, a))
+        try:
+            return await c.list_bans(tenant)
+        except PermissionDeniedError as exc:
+            return exc.code.name
+        finally:
+            await c.close()
+
+    own = run(lambda: lists(a))
+    assert isinstance(own, list) and all(ban.tenant == a for ban in own)
+    assert run(lambda: lists(b)) == "PERMISSION_DENIED"
+    assert run(lambda: lists("")) == "PERMISSION_DENIED"  # every tenant's: the operator's

@@ -10,11 +10,9 @@ from redis.asyncio import Redis
 
 from services.common.acl import Access
 from services.console.acl_text import AclTextError, format_rules, parse_rules
-from services.console.pages_clients import page_of
 from services.console.pages_policy import parse_limits
 from services.console.signin import Principal, Sessions, now_ms
 from services.console.web import scope
-from services.session.client import ClientInfo
 from services.session.token_client import TokenClient
 
 
@@ -57,19 +55,6 @@ def test_a_tenant_token_is_held_to_its_tenant() -> None:
     for asked in ("other", "", " acme ", "acme/../other"):
         assert scope(tenant, asked) == "acme"
     assert scope(operator, " other ") == "other" and scope(operator, "") == ""
-
-
-def test_clients_are_paged_and_searched() -> None:
-    rows = [
-        ClientInfo("t", f"c{i:03d}", f"user{i % 3}", "n0", f"10.0.0.{i}:1", 5, 0, 1, True)
-        for i in range(120)
-    ]
-    first = page_of(rows, "", 1, 50)
-    assert (first.total, first.pages, len(first.rows)) == (120, 3, 50)
-    last = page_of(rows, "", 99, 50)
-    assert last.number == 3 and last.rows[0].client_id == "c100"
-    assert page_of(rows, "USER1", 1, 50).total == 40
-    assert [r.client_id for r in page_of(rows, "10.0.0.7:", 1, 50).rows] == ["c007"]
 
 
 def test_acl_text_round_trips_and_names_a_bad_line() -> None:

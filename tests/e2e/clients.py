@@ -20,6 +20,7 @@ from paho.mqtt.properties import Properties as PahoProps
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from services.common.mqtt import Connect, Decoder, Disconnect, MqttError, Packet, Publish, encode
+from tests.poll import wait_until
 
 TIMEOUT = 10.0
 
@@ -278,8 +279,10 @@ class Flooder(threading.Thread):
 
     def flooding(self, nbytes: int = 256 << 10) -> None:
         """Wait until `nbytes` went out (the server has unread input from now on)."""
-        deadline = time.monotonic() + TIMEOUT
-        while self.sent_bytes < nbytes and not self.done.is_set():
-            assert time.monotonic() < deadline, "the flood did not start"
-            time.sleep(0.01)
+        wait_until(
+            lambda: self.sent_bytes >= nbytes or self.done.is_set(),
+            TIMEOUT,
+            "the flood started",
+            every_s=0.01,
+        )
         assert not self.done.is_set(), self.ended

@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 import uuid
+from typing import Any
 
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 
 
 def starling(mesh: MeshInfo, *args: str) -> subprocess.CompletedProcess[str]:
@@ -69,8 +71,6 @@ def test_routes_show_transient_nodes_and_persistent_sessions(mesh: MeshInfo) -> 
 
 def test_stats_sum_the_reports_of_every_node(mesh: MeshInfo) -> None:
     """Nodes report their counters to the metrics service; `starling stats` sums them."""
-    import time
-
     tenant = f"st{uuid.uuid4().hex[:6]}"
     assert (
         starling(
@@ -86,14 +86,14 @@ def test_stats_sum_the_reports_of_every_node(mesh: MeshInfo) -> None:
     for i in range(5):
         pub.publish(f"m/{i}", "x", 1)
     sub.expect(5)
-    deadline = time.monotonic() + 10
-    while True:
+
+    def traffic_shown() -> tuple[dict[str, Any], dict[str, Any]] | None:
         stats = json.loads(starling(mesh, "stats").stdout)
         mine = {t["tenant"]: t for t in stats.get("tenants", [])}.get(tenant, {})
-        if mine.get("messages_in") == 5 and mine.get("messages_out") == 5:
-            break
-        assert time.monotonic() < deadline, f"stats never showed the traffic: {stats}"
-        time.sleep(0.2)
+        shown = mine.get("messages_in") == 5 and mine.get("messages_out") == 5
+        return (stats, mine) if shown else None
+
+    stats, mine = wait_until(traffic_shown, 10, "stats showing the traffic", every_s=0.2)
     assert stats["nodes"] == 2
     assert mine["connections"] == 2
     sub.close()

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,19 +17,9 @@ from services.metrics.client import MetricsAdminClient, TenantCounters
 from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 
-T = TypeVar("T")
 PAYLOAD = b"x" * 10
-
-
-def _until(fetch: Callable[[], T], ok: Callable[[T], bool], what: str, timeout_s: float = 15) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = fetch()
-        if ok(got):
-            return got
-        assert time.monotonic() < deadline, f"{what}: last seen {got}"
-        time.sleep(0.1)
 
 
 def tenant_stats(mesh: MeshInfo, tenant: str) -> TenantCounters | None:
@@ -69,16 +56,13 @@ def traffic(mesh: MeshInfo) -> str:
 
 
 def test_counts_per_qos_match_what_the_clients_did(mesh: MeshInfo, traffic: str) -> None:
-    t = _until(
-        lambda: tenant_stats(mesh, traffic),
+    def counted() -> TenantCounters | None:
+        t = tenant_stats(mesh, traffic)
         # Every QoS 1/2 publish's ack latency is in too (its ack came after its count in).
-        lambda t: (
-            t is not None
-            and (t.messages_in, t.messages_out, sum(t.ack_latency_buckets)) == (30, 30, 16)
-        ),
-        "the tenant's 30 messages in and out, 16 acks",
-    )
-    assert t is not None
+        full = t and (t.messages_in, t.messages_out, sum(t.ack_latency_buckets)) == (30, 30, 16)
+        return t if full else None
+
+    t = wait_until(counted, 15, "the tenant's 30 messages in and out, 16 acks", every_s=0.1)
     assert (t.msgs_in_q0, t.msgs_in_q1, t.msgs_in_q2) == (14, 10, 6)
     # Delivered at min(publish QoS, subscription QoS 2): the same split.
     assert (t.msgs_out_q0, t.msgs_out_q1, t.msgs_out_q2) == (14, 10, 6)
@@ -116,8 +100,12 @@ def test_the_busiest_topic_is_recorded_for_the_hour(mesh: MeshInfo) -> None:
             ).fetchall()
         return dict(rows)
 
+    def reported() -> dict[str, int]:
+        t = topics()
+        return t if abs(sum(t.values()) - sent) <= SAMPLE_EVERY else {}
+
     # Weighted by SAMPLE_EVERY: about the number sent, once the node's report is in.
-    got = _until(topics, lambda t: abs(sum(t.values()) - sent) <= SAMPLE_EVERY, "topics")
+    got = wait_until(reported, 15, f"about {sent} messages on the tenant's topics", every_s=0.1)
     assert max(got, key=got.__getitem__) == "s/hot"
     assert got["s/hot"] >= 0.8 * sent - SAMPLE_EVERY
 
@@ -136,18 +124,20 @@ def test_sessions_subscriptions_and_retained_come_from_where_they_are_held(
     here.connect()
     here.subscribe("c", 0)  # a transient client's subscription (its node's)
     here.publish("r/1", b"12345", 1, retain=True)
-    t = _until(
-        lambda: tenant_stats(mesh, tenant),
+
+    def held() -> TenantCounters | None:
+        t = tenant_stats(mesh, tenant)
         # The closed client may be in a node's report a moment longer: wait for all of it.
-        lambda t: (
-            t is not None
+        full = (
+            t
             and (t.subscriptions, t.retained_messages) == (3, 1)
             and (t.sessions_online, t.sessions_persistent, t.sessions_persistent_online)
             == (1, 1, 0)
-        ),
-        "3 subscriptions, 1 retained message, 1 online and 1 offline session",
-    )
-    assert t is not None
+        )
+        return t if full else None
+
+    what = "3 subscriptions, 1 retained message, 1 online and 1 offline session"
+    t = wait_until(held, 15, what, every_s=0.1)
     assert t.retained_bytes > 5
     here.close()
 
@@ -170,19 +160,15 @@ def test_the_cluster_endpoint_shows_the_counts_per_tenant_and_qos(
     def sample(name: str, **labels: str) -> float | None:
         return got.get((name, frozenset({"tenant": traffic, **labels}.items())))
 
-    got = _until(
-        lambda: scrape(mesh),
-        lambda g: (
-            g.get(
-                (
-                    "starling_cluster_publish_ack_latency_seconds_count",
-                    frozenset({("tenant", traffic)}),
-                )
-            )
-            == 16
-        ),
-        "the tenant's series",
-    )
+    def series() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        g = scrape(mesh)
+        acks = (
+            "starling_cluster_publish_ack_latency_seconds_count",
+            frozenset({("tenant", traffic)}),
+        )
+        return g if g.get(acks) == 16 else {}
+
+    got = wait_until(series, 15, "the tenant's series", every_s=0.1)
     for qos, n in (("0", 14), ("1", 10), ("2", 6)):
         assert sample("starling_cluster_messages_received_total", qos=qos) == n
         assert sample("starling_cluster_messages_sent_total", qos=qos) == n
@@ -225,14 +211,13 @@ def test_red_series_appear_after_an_admin_call(mesh: MeshInfo, traffic: str) -> 
     tenant_stats(mesh, traffic)
     asyncio.run(denied())
     svc = "starling.metrics.v1.MetricsAdminService"
-    got = _until(
-        lambda: own_metrics(mesh, "metrics"),
-        lambda t: (
-            (svc, "GetClusterStats", "UNAUTHENTICATED", "grpc")
-            in red_samples(t, "starling_rpc_errors_total")
-        ),
-        "RED series of the admin call",
-    )
+
+    def red() -> str:
+        t = own_metrics(mesh, "metrics")
+        errors = red_samples(t, "starling_rpc_errors_total")
+        return t if (svc, "GetClusterStats", "UNAUTHENTICATED", "grpc") in errors else ""
+
+    got = wait_until(red, 15, "RED series of the admin call", every_s=0.1)
     requests = red_samples(got, "starling_rpc_requests_total")
     assert requests[(svc, "GetClusterStats", "OK", "grpc")] >= 1
     assert (svc, "GetClusterStats", "OK", "grpc") not in red_samples(
@@ -265,11 +250,11 @@ def test_the_cluster_endpoint_shows_the_queue_depth_of_an_offline_session(mesh: 
     for i in range(n):
         pub.publish("q/x", b"%d" % i, 1)  # returns at its PUBACK: stored in the queue
     pub.close()
-    _until(depth, lambda d: d == n, f"depth {n}")
+    wait_until(lambda: depth() == n, 15, f"depth {n}", every_s=0.1)
     back = Paho(mesh.node(0), client_id="away", username=f"{tenant}/u", password="pw")
     back.connect(clean_start=False, session_expiry=300)
     assert sorted(int(m.payload) for m in back.expect(n)) == list(range(n))
-    _until(depth, lambda d: d == 0, "depth 0 once acknowledged")
+    wait_until(lambda: depth() == 0, 15, "depth 0 once acknowledged", every_s=0.1)
     back.close()
 
 
@@ -292,6 +277,6 @@ def test_a_nodes_connection_gauge_reads_0_when_a_tenants_last_client_leaves(
 
     c = Paho(mesh.node(0), username=f"{tenant}/u", password="pw")
     c.connect()
-    _until(gauge, lambda v: v == 1, "one connection")
+    wait_until(lambda: gauge() == 1, 15, "one connection", every_s=0.1)
     c.close()
-    _until(gauge, lambda v: v == 0, "0 once it left")
+    wait_until(lambda: gauge() == 0, 15, "0 once it left", every_s=0.1)

@@ -22,10 +22,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -50,21 +49,11 @@ from services.connection.client import ConnectionAdminClient, DrainProgress
 from tests.e2e.clients import Flooder, Paho, Raw
 from tests.faults.checker import Checker
 from tests.faults.load import Publisher as FaultPublisher
+from tests.poll import wait_until
 
 RATE = 20  # connections closed per second while draining
 A, B = "connection-0", "connection-1"
 STARLING = [sys.executable, "-m", "services.cli.main"]
-T = TypeVar("T")
-
-
-def _poll(cond: Callable[[], T | None], timeout_s: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +226,7 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
 
     pub = Publisher(port_a, tenant)
     pub.start()
-    _poll(lambda: len(pub.acked) >= 50 or pub.error)
+    wait_until(lambda: len(pub.acked) >= 50 or pub.error, 20)
     assert pub.error is None, pub.error
 
     first = _drain(launcher, A)
@@ -251,12 +240,14 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
     assert 0 < again.connections <= len(v5) + len(v3) + 3
 
     # Load balancers move away: health NOT_SERVING while the clients are being closed.
-    state = _poll(lambda: (s := component_status(launcher.mesh.by_name(A))) != "SERVING" and s)
+    state = wait_until(
+        lambda: (s := component_status(launcher.mesh.by_name(A))) != "SERVING" and s, 20
+    )
     assert state == "NOT_SERVING"
     # ... but alive: a liveness probe must not kill the process mid-drain.
     grpc_a = f"127.0.0.1:{launcher.mesh.by_name(A).grpc_port}"
     assert asyncio.run(check_health(grpc_a, service=LIVENESS)) in ("SERVING", "UNREACHABLE")
-    assert _poll(lambda: _refused(port_a))  # new connections are refused
+    assert wait_until(lambda: _refused(port_a), 20)  # new connections are refused
 
     # The process exits once empty (status 0: a drain is a normal end).
     assert launcher.procs[A].wait(timeout=60) == 0
@@ -277,7 +268,7 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
 
     # The publisher followed the reference and goes on acknowledged on connection-1.
     at_drain = len(pub.acked)
-    _poll(lambda: len(pub.acked) >= at_drain + 50 or pub.error)
+    wait_until(lambda: len(pub.acked) >= at_drain + 50 or pub.error, 20)
     pub.stop.set()
     pub.join(timeout=20)
     assert pub.error is None, pub.error
@@ -302,7 +293,7 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
         return acked <= got3 and acked <= got5
 
     try:
-        _poll(complete)
+        wait_until(complete, 20)
     except AssertionError:
         pass  # reported below with what is missing
     missing3, missing5 = acked - got3, acked - got5
@@ -332,7 +323,7 @@ def test_a_drain_outlives_the_cli_that_asked_for_it(launcher: Launcher) -> None:
         stderr=subprocess.PIPE,
     )
     try:
-        _poll(lambda: component_status(launcher.mesh.by_name(A)) != "SERVING")
+        wait_until(lambda: component_status(launcher.mesh.by_name(A)) != "SERVING", 20)
         cli.send_signal(signal.SIGKILL)  # the coordinator dies mid-drain
     finally:
         cli.wait()
@@ -346,7 +337,7 @@ def test_a_node_killed_while_draining_comes_back_serving(launcher: Launcher) -> 
     port_b = _port(launcher, B)
     clients = [_raw(port_b, "killed", f"c{i}", 4) for i in range(60)]  # 3 s of draining
     assert _drain(launcher, B).returncode == 0
-    _poll(lambda: component_status(launcher.mesh.by_name(B)) != "SERVING")
+    wait_until(lambda: component_status(launcher.mesh.by_name(B)) != "SERVING", 20)
     launcher.kill(B)
     for c in clients:
         c.close()
@@ -435,12 +426,12 @@ def test_a_qos2_exchange_under_way_in_a_drain_is_completed(launcher: Launcher) -
     ]
     for p in pubs:
         p.start()
-    _poll(lambda: all(checker.acked_by(p.name) >= 100 for p in pubs))
+    wait_until(lambda: all(checker.acked_by(p.name) >= 100 for p in pubs), 20)
     assert _drain(launcher, A).returncode == 0
-    _poll(lambda: all(p.connects >= 2 and p.connected.is_set() for p in pubs))
+    wait_until(lambda: all(p.connects >= 2 and p.connected.is_set() for p in pubs), 20)
     for p in pubs:
         p.pause()
-    _poll(lambda: all(p.unacked() == 0 for p in pubs))
+    wait_until(lambda: all(p.unacked() == 0 for p in pubs), 20)
     for p in pubs:
         p.stop()
     for p in pubs:

@@ -4,7 +4,6 @@ may have received."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from services.common.mqtt import (
@@ -25,6 +24,7 @@ from starling.session.v1 import session_pb2
 from tests.conftest import MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho, Raw
+from tests.poll import wait_until
 
 
 def _resume(port: int, cid: str, session_present: bool = True) -> Raw:
@@ -44,11 +44,12 @@ def _offline(mesh: MeshInfo, raw: Raw, cid: str) -> None:
     assert raw.closed()
     raw.close()
     admin = Admin(mesh)
-    deadline = time.monotonic() + 10
     request = session_pb2.ListClientsRequest(tenant="default")
-    while any(c.client_id == cid for c in admin.call("ListClients", request).clients):
-        assert time.monotonic() < deadline, "the disconnected client is still listed"
-        time.sleep(0.05)
+    wait_until(
+        lambda: all(c.client_id != cid for c in admin.call("ListClients", request).clients),
+        10,
+        "the disconnected client unlisted",
+    )
     admin.channel.close()
 
 

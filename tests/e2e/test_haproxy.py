@@ -30,9 +30,8 @@ from services.common.mqtt import ConnAck, Connect, Decoder, encode
 from tests.conftest import make_cert
 from tests.e2e.clients import TIMEOUT, Paho
 from tests.faults.checker import Checker
-from tests.faults.harness import wait_for
 from tests.faults.load import Publisher, Subscriber
-from tests.poll import wait_until
+from tests.poll import holds_within, wait_until
 
 HAPROXY = shutil.which("haproxy") or shutil.which("/usr/sbin/haproxy")
 pytestmark = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed")
@@ -287,16 +286,16 @@ def test_haproxy_killed_while_messages_flow_loses_nothing_acknowledged(
     try:
         for c in clients:
             c.start()
-        assert wait_for(lambda: checker.delivered_count("persistent") >= 100, 20)
+        assert holds_within(lambda: checker.delivered_count("persistent") >= 100, 20)
         balanced.kill()
         balanced.start()
         connects = {c.name: c.connects for c in clients}
-        assert wait_for(lambda: all(c.connects > 1 for c in clients), 30), connects
-        assert wait_for(lambda: checker.delivered_count("persistent") >= 300, 30)
+        assert holds_within(lambda: all(c.connects > 1 for c in clients), 30), connects
+        assert holds_within(lambda: checker.delivered_count("persistent") >= 300, 30)
         for p in publishers:
             p.pause()
-        assert wait_for(lambda: all(p.unacked() == 0 for p in publishers), 30)
-        assert wait_for(lambda: checker.missing("persistent") == 0, 30)
+        assert holds_within(lambda: all(p.unacked() == 0 for p in publishers), 30)
+        assert holds_within(lambda: checker.missing("persistent") == 0, 30)
     finally:
         for c in clients:
             c.stop()

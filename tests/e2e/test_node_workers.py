@@ -12,12 +12,10 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import pytest
@@ -29,10 +27,10 @@ from services.common.mqtt.reason import ReasonCode as RC
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
 from tests.e2e.clients import Paho, Raw
+from tests.poll import wait_until
 
 WORKERS = ("connection-0", "connection-0-w1")
 STARLING = [sys.executable, "-m", "services.cli.main"]
-T = TypeVar("T")
 
 
 @dataclass
@@ -52,16 +50,6 @@ class Workers:
         return {c.client_id: c.node_id for c in reply.clients}
 
 
-def _poll(cond: Callable[[], T | None], timeout_s: float = 15.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 def _listed(w: Workers, tenant: str, n: int) -> dict[str, str]:
     """`w.clients(tenant)` once it lists `n` clients."""
     found: dict[str, str] = {}
@@ -71,7 +59,7 @@ def _listed(w: Workers, tenant: str, n: int) -> dict[str, str]:
         found.update(w.clients(tenant))
         return len(found) >= n
 
-    _poll(enough)
+    wait_until(enough)
     return found
 
 
@@ -125,7 +113,7 @@ def _source_port_on(w: Workers, worker: str) -> int:
         cid = f"probe-{uuid.uuid4().hex[:8]}"
         port = free_port()
         probe = _raw(w, tenant, cid, source_port=port)
-        node = _poll(lambda c=cid: w.clients(tenant).get(c))  # type: ignore[misc]
+        node = wait_until(lambda c=cid: w.clients(tenant).get(c))  # type: ignore[misc]
         _reset(probe)
         if node == worker:
             return port
@@ -150,7 +138,7 @@ def test_workers_share_the_node_ports_and_clients_land_on_both(workers: Workers)
         c.connect()
         ws.append(c)
         cid = c.client_id
-        seen.add(_poll(lambda cid=cid: workers.clients(tenant).get(cid)))  # type: ignore[misc]
+        seen.add(wait_until(lambda cid=cid: workers.clients(tenant).get(cid)))  # type: ignore[misc]
     assert seen == set(WORKERS), f"{len(ws)} WebSocket clients, all on {seen}"
     for r in raws:
         r.close()
@@ -184,7 +172,7 @@ def test_persistent_session_resumes_on_the_other_worker_with_its_queue(
     assert workers.clients(tenant) == {"durable": WORKERS[0]}
     durable.subscribe("keep/#", 1)
     durable.close()
-    _poll(lambda: not workers.clients(tenant))
+    wait_until(lambda: not workers.clients(tenant))
     pub = Paho(workers.port, client_id="pub", username=f"{tenant}/u")
     pub.connect()
     for i in range(5):
@@ -208,7 +196,7 @@ def test_same_client_id_on_the_other_worker_takes_the_session_over(workers: Work
     kicked = first.recv()
     assert isinstance(kicked, Disconnect) and kicked.reason_code == RC.SESSION_TAKEN_OVER
     assert first.closed()
-    assert _poll(lambda: workers.clients(tenant).get("twin") == WORKERS[1])
+    assert wait_until(lambda: workers.clients(tenant).get("twin") == WORKERS[1])
     assert not second.closed(timeout=0.5)  # the survivor stays
     first.close()
     second.close()

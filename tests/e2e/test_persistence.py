@@ -4,7 +4,6 @@ DUP resends and outbound QoS 2 state across reconnects."""
 from __future__ import annotations
 
 import sqlite3
-import time
 import uuid
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from services.common.mqtt import (
 from services.common.mqtt.properties import Properties
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho, Raw
+from tests.poll import wait_until
 
 
 def _cid() -> str:
@@ -76,14 +76,20 @@ def test_clean_start_discards_the_session(mesh: MeshInfo) -> None:
     pub.close()
 
 
-def _queue_rows(mesh: MeshInfo, client_id: str) -> int:
+def _queue_rows(mesh: MeshInfo, client_id: str, where: str = "") -> int:
     db = Path(mesh.mesh.data_dir) / "data" / "queues.db"
     with sqlite3.connect(db) as conn:
         return int(
             conn.execute(
-                "SELECT count(*) FROM queue_entries WHERE queue_id LIKE ?", (f"{client_id}#%",)
+                f"SELECT count(*) FROM queue_entries WHERE queue_id LIKE ?{where}",
+                (f"{client_id}#%",),
             ).fetchone()[0]
         )
+
+
+def _released_rows(mesh: MeshInfo, client_id: str) -> int:
+    """Entries whose PUBREC the node recorded (QoS 2 outbound: PUBREL due)."""
+    return _queue_rows(mesh, client_id, " AND released = 1")
 
 
 def test_expired_session_and_its_queue_are_gone(mesh: MeshInfo) -> None:
@@ -97,10 +103,7 @@ def test_expired_session_and_its_queue_are_gone(mesh: MeshInfo) -> None:
     for i in range(3):
         pub.publish(f"exp/{cid}", str(i), 1)
     assert _queue_rows(mesh, cid) == 3
-    deadline = time.monotonic() + 10
-    while _queue_rows(mesh, cid):
-        assert time.monotonic() < deadline, "expired session's queue still there"
-        time.sleep(0.1)
+    wait_until(lambda: not _queue_rows(mesh, cid), 10, "the expired session's queue gone", 0.1)
     back = Paho(mesh.node(0), client_id=cid)
     back.connect(clean_start=False, session_expiry=60)
     assert back.session_present is False
@@ -157,7 +160,8 @@ def test_outbound_qos2_state_survives_reconnection(mesh: MeshInfo) -> None:
     assert isinstance(p, Publish) and p.qos == 2
     raw.send(PubRec(p.packet_id or 0))
     assert isinstance(raw.recv(), PubRel)
-    time.sleep(0.3)  # let the node record the PUBREC before the connection drops
+    # The node records the PUBREC (the entry's released mark) before the connection drops.
+    wait_until(lambda: _released_rows(mesh, cid) == 1, 10, "the PUBREC recorded")
     raw.close()  # no PUBCOMP
     again = Raw(mesh.node(1))
     again.connect(

@@ -16,7 +16,7 @@ import asyncio
 import os
 import resource
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from services.common.mqtt import (
     encode,
 )
 from services.session.client import SessionAdminClient
+from tests.poll import eventually
 
 CLIENTS = int(os.environ.get("STARLING_STORM_CLIENTS", "1000"))
 QUEUED = 2  # QoS 1 messages published to each client while it is away
@@ -127,13 +128,6 @@ async def open_all(
     return list(await asyncio.gather(*(one(i) for i in ids)))
 
 
-async def until(cond: Callable[[], bool], timeout_s: float, what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, what()
-        await asyncio.sleep(0.1)
-
-
 @dataclass
 class Storm:
     launcher: Launcher
@@ -200,11 +194,11 @@ async def test_every_session_resumes_with_its_queue_after_a_reconnect_storm(
                 encode(Publish(f"storm/{client_id(i)}", payload, 1, packet_id=sent % 65535 + 1), 4)
             )
             if sent - pub.pubacks >= 500:  # a bounded window of unacknowledged publishes
-                await until(
-                    lambda s=sent: s - pub.pubacks < 250, 60, lambda: "publishes not acknowledged"
+                await eventually(
+                    lambda s=sent: s - pub.pubacks < 250, 60, "publishes acknowledged", 0.1
                 )
-    await until(
-        lambda: pub.pubacks == sent, 60, lambda: f"{pub.pubacks} of {sent} publishes acknowledged"
+    await eventually(
+        lambda: pub.pubacks == sent, 60, lambda: f"{pub.pubacks} of {sent} publishes acked", 0.1
     )
 
     # The storm: every client reconnects at once, to node 1.
@@ -235,8 +229,8 @@ async def test_every_session_resumes_with_its_queue_after_a_reconnect_storm(
     def missing() -> list[str]:
         return [c.client_id for i, c in zip(ids, back, strict=True) if c.payloads != expected(i)]
 
-    await until(
-        lambda: not missing(), 120, lambda: f"messages missing for {len(missing())} clients"
+    await eventually(
+        lambda: not missing(), 120, lambda: f"messages missing for {len(missing())} clients", 0.1
     )
 
     # Exactly one connection per client id, all on node 1.

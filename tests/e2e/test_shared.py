@@ -4,7 +4,6 @@ leaving member's unacknowledged messages redelivered to the others."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import paho.mqtt.client as mqtt
@@ -14,6 +13,7 @@ from services.common.mqtt import Connect, Publish, SubAck, Subscribe, Subscripti
 from services.common.mqtt.properties import Properties
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho, Raw
+from tests.poll import holds_within, wait_until
 
 N = 3000
 
@@ -75,9 +75,7 @@ def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: Mesh
     for i in range(N):
         infos.append(pub.publish(topic, str(i), 1))
         if i == N // 2:
-            deadline = time.monotonic() + 10
-            while not got_a and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: got_a, 10, "a share for the leaving member", every_s=0.01)
             stop.set()
             reader.join(2)
             a.close()  # mid-stream, with unacknowledged messages
@@ -85,12 +83,14 @@ def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: Mesh
         info.wait_for_publish(30)
     got_b: list[int] = []
     got_c: list[int] = []
-    deadline = time.monotonic() + 30
-    while len(got_b) + len(got_c) < N and time.monotonic() < deadline:
+
+    def all_taken() -> bool:
         for client, got in ((b, got_b), (c, got_c)):
             while not client.messages.empty():
                 got.append(int(client.messages.get().payload))
-        time.sleep(0.05)
+        return len(got_b) + len(got_c) >= N
+
+    holds_within(all_taken, 30)  # settling: the asserts below name what is missing
     assert got_a, "the leaving member got no share before it left"
     assert got_b and got_c, "each remaining member gets a share"
     assert not set(got_b) & set(got_c), "a message reached two members"
@@ -122,12 +122,14 @@ def test_persistent_and_clean_members_share_the_stream(mesh: MeshInfo, qos: int)
         pub.c.publish(topic, str(i), qos)
     pub.publish(topic, "200", qos)
     got: dict[str, list[int]] = {"durable": [], "clean": []}
-    deadline = time.monotonic() + 20
-    while sum(map(len, got.values())) < 201 and time.monotonic() < deadline:
+
+    def all_taken() -> bool:
         for name, client in (("durable", durable), ("clean", clean)):
             while not client.messages.empty():
                 got[name].append(int(client.messages.get().payload))
-        time.sleep(0.05)
+        return sum(map(len, got.values())) >= 201
+
+    holds_within(all_taken, 20)  # settling: the asserts below compare what arrived
     assert got["durable"] and got["clean"]
     assert sorted(got["durable"] + got["clean"]) == list(range(201))
     for c in (durable, clean, pub):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 
 import grpc
 
@@ -14,6 +13,7 @@ from starling.connection.v1 import connection_pb2_grpc as pb_grpc
 from tests.conftest import MeshInfo
 from tests.e2e.admin import MD
 from tests.e2e.clients import Paho, Raw
+from tests.poll import wait_until
 
 
 def _stats(mesh: MeshInfo, node: str) -> pb.NodeStats:
@@ -39,10 +39,7 @@ def test_qos1_queue_is_bounded_and_drops_are_counted(mesh: MeshInfo) -> None:
     pub.connect()
     for i in range(150):
         pub.publish("slow/q1", str(i), 1)
-    deadline = time.monotonic() + 10
-    while _drops(mesh, "connection-1", "slow-q1") < 49:
-        assert time.monotonic() < deadline, "drops not counted"
-        time.sleep(0.05)
+    wait_until(lambda: _drops(mesh, "connection-1", "slow-q1") >= 49, 10, "49 drops counted")
     got = []
     while True:
         try:
@@ -74,11 +71,16 @@ def test_qos0_dropped_when_the_socket_backs_up(mesh: MeshInfo) -> None:
     pub = Paho(mesh.node(0))
     pub.connect()
     payload = b"x" * 60_000
-    deadline = time.monotonic() + 30
-    while _drops(mesh, "connection-1", "slow-q0") == 0:  # never read: the node must drop
-        assert time.monotonic() < deadline, "no QoS 0 drop counted"
+
+    def dropped() -> bool:
+        if _drops(mesh, "connection-1", "slow-q0"):
+            return True
         for _ in range(50):
             pub.publish("slow/q0", payload, 0)
+        return False
+
+    # Never read: the node must drop.
+    wait_until(dropped, 30, "a QoS 0 drop counted", every_s=0)
     other = Paho(mesh.node(1))  # the node still serves everyone else
     other.connect()
     other.subscribe("slow/other", 1)

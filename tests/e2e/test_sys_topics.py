@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import queue
-import time
 import uuid
 from collections.abc import Callable
 
@@ -18,6 +17,7 @@ import paho.mqtt.client as mqtt
 from tests.conftest import MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 
 OPERATOR = "sysop"
 
@@ -44,10 +44,8 @@ class Watcher:
         return found[-1] if found else None
 
     def until(self, ok: Callable[[], bool], what: str, timeout_s: float = 20) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not ok():
-            assert time.monotonic() < deadline, f"{what}: saw {[m.topic for m in self.seen]}"
-            time.sleep(0.05)
+        """tests/poll.py's `wait_until`, failing with the topics seen so far."""
+        wait_until(ok, timeout_s, lambda: f"{what}: saw {[m.topic for m in self.seen]}")
 
     def value_is(self, topic: str, want: bytes, what: str) -> None:
         self.until(lambda: self.latest(topic) == want, f"{what} ({topic} = {want!r})")

@@ -6,7 +6,6 @@ write their spans to <data dir>/traces/<process>.jsonl (the local mesh's exporte
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 
 
 def _spans(mesh: MeshInfo) -> list[dict[str, Any]]:
@@ -40,8 +40,8 @@ def _kind(span: dict[str, Any]) -> str:
 def _trace_of(mesh: MeshInfo, topic: str, want: set[tuple[str, str]]) -> list[dict[str, Any]]:
     """The spans of the trace whose publish span has `topic`, once every (process, span
     name) of `want` is among them (spans are exported in batches every 200 ms)."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def complete() -> list[dict[str, Any]]:
         spans = _spans(mesh)
         roots = [
             s
@@ -53,8 +53,9 @@ def _trace_of(mesh: MeshInfo, topic: str, want: set[tuple[str, str]]) -> list[di
             found = [s for s in spans if s["context"]["trace_id"] == trace_id]
             if want <= {(s["process"], _kind(s)) for s in found}:
                 return found
-        assert time.monotonic() < deadline, f"no complete trace for {topic}: {len(spans)} spans"
-        time.sleep(0.1)
+        return []
+
+    return wait_until(complete, 10, f"a complete trace for {topic}", every_s=0.1)
 
 
 @pytest.mark.parametrize("retain", [False, True], ids=["from-route-copy", "through-router"])

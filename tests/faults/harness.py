@@ -22,6 +22,7 @@ from typing import Any
 from services.cli.launcher import Launcher
 from tests.faults.checker import Checker, Verdict
 from tests.faults.load import Publisher, Subscriber
+from tests.poll import holds_within
 
 # Collected by every test of the run; printed as a table at the end (conftest.py) and, when
 # STARLING_FAULT_FIGURES names a file, written there as JSON.
@@ -70,15 +71,6 @@ def node_ports(launcher: Launcher) -> Callable[[], list[int]]:
     return ports
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def resume_s(load: Load, since: float) -> float:
     """Seconds from `since` until every publisher had 10 more messages acknowledged."""
     base = {p.name: load.checker.acked_by(p.name) for p in load.publishers}
@@ -90,7 +82,7 @@ def resume_s(load: Load, since: float) -> float:
                 resumed[p.name] = time.monotonic() - since
         return len(resumed) == len(load.publishers)
 
-    assert wait_for(all_resumed, 30), f"publishing did not resume: {resumed}"
+    assert holds_within(all_resumed, 30), f"publishing did not resume: {resumed}"
     return max(resumed.values())
 
 
@@ -130,7 +122,7 @@ class Load:
         for p in self.publishers:
             p.start()
         # Messages flow end to end before the fault.
-        assert wait_for(lambda: self.checker.delivered_count("persistent-1") >= 100, 20), (
+        assert holds_within(lambda: self.checker.delivered_count("persistent-1") >= 100, 20), (
             "no load before the fault"
         )
 
@@ -139,9 +131,9 @@ class Load:
             p.pause()
         # Every publish acknowledged (clients resend what was in flight when they lost a
         # connection), then every acknowledged one delivered to the persistent sessions.
-        wait_for(lambda: all(p.unacked() == 0 for p in self.publishers), settle_s)
+        holds_within(lambda: all(p.unacked() == 0 for p in self.publishers), settle_s)
         persistent = [s.name for s in self.subscribers if s.persistent]
-        wait_for(lambda: all(self.checker.missing(n) == 0 for n in persistent), settle_s)
+        holds_within(lambda: all(self.checker.missing(n) == 0 for n in persistent), settle_s)
         self.close()
         return self.checker.verdict()
 
@@ -184,7 +176,7 @@ def run_under_load(
         inject(load)
         time.sleep(after_s)  # load after the fault: steady state again, not a timing check
         if min_sent:
-            assert wait_for(lambda: load.checker.sent_count() >= min_sent, 120), (
+            assert holds_within(lambda: load.checker.sent_count() >= min_sent, 120), (
                 f"{load.checker.sent_count()} of {min_sent} messages sent"
             )
         verdict = load.finish(settle_s)

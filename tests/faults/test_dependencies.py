@@ -4,12 +4,11 @@ Redis is down waits for it, NOT_SERVING, and serves once Redis is back, instead 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from services.cli.launcher import Launcher
 from services.cli.status import component_status
+from tests.poll import holds_within
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,8 +22,16 @@ def test_services_started_while_redis_is_down_wait_for_it(fault_mesh: Launcher) 
         launcher.kill(name)
         launcher.restart(name, wait=False)
     comps = [launcher.mesh.by_name(n) for n in NEED_REDIS]
-    # Long enough for the first attempts to be refused and retried (backoff 0.1 s, 0.2 s, ...).
-    time.sleep(3.0)
+
+    def exited_or_serving() -> bool:
+        return any(
+            launcher.procs[c.name].poll() is not None or component_status(c) == "SERVING"
+            for c in comps
+        )
+
+    # Must not happen while Redis is away: long enough for the first attempts to be refused
+    # and retried (backoff 0.1 s, 0.2 s, ...); the asserts below name the culprit.
+    holds_within(exited_or_serving, 3.0, every_s=0.2)
     for comp in comps:
         assert launcher.procs[comp.name].poll() is None, f"{comp.name} exited without Redis"
         assert component_status(comp) != "SERVING", f"{comp.name} serves without Redis"

@@ -6,7 +6,9 @@ losses under load are tests/faults/test_under_load.py.
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 import time
 import uuid
 
@@ -16,6 +18,7 @@ from services.cli.launcher import Launcher
 from services.common.mqtt import ConnAck, Connect, PubAck, Publish, SubAck, Subscribe, Subscription
 from services.common.mqtt.properties import Properties
 from tests.e2e.clients import Raw
+from tests.poll import holds_within, wait_until
 
 
 def port(launcher: Launcher, i: int) -> int:
@@ -72,14 +75,16 @@ def test_dup_after_the_session_node_is_killed_mid_delivery(fault_mesh: Launcher)
     fault_mesh.kill("connection-1")
     raw.close()
     try:
-        deadline = time.monotonic() + 30
-        while True:  # until the session service lets the session move to node 0
+
+        def resumed() -> tuple[Raw, ConnAck] | None:
             back, ack = _persistent(port(fault_mesh, 0), cid)
             if ack.reason_code == 0:
-                break
+                return back, ack
             back.close()
-            assert time.monotonic() < deadline, f"no resume on node 0: {ack}"
-            time.sleep(0.2)
+            return None
+
+        # Until the session service lets the session move to node 0.
+        back, ack = wait_until(resumed, 30, "a resume on node 0", every_s=0.2)
         assert ack.session_present
         second: dict[int, Publish] = {}
         while not set(range(10, total)) <= second.keys():  # resent in seq order
@@ -132,10 +137,12 @@ def test_session_of_a_dead_node_still_expires(fault_mesh: Launcher) -> None:
     c.loop_stop()
     queued = "SELECT count(*) FROM queue_entries WHERE queue_id LIKE ?"
     assert _rows(fault_mesh, "queues.db", queued, f"{cid}#%") == 3
-    deadline = time.monotonic() + 30  # node timeout 3 s + expiry 2 s + sweeps
-    while _rows(fault_mesh, "queues.db", queued, f"{cid}#%"):
-        assert time.monotonic() < deadline, "the dead node's session never expired"
-        time.sleep(0.2)
+    wait_until(  # node timeout 3 s + expiry 2 s + sweeps
+        lambda: not _rows(fault_mesh, "queues.db", queued, f"{cid}#%"),
+        30,
+        "the dead node's session expired",
+        every_s=0.2,
+    )
     assert (
         _rows(fault_mesh, "sessions.db", "SELECT count(*) FROM sessions WHERE client_id=?", cid)
         == 0
@@ -164,9 +171,7 @@ def test_delayed_publish_survives_a_restart_of_every_service(fault_mesh: Launche
     sub.loop_start()
     sub.subscribe(topic, 1)
     assert time.monotonic() - sent < 19, "restarts took too long for this test's delay"
-    deadline = sent + 25
-    while not got and time.monotonic() < deadline:
-        time.sleep(0.05)
+    holds_within(lambda: got, sent + 25 - time.monotonic())  # the asserts below say what came
     sub.disconnect()
     sub.loop_stop()
     assert [p for p, _ in got] == [b"survivor"]
@@ -212,12 +217,13 @@ def test_a_dead_nodes_subscriptions_leave_the_tenant_count(fault_mesh: Launcher)
     assert sub(survivor, 1, "s/0") == 0x97
     fault_mesh.kill("connection-1")
     try:
-        deadline = time.monotonic() + 15
-        pid = 2
-        while sub(survivor, pid, "s/0") != 1:
-            assert time.monotonic() < deadline, "the dead node's subscriptions still count"
-            pid += 1
-            time.sleep(0.3)
+        pids = itertools.count(2)
+        wait_until(
+            lambda: sub(survivor, next(pids), "s/0") == 1,
+            15,
+            "the dead node's subscriptions no longer counted",
+            every_s=0.3,
+        )
         assert [sub(survivor, 50 + i, f"s/{i}") for i in (1, 2, 3)] == [1, 1, 0x97]
     finally:
         survivor.close()
@@ -270,6 +276,8 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
     asyncio.run(rule(create=True))
     sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
     sub.on_message = on_message
+    subacked = threading.Event()
+    sub.on_subscribe = lambda *_: subacked.set()
     sub.connect("127.0.0.1", port(fault_mesh, 0))
     sub.loop_start()
     sub.subscribe([(f"{topic}/#", 1), (f"ruled/{topic[6:]}/#", 1)])
@@ -305,11 +313,8 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
             await admin.close()
 
     try:
-        deadline = time.monotonic() + 10
-        while not sub.is_connected():  # the SUBSCRIBE goes out with the connection
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.3)  # the SUBACK (paho does not wait for it)
+        # The SUBSCRIBE goes out with the connection; paho does not wait for the SUBACK.
+        wait_until(subacked.is_set, 10, "the SUBACK")
         held = {
             "plain": client("plain", 1, v5=False),  # 3.1.1, will at QoS 1
             "delayed": client("delayed", 1, v5=True, delay=6, clean=False),
@@ -320,10 +325,11 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
         }
         held["polite"].send(Disconnect())
         assert held["polite"].closed()
-        deadline = time.monotonic() + 10
-        while asyncio.run(registered(f"w-polite-{topic[6:]}")):  # its release is done
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(  # its release is done
+            lambda: not asyncio.run(registered(f"w-polite-{topic[6:]}")),
+            10,
+            "the polite client's release",
+        )
         fault_mesh.kill("connection-1")
         killed = time.monotonic()
         # Back on node 0 at once: within its 30 s delay (session resumed: no will), with a
@@ -331,16 +337,12 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
         back = client("back", 0, v5=True, delay=30, clean=False)
         restart = client("restart", 0, v5=True, delay=30, clean=True)
         again = client("takeover", 0, v5=True)
-        deadline = time.monotonic() + 25
         want = {b"plain gone", b"delayed gone", b"takeover gone", b"restart gone"}
-        while not want <= {p for p, _ in got}:
-            assert time.monotonic() < deadline, f"wills published: {got}"
-            time.sleep(0.05)
-        deadline = time.monotonic() + 10
-        while not want <= set(ruled):
-            assert time.monotonic() < deadline, f"wills the rule saw: {ruled}"
-            time.sleep(0.05)
-        time.sleep(1.5)  # a will that should not come would come by now
+        wait_until(lambda: want <= {p for p, _ in got}, 25, lambda: f"the wills; published: {got}")
+        wait_until(lambda: want <= set(ruled), 10, lambda: f"the wills; the rule saw: {ruled}")
+        # Must not happen: a will that should not come would come within this window.
+        extra = holds_within(lambda: len(got) > len(want) or len(ruled) > len(want), 1.5)
+        assert not extra, f"wills that should not come: {got}, {ruled}"
         assert sorted(p for p, _ in got) == sorted(want)
         assert sorted(ruled) == sorted(want)
         at = {p: t - killed for p, t in got}

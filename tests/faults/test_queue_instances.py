@@ -38,7 +38,8 @@ from starling.queue.v1 import queue_pb2
 from tests.e2e.clients import Paho
 from tests.faults import harness
 from tests.faults.checker import Checker
-from tests.faults.harness import MAX_PACKET, Load, record, wait_for
+from tests.faults.harness import MAX_PACKET, Load, record
+from tests.poll import holds_within
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -119,7 +120,7 @@ def test_sigkill_of_a_queue_instance_under_load(
         # It comes back under load: the survivor gives half its partitions up (appends
         # under way there finish first) and queue-1 claims them.
         launcher.restart("queue-1")
-        assert wait_for(lambda: owned_partitions(launcher, "queue-1") > 0, 10)
+        assert holds_within(lambda: owned_partitions(launcher, "queue-1") > 0, 10)
         time.sleep(2.0)
         verdict = load.finish(45.0)
     except BaseException:
@@ -143,20 +144,24 @@ def test_sigkill_of_a_queue_instance_under_load(
     assert verdict.acked >= 2000, verdict.summary()
     # The target is 2 s (lease 1.2 s + a round); asserted loosely, reported exactly.
     assert max(pauses.values()) < 8.0, pauses
-    # Partitions moved to the survivor and back under load: the instances' depth reports
-    # still add up to the store's counters (the load runs as the anonymous tenant), with
-    # messages waiting for the two persistent subscribers, now offline.
+    _depths_add_up(launcher, load.base)
+
+
+def _depths_add_up(launcher: Launcher, base: str) -> None:
+    """Partitions moved to the survivor and back under load: the instances' depth reports
+    still add up to the store's counters (the load runs as the anonymous tenant), with
+    messages waiting for the two persistent subscribers, now offline."""
     pub = Paho(launcher.mesh.by_name("connection-0").port)
     pub.connect()
     for i in range(10):
-        pub.publish(f"{load.base}/after", b"%d" % i, 1)
+        pub.publish(f"{base}/after", b"%d" % i, 1)
     pub.close()
-    assert wait_for(lambda: stored_depth(launcher, "default") >= 20, 10)
+    assert holds_within(lambda: stored_depth(launcher, "default") >= 20, 10)
 
     def figures() -> tuple[int, int]:
         return cluster_depth(launcher, "default"), stored_depth(launcher, "default")
 
-    assert wait_for(lambda: len(set(figures())) == 1, 30), figures()
+    assert holds_within(lambda: len(set(figures())) == 1, 30), figures()
 
 
 def stored_depth(launcher: Launcher, tenant: str) -> int:
@@ -224,7 +229,7 @@ def test_queued_bytes_are_held_to_the_limit_across_instances(two_queues: Launche
     announced before the next, the cluster stops at the limit, not at the limit per
     instance (each instance alone would take up to it)."""
     launcher = two_queues
-    assert wait_for(lambda: owned_partitions(launcher, "queue-1") > 0, 10)
+    assert holds_within(lambda: owned_partitions(launcher, "queue-1") > 0, 10)
     tenant, limit = f"b{uuid.uuid4().hex[:8]}", 40_000
 
     async def set_limit() -> None:
@@ -262,7 +267,7 @@ def _fill_to_the_limit(launcher: Launcher, tenant: str, limit: int, heard: Annou
         assert len(codes) < 10, codes
         codes.append(pub.publish("b/x", b"p" * 1000, 1).value)
         after = time.monotonic()
-        assert wait_for(partial(heard.all_since, after), 5), "the instances did not announce"
+        assert holds_within(partial(heard.all_since, after), 5), "the instances did not announce"
     pub.close()
     stored = stored_bytes(launcher, tenant)
     per_message = stored // (len(codes) - 1)

@@ -43,8 +43,9 @@ from starling.rules.v1 import rules_pb2 as pb
 from starling.rules.v1 import rules_pb2_grpc as pb_grpc
 from tests.e2e.clients import Paho
 from tests.faults.checker import parse
-from tests.faults.harness import MAX_PACKET, Load, resume_s, run_under_load, wait_for
+from tests.faults.harness import MAX_PACKET, Load, resume_s, run_under_load
 from tests.faults.load import Publisher, Subscriber
+from tests.poll import holds_within
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -123,7 +124,7 @@ def rule(cluster: Launcher) -> Iterator[redis.Redis]:
             p.c.publish(t, b"probe:0:", qos=1).wait_for_publish(5)
             return bool(r.xlen(t))
 
-        assert wait_for(arrived, 20), f"the rule never read node {i}'s messages"
+        assert holds_within(arrived, 20), f"the rule never read node {i}'s messages"
         probe.close()
     yield r
     r.close()
@@ -146,7 +147,7 @@ def _check_rule(r: redis.Redis, load: Load) -> None:
         return not missed
 
     settle_s = 20 + 2 * RULES_ACK_WAIT_S
-    assert wait_for(none_missed, settle_s), f"the rule never got {len(missed)}: {missed[:10]}"
+    assert holds_within(none_missed, settle_s), f"the rule never got {len(missed)}: {missed[:10]}"
 
 
 def _stream_leader(launcher: Launcher, stream: str) -> str:
@@ -252,7 +253,12 @@ def test_rolling_upgrade_under_load(cluster: Launcher, rule: redis.Redis) -> Non
         clean_may_lose=True,
     )
     print(f"rolling upgrade steps (s): {steps}")
-    load = loads[0]
+    _check_moved(loads[0])
+    _check_rule(rule, loads[0])
+
+
+def _check_moved(load: Load) -> None:
+    """Every client of the load was moved by the drains, and moved in good order."""
     clients: list[Publisher | Subscriber] = [*load.publishers, *load.subscribers]
     told = [c.name for c in clients if c.server_disconnects]
     # Every client was moved (both nodes drained) and told so: DISCONNECT 0x9C with a Server
@@ -272,7 +278,6 @@ def test_rolling_upgrade_under_load(cluster: Launcher, rule: redis.Redis) -> Non
         # PUBREL sent again on the next node: a draining node writes the PUBCOMP of every
         # release it wrote before its DISCONNECT.
         assert p.refusals == [], p.refusals
-    _check_rule(rule, load)
 
 
 def test_every_component_serves_after_the_upgrade(cluster: Launcher) -> None:

@@ -27,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.cli.launcher import Launcher
 from services.cli.status import run_status
-from tests.faults.harness import MAX_PACKET, Load, resume_s, run_under_load, wait_for
+from tests.faults.harness import MAX_PACKET, Load, resume_s, run_under_load
+from tests.poll import holds_within, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 # Every publisher's messages acknowledged again within this after a kill: a routed batch
@@ -147,7 +148,7 @@ def test_every_router_sees_the_others_changes(scaled: Launcher) -> None:
             c = _client(ports[i % 2])
             c.on_message = lambda cl, u, m, s=seen: s.append(m.payload)
             _subscribe(c, f"{base}/r")
-            assert wait_for(lambda s=seen: bool(s), 10), "no retained message"
+            assert holds_within(lambda s=seen: bool(s), 10), "no retained message"
             assert seen[0] == b"v7", seen
             c.disconnect()
             c.loop_stop()
@@ -155,10 +156,10 @@ def test_every_router_sees_the_others_changes(scaled: Launcher) -> None:
             pub.publish(f"$delayed/1/{base}/t", f"d{i}", 1).wait_for_publish(10)
         pub.publish(f"{base}/t", "direct", 1).wait_for_publish(10)
         want = sorted([b"direct"] + [f"d{i}".encode() for i in range(10)])
-        assert wait_for(lambda: all(len(v) >= len(want) for v in got.values()), 20), got
+        assert holds_within(lambda: all(len(v) >= len(want) for v in got.values()), 20), got
         # A second firing (two schedulers) would reach the clean subscriber (persistent
         # queues drop a repeat by message id).
-        assert not wait_for(lambda: len(got["clean"]) > len(want), 1.5), got["clean"]
+        assert not holds_within(lambda: len(got["clean"]) > len(want), 1.5), got["clean"]
         for name, payloads in got.items():
             assert sorted(payloads) == want, (name, payloads)
     finally:
@@ -219,13 +220,15 @@ def test_two_metrics_instances_count_each_message_once(scaled: Launcher) -> None
 
     def settled() -> tuple[int, ...]:
         """The figures once two reads 1.5 s apart (three report intervals) agree."""
-        last: tuple[int, ...] = ()
-        while True:
+        last: list[tuple[int, ...]] = [()]
+
+        def agreed() -> tuple[int, ...]:
             now = (_usage_in(data_dir), *(_messages_in(p) for p in endpoints))
-            if now == last and now[1] == now[2]:
-                return now
-            last = now
-            time.sleep(1.5)
+            same = now == last[0] and now[1] == now[2]
+            last[0] = now
+            return now if same else ()
+
+        return wait_until(agreed, 60, lambda: f"the figures settled: {last[0]}", every_s=1.5)
 
     before = settled()
     port = scaled.mesh.by_name("connection-0").port
@@ -236,6 +239,6 @@ def test_two_metrics_instances_count_each_message_once(scaled: Launcher) -> None
     finally:
         pub.disconnect()
         pub.loop_stop()
-    assert wait_for(lambda: _usage_in(data_dir) >= before[0] + 50, 15)
+    assert holds_within(lambda: _usage_in(data_dir) >= before[0] + 50, 15)
     after = settled()
     assert [a - b for a, b in zip(after, before, strict=True)] == [50, 50, 50]

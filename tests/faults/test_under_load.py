@@ -17,8 +17,9 @@ import pytest
 
 from services.cli.launcher import Launcher
 from services.cli.status import component_status
-from tests.faults.harness import Load, run_under_load, wait_for
+from tests.faults.harness import Load, run_under_load
 from tests.faults.load import Publisher
+from tests.poll import holds_within
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -101,8 +102,8 @@ def test_qos2_publisher_moves_to_another_node(launcher: Launcher) -> None:
             q2.drop()
             for s in subs:
                 s.drop()
-            assert wait_for(lambda b=before: q2.connects > b and q2.connected.is_set(), 20)
-            assert wait_for(lambda: all(s.connected.is_set() for s in subs), 20)
+            assert holds_within(lambda b=before: q2.connects > b and q2.connected.is_set(), 20)
+            assert holds_within(lambda: all(s.connected.is_set() for s in subs), 20)
             time.sleep(0.5)
 
     verdict = run_under_load(

@@ -29,7 +29,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +48,7 @@ from services.cli.secrets import (
 )
 from services.common.rpc.server import check_health
 from tests.partitions.netns import Network, sweep_leftovers
+from tests.poll import wait_until
 
 ROOT = str(Path(__file__).resolve().parent.parent.parent)
 NATS_HOSTS = ("nats-0", "nats-1", "nats-2")
@@ -256,17 +256,15 @@ def haproxy_config(c: Cluster) -> str:
 
 
 def _wait(c: Cluster, names: list[str], timeout_s: float) -> None:
-    """Until every one of `names` serves; RuntimeError naming the laggards or the dead."""
-    deadline = time.monotonic() + timeout_s
-    waiting = list(names)
-    while waiting:
-        dead = [n for n in waiting if c.procs[n].popen.poll() is not None]
+    """Until every one of `names` serves; RuntimeError naming the dead at once."""
+
+    def serving() -> bool:
+        dead = [n for n in names if c.procs[n].popen.poll() is not None]
         if dead:
             raise RuntimeError(f"{dead} exited during start-up; see {c.folder / 'logs'}")
-        waiting = [n for n in waiting if not c.serving(n)]
-        if waiting and time.monotonic() > deadline:
-            raise RuntimeError(f"{waiting} not serving after {timeout_s} s")
-        time.sleep(0.1)
+        return all(c.serving(n) for n in names)
+
+    wait_until(serving, timeout_s, f"{names} serving", every_s=0.1)
 
 
 def start(c: Cluster, extra_env: dict[str, str], timeout_s: float = 90.0) -> None:
@@ -300,11 +298,13 @@ def start(c: Cluster, extra_env: dict[str, str], timeout_s: float = 90.0) -> Non
     c.spawn(
         "haproxy", "", "haproxy", ["/usr/sbin/haproxy", "-db", "-f", str(conf)], dict(os.environ)
     )
-    deadline = time.monotonic() + timeout_s
-    while not port_open("127.0.0.1", c.lb_port):
-        if c.procs["haproxy"].popen.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"haproxy did not listen; see {c.procs['haproxy'].log}")
-        time.sleep(0.05)
+
+    def listening() -> bool:
+        if c.procs["haproxy"].popen.poll() is not None:
+            raise RuntimeError(f"haproxy exited; see {c.procs['haproxy'].log}")
+        return port_open("127.0.0.1", c.lb_port)
+
+    wait_until(listening, timeout_s, f"haproxy listening; see {c.procs['haproxy'].log}")
     hosts = {h.name: h.address for h in c.net.hosts.values()}
     (c.folder / "hosts.json").write_text(json.dumps({"lb_port": c.lb_port, **hosts}, indent=2))
 

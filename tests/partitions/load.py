@@ -32,6 +32,7 @@ from starling.connection.v1 import connection_pb2 as pb
 from starling.connection.v1 import connection_pb2_grpc as pb_grpc
 from tests.faults.checker import Checker, Verdict
 from tests.faults.load import Publisher, Subscriber
+from tests.poll import holds_within
 
 SESSION = re.compile(r"src=[\d.]+:(\d+) fe=\S+ be=\S+ srv=(\S+)")
 
@@ -149,25 +150,16 @@ class PartitionLoad:
         one reached every persistent session; the verdict."""
         for p in self.publishers:
             p.pause()
-        _until(lambda: all(p.unacked() == 0 for p in self.publishers), settle_s)
+        # Settling only: the verdict below counts whatever is still missing.
+        holds_within(lambda: all(p.unacked() == 0 for p in self.publishers), settle_s, 0.1)
         persistent = [s.name for s in self.subscribers if s.persistent]
-        _until(lambda: all(self.checker.missing(n) == 0 for n in persistent), settle_s)
+        holds_within(lambda: all(self.checker.missing(n) == 0 for n in persistent), settle_s, 0.1)
         self.close()
         return self.checker.verdict()
 
     def close(self) -> None:
         for cl in self.clients:
             cl.stop()
-
-
-def _until(cond: object, timeout_s: float) -> bool:
-    from tests.poll import wait_until
-
-    try:
-        wait_until(cond, timeout_s, every_s=0.1)  # type: ignore[arg-type]
-    except AssertionError:
-        return False
-    return True
 
 
 @dataclass

@@ -14,7 +14,6 @@ to node-1.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -25,7 +24,7 @@ from paho.mqtt.properties import Properties
 from tests.partitions.cluster import NATS_HOSTS, NATS_PORT, REDIS_PORT, Cluster
 from tests.partitions.load import Balancer
 from tests.partitions.run import mesh_back
-from tests.poll import wait_until
+from tests.poll import holds_within, wait_until
 
 pytestmark = pytest.mark.partitions
 
@@ -71,17 +70,16 @@ class Device:
 def connect_to(node: str, client_id: str, c: Cluster, lb: Balancer) -> Device:
     """A Device connected (CONNACK success) to `node`: round robin alternates, so try again
     until one lands there."""
-    for _ in range(10):
+
+    def landed() -> Device | None:
         d = Device(client_id, c.lb_port)
-        try:
-            wait_until(lambda d=d: d.connacks or d.closed, 10.0, f"{client_id} CONNACK")
-        except AssertionError:
-            pass
+        holds_within(lambda: d.connacks or d.closed, 10.0)  # answered, or given up on
         if d.connacks and d.node(lb) == node:
             return d
         d.close()
-        time.sleep(0.2)
-    raise AssertionError(f"{client_id} never connected to {node}")
+        return None
+
+    return wait_until(landed, 60, f"{client_id} connected to {node}", every_s=0.2)
 
 
 @pytest.mark.timeout(180)

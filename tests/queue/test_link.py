@@ -24,6 +24,7 @@ from services.queue.link_client import LinkDownError, LinkLostError, QueueLink
 from services.queue.main import QueueService
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
 from tests.inproc import serving
+from tests.poll import eventually, holds_within_async
 
 SECRET = "s3cret"
 MAX_FRAME = 4096
@@ -78,11 +79,8 @@ async def opened(link: QueueLink) -> QueueLink:
     another way meanwhile) is up."""
     with pytest.raises(LinkDownError):
         await link.call(1, b"first", 2.0)
-    for _ in range(200):
-        if link._transport is not None:
-            return link
-        await asyncio.sleep(0.01)
-    raise AssertionError("the link never opened")
+    await eventually(lambda: link._transport is not None, 5, "the link open", every_s=0.01)
+    return link
 
 
 @pytest.fixture
@@ -114,10 +112,7 @@ async def test_calls_replies_errors_and_notices_on_one_connection(
         await link.call(1, b"y" * MAX_FRAME, 2.0)
     (side,) = server.links
     assert side.notice(b"pushed")
-    for _ in range(100):
-        if notices:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: notices, 5, "the notice", every_s=0.01)
     assert notices == [b"pushed"]
     assert len(server.links) == 1  # every call and the notice shared one connection
     assert echo.calls == 53  # the oversized request never reached the server
@@ -128,11 +123,9 @@ async def test_calls_past_the_in_flight_bound_wait_in_tcp_and_are_all_answered(
 ) -> None:
     _, echo, link, _ = linked
     calls = [asyncio.ensure_future(link.call(4, b"%d" % i, 10.0)) for i in range(300)]
-    for _ in range(300):
-        if echo.waiting >= MAX_IN_FLIGHT:
-            break
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)
+    await eventually(lambda: echo.waiting >= MAX_IN_FLIGHT, 5, "a full window", every_s=0.01)
+    # Must not happen: a call past the bound reaching the server in a short window.
+    assert not await holds_within_async(lambda: echo.waiting > MAX_IN_FLIGHT, 0.1)
     assert echo.waiting == MAX_IN_FLIGHT  # the server stopped reading the link
     echo.release.set()
     assert await asyncio.gather(*calls) == [b"%d" % i for i in range(300)]
@@ -146,10 +139,8 @@ async def test_a_wrong_secret_gets_no_call_served_and_the_link_is_not_retried_at
     try:
         with pytest.raises(LinkDownError):  # opening in the background: this one goes by NATS
             await link.call(1, b"abc", 2.0)
-        for _ in range(200):  # connected, refused at HELLO, closed
-            if link._down_until > time.monotonic():
-                break
-            await asyncio.sleep(0.01)
+        # Connected, refused at HELLO, closed.
+        await eventually(lambda: link._down_until > time.monotonic(), 5, "the link marked down")
         assert link._transport is None
         with pytest.raises(LinkDownError):  # down for a while: the calls go over NATS
             await link.call(1, b"abc", 2.0)
@@ -175,10 +166,7 @@ async def test_a_stopped_server_fails_the_calls_under_way_as_unavailable(
 ) -> None:
     server, echo, link, _ = linked
     under_way = asyncio.ensure_future(link.call(4, b"x", 10.0))
-    for _ in range(100):
-        if echo.waiting:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: echo.waiting, 5, "the call at the server", every_s=0.01)
     await server.stop(0.05)
     with pytest.raises(LinkLostError):  # sent again over NATS (every call may repeat)
         await under_way
@@ -241,11 +229,11 @@ async def test_a_node_client_uses_the_announced_link_and_falls_back_to_nats(
         before = client.generation
         try:
             await client.read(TENANT, qid, 1, 10)  # over NATS: the link opens meanwhile
-            for _ in range(200):
-                if link_server.links and client.generation > before:
-                    break
-                await asyncio.sleep(0.01)
-            assert link_server.links, "the client did not open the announced link"
+            await eventually(
+                lambda: link_server.links and client.generation > before,
+                5,
+                "the client opening the announced link",
+            )
             # A link that opens (or breaks) moves the client's generation: its readers poll
             # (services/connection/persistence.py `poll_if_due`).
             opened = client.generation
@@ -259,26 +247,18 @@ async def test_a_node_client_uses_the_announced_link_and_falls_back_to_nats(
             r = await client.read(TENANT, qid, 1, 100, mark_delivered=True, reader="R")
             assert [e.seq for e in r.entries] == [1]
             await client.append(TENANT, [_entry(qid, "a2")])
-            for _ in range(200):
-                if on_link:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: on_link, 5, "a notice on the link", every_s=0.01)
             assert [(n.first_seq, n.pushed) for n in on_link] == [(2, 1)]
             assert all(n.pushed == 0 for n in on_nats)  # the push did not also go on NATS
             await client.ack(TENANT, qid, 2, renew=("R", 10, 2))
 
             # The link stops (as when its port is blocked): NATS carries everything.
             await link_server.stop(0.1)
-            for _ in range(200):
-                if client.generation > opened:
-                    break
-                await asyncio.sleep(0.01)
-            assert client.generation > opened, "a broken link did not move the generation"
+            await eventually(
+                lambda: client.generation > opened, 5, "a broken link moving the generation"
+            )
             await client.append(TENANT, [_entry(qid, "a3")])
-            for _ in range(200):
-                if any(n.pushed for n in on_nats):
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: any(n.pushed for n in on_nats), 5, "a push over NATS")
             assert [(n.first_seq, n.pushed) for n in on_nats if n.pushed] == [(3, 1)]
             r = await client.read(TENANT, qid, 3, 100, mark_delivered=True, reader="R")
             assert [e.seq for e in r.entries] == [3]

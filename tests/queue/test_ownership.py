@@ -5,10 +5,9 @@ to it (its epoch is refused by the store)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,11 @@ from services.common.store.sqlite_queue import SqliteQueueStore
 from services.queue.config import QueueSettings
 from services.queue.leases import LeaseTable
 from services.queue.ownership import Partitions
+from tests.poll import eventually
 
 PARTITIONS = 16
 TTL_MS = 300
+ROUND_S = TTL_MS / 4000  # between the lease rounds a settling check runs (one per try)
 
 
 @pytest.fixture
@@ -39,14 +40,6 @@ def instance(redis: Redis, store: SqliteQueueStore, name: str, prefix: str) -> P
     return Partitions(settings, name, leases, store)
 
 
-async def until(cond_round: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
-    """Run lease rounds of the instances (the callable does one) until it says done."""
-    deadline = time.monotonic() + timeout_s
-    while not await cond_round():
-        assert time.monotonic() < deadline, "ownership did not settle"
-        await asyncio.sleep(TTL_MS / 4000)
-
-
 async def test_join_share_and_takeover_of_a_silent_instance(redis: Redis, tmp_path: Path) -> None:
     store = SqliteQueueStore(tmp_path / "q.db")
     prefix = f"t-{uuid.uuid4().hex}:"
@@ -62,7 +55,8 @@ async def test_join_share_and_takeover_of_a_silent_instance(redis: Redis, tmp_pa
         await b.tick()
         return len(a.epochs) == len(b.epochs) == PARTITIONS // 2
 
-    await until(shared)  # b joined: a gave half up, b claimed it
+    # b joined: a gave half up, b claimed it.
+    await eventually(shared, 5, "ownership settled", ROUND_S)
     assert set(a.epochs).isdisjoint(b.epochs)
     assert lost_by_a == set(b.epochs)
     given = min(b.epochs)
@@ -81,7 +75,7 @@ async def test_join_share_and_takeover_of_a_silent_instance(redis: Redis, tmp_pa
         await b.tick()
         return len(b.epochs) == PARTITIONS
 
-    await until(b_has_all)
+    await eventually(b_has_all, 5, "ownership settled", ROUND_S)
     moved_s = time.monotonic() - started
     assert moved_s < 5 * TTL_MS / 1000  # about one ttl, not a timeout's worth
     for p, epoch in held_by_a.items():
@@ -89,7 +83,7 @@ async def test_join_share_and_takeover_of_a_silent_instance(redis: Redis, tmp_pa
         assert late.outcomes == [AppendOutcome.FENCED]
 
     # a comes back: it finds its leases gone, and gets its share again as b sheds it.
-    await until(shared)
+    await eventually(shared, 5, "ownership settled", ROUND_S)
     await store.close()
 
 

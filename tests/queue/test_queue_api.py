@@ -20,6 +20,7 @@ from services.queue.ownership import Partitions
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
+from tests.poll import eventually
 
 
 async def test_append_notifies_and_events_depth_drops(
@@ -54,10 +55,7 @@ async def test_append_notifies_and_events_depth_drops(
     ]
     resp = await api.Append(pb.AppendRequest(tenant="t", entries=entries), None)  # type: ignore[arg-type]
     assert list(resp.results) == [pb.APPEND_RESULT_OK] * 3 + [pb.APPEND_RESULT_QUEUE_FULL] * 2
-    for _ in range(100):
-        if notices and drops:
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: notices and drops, 5, "the notice and the drop event")
     assert [n.last_seq for n in notices] == [3]
     assert [(d.type, d.client_id, d.message_dropped.count) for d in drops] == [
         (event_pb2.EVENT_TYPE_MESSAGE_DROPPED, "dev", 2)

@@ -4,7 +4,6 @@ mark every later reader sees."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,6 +17,7 @@ from services.queue.config import QueueSettings
 from services.queue.main import QueueService
 from starling.common.v1.message_pb2 import Publisher, RoutedMessage
 from tests.inproc import queue_service, serving
+from tests.poll import eventually
 
 NOTICE_MAX_BYTES = 4096
 TENANT = "t"
@@ -77,11 +77,8 @@ class Queue:
             for t in topics
         ]
         await self.client.append(TENANT, entries)
-        for _ in range(200):
-            if len(self.notices) > seen:
-                return self.notices[seen]
-            await asyncio.sleep(0.01)
-        raise AssertionError("no notice")
+        await eventually(lambda: len(self.notices) > seen, 5, "a notice", every_s=0.01)
+        return self.notices[seen]
 
     async def delivered_mark(self) -> int:
         """The durable mark, as a read that delivers nothing (and so changes nothing) sees."""

@@ -6,13 +6,13 @@ either node, another tenant (or user) is unaffected, and the refusal is counted.
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from services.quota.client import Limits
 from tests.conftest import MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 from tests.quota.test_quota_mesh import (
     PASSWORD,
     QUOTA_EXCEEDED,
@@ -36,16 +36,6 @@ def _persistent(mesh: MeshInfo, node: int, tenant: str, client_id: str) -> tuple
     c = Paho(mesh.node(node), client_id=client_id, username=f"{tenant}/dev", password=PASSWORD)
     rc = c.connect(expect_ok=False, clean_start=False, session_expiry=300)
     return c, rc.value
-
-
-def _until_ok(attempt: object, deadline_s: float = 10) -> int:
-    """Run `attempt` (returns a CONNACK code) until it returns 0 or the deadline passes."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        code = attempt()  # type: ignore[operator]
-        if code == 0 or time.monotonic() > deadline:
-            return code
-        time.sleep(0.05)
 
 
 def test_max_sessions_counts_offline_sessions_across_nodes(mesh: MeshInfo) -> None:
@@ -93,7 +83,7 @@ def test_max_sessions_counts_offline_sessions_across_nodes(mesh: MeshInfo) -> No
             c.close(session_expiry=0)
         return code
 
-    assert _until_ok(again) == 0
+    wait_until(lambda: again() == 0, 10, "a CONNACK 0 once a connection was freed")
     # Another tenant is unaffected, and the refusals were counted by the session service.
     other = Paho(mesh.node(0), client_id=f"o-{uuid.uuid4().hex[:6]}")
     assert other.connect(clean_start=False, session_expiry=60).value == 0
@@ -132,7 +122,7 @@ def test_a_users_connection_limit_holds_across_nodes(mesh: MeshInfo) -> None:
         raw.close()
         return code
 
-    assert _until_ok(late) == 0
+    wait_until(lambda: late() == 0, 10, "a CONNACK 0 once a connection was freed")
     assert refusals_metric(mesh, "session", tenant, "max_connections_per_user") >= 3
     for c in [*ops, again]:
         c.close()

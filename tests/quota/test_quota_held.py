@@ -9,7 +9,6 @@ change reaches without a restart and that outlives the quota service going down.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import pytest
@@ -20,6 +19,7 @@ from services.quota.client import Limits
 from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 from tests.quota.test_quota_mesh import (
     PASSWORD,
     QUOTA_EXCEEDED,
@@ -73,9 +73,7 @@ def test_subscriptions_per_client_follow_the_tenants_quota(mesh: MeshInfo) -> No
     v3.close()
     # Raised: the connected clients may hold more, without reconnecting.
     quota(mesh, lambda c: c.set_limits(tenant, Limits(max_subscriptions_per_client=5)))
-    deadline = time.monotonic() + 5
-    while _codes(clients[0].subscribe("s/3", 1)) != [1] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: _codes(clients[0].subscribe("s/3", 1)) == [1], 5, "the raised limit")
     assert _codes(clients[0].subscribe("s/4", 1)) == [1]
     assert _codes(clients[0].subscribe("s/5", 1)) == [QUOTA_EXCEEDED]
     # Another tenant keeps the node's setting.
@@ -198,30 +196,24 @@ def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ac
     assert [m.payload for m in back.expect(4)] == payloads[:4]
     back.nothing(0.5)
     # Acknowledged (paho acks on receipt): the bytes are freed, the next one is queued.
-    deadline = time.monotonic() + 5
-    code = QUOTA_EXCEEDED
-    while code == QUOTA_EXCEEDED and time.monotonic() < deadline:
+
+    def code_once_freed() -> list[int]:
         code = pub.publish("q/x", b"after", 1).value
-    assert code == 0
+        return [] if code == QUOTA_EXCEEDED else [code]
+
+    assert wait_until(code_once_freed, 5, "the freed bytes taking a publish") == [0]
     assert back.expect(1)[-1].payload == b"after"
     # Lowered at runtime: the queue's copy of the limit follows without a restart.
     quota(mesh, lambda c: c.set_limits(tenant, Limits(max_queued_bytes=100)))
-    assert _until(lambda: pub.publish("q/x", b"y" * 200, 1).value == QUOTA_EXCEEDED)
+    wait_until(
+        lambda: pub.publish("q/x", b"y" * 200, 1).value == QUOTA_EXCEEDED, 5, "the lowered limit"
+    )
     back.close(session_expiry=0)
     got = _client(mesh, 0, other_user, client_id="sleeper")
     got.connect(clean_start=False, session_expiry=300)
     assert [m.payload for m in got.expect(6)] == payloads
     got.close(session_expiry=0)
     pub.close()
-
-
-def _until(cond: object, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
@@ -257,18 +249,18 @@ def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
     a.c.on_unsubscribe = lambda *_: unsubacked.set()
     a.c.unsubscribe("a/3")
     assert unsubacked.wait(5)
-    assert _until(lambda: _codes(b.subscribe("b/2", 1)) == [1])
+    wait_until(lambda: _codes(b.subscribe("b/2", 1)) == [1], 5, "the slot freed on node 1")
     assert _codes(b.subscribe("b/3", 1)) == [QUOTA_EXCEEDED]
     # A disconnect frees what the client held (a/1 and the shared a/2).
     a.close()
-    assert _until(lambda: _codes(v3.subscribe("v/1", 1)) == [1])
+    wait_until(lambda: _codes(v3.subscribe("v/1", 1)) == [1], 5, "the slots a disconnect freed")
     assert _codes(v3.subscribe("v/2", 1)) == [1]
     assert _codes(v3.subscribe("v/3", 1)) == [0x80]
     # Raised without a restart, with the CLI.
     monkeypatch.setenv("STARLING_ADMIN_TOKEN", ADMIN_TOKEN)
     cmd = ["quota", "set", "--quota-addr", mesh.addr("quota"), "--tenant", tenant]
     assert cli([*cmd, "--max-tenant-subscriptions", "5"]) == 0
-    assert _until(lambda: _codes(v3.subscribe("v/3", 1)) == [1])
+    wait_until(lambda: _codes(v3.subscribe("v/3", 1)) == [1], 5, "the limit the CLI raised")
     assert quota(mesh, lambda c: c.get_limits(tenant)) == Limits(max_tenant_subscriptions=5)
     other = Paho(mesh.node(1))
     other.connect()
@@ -296,7 +288,7 @@ def test_a_resumed_sessions_subscriptions_count_again(mesh: MeshInfo) -> None:
     assert _codes(p.subscribe("x/2", 1)) == [1]
     assert _codes(c.subscribe("y/2", 1)) == [QUOTA_EXCEEDED]
     p.close()  # offline: its two filters leave the count
-    assert _until(lambda: _codes(c.subscribe("y/2", 1)) == [1])
+    wait_until(lambda: _codes(c.subscribe("y/2", 1)) == [1], 5, "the offline filters' slots")
     back = _client(mesh, 0, user, client_id="keeper")
     back.connect(clean_start=False, session_expiry=300)  # resumed with x/1, x/2: 4 held
     unsubacked = threading.Event()
@@ -309,6 +301,6 @@ def test_a_resumed_sessions_subscriptions_count_again(mesh: MeshInfo) -> None:
         assert unsubacked.wait(5)
         return _codes(c.subscribe("y/2", 1)) == [QUOTA_EXCEEDED]
 
-    assert _until(refused_after_unsubscribing)
+    wait_until(refused_after_unsubscribing, 5, "the resumed filters counted")
     back.close(session_expiry=0)
     c.close()

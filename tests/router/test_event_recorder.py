@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 import nats
 
@@ -15,6 +16,7 @@ from services.common.store.eventlog import STREAM_KINDS, EventKind
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.session.event_recorder import EventRecorder, log_events
 from starling.common.v1 import event_pb2
+from tests.poll import eventually
 
 
 def test_only_events_of_known_kinds_with_a_tenant_are_kept() -> None:
@@ -58,12 +60,12 @@ async def test_stream_events_are_appended_to_the_log(nats_url: str, tmp_path: Pa
             await js.publish(subjects.event(tenant, kind), ev.SerializeToString())
         batch = [event_pb2.Event(tenant=tenant, client_id=c) for c in ("b", "c")]
         await js.publish(subjects.event(tenant, "connected"), encode_events(batch))
-        rows = []
-        for _ in range(200):
+
+        async def five_rows() -> list[Any]:
             rows = await store.read_events(0, 100, tenant=tenant, kinds=STREAM_KINDS)
-            if len(rows) == 5:
-                break
-            await asyncio.sleep(0.05)
+            return rows if len(rows) == 5 else []
+
+        rows = await eventually(five_rows, 10, "five events recorded", every_s=0.05)
         assert [(r.kind, r.client_id) for r in rows] == [
             ("connected", "a"),
             ("quota_exceeded", ""),
@@ -72,12 +74,12 @@ async def test_stream_events_are_appended_to_the_log(nats_url: str, tmp_path: Pa
             ("connected", "c"),
         ]
         # Acknowledged once appended: nothing is left pending for the consumer.
-        for _ in range(100):
+
+        async def none_pending() -> bool:
             info = await js.consumer_info(subjects.EVENTS_STREAM, durable)
-            if info.num_ack_pending == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert info.num_ack_pending == 0
+            return info.num_ack_pending == 0
+
+        await eventually(none_pending, 5, "no acks pending", every_s=0.05)
     finally:
         task.cancel()
         await js.delete_consumer(subjects.EVENTS_STREAM, durable)

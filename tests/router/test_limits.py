@@ -26,6 +26,7 @@ from services.router.retained import Retained, RetainedIndex
 from starling.common.v1.message_pb2 import MessageProperties, RoutedMessage
 from starling.common.v1.message_pb2 import Publisher as Origin
 from tests.inproc import Core
+from tests.poll import eventually
 
 OK, FULL = RouteResult.STORED, RouteResult.QUOTA_EXCEEDED
 NO_MATCH = RouteResult.NO_MATCH
@@ -171,11 +172,7 @@ async def test_a_due_delayed_message_frees_its_place(router: Factory) -> None:
     scheduler = asyncio.create_task(p.run_scheduler())
     try:
         assert await route(p, msg(t, "$delayed/0/now")) == [OK]
-        for _ in range(250):  # poll for up to 5 s
-            if not p.delayed_usage.count(t):
-                break
-            await asyncio.sleep(0.02)
-        assert p.delayed_usage.count(t) == 0
+        await eventually(lambda: p.delayed_usage.count(t) == 0, 5, "the delayed count back at 0")
         assert await route(p, msg(t, "$delayed/600/next")) == [OK]
     finally:
         scheduler.cancel()

@@ -11,7 +11,7 @@ import queue
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -20,6 +20,7 @@ from starling.rules.v1 import rules_pb2 as pb
 from starling.rules.v1 import rules_pb2_grpc as pb_grpc
 from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.clients import Paho
+from tests.poll import wait_until
 from tests.rules.webhook import Webhook
 
 MD = [("authorization", f"Bearer {ADMIN_TOKEN}")]
@@ -30,14 +31,6 @@ TENANT = "open"  # anonymous in the test mesh
 def rules(mesh: MeshInfo) -> Iterator[pb_grpc.RulesAdminServiceStub]:
     with grpc.insecure_channel(mesh.addr("rules")) as ch:
         yield pb_grpc.RulesAdminServiceStub(ch)
-
-
-def wait_for(cond: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 def add(stub: pb_grpc.RulesAdminServiceStub, filt: str, qos: int = 1) -> list[str]:
@@ -87,16 +80,16 @@ def test_a_client_that_never_subscribes_receives_its_auto_subscription(
         finally:
             c.close()
 
-    wait_for(fresh_client_receives)
+    wait_until(fresh_client_receives)
     c = connect(mesh, f"dev-{tag}")
-    wait_for(lambda: receives(c, pub, f"auto/{tag}/dev-{tag}/x"))
+    wait_until(lambda: receives(c, pub, f"auto/{tag}/dev-{tag}/x"))
     assert not receives(c, pub, f"auto/{tag}/someone-else/x")  # its own id only
     c.close()
 
     # A client id that is a wildcard gets the escaped level, not every client's topics.
     wild = connect(mesh, "#")
     try:
-        wait_for(lambda: receives(wild, pub, f"auto/{tag}/%23/x"))
+        wait_until(lambda: receives(wild, pub, f"auto/{tag}/%23/x"))
         assert not receives(wild, pub, f"auto/{tag}/dev-{tag}/x")
     finally:
         wild.close()
@@ -113,7 +106,7 @@ def test_a_client_that_never_subscribes_receives_its_auto_subscription(
         finally:
             c.close()
 
-    wait_for(fresh_client_does_not)
+    wait_until(fresh_client_does_not)
     pub.close()
 
 
@@ -133,10 +126,8 @@ def test_bad_auto_subscriptions_are_refused_by_name(
         assert says in (err.value.details() or "")
 
 
-def test_subscribe_and_unsubscribe_events_reach_a_webhook(
-    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub, webhook: Webhook
-) -> None:
-    rid = f"sub-{uuid.uuid4().hex[:6]}"
+def _create_event_rule(rules: pb_grpc.RulesAdminServiceStub, rid: str, url: str) -> None:
+    """A rule that posts every subscribe and unsubscribe event of TENANT to `url`."""
     rules.CreateRule(
         pb.CreateRuleRequest(
             rule=pb.Rule(
@@ -146,11 +137,32 @@ def test_subscribe_and_unsubscribe_events_reach_a_webhook(
                 'payload.qos AS qos FROM "$events/session_subscribed", '
                 '"$events/session_unsubscribed"',
                 enabled=True,
-                actions=[pb.Action(kind="http", params={"url": webhook.url})],
+                actions=[pb.Action(kind="http", params={"url": url})],
             )
         ),
         metadata=MD,
     )
+
+
+def _exported(port: int, rid: str, name: str, action: str = "") -> float:
+    """The value of `name` for rule `rid` (and action index) on the rules service's
+    Prometheus endpoint at `port`, -1 when not exported."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    for line in text.decode().splitlines():
+        # Counters carry Prometheus's `_total` suffix.
+        if not line.startswith((name + "{", name + "_total{")) or f'rule="{rid}"' not in line:
+            continue
+        if action and f'action="{action}"' not in line:
+            continue
+        return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def test_subscribe_and_unsubscribe_events_reach_a_webhook(
+    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub, webhook: Webhook
+) -> None:
+    rid = f"sub-{uuid.uuid4().hex[:6]}"
+    _create_event_rule(rules, rid, webhook.url)
     c = Paho(mesh.node(1), username=f"{TENANT}/dev-{rid}")
     c.connect()
 
@@ -167,12 +179,12 @@ def test_subscribe_and_unsubscribe_events_reach_a_webhook(
         c.subscribe(f"watch/{rid}/{n}", qos=1)
         return bool(posted("subscribed"))
 
-    wait_for(a_subscribe_posted)
+    wait_until(a_subscribe_posted)
     first = posted("subscribed")[0]
     assert first["f"] == f"watch/{rid}/{first['f'].split('/')[-1]}"  # type: ignore[union-attr]
     assert first["qos"] == 1 and first["username"] == f"dev-{rid}"
     c.c.unsubscribe(f"watch/{rid}/1")
-    wait_for(lambda: posted("unsubscribed"))
+    wait_until(lambda: posted("unsubscribed"))
     [gone] = posted("unsubscribed")
     assert gone["f"] == f"watch/{rid}/1" and gone["username"] == f"dev-{rid}"
 
@@ -180,18 +192,9 @@ def test_subscribe_and_unsubscribe_events_reach_a_webhook(
     port = mesh.mesh.by_name("rules").metrics_port
 
     def exported(name: str, action: str = "") -> float:
-        """The value of `name` for this rule (and action index), -1 when not exported."""
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-        for line in text.decode().splitlines():
-            # Counters carry Prometheus's `_total` suffix.
-            if not line.startswith((name + "{", name + "_total{")) or f'rule="{rid}"' not in line:
-                continue
-            if action and f'action="{action}"' not in line:
-                continue
-            return float(line.rsplit(" ", 1)[1])
-        return -1.0
+        return _exported(port, rid, name, action)
 
-    wait_for(lambda: exported("starling_rules_action_success", "0") >= 2)
+    wait_until(lambda: exported("starling_rules_action_success", "0") >= 2)
     assert exported("starling_rules_matched") >= 2 and exported("starling_rules_failed") == 0
     rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
     c.close()

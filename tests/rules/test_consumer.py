@@ -5,7 +5,6 @@ instance whose push it missed) -- neither is acknowledged without its outputs.""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -24,6 +23,7 @@ from services.rules.consumer import rules_stream_config
 from services.rules.main import RulesService
 from starling.common.v1.message_pb2 import RoutedMessage
 from tests.conftest import NATS_PASSWORD, NATS_USER
+from tests.poll import holds_within_async
 
 
 def settings(nats_url: str, data_dir: Path) -> RulesSettings:
@@ -69,13 +69,14 @@ async def feed(nats_url: str, tenant: str, topic: str, n: int) -> None:
 
 
 async def arrived(r: aioredis.Redis, key: str, n: int, timeout_s: float = 15.0) -> set[int]:
-    deadline = time.monotonic() + timeout_s
+    """The payloads in the stream once `n` are there (or when `timeout_s` is up)."""
     got: set[int] = set()
-    while time.monotonic() < deadline:
-        got = {int(f[b"payload"]) for _, f in await r.xrange(key)}
-        if len(got) >= n:
-            break
-        await asyncio.sleep(0.05)
+
+    async def enough() -> bool:
+        got.update(int(f[b"payload"]) for _, f in await r.xrange(key))
+        return len(got) >= n
+
+    await holds_within_async(enough, timeout_s, every_s=0.05)  # the caller compares
     return got
 
 

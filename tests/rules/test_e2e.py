@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import nats
@@ -169,20 +169,11 @@ def stream_state(mesh: MeshInfo) -> str:
     return asyncio.run(read())
 
 
-@pytest.mark.timeout(180)
-def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
-    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub
+def _create_sink_rule(
+    rules: pb_grpc.RulesAdminServiceStub, rid: str, tag: str, url: str, stream_key: str
 ) -> None:
-    """10,000 QoS 1 messages through a rule into Redis Streams and republished (QoS 1, one
-    batch per fetch) to a persistent subscriber; the rules service is SIGKILLed once a tenth
-    arrived and restarted: every message that got its PUBACK arrives at least once at both
-    (counted by distinct payload, each a distinct number)."""
-    n = 10_000
-    tag = uuid.uuid4().hex[:6]
-    redis_port = mesh.mesh.by_name("redis").port
-    url = f"redis://:{mesh.launcher.secrets.redis_password}@127.0.0.1:{redis_port}/0"
-    stream_key = f"rules-sink-{tag}"
-    rid = f"r-{tag}"
+    """A rule that writes every message on load/<tag>/# to a Redis stream and republishes
+    it (QoS 1) on copy/<tag>/x."""
     rules.CreateRule(
         pb.CreateRuleRequest(
             rule=pb.Rule(
@@ -198,22 +189,61 @@ def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
         ),
         metadata=MD,
     )
+
+
+def _payloads(sub: Paho, into: set[int]) -> set[int]:
+    """Add the numbers `sub` received to `into`; all of them but the probes' -1."""
+    while not sub.messages.empty():
+        into.add(int(sub.messages.get_nowait().payload))
+    return into - {-1}
+
+
+def _all_arrive(
+    mesh: MeshInfo,
+    rules: pb_grpc.RulesAdminServiceStub,
+    rid: str,
+    n: int,
+    arrived: Callable[[], set[int]],
+    entries: Callable[[], int],
+) -> None:
+    """Wait until all `n` arrived in the stream; if not, fail saying which are missing and
+    what the rule and its stream report."""
+    try:
+        wait_until(lambda: len(arrived()) == n, 60)
+    except AssertionError:
+        got = arrived()
+        metrics = rules.GetRule(pb.GetRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
+        raise AssertionError(
+            f"{len(got)} of {n} arrived ({entries()} entries); "
+            f"first missing {sorted(set(range(n)) - got)[:10]}; "
+            f"metrics {metrics.metrics}; {stream_state(mesh)}"
+        ) from None
+
+
+@pytest.mark.timeout(180)
+def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
+    mesh: MeshInfo, rules: pb_grpc.RulesAdminServiceStub
+) -> None:
+    """10,000 QoS 1 messages through a rule into Redis Streams and republished (QoS 1, one
+    batch per fetch) to a persistent subscriber; the rules service is SIGKILLed once a tenth
+    arrived and restarted: every message that got its PUBACK arrives at least once at both
+    (counted by distinct payload, each a distinct number)."""
+    n = 10_000
+    tag = uuid.uuid4().hex[:6]
+    redis_port = mesh.mesh.by_name("redis").port
+    url = f"redis://:{mesh.launcher.secrets.redis_password}@127.0.0.1:{redis_port}/0"
+    stream_key, rid = f"rules-sink-{tag}", f"r-{tag}"
+    _create_sink_rule(rules, rid, tag, url, stream_key)
     sub = Paho(mesh.node(1), username=f"{TENANT}/sub-{tag}")
     sub.connect(clean_start=False, session_expiry=300)
     sub.subscribe(f"copy/{tag}/#", qos=1)
     copies: set[int] = set()
-
-    def copied() -> set[int]:
-        while not sub.messages.empty():
-            copies.add(int(sub.messages.get_nowait().payload))
-        return copies - {-1}
-
     r = redis.Redis.from_url(url)
     pub = client(mesh, 0)
+
     # The rule applies once the node heard of it (docs/rules.md, Known gaps): a probe that
     # arrives shows it has; the guarantee is about what is published from then on.
     # Probes (payload -1, maybe several) are left out of the count.
-
     def probe_arrived() -> bool:
         pub.c.publish(f"load/{tag}/probe", b"-1", qos=1)
         return r.xlen(stream_key) > 0
@@ -234,18 +264,9 @@ def test_sigkill_of_the_rules_service_loses_no_acknowledged_message(
     for info in infos:
         info.wait_for_publish(60)  # PUBACK: every one is promised
     assert killed_at < n  # the kill happened mid-stream
-    try:
-        wait_until(lambda: len(arrived()) == n, 60)
-    except AssertionError:
-        got = arrived()
-        metrics = rules.GetRule(pb.GetRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
-        raise AssertionError(
-            f"{len(got)} of {n} arrived ({r.xlen(stream_key)} entries); "
-            f"first missing {sorted(set(range(n)) - got)[:10]}; "
-            f"metrics {metrics.metrics}; {stream_state(mesh)}"
-        ) from None
+    _all_arrive(mesh, rules, rid, n, arrived, lambda: r.xlen(stream_key))
     assert arrived() == set(range(n))
-    wait_until(lambda: len(copied()) == n, 60)
+    wait_until(lambda: len(_payloads(sub, copies)) == n, 60)
     sub.close(session_expiry=0)
     rules.DeleteRule(pb.DeleteRuleRequest(tenant=TENANT, rule_id=rid), metadata=MD)
     r.delete(stream_key)

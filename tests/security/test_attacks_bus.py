@@ -8,12 +8,12 @@ keep working while a bystander keeps its round trip."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 from services.cli.status import component_status
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho
+from tests.poll import holds_within
 from tests.security.bystander import Bystander, assert_unharmed
 
 
@@ -39,12 +39,14 @@ def _shared_still_works(port: int) -> list[bytes]:
     for i in range(10):
         assert int(pub.publish(topic, f"job-{i}", 1).value) == 0
     got: list[bytes] = []
-    deadline = time.monotonic() + 10
-    while len(got) < 10 and time.monotonic() < deadline:
+
+    def all_ten() -> bool:
         for m in members:
             while not m.messages.empty():
                 got.append(m.messages.get().payload)
-        time.sleep(0.02)
+        return len(got) >= 10
+
+    holds_within(all_ten, 10, every_s=0.02)  # the caller compares what arrived
     for c in (*members, pub):
         c.close()
     return got

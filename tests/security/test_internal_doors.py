@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import stat
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ from starling.session.v1 import admin_tokens_pb2 as tokens_pb
 from starling.session.v1 import admin_tokens_pb2_grpc as tokens_grpc
 from starling.session.v1 import session_pb2, session_pb2_grpc
 from tests.conftest import ADMIN_TOKEN, MeshInfo
+from tests.poll import eventually, wait_until
 
 # The proto files each component serves.
 SERVED: dict[str, list[FileDescriptor]] = {
@@ -154,10 +154,11 @@ async def test_a_service_nats_user_holds_only_its_subjects(mesh: MeshInfo) -> No
         await nc.publish("ctl.node.connection-0", b"x")
         await nc.subscribe("mq.>")
         await nc.flush()
-        deadline = time.monotonic() + 10
-        while len([e for e in errors if "permissions violation" in e.lower()]) < 2:
-            assert time.monotonic() < deadline, f"no permission violations: {errors}"
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: len([e for e in errors if "permissions violation" in e.lower()]) >= 2,
+            10,
+            "the permission violations",
+        )
     finally:
         await nc.close()
 
@@ -187,10 +188,11 @@ async def test_a_node_may_route_but_never_append_unchecked_or_serve_the_router(
         await nc.publish("ctl.queue.owners", b"x")  # posing as a queue instance
         await nc.subscribe("svc.router.route")
         await nc.flush()
-        deadline = time.monotonic() + 10
-        while len([e for e in errors if "permissions violation" in e.lower()]) < 6:
-            assert time.monotonic() < deadline, f"no permission violations: {errors}"
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: len([e for e in errors if "permissions violation" in e.lower()]) >= 6,
+            10,
+            "the permission violations",
+        )
         # Asking the router is allowed: a bad request gets a status, not a violation.
         reply = await nc.request("svc.router.route", b"\xff", timeout=5)
         assert reply.headers and reply.headers.get("Starling-Error", "").startswith(
@@ -231,10 +233,7 @@ async def test_a_node_may_connect_clients_but_never_serve_the_session_service(
         await nc.subscribe("svc.router.will")
         await nc.publish("ctl.session.changed", b"acl\0default")
         await nc.flush()
-        deadline = time.monotonic() + 10
-        while violations() < 5:
-            assert time.monotonic() < deadline, f"no permission violations: {errors}"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: violations() >= 5, 10, "the permission violations")
         # Asking is allowed: a bad request gets a status, not a violation.
         for subject, name in (
             ("svc.session.connect", "ConnectRequest"),
@@ -255,10 +254,7 @@ async def test_a_node_may_connect_clients_but_never_serve_the_session_service(
     try:
         await nc.publish("svc.session.connect", b"x")
         await nc.flush()
-        deadline = time.monotonic() + 10
-        while violations() < 1:
-            assert time.monotonic() < deadline, f"no permission violations: {errors}"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: violations() >= 1, 10, "the permission violations")
     finally:
         await nc.close()
 
@@ -339,13 +335,6 @@ def _code(mesh: MeshInfo, component: str, tenant: str, token: str) -> tuple[grpc
         return grpc.StatusCode.OK, ""
 
 
-def _poll(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
 @pytest.mark.parametrize("component", list(TENANT_CALLS))
 def test_a_tenant_token_administers_its_tenant_only(mesh: MeshInfo, component: str) -> None:
     acme, other = _tenant("acme"), _tenant("other")
@@ -380,6 +369,21 @@ def test_a_tenant_token_cannot_change_another_tenant(mesh: MeshInfo) -> None:
                 quota_pb2.SetLimitsRequest(tenant=other), metadata=_bearer(token)
             )
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_tenant_token_cannot_raise_its_own_limits(mesh: MeshInfo) -> None:
+    acme = _tenant("acme")
+    token = _create_token(mesh, acme).token
+    raise_own = quota_pb2.SetLimitsRequest(tenant=acme, limits=quota_pb2.Limits(max_connections=9))
+    with grpc.insecure_channel(mesh.addr("quota")) as ch:
+        stub = quota_pb2_grpc.QuotaAdminServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.SetLimits(raise_own, metadata=_bearer(token))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "needs the operator token" in (info.value.details() or "")
+        # Reading them stays the tenant's; setting them is the operator's.
+        stub.GetLimits(quota_pb2.GetLimitsRequest(tenant=acme), metadata=_bearer(token))
+        stub.SetLimits(raise_own, metadata=_bearer(ADMIN_TOKEN))
 
 
 def test_cross_tenant_calls_are_the_operators(mesh: MeshInfo) -> None:
@@ -421,7 +425,7 @@ def test_expired_and_revoked_tokens_are_refused_everywhere(mesh: MeshInfo) -> No
     revoked = _create_token(mesh, acme)
     for component in TENANT_CALLS:  # both work, and the other services have cached them
         assert _code(mesh, component, acme, revoked.token)[0] == grpc.StatusCode.OK
-        _poll(
+        wait_until(
             lambda c=component: (
                 _code(mesh, c, acme, short.token)[0] == grpc.StatusCode.UNAUTHENTICATED
             ),
@@ -431,7 +435,7 @@ def test_expired_and_revoked_tokens_are_refused_everywhere(mesh: MeshInfo) -> No
     assert _revoke(mesh, revoked.info.token_id)
     assert _code(mesh, "session", acme, revoked.token)[0] == grpc.StatusCode.UNAUTHENTICATED
     for component in TENANT_CALLS:  # within admin_token_cache_s (5 s by default)
-        _poll(
+        wait_until(
             lambda c=component: (
                 _code(mesh, c, acme, revoked.token)[0] == grpc.StatusCode.UNAUTHENTICATED
             ),
@@ -485,9 +489,6 @@ def test_no_secret_in_logs_or_command_lines(mesh: MeshInfo) -> None:
 async def test_the_session_service_may_acknowledge_the_events_it_records(mesh: MeshInfo) -> None:
     """Its NATS user holds exactly the subjects it needs, acks of the event log's consumer
     included: without them every event came back after the ack wait, for ever."""
-    import asyncio
-    import time
-
     from services.session.event_recorder import DURABLE
     from tests.e2e.clients import Paho
 
@@ -497,13 +498,12 @@ async def test_the_session_service_may_acknowledge_the_events_it_records(mesh: M
     nc = await nats.connect(mesh.nats_url)
     try:
         js = nc.jetstream()
-        deadline = time.monotonic() + 15
-        while True:
+
+        async def settled() -> Any:
             info = await js.consumer_info("EVENTS", DURABLE)
-            if info.num_ack_pending == 0 and info.num_pending == 0:
-                break
-            assert time.monotonic() < deadline, f"events not acknowledged: {info}"
-            await asyncio.sleep(0.2)
+            return info if info.num_ack_pending == 0 and info.num_pending == 0 else None
+
+        info = await eventually(settled, 15, "events acknowledged", every_s=0.2)
         assert info.num_redelivered == 0
     finally:
         await nc.close()

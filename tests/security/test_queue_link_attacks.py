@@ -13,6 +13,7 @@ import pytest
 from services.queue import link as link_module
 from services.queue.link import CALL, HELLO, LinkServer, frame
 from services.queue.link_client import QueueLink
+from tests.poll import eventually
 from tests.queue.test_link import opened
 
 SECRET = "mesh-secret"
@@ -117,10 +118,7 @@ async def test_links_past_the_cap_are_closed_at_once(
     s, _ = server
     held = [await asyncio.open_connection("127.0.0.1", s.port) for _ in range(2)]
     try:
-        for _ in range(100):
-            if len(s.links) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(s.links) == 2, 5, "both links held", every_s=0.01)
         assert await _closed_after(s.port, frame(HELLO, 0, SECRET.encode()))
     finally:
         for _, writer in held:

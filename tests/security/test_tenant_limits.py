@@ -298,14 +298,35 @@ def test_retained_flood_is_refused_and_deleting_still_works(limited: Mesh) -> No
     assert counted(limited, "router", "retained_messages", t, 3) == 3
 
 
+def _others_are_refused(limited: Mesh, t: str, cid: str) -> None:
+    """Bob again, alice offline with a message queued: MQTT 5 and 3.1.1 both refused; nor
+    may an anonymous client (the tenant lets them in) take `cid`."""
+    bob5, rc5 = paho(
+        port(limited, 0),
+        f"{t}/bob",
+        client_id=cid,
+        password="pw-bob",
+        clean=False,
+        session_expiry=600,
+        expect_ok=False,
+    )
+    assert rc5.value == NOT_AUTHORIZED and not bob5.session_present
+    bob5.nothing()
+    bob5.close()
+    bob3 = RawConn(port(limited, 1), "127.0.0.1")
+    connack = bob3.connect(f"{t}/bob", 4, cid, b"pw-bob", clean=False)
+    bob3.close()
+    assert connack == b"\x20\x02\x00\x05"  # 3.1.1: no session present, code 5
+    anon, rca = paho(port(limited, 0), f"{t}/mallory", client_id=cid, clean=False, expect_ok=False)
+    anon.close()
+    assert rca.value == NOT_AUTHORIZED
+
+
 def test_a_second_user_cannot_take_over_a_client_id(limited: Mesh) -> None:
     t = tenant("owners")
-    admin = session_admin(limited)
+    admin, req = session_admin(limited), session_pb2.CreateUserRequest
     for user in ("alice", "bob"):
-        admin.CreateUser(
-            session_pb2.CreateUserRequest(tenant=t, username=user, password=f"pw-{user}"),
-            metadata=MD,
-        )
+        admin.CreateUser(req(tenant=t, username=user, password=f"pw-{user}"), metadata=MD)
     cid = f"alice-phone-{uuid.uuid4().hex[:6]}"
     alice, _ = paho(
         port(limited, 0),
@@ -333,27 +354,7 @@ def test_a_second_user_cannot_take_over_a_client_id(limited: Mesh) -> None:
     sender, _ = paho(port(limited, 1), f"{t}/bob", password="pw-bob")
     assert publish_rc(sender, "inbox/alice", b"for alice only") == 0
     sender.close()
-    # Bob again, alice offline with a message queued: MQTT 5 and 3.1.1 both refused.
-    bob5, rc5 = paho(
-        port(limited, 0),
-        f"{t}/bob",
-        client_id=cid,
-        password="pw-bob",
-        clean=False,
-        session_expiry=600,
-        expect_ok=False,
-    )
-    assert rc5.value == NOT_AUTHORIZED and not bob5.session_present
-    bob5.nothing()
-    bob5.close()
-    bob3 = RawConn(port(limited, 1), "127.0.0.1")
-    connack = bob3.connect(f"{t}/bob", 4, cid, b"pw-bob", clean=False)
-    bob3.close()
-    assert connack == b"\x20\x02\x00\x05"  # 3.1.1: no session present, code 5
-    # Nor an anonymous client (the tenant lets them in).
-    anon, rca = paho(port(limited, 0), f"{t}/mallory", client_id=cid, clean=False, expect_ok=False)
-    anon.close()
-    assert rca.value == NOT_AUTHORIZED
+    _others_are_refused(limited, t, cid)
     # Alice gets her session and her message back.
     back, _ = paho(
         port(limited, 1),

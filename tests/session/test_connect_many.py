@@ -21,6 +21,7 @@ from services.common.rpc.errors import InvalidArgumentError
 from services.session.client import CONNECT_BATCH, SessionAdminClient, SessionClient
 from starling.session.v1 import session_pb2 as pb
 from tests.inproc import ADMIN_TOKEN, OPEN_TENANT, Core
+from tests.poll import eventually
 
 
 @pytest.fixture
@@ -89,10 +90,7 @@ async def test_connect_many_refuses_more_than_a_batch(bus: Client) -> None:
 async def _seen(watch: Client, calls: list[str], at_least: int) -> None:
     """The spy's callbacks run in their own task after the messages arrive: a flush alone
     can return before they ran. Wait for `at_least` of them, then for any still under way."""
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(calls) < at_least:
-        assert asyncio.get_running_loop().time() < deadline, calls
-        await asyncio.sleep(0.01)
+    await eventually(lambda: len(calls) >= at_least, 5, lambda: f"{at_least} calls: {calls}")
     await watch.flush()
     await asyncio.sleep(0.05)
 

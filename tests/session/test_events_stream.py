@@ -5,10 +5,9 @@ keeping the events it holds. Runs against a real cluster of three nats-server pr
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -20,6 +19,7 @@ from services.cli.secrets import load_or_create
 from services.cli.status import component_status
 from services.common.bus import subjects
 from services.session.events import EVENTS_MAX_AGE_S, ensure_stream
+from tests.poll import eventually
 
 
 @pytest.fixture(scope="module")
@@ -59,31 +59,32 @@ async def test_an_existing_stream_gets_the_new_replica_count(cluster: list[str])
             max_age=EVENTS_MAX_AGE_S,
             num_replicas=1,
         )
+
         # A stream just made in a cluster may not answer on every server yet (its leader
         # is elected, its subjects' interest spreads): poll, as a client would retry.
-        deadline = time.monotonic() + 20
-        i = 0
-        while i < 5:
+        async def published(i: int) -> bool:
             try:
                 await js.publish(f"ev.t1.connected.{i}", b"e")
-                i += 1
             except (NoRespondersError, NoStreamResponseError):  # (JetStream's name for it)
-                assert time.monotonic() < deadline, "the new stream never answered"
-                await asyncio.sleep(0.05)
+                return False
+            return True
+
+        for i in range(5):
+            await eventually(lambda i=i: published(i), 20, "the new stream answering", 0.05)
 
         await ensure_stream(js, 3)
 
         info = await js.stream_info(subjects.EVENTS_STREAM)
         assert info.config.num_replicas == 3
         assert info.config.max_age == EVENTS_MAX_AGE_S  # the rest as it was
-        deadline = time.monotonic() + 20
-        while True:  # JetStream copies the stream to two more servers
+
+        async def caught_up() -> Any:
             info = await js.stream_info(subjects.EVENTS_STREAM)
             peers = info.cluster.replicas if info.cluster else None
-            if peers and len(peers) == 2 and all(p.current for p in peers):
-                break
-            assert time.monotonic() < deadline, f"replicas not caught up: {info.cluster}"
-            await asyncio.sleep(0.05)
+            return info if peers and len(peers) == 2 and all(p.current for p in peers) else None
+
+        # JetStream copies the stream to two more servers.
+        info = await eventually(caught_up, 20, "the two replicas caught up", every_s=0.05)
         assert info.state.messages == 5, "the events held before the update are kept"
 
         await ensure_stream(js, 3)  # already right: nothing changes, nothing fails

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from services.cli.ports import free_port, port_open
+from services.cli.ports import free_port
 from services.common.mqtt import ConnAck, Connect, Disconnect, Publish, SubAck, Subscribe
 from services.common.mqtt import Subscription as Sub
 from services.connection.config import ConnectionSettings
@@ -32,8 +32,10 @@ from services.connection.main import ConnectionService
 from services.session.config import SessionSettings
 from services.session.main import SessionService
 from services.session.registry import GENERATION, Holder, Registry
+from tests.conftest import wait_port
 from tests.e2e.clients import Raw
 from tests.inproc import Core, serving
+from tests.poll import eventually, wait_until
 
 PASSWORD = "fence-redis-password"
 KICK_BOUND_S = 5.0  # A's copy must be closed within this after X connects to B
@@ -57,10 +59,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while not port_open("127.0.0.1", self.port):
-            assert self.proc.poll() is None and time.monotonic() < deadline, "redis down"
-            time.sleep(0.02)
+        wait_port(self.port, self.proc, "redis-server")
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -155,18 +154,6 @@ def kicked_with(raw: Raw, timeout_s: float) -> int | None:
     return codes[-1] if codes else -1
 
 
-async def until(cond: Callable[[], object], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = cond()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
-
-
 async def holders(f: Fenced, tenant: str) -> list[Holder]:
     return await f.registry.list(tenant)
 
@@ -184,19 +171,16 @@ async def flows(f: Fenced, survivor: Raw, survivor_port: int) -> None:
     pub = await asyncio.to_thread(connect, other, f"pub-{uuid.uuid4().hex[:6]}")
     try:
         # Subscriptions reach the other node through the mesh: publish until one arrives.
-        def receive() -> Publish:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                pub.send(Publish(topic, b"after-loss", qos=0))
-                try:
-                    p = survivor.recv(timeout=0.3)
-                except TimeoutError:
-                    continue
-                if isinstance(p, Publish):
-                    return p
-            raise AssertionError("no message reached the survivor")
+        def receive() -> Publish | None:
+            pub.send(Publish(topic, b"after-loss", qos=0))
+            try:
+                p = survivor.recv(timeout=0.3)
+            except TimeoutError:
+                return None
+            return p if isinstance(p, Publish) else None
 
-        got = await asyncio.to_thread(receive)
+        what = "a message reaching the survivor"
+        got = await asyncio.to_thread(wait_until, receive, 10, what, 0.0)
         assert got.payload == b"after-loss"
     finally:
         pub.close()
@@ -238,7 +222,7 @@ async def test_stale_copy_is_kicked_after_redis_loses_its_data(fenced: Fenced, l
     cid = f"x-{loss}-{uuid.uuid4().hex[:6]}"
     tenant = "default"
     on_a = await asyncio.to_thread(connect, a, cid)
-    await until(lambda: fenced.registry.get(tenant, cid))
+    await eventually(lambda: fenced.registry.get(tenant, cid))
     if loss == "flushall":
         await fenced.registry._redis.flushall()  # type: ignore[misc]
     else:
@@ -250,7 +234,7 @@ async def test_stale_copy_is_kicked_after_redis_loses_its_data(fenced: Fenced, l
     assert code == 0x8E, f"A's copy not closed as taken over within {KICK_BOUND_S}s: {code}"
     assert time.monotonic() - start < KICK_BOUND_S
     # One holder, the connection on B; and B's copy lives and works.
-    await until(lambda: _holds(fenced, tenant, cid, fenced.node_ids[1]))
+    await eventually(lambda: _holds(fenced, tenant, cid, fenced.node_ids[1]))
     assert [h.client_id for h in await holders(fenced, tenant) if h.client_id == cid] == [cid]
     assert await asyncio.to_thread(kicked_with, on_b, 0.3) is None
     await flows(fenced, on_b, b)
@@ -262,15 +246,15 @@ async def test_registry_is_rebuilt_when_no_connect_notices_the_loss(fenced: Fenc
     a, b = fenced.ports
     cid = f"x-rebuilt-{uuid.uuid4().hex[:6]}"
     on_a = await asyncio.to_thread(connect, a, cid)
-    await until(lambda: fenced.registry.get("default", cid))
+    await eventually(lambda: fenced.registry.get("default", cid))
     await fenced.registry._redis.flushall()  # type: ignore[misc]
     # Noticed by the session service's sentinel check; node A re-asserts its connection.
-    await until(lambda: _holds(fenced, "default", cid, fenced.node_ids[0]))
+    await eventually(lambda: _holds(fenced, "default", cid, fenced.node_ids[0]))
     assert await fenced.registry._redis.get(GENERATION)
     # An ordinary takeover from there on.
     on_b = await asyncio.to_thread(connect, b, cid)
     assert await asyncio.to_thread(kicked_with, on_a, KICK_BOUND_S) == 0x8E
-    await until(lambda: _holds(fenced, "default", cid, fenced.node_ids[1]))
+    await eventually(lambda: _holds(fenced, "default", cid, fenced.node_ids[1]))
     on_b.close()
     on_a.close()
 
@@ -279,7 +263,7 @@ async def test_two_connects_racing_after_the_loss_leave_exactly_one(fenced: Fenc
     a, b = fenced.ports
     cid = f"x-race-{uuid.uuid4().hex[:6]}"
     old = await asyncio.to_thread(connect, a, cid)
-    await until(lambda: fenced.registry.get("default", cid))
+    await eventually(lambda: fenced.registry.get("default", cid))
     await fenced.registry._redis.flushall()  # type: ignore[misc]
     racers = await asyncio.gather(
         asyncio.to_thread(connect, a, cid), asyncio.to_thread(connect, b, cid)
@@ -331,8 +315,8 @@ async def test_a_reasserted_connection_keeps_its_will(fenced: Fenced) -> None:
 
     assert await kept_will() == (f"status/{cid}", b"offline", True)
     await fenced.registry._redis.flushall()  # type: ignore[misc]
-    await until(lambda: _holds(fenced, "default", cid, fenced.node_ids[0]))
-    await until(kept_will)
+    await eventually(lambda: _holds(fenced, "default", cid, fenced.node_ids[0]))
+    await eventually(kept_will)
     assert await kept_will() == (f"status/{cid}", b"offline", True)
     raw.send(Disconnect())
     raw.close()

@@ -31,13 +31,14 @@ import nats
 from redis.asyncio import Redis
 
 from services.cli.launcher import nats_binary
-from services.cli.ports import free_port, port_open
+from services.cli.ports import free_port
 from services.common.bus import subjects
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.session.liveness import UNWRITTEN, NodeLiveness, SeenRecords
 from services.session.registry import Holder, Registry
 from services.session.sessions import Sessions
-from tests.poll import eventually
+from tests.conftest import wait_port
+from tests.poll import eventually, holds_within_async
 
 TIMEOUT_S = 1.0
 DB = 7
@@ -57,13 +58,6 @@ class Servers:
 
     def resume_redis(self) -> None:
         self.redis.send_signal(signal.SIGCONT)
-
-
-def _wait_open(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
-    while not port_open("127.0.0.1", port):
-        assert proc.poll() is None and time.monotonic() < deadline, f"{proc.args[0]} down"
-        time.sleep(0.02)
 
 
 @contextlib.contextmanager
@@ -86,8 +80,8 @@ def own_servers(folder: Path) -> Iterator[Servers]:
         stderr=out,
     )  # fmt: skip
     try:
-        _wait_open(nats_port, nats_proc)
-        _wait_open(redis_port, redis_proc)
+        wait_port(nats_port, nats_proc, "nats-server")
+        wait_port(redis_port, redis_proc, "redis-server")
         yield Servers(
             f"nats://own:{PASSWORD}@127.0.0.1:{nats_port}",
             f"redis://:{PASSWORD}@127.0.0.1:{redis_port}/0",
@@ -127,10 +121,8 @@ async def test_an_instance_that_stops_hearing_a_node_does_not_release_it_while_a
     answers: list[bytes] = []
     beating = asyncio.create_task(_heartbeats(nc, node, answers))
     try:
-        deadline = time.monotonic() + 4 * TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert await deaf.check() == []
-            await asyncio.sleep(0.1)
+        # Must not happen: no release in four timeouts (each check could release).
+        assert not await holds_within_async(deaf.check, 4 * TIMEOUT_S, every_s=0.1)
         assert deaf.silent_for(node) > TIMEOUT_S  # it does not hear the node itself
         assert answers and set(answers) <= {b"ok", b"new"}
         held = await registry.get(tenant, "c1")
@@ -138,11 +130,11 @@ async def test_an_instance_that_stops_hearing_a_node_does_not_release_it_while_a
 
         # Nobody hears it any more: released, by one instance, within a few timeouts.
         beating.cancel()
-        deadline = time.monotonic() + 10 * TIMEOUT_S
-        released: list[str] = []
-        while not released and time.monotonic() < deadline:
-            released = await deaf.check() + await hearing.check()
-            await asyncio.sleep(0.1)
+
+        async def released_by_either() -> list[str]:
+            return await deaf.check() + await hearing.check()
+
+        released = await eventually(released_by_either, 10 * TIMEOUT_S, "a release", every_s=0.1)
         assert released == [node]
         assert await registry.get(tenant, "c1") is None
     finally:
@@ -229,10 +221,8 @@ async def test_a_redis_outage_neither_stops_the_answers_nor_releases_the_node(
 
             # Back: written answers again, and nobody releases the node that kept beating.
             await eventually(lambda: any(t > resumed_at and a != UNWRITTEN for t, a in answers), 10)
-            deadline = time.monotonic() + 4 * TIMEOUT_S + 1
-            while time.monotonic() < deadline:
-                assert released == []
-                await asyncio.sleep(0.1)
+            # Must not happen: a release in four timeouts (and a second) from here.
+            assert not await holds_within_async(lambda: released, 4 * TIMEOUT_S + 1, 0.1)
             held = await registry.get(tenant, "c1")
             assert held is not None and held.node_id == node
         finally:
@@ -265,9 +255,10 @@ async def test_an_instance_that_just_got_redis_back_releases_nothing_for_the_tim
             await asyncio.sleep(timeout_s + 2)  # the outage: the node's record ages past it
             resumed_at = time.monotonic()
             servers.resume_redis()
-            while time.monotonic() < resumed_at + timeout_s - 0.5:
-                assert released == [], "released right after Redis came back"
-                await asyncio.sleep(0.1)
+            # Must not happen: a release until the timeout passed since Redis came back.
+            window_s = resumed_at + timeout_s - 0.5 - time.monotonic()
+            early = await holds_within_async(lambda: released, window_s, 0.1)
+            assert not early, "released right after Redis came back"
             await eventually(lambda: released == [node], 4 * timeout_s, "the release")
             assert await registry.get(tenant, "c1") is None
             checking.cancel()

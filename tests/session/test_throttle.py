@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from services.session.throttle import Backoff, GateFullError, HashGate, peer_ip
+from tests.poll import eventually
 
 
 class Clock:
@@ -74,8 +75,8 @@ async def test_hash_gate_runs_at_most_n_and_refuses_beyond_the_queue() -> None:
         return 1
 
     tasks = [asyncio.create_task(gate.run(work)) for _ in range(3)]
-    while gate.in_flight < 3:  # noqa: ASYNC110 - the gate has no event to wait on
-        await asyncio.sleep(0.001)
+    # The gate has no event to wait on.
+    await eventually(lambda: gate.in_flight >= 3, 5, "three in flight", every_s=0.001)
     with pytest.raises(GateFullError):
         await gate.run(work)
     release.set()

@@ -5,7 +5,6 @@ published live once."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import time
@@ -24,6 +23,7 @@ from services.session.registry import Holder, _decode, _encode
 from services.session.wills import StoredWills, displaced_will_due, kept_will
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 from tests.conftest import NATS_PASSWORD, NATS_USER
+from tests.poll import eventually, holds_within_async
 
 
 def _envelope(topic: str, payload: bytes = b"bye") -> bytes:
@@ -126,11 +126,11 @@ async def test_a_will_the_router_refused_is_tried_again_and_goes_live_once(
 
     try:
         await stored.publish([holder("a", 1), holder("b", 0)], int(time.time() * 1000))
-        deadline = time.monotonic() + 5
-        while len(router.calls) < 2 or len(live) < 2:
-            assert time.monotonic() < deadline, (router.calls, live)
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
+        await eventually(
+            lambda: len(router.calls) >= 2 and len(live) >= 2, 5, lambda: f"{router.calls} {live}"
+        )
+        # Must not happen: a third router call or live will in a short window.
+        assert not await holds_within_async(lambda: len(router.calls) > 2 or len(live) > 2, 0.2)
         assert router.calls == [["s/a"], ["s/a"]]  # QoS 0 needs no router
         assert sorted(live) == ["s/a", "s/b"]  # each once; "a" only once the router took it
     finally:
@@ -191,11 +191,13 @@ async def test_wills_a_rule_reads_reach_the_rules_stream(nats_url: str) -> None:
                 out.append((env.topic, env.qos))
                 seq = (raw.seq or seq) + 1
 
-        deadline = time.monotonic() + 5
-        while len(got := await in_stream()) < 2:  # the QoS 0 one is offered, not awaited
-            assert time.monotonic() < deadline, got
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # x/c would be there by now
+        async def at_least(n: int) -> bool:
+            return len(await in_stream()) >= n
+
+        # The QoS 0 one is offered, not awaited.
+        await eventually(lambda: at_least(2), 5, "two wills in the stream", every_s=0.05)
+        # Must not happen: x/c would be there within this window.
+        assert not await holds_within_async(lambda: at_least(3), 0.3, every_s=0.05)
         assert sorted(await in_stream()) == [("s/a", 1), ("s/b", 0)]
     finally:
         await stored.settle(1.0)
@@ -232,11 +234,9 @@ async def test_a_will_the_rules_stream_does_not_take_still_goes_out(nats_url: st
     try:
         holder = Holder(tenant, "a", "node-a", 1, will=base64.b64encode(env).decode())
         await stored.publish([holder], int(time.time() * 1000))
-        deadline = time.monotonic() + 5
-        while not live or not feed.tried:
-            assert time.monotonic() < deadline, (feed.tried, live)
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.3)
+        await eventually(lambda: live and feed.tried, 5, lambda: f"{feed.tried} {live}")
+        # Must not happen: a second live will or a second offer in a short window.
+        assert not await holds_within_async(lambda: len(live) > 1 or len(feed.tried) > 1, 0.3)
         assert live == ["s/a"] and feed.tried == ["s/a"]
     finally:
         await stored.settle(1.0)

@@ -1,4 +1,5 @@
-"""Decoding of packet bodies, one function per packet type.
+"""Decoding of packet bodies, one function per packet type (property blocks:
+property_decoder.py, whose `DecodeLimits` this module re-exports).
 
 Theory of operation: the framing layer (`decoder.Decoder`) has already checked the fixed-header
 flags and cut out exactly one body, so every function here sees `(flags, body, level)` and must
@@ -8,7 +9,6 @@ consume the whole body; any leftover or shortfall is a malformed packet.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from services.common.mqtt.errors import (
@@ -43,44 +43,12 @@ from services.common.mqtt.primitives import (
     read_str,
     read_u8,
     read_u16,
-    read_u32,
-    read_varint,
 )
-from services.common.mqtt.properties import (
-    BOOLEAN_BYTES,
-    EMPTY,
-    NONZERO,
-    PROPERTY_SPECS,
-    REPEATABLE,
-    WILL,
-    Properties,
-    PropId,
-    PropKind,
-)
-from services.common.mqtt.reason import V5_FROM_V3_CONNACK, PacketType, ReasonCode
+from services.common.mqtt.properties import EMPTY, WILL
+from services.common.mqtt.property_decoder import UNLIMITED, DecodeLimits, decode_properties
+from services.common.mqtt.reason import V5_FROM_V3_CONNACK, PacketType
 
-# A zero where the property forbids one is a Protocol Error (0x82), except a Topic Alias of 0:
-# Topic Alias invalid, as one above the maximum [MQTT-3.3.2-8] (section 3.3.2.3.4).
-_ZERO_REASON: dict[int, ReasonCode] = {PropId.TOPIC_ALIAS: ReasonCode.TOPIC_ALIAS_INVALID}
-
-# No count limit: what the packet size allows (every repeated field takes at least a byte).
-_NO_LIMIT = 268_435_455
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeLimits:
-    """Count limits checked while a body is read, so the work one packet costs stays bounded
-    however small its fields are (a packet of a maximal size made of 5-byte user properties
-    would otherwise be hundreds of thousands of Python objects)."""
-
-    # Per property block: user properties, and subscription identifiers (counted apart).
-    max_user_properties: int = _NO_LIMIT
-    # Per SUBSCRIBE / UNSUBSCRIBE.
-    max_topic_filters: int = _NO_LIMIT
-
-
-# Bounded only by the packet size: for clients, tools and tests decoding a server's packets.
-UNLIMITED = DecodeLimits()
+__all__ = ["UNLIMITED", "DecodeLimits", "decode_properties"]  # and the decode_* functions
 
 _VALID_REASONS: dict[int, frozenset[int]] = {
     PacketType.PUBACK: frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99}),
@@ -89,82 +57,6 @@ _VALID_REASONS: dict[int, frozenset[int]] = {
     PacketType.PUBCOMP: frozenset({0x00, 0x92}),
     PacketType.AUTH: frozenset({0x00, 0x18, 0x19}),
 }
-
-
-def decode_properties(
-    b: bytes, i: int, end: int, where: int, limits: DecodeLimits = UNLIMITED
-) -> tuple[Properties, int]:
-    """Read a property block for packet type `where` (or WILL); enforce spec 2.2.2 rules.
-
-    Linear in the block's size: the repeatable properties grow lists, turned into tuples once
-    at the end (growing a tuple per value would copy it each time: quadratic, seconds of event
-    loop for one packet of tens of thousands of user properties). Each repeatable property
-    may appear at most `limits.max_user_properties` times (QuotaExceededError, 0x97).
-    """
-    length, i = read_varint(b, i, end)
-    if length == 0:
-        return EMPTY, i
-    stop = i + length
-    if stop > end:
-        raise MalformedPacketError("property length runs past the packet end")
-    values: dict[str, Any] = {}
-    repeated: dict[str, list[Any]] = {}
-    max_repeats = limits.max_user_properties
-    while i < stop:
-        ident, i = read_varint(b, i, stop)
-        spec = PROPERTY_SPECS.get(ident)
-        if spec is None:
-            raise MalformedPacketError(f"unknown property identifier 0x{ident:02x}")
-        if where not in spec.allowed_in:
-            raise MalformedPacketError(f"property {spec.name} is not allowed in this packet")
-        value: Any
-        kind = spec.kind
-        if kind is PropKind.BYTE:
-            value, i = read_u8(b, i, stop)
-            if ident in BOOLEAN_BYTES and value > 1:
-                raise ProtocolViolationError(f"property {spec.name} must be 0 or 1")
-        elif kind is PropKind.U16:
-            value, i = read_u16(b, i, stop)
-        elif kind is PropKind.U32:
-            value, i = read_u32(b, i, stop)
-        elif kind is PropKind.VARINT:
-            value, i = read_varint(b, i, stop)
-        elif kind is PropKind.UTF8:
-            value, i = read_str(b, i, stop)
-            if ident == PropId.RESPONSE_TOPIC and ("+" in value or "#" in value):
-                # [MQTT-3.3.2-14]: a responder would publish to a filter, not a topic.
-                raise ProtocolViolationError("response topic contains a wildcard")
-        elif kind is PropKind.BINARY:
-            value, i = read_binary(b, i, stop)
-        else:
-            k, i = read_str(b, i, stop)
-            v, i = read_str(b, i, stop)
-            value = (k, v)
-        if ident in NONZERO and value == 0:
-            raise ProtocolViolationError(f"{spec.name} must not be 0", _ZERO_REASON.get(ident))
-        if ident in REPEATABLE:
-            seen = repeated.get(spec.name)
-            if seen is None:
-                repeated[spec.name] = [value]
-            elif ident == PropId.SUBSCRIPTION_IDENTIFIER and where == PacketType.SUBSCRIBE:
-                # [MQTT-3.8.2.1.2] at most one Subscription Identifier in a SUBSCRIBE.
-                raise ProtocolViolationError("subscription identifier included more than once")
-            elif len(seen) >= max_repeats:
-                raise QuotaExceededError(
-                    f"more than {max_repeats} {spec.name} properties", limit="max_user_properties"
-                )
-            else:
-                seen.append(value)
-        elif spec.name in values:
-            # [MQTT-2.2.2-2] a property other than the repeatable ones appears at most once.
-            raise ProtocolViolationError(f"property {spec.name} included more than once")
-        else:
-            values[spec.name] = value
-    if i != stop:
-        raise MalformedPacketError("property block length mismatch")
-    for name, seq in repeated.items():
-        values[name] = tuple(seq)
-    return Properties(**values), i
 
 
 def _done(i: int, end: int) -> None:

@@ -20,7 +20,7 @@ from opentelemetry import context, trace
 
 from services.common.admin_tokens import PREFIX as TENANT_TOKEN_PREFIX
 from services.common.rpc import red
-from services.common.rpc.admin_auth import TokenResolver, tenant_of
+from services.common.rpc.admin_auth import TenantGrant, TokenResolver, tenant_of
 from services.common.rpc.credentials import MESH_METADATA_KEY
 from services.common.rpc.errors import status_for
 from services.common.telemetry import extract
@@ -35,6 +35,8 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 # Admin services a tenant token may never call, whatever tenant the request names: minting
 # or revoking tokens would let a tenant token outlive its own expiry.
 OPERATOR_ONLY_SERVICES = frozenset({"starling.session.v1.TokenAdminService"})
+# Methods a tenant token may never call: a tenant raising its own limits would void them.
+OPERATOR_ONLY_METHODS = frozenset({"/starling.quota.v1.QuotaAdminService/SetLimits"})
 
 
 def _service_of(method: str) -> str:
@@ -145,23 +147,12 @@ class AdminAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         if not token.startswith(TENANT_TOKEN_PREFIX) or self._tokens is None:
             return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, "admin token missing or wrong")
-        try:
-            grant = await self._tokens.resolve(token)
-        except Exception as exc:  # the session service cannot answer: say so, do not guess
-            log.warning("admin_token_unresolved", extra={"error": str(exc)})
-            return _deny(
-                handler,
-                grpc.StatusCode.UNAVAILABLE,
-                "cannot check the admin token now (session service unavailable)",
-            )
-        if grant is None or grant.expired(int(time.time() * 1000)):
-            return _deny(
-                handler,
-                grpc.StatusCode.UNAUTHENTICATED,
-                "admin token missing, wrong, expired or revoked",
-            )
+        grant = await _resolve(self._tokens, token)
+        if not isinstance(grant, TenantGrant):
+            code, message = grant
+            return _deny(handler, code, message)
         method = details.method
-        if _service_of(method) in OPERATOR_ONLY_SERVICES:
+        if _service_of(method) in OPERATOR_ONLY_SERVICES or method in OPERATOR_ONLY_METHODS:
             return _deny(
                 handler,
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -170,28 +161,51 @@ class AdminAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             )
         if handler.unary_unary is None:
             return _deny(handler, grpc.StatusCode.PERMISSION_DENIED, "operator token only")
-        inner = handler.unary_unary
+        return _tenant_scoped(handler, method, grant)
 
-        async def scoped(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
-            tenant = tenant_of(request)
-            if tenant is None:
-                await ctx.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"{method} spans every tenant: operator token only; token "
-                    f"{grant.token_id} administers tenant {grant.tenant!r} only",
-                )
-            if tenant != grant.tenant:
-                log.info(
-                    "admin_tenant_denied",
-                    extra={"method": method, "token_id": grant.token_id, "tenant": tenant},
-                )
-                await ctx.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"token {grant.token_id} administers tenant {grant.tenant!r}, not {tenant!r}",
-                )
-            return await inner(request, ctx)
 
-        return _wrap_unary(handler, scoped)
+async def _resolve(tokens: TokenResolver, token: str) -> TenantGrant | tuple[grpc.StatusCode, str]:
+    """The grant of a tenant token, or the status that refuses the call."""
+    try:
+        grant = await tokens.resolve(token)
+    except Exception as exc:  # the session service cannot answer: say so, do not guess
+        log.warning("admin_token_unresolved", extra={"error": str(exc)})
+        return (
+            grpc.StatusCode.UNAVAILABLE,
+            "cannot check the admin token now (session service unavailable)",
+        )
+    if grant is None or grant.expired(int(time.time() * 1000)):
+        return grpc.StatusCode.UNAUTHENTICATED, "admin token missing, wrong, expired or revoked"
+    return grant
+
+
+def _tenant_scoped(
+    handler: grpc.RpcMethodHandler, method: str, grant: TenantGrant
+) -> grpc.RpcMethodHandler:
+    """`handler` for a tenant token's holder: a call naming another tenant (or none, one
+    that spans every tenant) is refused with PERMISSION_DENIED."""
+    inner = handler.unary_unary
+
+    async def scoped(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
+        tenant = tenant_of(request)
+        if tenant is None:
+            await ctx.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method} spans every tenant: operator token only; token "
+                f"{grant.token_id} administers tenant {grant.tenant!r} only",
+            )
+        if tenant != grant.tenant:
+            log.info(
+                "admin_tenant_denied",
+                extra={"method": method, "token_id": grant.token_id, "tenant": tenant},
+            )
+            await ctx.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"token {grant.token_id} administers tenant {grant.tenant!r}, not {tenant!r}",
+            )
+        return await inner(request, ctx)
+
+    return _wrap_unary(handler, scoped)
 
 
 def _tenant_named(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

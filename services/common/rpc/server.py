@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.rpc.admin_auth import TokenResolver
+from services.common.rpc.audit import AuditInterceptor, AuditLog
 from services.common.rpc.health_status import failed_check
 from services.common.rpc.interceptors import (
     AdminAuthInterceptor,
@@ -34,13 +35,15 @@ class ServerAuth:
 
     `mesh_secret`: internal methods need it (None: mesh_auth=disabled, no check; "" refuses
     every internal call). `admin_token`: the operator token ("" matches nothing);
-    `admin_disabled`: admin_auth=disabled; `tokens`: resolves tenant-scoped admin tokens.
+    `admin_disabled`: admin_auth=disabled; `tokens`: resolves tenant-scoped admin tokens;
+    `audit`: where admin changes are recorded (services/common/rpc/audit.py; None: nowhere).
     """
 
     mesh_secret: str | None
     admin_token: str = ""
     admin_disabled: bool = False
     tokens: TokenResolver | None = None
+    audit: AuditLog | None = None
 
 
 def create_server(
@@ -54,10 +57,21 @@ def create_server(
     `register(server)` adds servicers and returns their full service names, which are
     announced through reflection and health. Returns (server, bound port, health servicer).
     """
+    audit: list[grpc.aio.ServerInterceptor] = []
+    if auth.audit is not None:
+        audit.append(
+            AuditInterceptor(
+                auth.audit,
+                operator_token=auth.admin_token,
+                mesh_secret=auth.mesh_secret,
+                tokens=auth.tokens,
+            )
+        )
     server = grpc.aio.server(
         interceptors=[
             RedInterceptor(),
             MeshSecretInterceptor(auth.mesh_secret),
+            *audit,
             AdminAuthInterceptor(
                 auth.admin_token, disabled=auth.admin_disabled, tokens=auth.tokens
             ),

@@ -8,6 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+# How long a record is kept: the embedded store deletes older ones as it appends, Cassandra
+# lets them expire (a table TTL); reads never look further back.
+RETENTION_DAYS = 90
+DAY_MS = 86_400_000
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditRecord:

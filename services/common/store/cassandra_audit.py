@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import time
 
-from services.common.store.audit_log import AuditRecord
+from services.common.store.audit_log import DAY_MS, RETENTION_DAYS, AuditRecord
 from services.common.store.cassandra import CassandraBase
 from services.common.store.cassandra_schema import Migration
 
-DAY_MS = 86_400_000
-MAX_DAYS = 90
+MAX_DAYS = RETENTION_DAYS
 ALL = "*"
 _COLUMNS = "at_ms, record_id, actor, tenant, action, target, detail, address, outcome"
 
@@ -32,6 +31,7 @@ MIGRATIONS = [
         ),
     )
 ]
+TTL_S = RETENTION_DAYS * DAY_MS // 1000  # each record expires when reads stop looking for it
 
 
 class CassandraAuditStore(CassandraBase):
@@ -42,6 +42,7 @@ class CassandraAuditStore(CassandraBase):
         p = self._session.prepare
         self._put = p(
             f"INSERT INTO audit (scope, day, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            f" USING TTL {TTL_S}"
         )
         self._day = p(f"SELECT {_COLUMNS} FROM audit WHERE scope=? AND day=?")
 

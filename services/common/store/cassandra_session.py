@@ -4,6 +4,7 @@ sessions ((tenant, client_id)) with the session's owner (null: unknown, for rows
 before owners were stored; the column is added to older keyspaces by migration 2);
 the expiry index in minute buckets (cassandra_session_expiry.py, migration 8), so expired
 sessions are found without a full scan or a read through earlier sweeps' tombstones;
+each tenant's parked sessions by client id (cassandra_session_index.py, migration 9);
 subscriptions ((tenant, client_id, incarnation), topic_filter);
 inbound_qos2 ((tenant, client_id, incarnation), packet_id): QoS 2 publishes awaiting PUBREL,
 whose changes are checked against sessions.qos2_fence (migration 6) as they are written: the
@@ -31,6 +32,8 @@ from services.common.store.cassandra_eventlog import MIGRATION as LOG_MIGRATION
 from services.common.store.cassandra_schema import AddColumn, Migration
 from services.common.store.cassandra_session_expiry import MIGRATION as EXPIRY_MIGRATION
 from services.common.store.cassandra_session_expiry import NOT_YET, Due, ExpiryIndex
+from services.common.store.cassandra_session_index import MIGRATION as TENANT_MIGRATION
+from services.common.store.cassandra_session_index import TenantIndex
 from services.common.store.eventlog import EventKind, LogEvent, subscribed
 from services.common.store.ports import (
     InboundQos2,
@@ -76,6 +79,7 @@ MIGRATIONS = [
     Migration(6, "sessions.qos2_fence", (AddColumn("sessions", "qos2_fence", "bigint"),)),
     INDEX_MIGRATION,
     EXPIRY_MIGRATION,
+    TENANT_MIGRATION,
 ]
 _PUT_ATTEMPTS = 8
 _GET = (
@@ -111,6 +115,7 @@ class CassandraSessionStore(CassandraEventLog):
         self._cas_set = p(cas_set)
         self._cas_set_fenced = p(cas_set + " AND qos2_fence=?")
         self._expiry = ExpiryIndex(prepare=p, run=self._exec)
+        self._tenants = TenantIndex(prepare=p, run=self._exec)
         self._prepare_subscriptions()
 
     def _prepare_subscriptions(self) -> None:
@@ -214,18 +219,28 @@ class CassandraSessionStore(CassandraEventLog):
             await self._expiry.remove(r.tenant, r.client_id, before)
         if due is not None:
             await self._expiry.add(r.tenant, r.client_id, due)
+        await self._tenants.written(r)
         return True
 
     async def delete_session(self, tenant: str, client_id: str, incarnation: int) -> bool:
         old = list(await self._exec(self._get, (tenant, client_id)))
         rows = list(await self._exec(self._del, (tenant, client_id, incarnation)))
         applied = bool(rows and rows[0][0])
+        if applied:
+            await self._tenants.deleted(tenant, client_id)
         if applied and old and old[0].expires_at_ms is not None:
             due = old[0].expiry_due_ms
             await self._expiry.remove(
                 tenant, client_id, old[0].expires_at_ms if due is None else due
             )
         return applied
+
+    async def offline_sessions(
+        self, tenant: str, *, after: str, prefix: str, limit: int
+    ) -> list[SessionRecord]:
+        return await self._tenants.page(
+            tenant, after=after, prefix=prefix, limit=limit, get=self.get_session
+        )
 
     async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]:
         async def check(row: Due) -> Any:

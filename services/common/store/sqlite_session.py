@@ -18,6 +18,7 @@ from services.common.store.ports import (
     SessionRecord,
     SubscriptionRecord,
 )
+from services.common.store.session_listing import prefix_end
 from services.common.store.sqlite_eventlog import SCHEMA as LOG_SCHEMA
 from services.common.store.sqlite_eventlog import SqliteEventLog, log_in_tx
 
@@ -151,6 +152,26 @@ class SqliteSessionStore(SqliteEventLog):
             )
         )
         return cur.rowcount > 0
+
+    async def offline_sessions(
+        self, tenant: str, *, after: str, prefix: str, limit: int
+    ) -> list[SessionRecord]:
+        # The primary key (tenant, client_id) orders the scan; SQLite compares TEXT by bytes
+        # (BINARY), the UTF-8 order the Cassandra store keeps too.
+        sql = (
+            "SELECT client_id, incarnation, expiry_interval_s, disconnected_at_ms, owner, "
+            "qos2_fence FROM sessions WHERE tenant=? AND client_id>? AND client_id>=? "
+            "AND connected=0 AND NOT (expiry_interval_s=0 AND disconnected_at_ms=0)"
+        )
+        args: list[object] = [tenant, after, prefix]
+        end = prefix_end(prefix)
+        if end is not None:
+            sql += " AND client_id<?"
+            args.append(end)
+        sql += " ORDER BY client_id LIMIT ?"
+        args.append(limit)
+        rows = await self.run(lambda: self.db.execute(sql, args).fetchall())
+        return [SessionRecord(tenant, c, i, e, False, d, o, f) for c, i, e, d, o, f in rows]
 
     async def expired_sessions(self, now_ms: int, limit: int = 1000) -> list[SessionRecord]:
         rows = await self.run(

@@ -95,9 +95,9 @@ class ReleaseQos2:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryProgress:
-    """The client acknowledged deliveries of a persistent session: `outbound.completed` and
-    `outbound.released` have new packet ids for its queue (only while
-    `outbound.track_completions` is on). At most one per call."""
+    """The client acknowledged deliveries of a persistent session: `outbound.take_progress()`
+    hands over new packet ids for its queue (only after `outbound.track_completions()`). At
+    most one per call."""
 
 
 Action = (

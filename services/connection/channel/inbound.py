@@ -48,6 +48,8 @@ from services.connection.channel.subscriptions import SubscriptionQuota
 if TYPE_CHECKING:  # budget.py imports the channel package
     from services.connection.budget import DeliveryGate
 
+_ACCEPTED = (0, "")  # `_refusal` of a publish that is routed
+
 
 class PublishGate(Protocol):
     """A connection's publish budgets (services/connection/budget.py), its tenant's count
@@ -216,32 +218,13 @@ class InboundPublishes:
         qos = p.qos
         pid = p.packet_id or 0
         if qos == 2 and pid in self._awaiting_rel:
-            recorded = self._unconfirmed.pop(pid, "") if self._unconfirmed else ""
-            if recorded:  # accepted by an earlier connection, maybe not stored yet
-                return self._route_again(p, topic, recorded, now)
-            self._answer_resend(pid)
-            return None
+            return self._resent(p, topic, pid, now)
         if qos and self._window_full(qos):
             # More unacknowledged QoS 1/2 than the Receive Maximum of our CONNACK.
             raise ProtocolViolationError("receive maximum exceeded", RC.RECEIVE_MAXIMUM_EXCEEDED)
-        code = 0
-        text = ""
         msg = None
-        if topic[0] == "$" and is_sys_topic(topic):
-            code = RC.NOT_AUTHORIZED if level == 5 else 0  # 3.1.1: acknowledge, then drop
-            text = "$SYS topics are reserved for the server"
-        elif not self._acl.can_publish(topic):
-            code = RC.NOT_AUTHORIZED if level == 5 else 0  # 3.1.1: acknowledge, then drop
-            text = f"not authorized to publish to {topic}"
-        elif props.payload_format_indicator == 1 and not is_utf8_payload(p.payload):
-            code = RC.PAYLOAD_FORMAT_INVALID
-            text = "payload is not valid UTF-8"
-        elif self._gate is not None and not self._gate.admit(message_bytes(topic, p.payload)):
-            if qos and level < 5:
-                raise QuotaExceededError("publish rate quota exceeded")
-            code = RC.QUOTA_EXCEEDED
-            text = "publish rate quota exceeded"
-        else:
+        code, text = self._refusal(p, topic, qos, level)
+        if not text:  # accepted
             defer = qos > 0 and self._config.defer_publish_acks
             if props is EMPTY:  # the common case: nothing to copy
                 msg_props, expires_at = EMPTY, None
@@ -266,6 +249,33 @@ class InboundPublishes:
         if qos:
             self._owe(pid, qos, code, True, text)
         return msg
+
+    def _refusal(self, p: Publish, topic: str, qos: int, level: int) -> tuple[int, str]:
+        """Why the publish is not routed: (reason code, Reason String), `_ACCEPTED` if it is.
+        On 3.1/3.1.1 a refused publish is acknowledged, then dropped (code 0); one over the
+        rate budget at QoS>0 raises instead (the connection closes, the client resends)."""
+        if topic[0] == "$" and is_sys_topic(topic):
+            code = RC.NOT_AUTHORIZED if level == 5 else 0
+            return code, "$SYS topics are reserved for the server"
+        if not self._acl.can_publish(topic):
+            code = RC.NOT_AUTHORIZED if level == 5 else 0
+            return code, f"not authorized to publish to {topic}"
+        if p.properties.payload_format_indicator == 1 and not is_utf8_payload(p.payload):
+            return RC.PAYLOAD_FORMAT_INVALID, "payload is not valid UTF-8"
+        gate = self._gate
+        if gate is not None and not gate.admit(message_bytes(topic, p.payload)):
+            if qos and level < 5:
+                raise QuotaExceededError("publish rate quota exceeded")
+            return RC.QUOTA_EXCEEDED, "publish rate quota exceeded"
+        return _ACCEPTED
+
+    def _resent(self, p: Publish, topic: str, pid: int, now: float) -> Message | None:
+        """A QoS 2 publish under an id that awaits its PUBREL: the client resent it."""
+        recorded = self._unconfirmed.pop(pid, "") if self._unconfirmed else ""
+        if recorded:  # accepted by an earlier connection, maybe not stored yet
+            return self._route_again(p, topic, recorded, now)
+        self._answer_resend(pid)
+        return None
 
     def routed(self, packet_id: int, reason_code: int) -> None:
         """The node finished routing a deferred publish: its ack, and those behind it, go."""

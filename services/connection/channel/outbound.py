@@ -25,17 +25,16 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from services.common.message import Message
 from services.common.message_size import message_bytes
-from services.common.mqtt.encoder import encode, encode_properties, frame_publish
+from services.common.mqtt.encoder import encode, frame_publish
 from services.common.mqtt.packets import PubRel
-from services.common.mqtt.properties import EMPTY, Properties
+from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason import ReasonCode as RC
+from services.connection.channel.delivery_bytes import frame_v5, queued_size
 
 if TYPE_CHECKING:  # budget.py imports the channel package
     from services.connection.budget import DeliveryGate
@@ -54,10 +53,12 @@ Pending = tuple[Message, int, bool, tuple[int, ...], object]
 class Outbound:
     __slots__ = (
         "_alias",
+        "_completed",
         "_next_pid",
+        "_released",
+        "_track",
         "alias_max",
         "bytes_out",
-        "completed",
         "congested",
         "congested_since",
         "dropped",
@@ -75,16 +76,15 @@ class Outbound:
         "pending",
         "pending_bytes",
         "receive_maximum",
-        "released",
         "sent",
         "sent_q1",
         "sent_q2",
         "shared",
-        "track_completions",
     )
 
     def __init__(
         self,
+        *,
         out: bytearray,
         level: int,
         receive_maximum: int,
@@ -122,10 +122,11 @@ class Outbound:
         self.expired = 0
         self.gate: DeliveryGate | None = None  # outbound bandwidth budgets (None: no quota)
         # Packet ids whose delivery finished (PUBACK/PUBCOMP, or PUBREC with an error), and
-        # ids the client PUBREC'd: a persistent session reports them to its queue.
-        self.completed: list[int] = []
-        self.released: list[int] = []
-        self.track_completions = False  # only a persistent session reports to its queue
+        # ids the client PUBREC'd, while `_track` (a persistent session reports them to its
+        # queue): handed over by `take_progress`.
+        self._completed: list[int] = []
+        self._released: list[int] = []
+        self._track = False
         # packet id -> origin of an unacknowledged shared-subscription delivery
         self.shared: dict[int, object] | None = None
 
@@ -135,6 +136,28 @@ class Outbound:
         self.receive_maximum = props.receive_maximum or 65535
         self.max_packet_size = props.maximum_packet_size or (1 << 28)
         self.alias_max = min(props.topic_alias_maximum or 0, alias_cap)
+
+    # ---- a persistent session's progress -------------------------------------------------
+
+    def track_completions(self) -> None:
+        """Record completions and releases for the session's queue from now on (only a
+        persistent session reports to its queue; before anything is delivered)."""
+        self._track = True
+
+    def settled(self, pid: int) -> None:
+        """A stored entry done without an ack to wait for (QoS 0, expired, too large): it is
+        reported with the completions."""
+        self._completed.append(pid)
+
+    def take_progress(self) -> tuple[list[int], list[int]]:
+        """The packet ids completed, and those the client PUBREC'd, since the last call
+        (the caller owns both lists)."""
+        done, released = self._completed, self._released
+        if done:
+            self._completed = []
+        if released:
+            self._released = []
+        return done, released
 
     # ---- sending -------------------------------------------------------------------------
 
@@ -290,39 +313,18 @@ class Outbound:
         dup: bool = False,
     ) -> bool:
         """Frame and write one PUBLISH; False (and counted as dropped) if it is too large."""
-        topic = msg.topic
-        props_b = None
-        new_alias = 0
-        if self.level == 5:
-            props = msg.properties
-            alias = 0
-            if self.alias_max:
-                alias = self._alias.get(topic, 0)
-                if alias:
-                    topic = ""  # the client knows the alias: the topic may be empty
-                elif len(self._alias) < self.alias_max:
-                    alias = new_alias = len(self._alias) + 1
-            if msg.expires_at is not None or sub_ids or alias:
-                props = replace(
-                    props,
-                    # [MQTT-3.3.2-6] the expiry left, not the one the publisher set
-                    message_expiry_interval=(
-                        max(1, math.ceil(msg.expires_at - now))
-                        if msg.expires_at is not None
-                        else props.message_expiry_interval
-                    ),
-                    subscription_identifier=sub_ids,
-                    topic_alias=alias or None,
-                )
-            props_b = encode_properties(props)
         first = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
-        data = frame_publish(first, topic.encode(), pid, props_b, msg.payload)
+        if self.level == 5:
+            data, new_alias = frame_v5(msg, first, pid, sub_ids, now, self._alias, self.alias_max)
+        else:
+            data = frame_publish(first, msg.topic.encode(), pid, None, msg.payload)
+            new_alias = 0
         if len(data) > self.max_packet_size:
             self.dropped += 1  # [MQTT-3.1.2-25] discard as if sent
             self.dropped_too_large += 1
             return False
         if new_alias:
-            self._alias[topic] = new_alias
+            self._alias[msg.topic] = new_alias
         self.out += data
         self.sent += 1
         self.bytes_out += message_bytes(msg.topic, msg.payload)  # the billed size
@@ -356,11 +358,11 @@ class Outbound:
         shared = self.shared.pop(pid, None) if self.shared else None
         if reason_code >= 0x80:
             return self._finish(pid, AWAIT_PUBREC, now)
-        if self.track_completions and shared is None:
+        if self._track and shared is None:
             # A queue entry: its released mark is stored before the PUBREL. A shared delivery
             # is no entry of the session's queue (nothing to mark): PUBREL at once.
             self.inflight[pid] = AWAIT_RELEASE
-            self.released.append(pid)
+            self._released.append(pid)
             return True
         self.inflight[pid] = AWAIT_PUBCOMP
         self.out += encode(PubRel(pid), self.level)
@@ -372,9 +374,9 @@ class Outbound:
         del self.inflight[pid]
         if self.shared:
             self.shared.pop(pid, None)
-        recorded = self.track_completions
+        recorded = self._track
         if recorded:
-            self.completed.append(pid)
+            self._completed.append(pid)
         self._pump(now)
         return recorded
 
@@ -396,14 +398,3 @@ class Outbound:
             msg, qos, retain, sub_ids, origin = pending.popleft()
             self.pending_bytes -= queued_size(msg)
             self._send_acked(msg, qos, retain, sub_ids, now, origin)
-
-
-def queued_size(msg: Message) -> int:
-    """What a queued message holds in memory, near enough: payload, topic and properties
-    (user properties can be far larger than the payload). Only computed for messages that
-    wait, never on the direct path."""
-    size = len(msg.payload) + len(msg.topic.encode())
-    props = msg.properties
-    if props is not EMPTY:
-        size += len(encode_properties(props))
-    return size

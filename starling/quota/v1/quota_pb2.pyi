@@ -418,12 +418,19 @@ Global___AddBanResponse: _TypeAlias = AddBanResponse  # noqa: Y015
 class ListBansRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    TENANT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Only this tenant's own bans (a tenant admin token may ask for its own); empty: every
+    ban in force (the operator's).
+    """
     def __init__(
         self,
+        *,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -586,15 +586,19 @@ class ListRoutesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
+    PERSISTENT_ONLY_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
+    persistent_only: _builtins.bool
+    """Only the persistent routes (from the route table; the nodes are not asked)."""
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
+        persistent_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["persistent_only", b"persistent_only", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -361,6 +361,50 @@ class CreateRuleResponse(_message.Message):
 Global___CreateRuleResponse: _TypeAlias = CreateRuleResponse  # noqa: Y015
 
 @_typing.final
+class UpdateRuleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    IF_UPDATED_AT_MS_FIELD_NUMBER: _builtins.int
+    if_updated_at_ms: _builtins.int
+    """The stored rule's updated_at_ms the edit started from; 0: replace whatever is stored."""
+    @_builtins.property
+    def rule(self) -> Global___Rule: ...
+    def __init__(
+        self,
+        *,
+        rule: Global___Rule | None = ...,
+        if_updated_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["if_updated_at_ms", b"if_updated_at_ms", "rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateRuleRequest: _TypeAlias = UpdateRuleRequest  # noqa: Y015
+
+@_typing.final
+class UpdateRuleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rule(self) -> Global___Rule: ...
+    def __init__(
+        self,
+        *,
+        rule: Global___Rule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateRuleResponse: _TypeAlias = UpdateRuleResponse  # noqa: Y015
+
+@_typing.final
 class DeleteRuleRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -41,6 +41,11 @@ class RulesAdminServiceStub:
                 request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.CreateRuleRequest.SerializeToString,
                 response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.CreateRuleResponse.FromString,
                 _registered_method=True)
+        self.UpdateRule = channel.unary_unary(
+                '/starling.rules.v1.RulesAdminService/UpdateRule',
+                request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.UpdateRuleRequest.SerializeToString,
+                response_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.UpdateRuleResponse.FromString,
+                _registered_method=True)
         self.DeleteRule = channel.unary_unary(
                 '/starling.rules.v1.RulesAdminService/DeleteRule',
                 request_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.DeleteRuleRequest.SerializeToString,
@@ -106,6 +111,16 @@ class RulesAdminServiceServicer:
     def CreateRule(self, request, context):
         """Validates the SQL and the actions; INVALID_ARGUMENT with "sql: line L, column C: ..."
         for a bad rule, ALREADY_EXISTS for a taken id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateRule(self, request, context):
+        """Replaces a rule's SQL, actions, description and enabled flag in place (same id, same
+        dead letters, same created_at_ms), validated as CreateRule validates; NOT_FOUND for an
+        unknown id; FAILED_PRECONDITION when `if_updated_at_ms` is set and the stored rule was
+        changed since (someone else edited it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +211,11 @@ def add_RulesAdminServiceServicer_to_server(servicer, server):
                     request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.CreateRuleRequest.FromString,
                     response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.CreateRuleResponse.SerializeToString,
             ),
+            'UpdateRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateRule,
+                    request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.UpdateRuleRequest.FromString,
+                    response_serializer=starling_dot_rules_dot_v1_dot_rules__pb2.UpdateRuleResponse.SerializeToString,
+            ),
             'DeleteRule': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteRule,
                     request_deserializer=starling_dot_rules_dot_v1_dot_rules__pb2.DeleteRuleRequest.FromString,
@@ -281,6 +301,33 @@ class RulesAdminService:
             '/starling.rules.v1.RulesAdminService/CreateRule',
             starling_dot_rules_dot_v1_dot_rules__pb2.CreateRuleRequest.SerializeToString,
             starling_dot_rules_dot_v1_dot_rules__pb2.CreateRuleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.rules.v1.RulesAdminService/UpdateRule',
+            starling_dot_rules_dot_v1_dot_rules__pb2.UpdateRuleRequest.SerializeToString,
+            starling_dot_rules_dot_v1_dot_rules__pb2.UpdateRuleResponse.FromString,
             options,
             channel_credentials,
             insecure,

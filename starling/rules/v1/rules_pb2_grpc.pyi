@@ -39,6 +39,12 @@ class RulesAdminServiceStub:
     """Validates the SQL and the actions; INVALID_ARGUMENT with "sql: line L, column C: ..."
     for a bad rule, ALREADY_EXISTS for a taken id.
     """
+    UpdateRule: _grpc.UnaryUnaryMultiCallable[_rules_pb2.UpdateRuleRequest, _rules_pb2.UpdateRuleResponse]
+    """Replaces a rule's SQL, actions, description and enabled flag in place (same id, same
+    dead letters, same created_at_ms), validated as CreateRule validates; NOT_FOUND for an
+    unknown id; FAILED_PRECONDITION when `if_updated_at_ms` is set and the stored rule was
+    changed since (someone else edited it).
+    """
     DeleteRule: _grpc.UnaryUnaryMultiCallable[_rules_pb2.DeleteRuleRequest, _rules_pb2.DeleteRuleResponse]
     ListRules: _grpc.UnaryUnaryMultiCallable[_rules_pb2.ListRulesRequest, _rules_pb2.ListRulesResponse]
     GetRule: _grpc.UnaryUnaryMultiCallable[_rules_pb2.GetRuleRequest, _rules_pb2.GetRuleResponse]
@@ -75,6 +81,12 @@ class RulesAdminServiceAsyncStub(RulesAdminServiceStub):
     CreateRule: _aio.UnaryUnaryMultiCallable[_rules_pb2.CreateRuleRequest, _rules_pb2.CreateRuleResponse]  # type: ignore[assignment]
     """Validates the SQL and the actions; INVALID_ARGUMENT with "sql: line L, column C: ..."
     for a bad rule, ALREADY_EXISTS for a taken id.
+    """
+    UpdateRule: _aio.UnaryUnaryMultiCallable[_rules_pb2.UpdateRuleRequest, _rules_pb2.UpdateRuleResponse]  # type: ignore[assignment]
+    """Replaces a rule's SQL, actions, description and enabled flag in place (same id, same
+    dead letters, same created_at_ms), validated as CreateRule validates; NOT_FOUND for an
+    unknown id; FAILED_PRECONDITION when `if_updated_at_ms` is set and the stored rule was
+    changed since (someone else edited it).
     """
     DeleteRule: _aio.UnaryUnaryMultiCallable[_rules_pb2.DeleteRuleRequest, _rules_pb2.DeleteRuleResponse]  # type: ignore[assignment]
     ListRules: _aio.UnaryUnaryMultiCallable[_rules_pb2.ListRulesRequest, _rules_pb2.ListRulesResponse]  # type: ignore[assignment]
@@ -115,6 +127,18 @@ class RulesAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_rules_pb2.CreateRuleResponse, _abc.Awaitable[_rules_pb2.CreateRuleResponse]]:
         """Validates the SQL and the actions; INVALID_ARGUMENT with "sql: line L, column C: ..."
         for a bad rule, ALREADY_EXISTS for a taken id.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateRule(
+        self,
+        request: _rules_pb2.UpdateRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rules_pb2.UpdateRuleResponse, _abc.Awaitable[_rules_pb2.UpdateRuleResponse]]:
+        """Replaces a rule's SQL, actions, description and enabled flag in place (same id, same
+        dead letters, same created_at_ms), validated as CreateRule validates; NOT_FOUND for an
+        unknown id; FAILED_PRECONDITION when `if_updated_at_ms` is set and the stored rule was
+        changed since (someone else edited it).
         """
 
     @_abc_1.abstractmethod

@@ -886,15 +886,30 @@ class ListClientsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
+    query: _builtins.str
+    """Only clients whose id, user or address contains this (case-insensitive)."""
+    offset: _builtins.int
+    """One page, by client id: skip `offset`, then at most `limit` (0: every client)."""
+    limit: _builtins.int
+    client_id: _builtins.str
+    """Only this client id (exact), if connected."""
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
+        query: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        limit: _builtins.int = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "limit", b"limit", "offset", b"offset", "query", b"query", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -905,16 +920,20 @@ class ListClientsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CLIENTS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    """How many clients matched (the page is a slice of them)."""
     @_builtins.property
     def clients(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ClientInfo]: ...
     def __init__(
         self,
         *,
         clients: _abc.Iterable[_message_pb2.ClientInfo] | None = ...,
+        total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clients", b"clients"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clients", b"clients", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -960,3 +979,141 @@ class KickClientResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___KickClientResponse: _TypeAlias = KickClientResponse  # noqa: Y015
+
+@_typing.final
+class ListSessionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_PREFIX_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id_prefix: _builtins.str
+    """Only client ids that start with this."""
+    after: _builtins.str
+    """The cursor: the `next` of the previous page (empty: the first page)."""
+    limit: _builtins.int
+    """At most this many (0: the service's default page; capped at its maximum)."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id_prefix: _builtins.str = ...,
+        after: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "client_id_prefix", b"client_id_prefix", "limit", b"limit", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsRequest: _TypeAlias = ListSessionsRequest  # noqa: Y015
+
+@_typing.final
+class OfflineSession(_message.Message):
+    """One offline persistent session."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    DISCONNECTED_AT_MS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
+    QUEUE_DEPTH_KNOWN_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    owner: _builtins.str
+    incarnation: _builtins.int
+    disconnected_at_ms: _builtins.int
+    expires_at_ms: _builtins.int
+    """0: never"""
+    queue_depth: _builtins.int
+    queue_depth_known: _builtins.bool
+    """false: the queue service did not answer"""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        disconnected_at_ms: _builtins.int = ...,
+        expires_at_ms: _builtins.int = ...,
+        queue_depth: _builtins.int = ...,
+        queue_depth_known: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "disconnected_at_ms", b"disconnected_at_ms", "expires_at_ms", b"expires_at_ms", "incarnation", b"incarnation", "owner", b"owner", "queue_depth", b"queue_depth", "queue_depth_known", b"queue_depth_known"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OfflineSession: _TypeAlias = OfflineSession  # noqa: Y015
+
+@_typing.final
+class ListSessionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    NEXT_FIELD_NUMBER: _builtins.int
+    next: _builtins.str
+    """The cursor of the next page; empty on the last page."""
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OfflineSession]: ...
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[Global___OfflineSession] | None = ...,
+        next: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next", b"next", "sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsResponse: _TypeAlias = ListSessionsResponse  # noqa: Y015
+
+@_typing.final
+class DiscardSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    client_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiscardSessionRequest: _TypeAlias = DiscardSessionRequest  # noqa: Y015
+
+@_typing.final
+class DiscardSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISCARDED_FIELD_NUMBER: _builtins.int
+    discarded: _builtins.bool
+    """False: no offline session of that client id (none at all, or it is connected)."""
+    def __init__(
+        self,
+        *,
+        discarded: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["discarded", b"discarded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiscardSessionResponse: _TypeAlias = DiscardSessionResponse  # noqa: Y015

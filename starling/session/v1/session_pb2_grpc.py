@@ -364,6 +364,16 @@ class SessionAdminServiceStub:
                 request_serializer=starling_dot_session_dot_v1_dot_session__pb2.KickClientRequest.SerializeToString,
                 response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.KickClientResponse.FromString,
                 _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/starling.session.v1.SessionAdminService/ListSessions',
+                request_serializer=starling_dot_session_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
+        self.DiscardSession = channel.unary_unary(
+                '/starling.session.v1.SessionAdminService/DiscardSession',
+                request_serializer=starling_dot_session_dot_v1_dot_session__pb2.DiscardSessionRequest.SerializeToString,
+                response_deserializer=starling_dot_session_dot_v1_dot_session__pb2.DiscardSessionResponse.FromString,
+                _registered_method=True)
 
 
 class SessionAdminServiceServicer:
@@ -406,6 +416,21 @@ class SessionAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSessions(self, request, context):
+        """A tenant's offline persistent sessions by client id, a page at a time, with each one's
+        queue depth (services/session/offline.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiscardSession(self, request, context):
+        """End an offline persistent session as its expiry would: its subscriptions and queue go.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -438,6 +463,16 @@ def add_SessionAdminServiceServicer_to_server(servicer, server):
                     servicer.KickClient,
                     request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.KickClientRequest.FromString,
                     response_serializer=starling_dot_session_dot_v1_dot_session__pb2.KickClientResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.ListSessionsRequest.FromString,
+                    response_serializer=starling_dot_session_dot_v1_dot_session__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'DiscardSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiscardSession,
+                    request_deserializer=starling_dot_session_dot_v1_dot_session__pb2.DiscardSessionRequest.FromString,
+                    response_serializer=starling_dot_session_dot_v1_dot_session__pb2.DiscardSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -603,6 +638,60 @@ class SessionAdminService:
             '/starling.session.v1.SessionAdminService/KickClient',
             starling_dot_session_dot_v1_dot_session__pb2.KickClientRequest.SerializeToString,
             starling_dot_session_dot_v1_dot_session__pb2.KickClientResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.session.v1.SessionAdminService/ListSessions',
+            starling_dot_session_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
+            starling_dot_session_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiscardSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.session.v1.SessionAdminService/DiscardSession',
+            starling_dot_session_dot_v1_dot_session__pb2.DiscardSessionRequest.SerializeToString,
+            starling_dot_session_dot_v1_dot_session__pb2.DiscardSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

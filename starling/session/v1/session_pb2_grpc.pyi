@@ -148,6 +148,12 @@ class SessionAdminServiceStub:
     GetAcl: _grpc.UnaryUnaryMultiCallable[_session_pb2.GetAclRequest, _session_pb2.GetAclResponse]
     ListClients: _grpc.UnaryUnaryMultiCallable[_session_pb2.ListClientsRequest, _session_pb2.ListClientsResponse]
     KickClient: _grpc.UnaryUnaryMultiCallable[_session_pb2.KickClientRequest, _session_pb2.KickClientResponse]
+    ListSessions: _grpc.UnaryUnaryMultiCallable[_session_pb2.ListSessionsRequest, _session_pb2.ListSessionsResponse]
+    """A tenant's offline persistent sessions by client id, a page at a time, with each one's
+    queue depth (services/session/offline.py).
+    """
+    DiscardSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.DiscardSessionRequest, _session_pb2.DiscardSessionResponse]
+    """End an offline persistent session as its expiry would: its subscriptions and queue go."""
 
 @_typing.type_check_only
 class SessionAdminServiceAsyncStub(SessionAdminServiceStub):
@@ -160,6 +166,12 @@ class SessionAdminServiceAsyncStub(SessionAdminServiceStub):
     GetAcl: _aio.UnaryUnaryMultiCallable[_session_pb2.GetAclRequest, _session_pb2.GetAclResponse]  # type: ignore[assignment]
     ListClients: _aio.UnaryUnaryMultiCallable[_session_pb2.ListClientsRequest, _session_pb2.ListClientsResponse]  # type: ignore[assignment]
     KickClient: _aio.UnaryUnaryMultiCallable[_session_pb2.KickClientRequest, _session_pb2.KickClientResponse]  # type: ignore[assignment]
+    ListSessions: _aio.UnaryUnaryMultiCallable[_session_pb2.ListSessionsRequest, _session_pb2.ListSessionsResponse]  # type: ignore[assignment]
+    """A tenant's offline persistent sessions by client id, a page at a time, with each one's
+    queue depth (services/session/offline.py).
+    """
+    DiscardSession: _aio.UnaryUnaryMultiCallable[_session_pb2.DiscardSessionRequest, _session_pb2.DiscardSessionResponse]  # type: ignore[assignment]
+    """End an offline persistent session as its expiry would: its subscriptions and queue go."""
 
 class SessionAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Admin: users, ACLs, clients. Requires the admin token."""
@@ -205,5 +217,23 @@ class SessionAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_pb2.KickClientRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.KickClientResponse, _abc.Awaitable[_session_pb2.KickClientResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSessions(
+        self,
+        request: _session_pb2.ListSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ListSessionsResponse, _abc.Awaitable[_session_pb2.ListSessionsResponse]]:
+        """A tenant's offline persistent sessions by client id, a page at a time, with each one's
+        queue depth (services/session/offline.py).
+        """
+
+    @_abc_1.abstractmethod
+    def DiscardSession(
+        self,
+        request: _session_pb2.DiscardSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.DiscardSessionResponse, _abc.Awaitable[_session_pb2.DiscardSessionResponse]]:
+        """End an offline persistent session as its expiry would: its subscriptions and queue go."""
 
 def add_SessionAdminServiceServicer_to_server(servicer: SessionAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

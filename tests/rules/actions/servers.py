@@ -6,27 +6,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from services.cli.ports import free_port, port_open
-from tests.conftest import make_cert
+from services.cli.ports import free_port
+from tests.conftest import make_cert, wait_port
 
 MQTT_USER, MQTT_PASSWORD = "bridge", "bridge-password"
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, within_s: float = 20) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if port_open("127.0.0.1", port):
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        time.sleep(0.02)
-    raise RuntimeError(f"{what} did not open port {port}")
 
 
 @dataclass

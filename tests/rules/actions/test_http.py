@@ -19,7 +19,7 @@ from services.cli.ports import free_port
 from services.rules.actions import ActionContext, build_action
 from services.rules.actions.dead_letters import SqliteDeadLetters
 from services.rules.actions.delivery import Delivery, RetryPolicy, replay
-from tests.poll import eventually
+from tests.poll import eventually, holds_within_async
 from tests.rules.actions.helpers import RecordingRepublisher, output
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05, max_retry_s=10)
@@ -199,7 +199,10 @@ async def test_slow_webhook_applies_back_pressure(
         producers = [asyncio.create_task(d.deliver([output(i)])) for i in range(200)]
         await eventually(lambda: hook.open_now == 2, what="two requests in flight")
         await eventually(lambda: d.held == 6, what="the bound filled")
-        await asyncio.sleep(0.2)  # give the waiting producers a chance to break the bound
+        # Must not happen: a waiting producer breaking the bound within this window.
+        assert not await holds_within_async(
+            lambda: d.held > 6 or any(p.done() for p in producers), 0.2
+        )
         assert d.held == 6
         assert sum(p.done() for p in producers) == 0
         hook.gate.set()
