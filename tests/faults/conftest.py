@@ -20,6 +20,12 @@ def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
         yield launcher
 
 
+def _back_after(f: dict[str, Any]) -> str:
+    """Seconds from a Redis failure until CONNECTs were accepted again, where measured."""
+    seconds = f.get("failover_s", f.get("connect_gap_s"))
+    return "-" if seconds is None else f"{float(seconds):.1f} s"
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not FIGURES:
         return
@@ -27,12 +33,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     w.section("fault suite figures")
     w.line(
         "| test | faults injected | sent | acked | delivered | lost | QoS 2 duplicates "
-        "| QoS 1 duplicates | order violations | clean subscriber lost |"
+        "| QoS 1 duplicates | order violations | clean subscriber lost | CONNECTs back after |"
     )
-    w.line("|---|---|---|---|---|---|---|---|---|---|")
+    w.line("|---|---|---|---|---|---|---|---|---|---|---|")
     for f in FIGURES:
         w.line(
             f"| {f['test']} | {f['faults']} | {f['sent']} | {f['acked']} | {f['delivered']} "
             f"| {f['lost']} | {f['qos2_duplicates']} | {f['qos1_duplicates']} "
-            f"| {f['order_violations']} | {f.get('clean_lost', '-')} |"
+            f"| {f['order_violations']} | {f.get('clean_lost', '-')} | {_back_after(f)} |"
         )

@@ -161,6 +161,7 @@ def run_under_load(
     clean_may_lose: bool = False,
     rate: float = 150.0,
     min_sent: int = 0,
+    figures: dict[str, Any] | None = None,
 ) -> Verdict:
     """Load, `inject(load)` (it returns once the mesh serves again), `after_s` more of load,
     then settle; records the figures and checks the verdict. `moving_qos`: the subscription
@@ -168,7 +169,8 @@ def run_under_load(
     `clean_may_lose`: the fault hits the transient path (NATS, the publisher's node), where
     clean sessions get at most once (docs/failure-behaviour.md); counted, not asserted.
     `rate`: each publisher's messages per second; `min_sent`: the load goes on after the
-    faults until at least this many messages were sent in all."""
+    faults until at least this many messages were sent in all. `figures`: the test's own
+    measurements (filled by `inject`), recorded with the verdict."""
     load = Load(launcher, rate=rate, moving_qos=moving_qos)
     try:
         load.start()
@@ -191,6 +193,7 @@ def run_under_load(
         fault_s=round(time.monotonic() - started, 1),
         reconnects=load.reconnects(),
         unacked=unacked,
+        **(figures or {}),
     )
     verdict.check(clean_may_lose)
     assert not unacked, f"publishes never acknowledged: {unacked}"

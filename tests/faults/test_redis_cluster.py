@@ -172,7 +172,11 @@ def test_a_killed_primary_under_a_connect_storm(cluster_mesh: Launcher, tmp_path
 
     try:
         run_under_load(
-            launcher, "redis cluster primary kill", f"{victim} SIGKILLed under load", inject
+            launcher,
+            "redis_cluster_primary_killed",
+            f"{victim} SIGKILLed under load",
+            inject,
+            figures=figures,
         )
     finally:
         storm.stop()

@@ -151,7 +151,11 @@ def test_primary_killed_under_a_connect_storm(sentinel_mesh: Launcher) -> None:
 
     try:
         verdict = run_under_load(
-            launcher, "sentinel_primary_killed", "redis primary SIGKILL", inject
+            launcher,
+            "sentinel_primary_killed",
+            "redis primary SIGKILL",
+            inject,
+            figures=figures,
         )
         accepted = sum(1 for _, _, ok in storm.attempts if ok)
         print(
