@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProps
@@ -34,6 +35,73 @@ def _offline(mesh: MeshInfo, tenant: str, cid: str, i: int) -> None:
     c.close()
 
 
+def _publish_expiring(pub: Paho, short: str) -> float:
+    """EXPIRING messages with a 1 s expiry to `short`; when they are past it."""
+    props = PahoProps(PacketTypes.PUBLISH)
+    props.MessageExpiryInterval = 1
+    for i in range(EXPIRING):
+        assert pub.publish(f"q/{short}", f"gone{i}", 1, props=props) is not None
+    return time.time() + 1.5  # the entries' expiry (1 s) is past from here on
+
+
+class Writer(threading.Thread):
+    """PER_SUBSCRIBER rounds of a QoS 1 publish to each offline session, spread over the
+    compaction run until `stop` (after half of them at least); `acked`: the PUBACKed ones."""
+
+    def __init__(self, pub: Paho, cids: list[str]) -> None:
+        super().__init__()
+        self.pub, self.cids = pub, cids
+        self.acked: dict[str, list[bytes]] = {cid: [] for cid in cids}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        for n in range(PER_SUBSCRIBER):
+            for cid in self.cids:
+                payload = f"{cid}:{n}".encode()
+                if self.pub.publish(f"q/{cid}", payload, 1) is not None:  # PUBACKed: a promise
+                    self.acked[cid].append(payload)
+            # Spread over the compaction run (pacing only; nothing is timed).
+            if self.stop.wait(0.4) and n >= PER_SUBSCRIBER // 2:
+                break
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+
+def _compact_while_publishing(
+    mesh: MeshInfo, spark: SparkSession, tmp_path: Path, writer: Writer
+) -> tuple[dict[str, Any], int]:
+    """Run the compaction job with `writer` publishing; its summary, and how many publishes
+    were acknowledged while it ran."""
+    writer.start()
+    data = Path(mesh.mesh.data_dir) / "data"
+    settings = load_analytics_settings(
+        data_dir=data, analytics_output_dir=tmp_path, analytics_partitions=3
+    )
+    ctx = JobContext(spark, StoreConf(sqlite=str(data)), settings, tmp_path)
+    try:
+        before = writer.count()
+        summary = queue_compaction.run(ctx, argparse.Namespace(now_ms=0, dry_run=False))
+        during = writer.count() - before
+    finally:
+        writer.stop.set()
+        writer.join(120)
+    return summary, during
+
+
+def _check_every_acked_message_arrives(
+    mesh: MeshInfo, tenant: str, acked: dict[str, list[bytes]]
+) -> None:
+    for i, (cid, sent) in enumerate(acked.items()):
+        assert sent, cid
+        back = Paho(mesh.node(i % 2), client_id=cid, username=f"{tenant}/u", password="pw")
+        back.connect(clean_start=False, session_expiry=600)
+        assert back.session_present
+        got = [m.payload for m in back.expect(len(sent), timeout=30)]
+        assert got == sent  # all of them, in order
+        back.close()
+
+
 def test_compaction_while_publishing_keeps_every_acknowledged_message(
     mesh: MeshInfo, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -46,56 +114,15 @@ def test_compaction_while_publishing_keeps_every_acknowledged_message(
     _offline(mesh, tenant, short, 0)
     pub = Paho(mesh.node(1), username=f"{tenant}/u", password="pw")
     pub.connect()
-    props = PahoProps(PacketTypes.PUBLISH)
-    props.MessageExpiryInterval = 1
-    for i in range(EXPIRING):
-        assert pub.publish(f"q/{short}", f"gone{i}", 1, props=props) is not None
-    expired_by = time.time() + 1.5  # the entries' expiry (1 s) is past from here on
-
-    acked: dict[str, list[bytes]] = {cid: [] for cid in cids}
-    stop = threading.Event()
-
-    def publish() -> None:
-        for n in range(PER_SUBSCRIBER):
-            for cid in cids:
-                payload = f"{cid}:{n}".encode()
-                if pub.publish(f"q/{cid}", payload, 1) is not None:  # PUBACKed: a promise
-                    acked[cid].append(payload)
-            # Spread over the compaction run (pacing only; nothing is timed).
-            if stop.wait(0.4) and n >= PER_SUBSCRIBER // 2:
-                break
-
+    expired_by = _publish_expiring(pub, short)
     wait_until(lambda: time.time() >= expired_by, 5, "the entries' expiry")
-    writer = threading.Thread(target=publish)
-    writer.start()
-    data = Path(mesh.mesh.data_dir) / "data"
-    settings = load_analytics_settings(
-        data_dir=data, analytics_output_dir=tmp_path, analytics_partitions=3
-    )
-    ctx = JobContext(spark, StoreConf(sqlite=str(data)), settings, tmp_path)
-
-    def count() -> int:
-        return sum(len(v) for v in acked.values())
-
-    try:
-        before = count()
-        summary = queue_compaction.run(ctx, argparse.Namespace(now_ms=0, dry_run=False))
-        during = count() - before
-    finally:
-        stop.set()
-        writer.join(120)
+    writer = Writer(pub, cids)
+    summary, during = _compact_while_publishing(mesh, spark, tmp_path, writer)
     pub.close()
     assert during > 0  # publishes were acknowledged while compaction scanned and deleted
     assert summary["by_tenant"][tenant]["expired"] == EXPIRING
     assert summary["by_tenant"][tenant]["acked"] == 0
-    for i, cid in enumerate(cids):
-        assert acked[cid], cid
-        back = Paho(mesh.node(i % 2), client_id=cid, username=f"{tenant}/u", password="pw")
-        back.connect(clean_start=False, session_expiry=600)
-        assert back.session_present
-        got = [m.payload for m in back.expect(len(acked[cid]), timeout=30)]
-        assert got == acked[cid]  # all of them, in order
-        back.close()
+    _check_every_acked_message_arrives(mesh, tenant, writer.acked)
     gone = Paho(mesh.node(0), client_id=short, username=f"{tenant}/u", password="pw")
     gone.connect(clean_start=False, session_expiry=600)
     gone.nothing(0.5)

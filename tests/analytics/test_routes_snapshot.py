@@ -10,7 +10,7 @@ import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -106,10 +106,9 @@ async def _persistent_routes(admin: RouterAdminClient) -> set[Route]:
     return {r for r in await admin.list_routes(TENANT) if r.persistent}
 
 
-async def test_router_restarted_after_the_job_serves_the_same_routes(
-    spark: SparkSession, small_mesh: Launcher
-) -> None:
-    port = small_mesh.mesh.by_name("connection-0").port
+def _subscribers(port: int) -> tuple[list[tuple[Paho, str]], Paho]:
+    """Six persistent sessions, each on its own topic and on one of two shared filters; and
+    one more that subscribed and unsubscribed (its UNSUBSCRIBE is answered asynchronously)."""
     subscribers: list[tuple[Paho, str]] = []
     for i in range(6):
         c = Paho(port, client_id=f"snap-{i}")
@@ -122,6 +121,41 @@ async def test_router_restarted_after_the_job_serves_the_same_routes(
     one_off.connect(clean_start=False, session_expiry=3600)
     one_off.subscribe("fleet/gone", qos=1)
     one_off.c.unsubscribe("fleet/gone")
+    return subscribers, one_off
+
+
+async def _snapshot(spark: SparkSession, launcher: Launcher) -> dict[str, Any]:
+    """The `routes-snapshot` job on the mesh's session store; its summary."""
+    store = SqliteSessionStore(Path(launcher.data_dir) / "data" / "sessions.db")
+    try:
+        return await compact_with_spark(
+            spark, store, StoreConf(sqlite=str(Path(launcher.data_dir) / "data"))
+        )
+    finally:
+        await store.close()
+
+
+def _check_delivered_to_every_subscriber(port: int, subscribers: list[tuple[Paho, str]]) -> None:
+    publisher = Paho(port, client_id="snap-pub")
+    publisher.connect()
+    for c, topic in subscribers:
+        publisher.publish(topic, f"to {c.client_id}".encode(), qos=1)
+    publisher.publish("fleet/x/all/0", b"even", qos=1)
+    for i, (c, _) in enumerate(subscribers):
+        own = f"to {c.client_id}".encode()
+        if i % 2 == 0:  # also subscribed to fleet/+/all/0
+            assert sorted(m.payload for m in c.expect(2)) == sorted([own, b"even"])
+        else:
+            assert [m.payload for m in c.expect(1)] == [own]
+            c.nothing()
+    publisher.close()
+
+
+async def test_router_restarted_after_the_job_serves_the_same_routes(
+    spark: SparkSession, small_mesh: Launcher
+) -> None:
+    port = small_mesh.mesh.by_name("connection-0").port
+    subscribers, one_off = _subscribers(port)
     set_mesh_secret(small_mesh.secrets.mesh_secret)
     admin = RouterAdminClient(f"127.0.0.1:{small_mesh.mesh.by_name('router').grpc_port}",
                               small_mesh.admin_token)  # fmt: skip
@@ -134,14 +168,7 @@ async def test_router_restarted_after_the_job_serves_the_same_routes(
         # The UNSUBSCRIBE is answered asynchronously.
         before = await eventually(unsubscribed, 10, "fleet/gone unsubscribed", every_s=0.05)
         assert len(before) == 8  # 6 own filters + 2 shared ones
-
-        store = SqliteSessionStore(Path(small_mesh.data_dir) / "data" / "sessions.db")
-        try:
-            summary = await compact_with_spark(
-                spark, store, StoreConf(sqlite=str(Path(small_mesh.data_dir) / "data"))
-            )
-        finally:
-            await store.close()
+        summary = await _snapshot(spark, small_mesh)
         assert summary["subscriptions"] == 12
 
         await asyncio.to_thread(_restart, small_mesh, "router")
@@ -150,20 +177,7 @@ async def test_router_restarted_after_the_job_serves_the_same_routes(
         text = await asyncio.to_thread(Path(small_mesh.mesh.by_name("router").log).read_text)
         loaded = [line for line in text.splitlines() if "route_table_loaded" in line]
         assert len(loaded) == 2 and "snapshot" in loaded[-1] and "scan" in loaded[0]
-
-        publisher = Paho(port, client_id="snap-pub")
-        publisher.connect()
-        for c, topic in subscribers:
-            publisher.publish(topic, f"to {c.client_id}".encode(), qos=1)
-        publisher.publish("fleet/x/all/0", b"even", qos=1)
-        for i, (c, _) in enumerate(subscribers):
-            own = f"to {c.client_id}".encode()
-            if i % 2 == 0:  # also subscribed to fleet/+/all/0
-                assert sorted(m.payload for m in c.expect(2)) == sorted([own, b"even"])
-            else:
-                assert [m.payload for m in c.expect(1)] == [own]
-                c.nothing()
-        publisher.close()
+        _check_delivered_to_every_subscriber(port, subscribers)
     finally:
         await admin.close()
         for c, _ in subscribers:

@@ -110,6 +110,32 @@ async def test_a_node_whose_heartbeats_go_unanswered_fences_and_unfences(
     await redis.aclose()
 
 
+def _session_service(core: Core, common: dict[str, str], data_dir: Path) -> SessionService:
+    """A session service of its own on `common`'s NATS and Redis (node timeout 2 s)."""
+    return SessionService(
+        SessionSettings(
+            **common,
+            data_dir=data_dir,
+            metrics_port=-1,
+            node_id="session-lease",
+            router_addr=core.router,
+            queue_addr=core.queue,
+            anonymous_tenants=[OPEN_TENANT],
+            node_timeout_s=2.0,
+        )
+    )
+
+
+async def _check_not_released(redis: Redis, client_id: str, node_id: str) -> None:
+    async def released() -> bool:
+        held = await Registry(redis).get(OPEN_TENANT, client_id)
+        return held is None or held.node_id != node_id
+
+    # Must not happen: a release within three node timeouts (and a second).
+    moved = await holds_within_async(released, 3 * 2.0 + 1, every_s=0.2)
+    assert not moved, "the client's registry entry was released"
+
+
 async def test_a_redis_outage_longer_than_the_fence_time_fences_no_node(
     core: Core, tmp_path: Path
 ) -> None:
@@ -119,18 +145,7 @@ async def test_a_redis_outage_longer_than_the_fence_time_fences_no_node(
     service does not release the client while the node keeps heartbeating."""
     with own_servers(tmp_path) as servers:
         common = {"nats_url": servers.nats_url, "redis_url": servers.redis_url}
-        session = SessionService(
-            SessionSettings(
-                **common,
-                data_dir=tmp_path / "session",
-                metrics_port=-1,
-                node_id="session-lease",
-                router_addr=core.router,
-                queue_addr=core.queue,
-                anonymous_tenants=[OPEN_TENANT],
-                node_timeout_s=2.0,
-            )
-        )
+        session = _session_service(core, common, tmp_path / "session")
         (tmp_path / "node").mkdir(exist_ok=True)
         redis = Redis.from_url(servers.redis_url)
         async with serving(session) as session_addr:
@@ -151,14 +166,7 @@ async def test_a_redis_outage_longer_than_the_fence_time_fences_no_node(
                 assert not node.lease.fenced and node.lease.fences == 0
                 assert not await asyncio.to_thread(client.closed, 0.2), "client disconnected"
                 # Back: the node keeps beating, nobody releases its client.
-
-                async def released() -> bool:
-                    held = await Registry(redis).get(OPEN_TENANT, "outage-c")
-                    return held is None or held.node_id != node.node_id
-
-                # Must not happen: a release within three node timeouts (and a second).
-                moved = await holds_within_async(released, 3 * 2.0 + 1, every_s=0.2)
-                assert not moved, "the client's registry entry was released"
+                await _check_not_released(redis, "outage-c", node.node_id)
                 assert node.lease.fences == 0
                 assert not await asyncio.to_thread(client.closed, 0.2), "client disconnected"
                 client.close()

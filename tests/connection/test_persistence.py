@@ -1,120 +1,27 @@
 """A persistent session's queue delivered to its channel: packet ids from seqs, DUP only on
-entries an earlier read may have sent, acks only through what the client completed, PUBREL
-state resent."""
+entries an earlier read may have sent, acks only through what the client completed, pushed
+entries, the push credit and the idle poll. QoS 2 release state: test_persistence_qos2.py."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
-from services.common.message import Message
-from services.common.mqtt import PubAck, PubComp, Publish, PubRec, PubRel, encode
+from services.common.mqtt import PubAck, Publish, encode
 from services.connection.channel import DeliveryProgress
-from services.connection.persistence import (
-    READ_BATCH,
-    DeliveryDeps,
-    PersistentDelivery,
-    pid_for,
-)
+from services.connection.persistence import READ_BATCH, pid_for
 from services.connection.queue_poll import POLL_MAX_S
-from services.queue.client import QueueEntry, QueueRead
-from starling.common.v1.message_pb2 import RoutedMessage
-from starling.queue.v1 import queue_pb2 as pb
-from tests.connection.harness import connected, written
+from services.queue.client import QueueRead
+from tests.connection.harness import written
+from tests.connection.persistence_fakes import (
+    FakeQueue,
+    _delivery,
+    _entry,
+    _notice,
+    _pubacks,
+    _publishes,
+    _settle,
+)
 from tests.poll import eventually
-
-
-class FakeQueue:
-    """The queue service's read contract: acked entries are gone, and a read with
-    `mark_delivered` raises delivered_through and returns the value from before it."""
-
-    def __init__(self, entries: list[QueueEntry], delivered_through: int = 0) -> None:
-        self.entries = entries
-        self.acked_through = 0
-        self.delivered_through = delivered_through
-        self.released: list[int] = []
-        self.unmarked_reads = 0
-        self.reads = 0
-
-    async def read(
-        self,
-        tenant: str,
-        queue_id: str,
-        from_seq: int,
-        limit: int,
-        mark_delivered: bool = False,
-        reader: str = "",  # pushes are tested against the real queue (tests/queue)
-    ) -> QueueRead:
-        self.reads += 1
-        unacked = [e for e in self.entries if e.seq >= from_seq and e.seq > self.acked_through]
-        found = tuple(unacked[:limit])
-        last = found[-1].seq if found else from_seq - 1
-        before = self.delivered_through
-        if not mark_delivered:
-            self.unmarked_reads += 1
-        elif found:
-            self.delivered_through = max(before, found[-1].seq)
-        return QueueRead(found, self.acked_through, last, before)
-
-    async def ack(
-        self,
-        tenant: str,
-        queue_id: str,
-        through_seq: int,
-        detach_reader: str = "",
-        renew: tuple[str, int, int] | None = None,  # push credit: tested in test_push_credit
-    ) -> None:
-        self.acked_through = max(self.acked_through, through_seq)
-
-    def listen(self, reader: str, on_notice: object) -> None:  # link notices: tests/queue
-        pass
-
-    def unlisten(self, reader: str) -> None:
-        pass
-
-    generation = 0  # no queue link, no owners: no notice gets lost
-
-    async def mark_released(self, tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
-        self.released += seqs
-
-
-class FakeNats:
-    async def subscribe(self, subject: str, cb: object) -> object:
-        return None
-
-
-def _entry(seq: int, qos: int = 1, released: bool = False) -> QueueEntry:
-    return QueueEntry(seq, Message("t", "a/b", f"m{seq}".encode(), qos, False), (), released)
-
-
-def _pubacks(ch: object, pd: PersistentDelivery, *seqs: int) -> None:
-    """The client acknowledges these entries, one PUBACK each, in this order."""
-    for seq in seqs:
-        ch.receive(encode(PubAck(pid_for(seq)), 5), 0.0)  # type: ignore[attr-defined]
-        pd.progress()
-
-
-async def _settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
-
-
-def _delivery(
-    queue: FakeQueue, wakes: list[float] | None = None
-) -> tuple[PersistentDelivery, object, object]:
-    """`wakes`: the times the delivery asks the sweeper to call `poll_if_due` at."""
-    ch, dec = connected(5)
-    wake = wakes.append if wakes is not None else lambda at: None
-    deps = DeliveryDeps(queue=queue, nc=FakeNats(), now=lambda: 0.0)  # type: ignore[arg-type]
-    pd = PersistentDelivery(
-        channel=ch, deps=deps, tenant="t", queue_id="q", wrote=lambda: None, wake=wake
-    )
-    return pd, ch, dec
-
-
-def _publishes(ch: object, dec: object) -> list[tuple[int | None, bool, bytes]]:
-    got = written(ch, dec)  # type: ignore[arg-type]
-    return [(p.packet_id, p.dup, p.payload) for p in got if isinstance(p, Publish)]
 
 
 async def test_backlog_never_sent_before_goes_out_with_dup_0_under_seq_packet_ids() -> None:
@@ -182,31 +89,6 @@ async def test_the_queue_is_acked_only_through_what_the_client_completed() -> No
     await pd.close()
 
 
-async def test_qos2_pubrec_is_recorded_and_a_released_entry_gets_pubrel_not_publish() -> None:
-    queue = FakeQueue([_entry(1, qos=2)])
-    pd, ch, dec = _delivery(queue)
-    await pd.start()
-    await _settle()
-    written(ch, dec)  # type: ignore[arg-type]
-    ch.receive(encode(PubRec(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
-    pd.progress()
-    await _settle()
-    assert queue.released == [1]
-    assert [type(p) for p in written(ch, dec)] == [PubRel]  # type: ignore[arg-type]
-    await pd.close()
-    # The next connection finds the entry released: it resends PUBREL, then completes.
-    queue.entries = [_entry(1, qos=2, released=True)]
-    pd2, ch2, dec2 = _delivery(queue)
-    await pd2.start()
-    await _settle()
-    assert [type(p) for p in written(ch2, dec2)] == [PubRel]  # type: ignore[arg-type]
-    ch2.receive(encode(PubComp(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
-    pd2.progress()
-    await asyncio.sleep(0.05)
-    assert queue.acked_through == 1
-    await pd2.close()
-
-
 async def test_a_connection_closed_during_a_read_sends_and_acks_nothing() -> None:
     queue = FakeQueue([_entry(1), _entry(2)])
     gate = asyncio.Event()
@@ -225,60 +107,6 @@ async def test_a_connection_closed_during_a_read_sends_and_acks_nothing() -> Non
     await _settle()
     assert _publishes(ch, dec) == []
     assert queue.acked_through == 0  # the entries stay for the next connection
-
-
-async def test_pubrel_waits_until_the_released_mark_is_durable() -> None:
-    # A client that got PUBREL forgets the message: if the mark were lost after that, the
-    # next connection would resend the PUBLISH and the client would deliver it twice.
-    queue = FakeQueue([_entry(1, qos=2)])
-    durable = asyncio.Event()
-    mark = queue.mark_released
-
-    async def slow_mark(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
-        await durable.wait()
-        await mark(tenant, queue_id, seqs)
-
-    queue.mark_released = slow_mark  # type: ignore[method-assign]
-    pd, ch, dec = _delivery(queue)
-    await pd.start()
-    await _settle()
-    written(ch, dec)  # type: ignore[arg-type]
-    ch.receive(encode(PubRec(pid_for(1)), 5) * 2, 0.0)  # type: ignore[attr-defined]
-    pd.progress()
-    await _settle()
-    assert written(ch, dec) == []  # type: ignore[arg-type]  # no PUBREL, no 0x92 for the repeat
-    durable.set()
-    await _settle()
-    assert queue.released == [1]
-    assert written(ch, dec) == [PubRel(pid_for(1))]  # type: ignore[arg-type]
-    await pd.close()
-
-
-async def test_a_failed_released_mark_is_retried_before_pubrel() -> None:
-    queue = FakeQueue([_entry(1, qos=2)])
-    mark = queue.mark_released
-    failures = [RuntimeError("queue down")]
-
-    async def flaky_mark(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
-        if failures:
-            raise failures.pop()
-        await mark(tenant, queue_id, seqs)
-
-    queue.mark_released = flaky_mark  # type: ignore[method-assign]
-    pd, ch, dec = _delivery(queue)
-    await pd.start()
-    await _settle()
-    written(ch, dec)  # type: ignore[arg-type]
-    ch.receive(encode(PubRec(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
-    pd.progress()
-    await _settle()
-    assert written(ch, dec) == []  # type: ignore[arg-type]
-    # The retry comes after a short pause.
-    await eventually(lambda: queue.released, 5, "the retried release")
-    await _settle()
-    assert queue.released == [1]
-    assert written(ch, dec) == [PubRel(pid_for(1))]  # type: ignore[arg-type]
-    await pd.close()
 
 
 async def test_an_entry_whose_packet_id_is_in_flight_waits_and_is_never_lost() -> None:
@@ -343,19 +171,6 @@ async def test_a_queued_entry_never_takes_the_packet_id_of_a_shared_delivery() -
     await pd.close()
 
 
-class _Msg:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
-def _notice(reader: str, seqs: list[int], last_seq: int) -> _Msg:
-    n = pb.QueueNotice(tenant="t", queue_id="q", last_seq=last_seq, reader=reader)
-    for s in seqs:
-        m = RoutedMessage(tenant="t", topic="a/b", payload=f"m{s}".encode(), qos=1)
-        n.entries.add(seq=s, message=m, qos=1)
-    return _Msg(n.SerializeToString())
-
-
 async def test_pushed_entries_go_out_dup_0_without_a_read_only_where_they_fit() -> None:
     queue = FakeQueue([_entry(1)])
     reads = 0
@@ -414,94 +229,6 @@ async def test_entries_pushed_during_a_read_go_out_after_it_once_in_order_dup_0(
     assert _publishes(ch, dec) == [(pid_for(s), False, f"m{s}".encode()) for s in (1, 2, 3, 4)]
     # One more read finds the end; 3 and 4 were not read back.
     assert reads == 2 and not pd.more
-    await pd.close()
-
-
-async def _pubrecs(ch: object, pd: PersistentDelivery, *seqs: int) -> None:
-    data = b"".join(encode(PubRec(pid_for(s)), 5) for s in seqs)
-    ch.receive(data, 0.0)  # type: ignore[attr-defined]
-    pd.progress()
-    await _settle()
-
-
-async def test_pubrels_keep_pubrec_order_when_the_marks_finish_out_of_order() -> None:
-    # [MQTT-4.6.0-3]: the subscriber hands a QoS 2 message to its application on PUBREL, so a
-    # PUBREL that overtakes an earlier one delivers the publisher's messages out of order.
-    queue = FakeQueue([_entry(1, qos=2), _entry(2, qos=2)])
-    first_durable = asyncio.Event()
-    mark = queue.mark_released
-
-    async def first_slow(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
-        if 1 in seqs:
-            await first_durable.wait()
-        await mark(tenant, queue_id, seqs)
-
-    queue.mark_released = first_slow  # type: ignore[method-assign]
-    pd, ch, dec = _delivery(queue)
-    await pd.start()
-    await _settle()
-    written(ch, dec)  # type: ignore[arg-type]  # the PUBLISHes
-    await _pubrecs(ch, pd, 1)
-    await _pubrecs(ch, pd, 2)  # its mark is durable first
-    assert written(ch, dec) == []  # type: ignore[arg-type]  # PUBREL 2 waits behind PUBREL 1
-    first_durable.set()
-    await _settle()
-    assert written(ch, dec) == [PubRel(pid_for(1)), PubRel(pid_for(2))]  # type: ignore[arg-type]
-    await pd.close()
-
-
-async def test_a_failed_mark_holds_back_the_pubrels_behind_it() -> None:
-    queue = FakeQueue([_entry(1, qos=2), _entry(2, qos=2), _entry(3, qos=2)])
-    mark = queue.mark_released
-    failures = [RuntimeError("queue busy")]
-
-    async def first_fails_once(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
-        if 1 in seqs and failures:
-            raise failures.pop()
-        await mark(tenant, queue_id, seqs)
-
-    queue.mark_released = first_fails_once  # type: ignore[method-assign]
-    pd, ch, dec = _delivery(queue)
-    await pd.start()
-    await _settle()
-    written(ch, dec)  # type: ignore[arg-type]  # the PUBLISHes
-    await _pubrecs(ch, pd, 1, 2)
-    await _pubrecs(ch, pd, 3)
-    assert written(ch, dec) == []  # type: ignore[arg-type]
-    # The retry comes after a short pause.
-    await eventually(lambda: 1 in queue.released, 5, "the retried release")
-    await _settle()
-    assert written(ch, dec) == [PubRel(pid_for(s)) for s in (1, 2, 3)]  # type: ignore[arg-type]
-    assert sorted(queue.released) == [1, 2, 3]  # each marked once
-    await pd.close()
-
-
-async def test_pubrecs_that_come_during_a_mark_are_marked_in_one_call() -> None:
-    """One queue call per batch of PUBRECs, not one per message (QoS 2 out is not a call
-    per message)."""
-    queue = FakeQueue([_entry(s, qos=2) for s in (1, 2, 3, 4)])
-    calls: list[list[int]] = []
-    first_durable = asyncio.Event()
-    mark = queue.mark_released
-
-    async def recorded(tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
-        calls.append(list(seqs))
-        if 1 in seqs:
-            await first_durable.wait()
-        await mark(tenant, queue_id, seqs)
-
-    queue.mark_released = recorded  # type: ignore[method-assign]
-    pd, ch, dec = _delivery(queue)
-    await pd.start()
-    await _settle()
-    written(ch, dec)  # type: ignore[arg-type]  # the PUBLISHes
-    await _pubrecs(ch, pd, 1)
-    await _pubrecs(ch, pd, 2)
-    await _pubrecs(ch, pd, 3, 4)
-    first_durable.set()
-    await _settle()
-    assert calls == [[1], [2, 3, 4]]
-    assert written(ch, dec) == [PubRel(pid_for(s)) for s in (1, 2, 3, 4)]  # type: ignore[arg-type]
     await pd.close()
 
 

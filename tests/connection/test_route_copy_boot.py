@@ -190,6 +190,53 @@ async def test_a_new_nodes_copy_is_the_snapshot_plus_only_the_later_events(mesh:
     assert await ids_in(m, "d5") == [] and await ids_in(m, "d6") == []
 
 
+class Flow:
+    """Publishes through a node's copy, one at a time, until `stop`: what the node's pipeline
+    does with TRY_LATER (keep it and try again, paced, until settled). `stored`: the ones
+    confirmed STORED. `switch_to` moves it onto a newly started node's copy."""
+
+    def __init__(self, copies: RouteCopies, route: CopyRouter) -> None:
+        self.copies, self.route = copies, route
+        self.stored: list[RoutedMessage] = []
+        self.stop = asyncio.Event()
+
+    def switch_to(self, copies: RouteCopies, route: CopyRouter) -> None:
+        self.copies, self.route = copies, route
+
+    async def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            m_ = msg(f"f/{n % 5}/{n}")
+            n += 1
+            result = RouteResult.TRY_LATER
+            while result is RouteResult.TRY_LATER and not self.stop.is_set():
+                [result] = await self.route.route([m_])
+                if result is RouteResult.TRY_LATER:
+                    await asyncio.sleep(0.05)
+            if result is not RouteResult.TRY_LATER:
+                assert result is RouteResult.STORED
+                self.stored.append(m_)
+
+
+async def _restart_the_router_under(m: Mesh, flow: Flow) -> None:
+    """Kill the router while publishes flow, boot it from the snapshot, and move the flow
+    onto a newly started node that loads its copy from snapshot + tail."""
+    stored = flow.stored
+    await eventually(lambda: len(stored) >= 50, 10, "publishes before the restart")
+    await m.stop_router()  # killed while publishes flow
+    await eventually(lambda: len(stored) >= 80, 10, "the copy routes while the router is down")
+    new_router = await m.start_router()
+    assert m.service is not None and m.service.boot is not None
+    assert m.service.boot.source == "snapshot" and m.service.boot.replayed == 1
+    await flow.copies.stop()
+    copies = RouteCopies(new_router, m.nc, 10_000)  # a newly started node
+    await copies.start()
+    flow.switch_to(copies, CopyRouter(new_router, m.queues, copies))
+    await eventually(lambda: copies.get(T) is not None, 10, "new node's copy loaded")
+    seen = len(stored)
+    await eventually(lambda: len(stored) >= seen + 50, 10, "publishes after the restart")
+
+
 async def test_publishes_flow_while_the_router_restarts_from_the_snapshot(mesh: Mesh) -> None:
     """Publishes go through a node's copy while subscriptions change, the router is killed
     and boots from the snapshot, and a new node loads its copy from snapshot + tail: every
@@ -202,49 +249,18 @@ async def test_publishes_flow_while_the_router_restarts_from_the_snapshot(mesh: 
     await m.compact()
     await router.subscribe(T, "s50", 1, [(Subscription("f/0/#", 1), None)])  # the tail
 
-    current: dict[str, CopyRouter] = {}
     copies = RouteCopies(router, m.nc, 10_000)
     await copies.start()
-    current["route"] = CopyRouter(router, m.queues, copies)
-    stored: list[RoutedMessage] = []
-    stop = asyncio.Event()
-
-    async def publisher() -> None:
-        n = 0
-        while not stop.is_set():
-            m_ = msg(f"f/{n % 5}/{n}")
-            n += 1
-            result = RouteResult.TRY_LATER
-            while result is RouteResult.TRY_LATER and not stop.is_set():
-                # What the node's pipeline does: keep it and try again (paced) until settled.
-                [result] = await current["route"].route([m_])
-                if result is RouteResult.TRY_LATER:
-                    await asyncio.sleep(0.05)
-            if result is not RouteResult.TRY_LATER:
-                assert result is RouteResult.STORED
-                stored.append(m_)
-
-    task = asyncio.create_task(publisher())
+    flow = Flow(copies, CopyRouter(router, m.queues, copies))
+    task = asyncio.create_task(flow.run())
     try:
-        await eventually(lambda: len(stored) >= 50, 10, "publishes before the restart")
-        await m.stop_router()  # killed while publishes flow
-        await eventually(lambda: len(stored) >= 80, 10, "the copy routes while the router is down")
-        new_router = await m.start_router()
-        assert m.service is not None and m.service.boot is not None
-        assert m.service.boot.source == "snapshot" and m.service.boot.replayed == 1
-        await copies.stop()
-        copies = RouteCopies(new_router, m.nc, 10_000)  # a newly started node
-        await copies.start()
-        current["route"] = CopyRouter(new_router, m.queues, copies)
-        await eventually(lambda: copies.get(T) is not None, 10, "new node's copy loaded")
-        seen = len(stored)
-        await eventually(lambda: len(stored) >= seen + 50, 10, "publishes after the restart")
+        await _restart_the_router_under(m, flow)
     finally:
-        stop.set()
+        flow.stop.set()
         await task
-        await copies.stop()
+        await flow.copies.stop()
     snap = await m.router.route_snapshot(T, 10_000) if m.router else None
     assert snap is not None and snap.from_snapshot and snap.replayed == 1
     for i in range(51):
-        want = [x.message_id for x in stored if x.topic.startswith(f"f/{i % 5}/")]
+        want = [x.message_id for x in flow.stored if x.topic.startswith(f"f/{i % 5}/")]
         assert await ids_in(m, f"s{i}") == want, f"s{i}"

@@ -19,7 +19,7 @@ from services.connection.registry import Registry
 from services.connection.sweeper import TICK_S, Sweeper
 from services.queue.client import Notice
 from tests.connection.harness import connected, written
-from tests.connection.test_persistence import FakeNats, FakeQueue, _entry, _settle
+from tests.connection.persistence_fakes import FakeNats, FakeQueue, _entry, _settle
 
 
 class Sink:

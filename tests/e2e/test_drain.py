@@ -14,16 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import selectors
 import signal
-import socket
 import subprocess
-import sys
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,12 +26,8 @@ import pytest
 from services.cli.launcher import Launcher
 from services.cli.status import component_status
 from services.common.mqtt import (
-    ConnAck,
-    Connect,
     Decoder,
     Disconnect,
-    PubAck,
-    Publish,
     SubAck,
     Subscribe,
     Subscription,
@@ -45,15 +36,25 @@ from services.common.mqtt import (
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.rpc.server import check_health
 from services.common.runtime import LIVENESS
-from services.connection.client import ConnectionAdminClient, DrainProgress
 from tests.e2e.clients import Flooder, Paho, Raw
+from tests.e2e.drain_helpers import (
+    RATE,
+    STARLING,
+    A,
+    B,
+    Publisher,
+    Watched,
+    _ask_drain,
+    _drain,
+    _payloads,
+    _port,
+    _raw,
+    _refused,
+    _watch,
+)
 from tests.faults.checker import Checker
 from tests.faults.load import Publisher as FaultPublisher
 from tests.poll import wait_until
-
-RATE = 20  # connections closed per second while draining
-A, B = "connection-0", "connection-1"
-STARLING = [sys.executable, "-m", "services.cli.main"]
 
 
 @pytest.fixture(scope="module")
@@ -74,139 +75,19 @@ def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
         launcher.stop()
 
 
-def _port(launcher: Launcher, node: str) -> int:
-    return launcher.mesh.by_name(node).port
+@dataclass(frozen=True, slots=True)
+class OnTheDrainedNode:
+    """The clients of the first test: persistent sessions `s3` (3.1.1) and `s5` on the node to
+    drain, a will watcher on the other, and clean clients to drain (`v3`'s last has a will)."""
+
+    s3: Paho
+    s5: Paho
+    wills: Paho
+    v5: list[Raw]
+    v3: list[Raw]
 
 
-def _drain(launcher: Launcher, node: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*STARLING, "drain", node, "--data-dir", launcher.mesh.data_dir, *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-async def _ask_drain(launcher: Launcher, node: str, reference: str) -> DrainProgress:
-    comp = launcher.mesh.by_name(node)
-    client = ConnectionAdminClient(f"127.0.0.1:{comp.grpc_port}", launcher.admin_token)
-    try:
-        return await client.drain(reference)
-    finally:
-        await client.close()
-
-
-def _raw(port: int, tenant: str, client_id: str, level: int, **kw: object) -> Raw:
-    raw = Raw(port, level=level)
-    ack = raw.connect(Connect(client_id, level, username=f"{tenant}/u", **kw))  # type: ignore[arg-type]
-    assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
-    return raw
-
-
-def _refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except ConnectionRefusedError:
-        return True
-    return False
-
-
-@dataclass
-class Watched:
-    """What the server sent on each socket until it closed it, and when it closed it."""
-
-    data: dict[socket.socket, bytearray] = field(default_factory=dict)
-    closed_at: dict[socket.socket, float] = field(default_factory=dict)
-
-
-def _watch(socks: list[socket.socket], timeout_s: float) -> tuple[threading.Thread, Watched]:
-    """Read every socket in a thread until the server closes it (recording when)."""
-    seen = Watched({s: bytearray() for s in socks})
-
-    def run() -> None:
-        sel = selectors.DefaultSelector()
-        for s in socks:
-            s.setblocking(False)
-            sel.register(s, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        while len(seen.closed_at) < len(socks) and time.monotonic() < deadline:
-            for key, _ in sel.select(timeout=0.2):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
-                try:
-                    chunk = s.recv(65536)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    chunk = b""
-                if chunk:
-                    seen.data[s] += chunk
-                else:
-                    seen.closed_at[s] = time.monotonic()
-                    sel.unregister(s)
-        sel.close()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, seen
-
-
-class Publisher(threading.Thread):
-    """Publishes QoS 1 messages one at a time (the next once the last was acknowledged);
-    told 0x9C it goes where the Server Reference says and sends the unacknowledged
-    message again. `acked`: the numbers of the acknowledged messages."""
-
-    def __init__(self, port: int, tenant: str) -> None:
-        super().__init__(daemon=True)
-        self.port, self.tenant = port, tenant
-        self.acked: list[int] = []
-        self.references: list[str] = []
-        self.ports: list[int] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def _connect(self, port: int) -> Raw:
-        self.ports.append(port)
-        return _raw(port, self.tenant, "publisher", 5)
-
-    def run(self) -> None:
-        try:
-            raw, n, pid = self._connect(self.port), 0, 0
-            while not self.stop.is_set():
-                pid = pid % 65535 + 1
-                raw.send(Publish(f"load/{n}", str(n).encode(), 1, packet_id=pid))
-                reply = raw.recv()
-                if isinstance(reply, PubAck) and reply.packet_id == pid:
-                    assert reply.reason_code == 0, reply
-                    self.acked.append(n)
-                    n += 1
-                    continue
-                assert isinstance(reply, Disconnect), reply
-                assert reply.reason_code == RC.USE_ANOTHER_SERVER
-                ref = reply.properties.server_reference or ""
-                self.references.append(ref)
-                raw.close()
-                raw = self._connect(int(ref.split()[0].rsplit(":", 1)[1]))
-            raw.send(Disconnect())
-            raw.close()
-        except BaseException as exc:  # reported by the test
-            self.error = exc
-
-
-def _payloads(*clients: Paho) -> set[int]:
-    got: set[int] = set()
-    for c in clients:
-        while not c.messages.empty():
-            got.add(int(c.messages.get_nowait().payload))
-    return got
-
-
-def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_message(
-    launcher: Launcher,
-) -> None:
-    tenant = f"d{uuid.uuid4().hex[:8]}"
-    port_a, port_b = _port(launcher, A), _port(launcher, B)
-    elsewhere = f"127.0.0.1:{port_b}"
+def _clients_to_drain(port_a: int, port_b: int, tenant: str) -> OnTheDrainedNode:
     # Persistent sessions on the node to drain, one per protocol level.
     s3 = Paho(port_a, "keep-v3", v5=False, username=f"{tenant}/u", clean=False)
     s3.connect()
@@ -222,23 +103,23 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
     v5 = [_raw(port_a, tenant, f"v5-{i}", 5) for i in range(8)]
     v3 = [_raw(port_a, tenant, f"v3-{i}", 4) for i in range(23)]
     v3.append(_raw(port_a, tenant, "v3-will", 4, will=Will("wills/v3", b"gone", 1)))
-    watcher, seen = _watch([r.sock for r in v5 + v3], timeout_s=60)
+    return OnTheDrainedNode(s3=s3, s5=s5, wills=wills, v5=v5, v3=v3)
 
-    pub = Publisher(port_a, tenant)
-    pub.start()
-    wait_until(lambda: len(pub.acked) >= 50 or pub.error, 20)
-    assert pub.error is None, pub.error
 
+def _start_drain(launcher: Launcher, elsewhere: str, clients: int) -> None:
+    """The CLI starts the drain; asking again (a retried or restarted coordinator) starts
+    nothing new: it reports."""
     first = _drain(launcher, A)
     assert first.returncode == 0, first.stderr
     reply = json.loads(first.stdout)
     assert reply["started"] is True and reply["node_id"] == A
     assert reply["server_reference"] == elsewhere  # the other node, from `starling up`
-    # Asking again (a retried or restarted coordinator) starts nothing new: it reports.
     again = asyncio.run(_ask_drain(launcher, A, "elsewhere.example:1883"))
     assert again.started is False and again.server_reference == elsewhere
-    assert 0 < again.connections <= len(v5) + len(v3) + 3
+    assert 0 < again.connections <= clients + 3
 
+
+def _check_the_node_steps_aside(launcher: Launcher, port_a: int) -> None:
     # Load balancers move away: health NOT_SERVING while the clients are being closed.
     state = wait_until(
         lambda: (s := component_status(launcher.mesh.by_name(A))) != "SERVING" and s, 20
@@ -249,24 +130,27 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
     assert asyncio.run(check_health(grpc_a, service=LIVENESS)) in ("SERVING", "UNREACHABLE")
     assert wait_until(lambda: _refused(port_a), 20)  # new connections are refused
 
-    # The process exits once empty (status 0: a drain is a normal end).
-    assert launcher.procs[A].wait(timeout=60) == 0
-    watcher.join(timeout=30)
-    assert len(seen.closed_at) == len(v5) + len(v3), "every drained client was closed"
-    for r in v5:
+
+def _check_closes(seen: Watched, on: OnTheDrainedNode, elsewhere: str) -> None:
+    """MQTT 5 clients read 0x9C naming the other node, 3.1.1 ones are closed, at the rate."""
+    assert len(seen.closed_at) == len(on.v5) + len(on.v3), "every drained client was closed"
+    for r in on.v5:
         [bye] = Decoder(5).feed(bytes(seen.data[r.sock]))
         assert isinstance(bye, Disconnect) and bye.reason_code == RC.USE_ANOTHER_SERVER
         assert bye.properties.server_reference == elsewhere
-    for r in v3:
+    for r in on.v3:
         assert seen.data[r.sock] == b""  # 3.1.1: closed, nothing sent
     # Paced: n closes at RATE per second take at least (n - 1) / RATE (a lower bound only,
     # which no slowness can break; the drained node also held the sessions and publisher).
     times = sorted(seen.closed_at.values())
     assert times[-1] - times[0] >= 0.9 * (len(times) - 1) / RATE
-    v3_times = sorted(seen.closed_at[r.sock] for r in v3)
-    assert v3_times[-1] - v3_times[0] >= 0.9 * (len(v3) - 1) / RATE
+    v3_times = sorted(seen.closed_at[r.sock] for r in on.v3)
+    assert v3_times[-1] - v3_times[0] >= 0.9 * (len(on.v3) - 1) / RATE
 
-    # The publisher followed the reference and goes on acknowledged on connection-1.
+
+def _publisher_moved(pub: Publisher, elsewhere: str, port_b: int) -> set[int]:
+    """The publisher followed the reference and goes on acknowledged on connection-1; the
+    numbers of its acknowledged messages."""
     at_drain = len(pub.acked)
     wait_until(lambda: len(pub.acked) >= at_drain + 50 or pub.error, 20)
     pub.stop.set()
@@ -274,10 +158,12 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
     assert pub.error is None, pub.error
     assert pub.references and set(pub.references) == {elsewhere}
     assert pub.ports[-1] == port_b
-    acked = set(pub.acked)
+    return set(pub.acked)
 
-    # The persistent sessions resume on connection-1 with every acknowledged message.
-    for old in (s3, s5):
+
+def _check_sessions_resume(on: OnTheDrainedNode, port_b: int, tenant: str, acked: set[int]) -> None:
+    """The persistent sessions resume on connection-1 with every acknowledged message."""
+    for old in (on.s3, on.s5):
         old.c.loop_stop()  # no reconnecting to the drained node
     s3b = Paho(port_b, "keep-v3", v5=False, username=f"{tenant}/u", clean=False)
     s3b.connect()
@@ -288,8 +174,8 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
     got5: set[int] = set()
 
     def complete() -> bool:
-        got3.update(_payloads(s3, s3b))
-        got5.update(_payloads(s5, s5b))
+        got3.update(_payloads(on.s3, s3b))
+        got5.update(_payloads(on.s5, s5b))
         return acked <= got3 and acked <= got5
 
     try:
@@ -298,11 +184,35 @@ def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_mes
         pass  # reported below with what is missing
     missing3, missing5 = acked - got3, acked - got5
     assert not missing3 and not missing5, (len(acked), sorted(missing3)[:5], sorted(missing5)[:5])
+    s3b.close()
+    s5b.close()
+
+
+def test_drain_sends_clients_elsewhere_at_the_rate_and_loses_no_acknowledged_message(
+    launcher: Launcher,
+) -> None:
+    tenant = f"d{uuid.uuid4().hex[:8]}"
+    port_a, port_b = _port(launcher, A), _port(launcher, B)
+    elsewhere = f"127.0.0.1:{port_b}"
+    on = _clients_to_drain(port_a, port_b, tenant)
+    watcher, seen = _watch([r.sock for r in on.v5 + on.v3], timeout_s=60)
+    pub = Publisher(port_a, tenant)
+    pub.start()
+    wait_until(lambda: len(pub.acked) >= 50 or pub.error, 20)
+    assert pub.error is None, pub.error
+
+    _start_drain(launcher, elsewhere, len(on.v5) + len(on.v3))
+    _check_the_node_steps_aside(launcher, port_a)
+    # The process exits once empty (status 0: a drain is a normal end).
+    assert launcher.procs[A].wait(timeout=60) == 0
+    watcher.join(timeout=30)
+    _check_closes(seen, on, elsewhere)
+    acked = _publisher_moved(pub, elsewhere, port_b)
+    _check_sessions_resume(on, port_b, tenant, acked)
     # A drain is a server-side close without DISCONNECT 0x00: the will is published.
-    [w] = wills.expect(1)
+    [w] = on.wills.expect(1)
     assert (w.topic, w.payload) == ("wills/v3", b"gone")
-    for c in (s3b, s5b, wills):
-        c.close()
+    on.wills.close()
 
 
 def test_restarted_after_a_drain_the_node_serves_again(launcher: Launcher) -> None:

@@ -161,6 +161,66 @@ async def storm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Storm
         await asyncio.to_thread(launcher.stop)
 
 
+async def _queue_for_each(pub: StormClient, ids: list[int]) -> int:
+    """Publish QUEUED QoS 1 messages to each client's topic in a bounded window of
+    unacknowledged publishes; return how many were sent, once all are acknowledged (stored)."""
+    assert pub.transport is not None
+    sent = 0
+    for n in range(QUEUED):
+        for i in ids:
+            sent += 1
+            payload = f"queued-{n}-{i}".encode()
+            pub.transport.write(
+                encode(Publish(f"storm/{client_id(i)}", payload, 1, packet_id=sent % 65535 + 1), 4)
+            )
+            if sent - pub.pubacks >= 500:  # a bounded window of unacknowledged publishes
+                await eventually(
+                    lambda s=sent: s - pub.pubacks < 250, 60, "publishes acknowledged", 0.1
+                )
+    await eventually(
+        lambda: pub.pubacks == sent, 60, lambda: f"{pub.pubacks} of {sent} publishes acked", 0.1
+    )
+    return sent
+
+
+def _publish_live(pub: StormClient, ids: list[int], sent: int) -> None:
+    """One more message to each client, after the `sent` before it (for their packet ids)."""
+    assert pub.transport is not None
+    for i in ids:
+        sent += 1
+        pub.transport.write(
+            encode(
+                Publish(
+                    f"storm/{client_id(i)}", f"live-{i}".encode(), 1, packet_id=sent % 65535 + 1
+                ),
+                4,
+            )
+        )
+
+
+async def _check_every_message_arrives(ids: list[int], back: list[StormClient]) -> None:
+    def expected(i: int) -> set[bytes]:
+        return {f"queued-{n}-{i}".encode() for n in range(QUEUED)} | {f"live-{i}".encode()}
+
+    def missing() -> list[str]:
+        return [c.client_id for i, c in zip(ids, back, strict=True) if c.payloads != expected(i)]
+
+    await eventually(
+        lambda: not missing(), 120, lambda: f"messages missing for {len(missing())} clients", 0.1
+    )
+
+
+async def _check_one_connection_each(admin: SessionAdminClient, ids: list[int]) -> None:
+    """Exactly one connection per client id, all on node 1."""
+    held = [h for h in await admin.list_clients(TENANT) if h.client_id.startswith("storm-")]
+    by_id: dict[str, list[str]] = {}
+    for h in held:
+        by_id.setdefault(h.client_id, []).append(h.node_id)
+    expected_ids = {client_id(i) for i in ids} | {"storm-pub"}
+    assert set(by_id) == expected_ids
+    assert all(nodes == ["connection-1"] for nodes in by_id.values())
+
+
 async def test_every_session_resumes_with_its_queue_after_a_reconnect_storm(
     storm: Storm,
 ) -> None:
@@ -184,22 +244,7 @@ async def test_every_session_resumes_with_its_queue_after_a_reconnect_storm(
     loop = asyncio.get_running_loop()
     _, pub = await loop.create_connection(lambda: StormClient("storm-pub", 4), "127.0.0.1", port1)
     await asyncio.wait_for(pub.connack, 30)
-    assert pub.transport is not None
-    sent = 0
-    for n in range(QUEUED):
-        for i in ids:
-            sent += 1
-            payload = f"queued-{n}-{i}".encode()
-            pub.transport.write(
-                encode(Publish(f"storm/{client_id(i)}", payload, 1, packet_id=sent % 65535 + 1), 4)
-            )
-            if sent - pub.pubacks >= 500:  # a bounded window of unacknowledged publishes
-                await eventually(
-                    lambda s=sent: s - pub.pubacks < 250, 60, "publishes acknowledged", 0.1
-                )
-    await eventually(
-        lambda: pub.pubacks == sent, 60, lambda: f"{pub.pubacks} of {sent} publishes acked", 0.1
-    )
+    sent = await _queue_for_each(pub, ids)
 
     # The storm: every client reconnects at once, to node 1.
     storm_started = time.monotonic()
@@ -212,35 +257,9 @@ async def test_every_session_resumes_with_its_queue_after_a_reconnect_storm(
 
     # Each gets the messages queued for it, and its subscription is back: a message
     # published now arrives too.
-    for i in ids:
-        sent += 1
-        pub.transport.write(
-            encode(
-                Publish(
-                    f"storm/{client_id(i)}", f"live-{i}".encode(), 1, packet_id=sent % 65535 + 1
-                ),
-                4,
-            )
-        )
-
-    def expected(i: int) -> set[bytes]:
-        return {f"queued-{n}-{i}".encode() for n in range(QUEUED)} | {f"live-{i}".encode()}
-
-    def missing() -> list[str]:
-        return [c.client_id for i, c in zip(ids, back, strict=True) if c.payloads != expected(i)]
-
-    await eventually(
-        lambda: not missing(), 120, lambda: f"messages missing for {len(missing())} clients", 0.1
-    )
-
-    # Exactly one connection per client id, all on node 1.
-    held = [h for h in await storm.admin.list_clients(TENANT) if h.client_id.startswith("storm-")]
-    by_id: dict[str, list[str]] = {}
-    for h in held:
-        by_id.setdefault(h.client_id, []).append(h.node_id)
-    expected_ids = {client_id(i) for i in ids} | {"storm-pub"}
-    assert set(by_id) == expected_ids
-    assert all(nodes == ["connection-1"] for nodes in by_id.values())
+    _publish_live(pub, ids, sent)
+    await _check_every_message_arrives(ids, back)
+    await _check_one_connection_each(storm.admin, ids)
     print(
         f"\nreconnect storm: {CLIENTS} clients, set-up {setup_s:.1f} s, "
         f"{CLIENTS / storm_s:,.0f} reconnects/s ({storm_s:.1f} s)"

@@ -38,49 +38,55 @@ def _drops(mesh: MeshInfo) -> dict[str, int]:
     return out
 
 
-def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: MeshInfo) -> None:
-    group, topic = f"g{uuid.uuid4().hex[:6]}", f"jobs/{uuid.uuid4().hex[:6]}"
-    shared = f"$share/{group}/{topic}"
-    b = Paho(mesh.node(0))  # MQTT 5 member
-    b.connect()
-    b.subscribe(shared, 1)
-    c = Paho(mesh.node(1), v5=False)  # MQTT 3.1.1 members may use shared subscriptions too
-    c.connect()
-    c.subscribe(shared, 1)
-    # The leaver: takes messages but never acknowledges them, then drops its connection.
-    a = Raw(mesh.node(1))
-    a.connect(Connect(f"leaver-{group}", 5, properties=Properties(receive_maximum=20)))
-    a.send(Subscribe(1, (Subscription(shared, 1),)))
-    assert isinstance(a.recv(), SubAck)
-    got_a: list[int] = []
-    stop = threading.Event()
+class Leaver:
+    """A member that takes messages but never acknowledges them, read in a thread; `leave`
+    drops its connection mid-stream, with its messages unacknowledged."""
 
-    def read_a() -> None:
-        while not stop.is_set():
+    def __init__(self, port: int, group: str, shared: str) -> None:
+        self.raw = Raw(port)
+        self.raw.connect(Connect(f"leaver-{group}", 5, properties=Properties(receive_maximum=20)))
+        self.raw.send(Subscribe(1, (Subscription(shared, 1),)))
+        assert isinstance(self.raw.recv(), SubAck)
+        self.got: list[int] = []
+        self.stop = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while not self.stop.is_set():
             try:
-                p = a.recv(timeout=0.2)
+                p = self.raw.recv(timeout=0.2)
             except (TimeoutError, OSError, ConnectionError):
                 continue
             if isinstance(p, Publish):
-                got_a.append(int(p.payload))
+                self.got.append(int(p.payload))
 
-    reader = threading.Thread(target=read_a, daemon=True)
-    reader.start()
+    def leave(self) -> None:
+        wait_until(lambda: self.got, 10, "a share for the leaving member", every_s=0.01)
+        self.stop.set()
+        self.reader.join(2)
+        self.raw.close()  # mid-stream, with unacknowledged messages
+
+
+def _publish_while_one_leaves(port: int, topic: str, leaver: Leaver) -> mqtt.Client:
+    """N QoS 1 publishes, the leaver leaving halfway; returns once all are acknowledged."""
     pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
     pub.max_inflight_messages_set(100)
     pub.max_queued_messages_set(0)
-    pub.connect("127.0.0.1", mesh.node(0))
+    pub.connect("127.0.0.1", port)
     pub.loop_start()
     infos = []
     for i in range(N):
         infos.append(pub.publish(topic, str(i), 1))
         if i == N // 2:
-            wait_until(lambda: got_a, 10, "a share for the leaving member", every_s=0.01)
-            stop.set()
-            reader.join(2)
-            a.close()  # mid-stream, with unacknowledged messages
+            leaver.leave()
     for info in infos:
         info.wait_for_publish(30)
+    return pub
+
+
+def _taken(b: Paho, c: Paho) -> tuple[list[int], list[int]]:
+    """What the remaining members got, once they got N between them (or it settled)."""
     got_b: list[int] = []
     got_c: list[int] = []
 
@@ -91,6 +97,22 @@ def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: Mesh
         return len(got_b) + len(got_c) >= N
 
     holds_within(all_taken, 30)  # settling: the asserts below name what is missing
+    return got_b, got_c
+
+
+def test_each_message_reaches_exactly_one_member_even_when_one_leaves(mesh: MeshInfo) -> None:
+    group, topic = f"g{uuid.uuid4().hex[:6]}", f"jobs/{uuid.uuid4().hex[:6]}"
+    shared = f"$share/{group}/{topic}"
+    b = Paho(mesh.node(0))  # MQTT 5 member
+    b.connect()
+    b.subscribe(shared, 1)
+    c = Paho(mesh.node(1), v5=False)  # MQTT 3.1.1 members may use shared subscriptions too
+    c.connect()
+    c.subscribe(shared, 1)
+    a = Leaver(mesh.node(1), group, shared)
+    pub = _publish_while_one_leaves(mesh.node(0), topic, a)
+    got_b, got_c = _taken(b, c)
+    got_a = a.got
     assert got_a, "the leaving member got no share before it left"
     assert got_b and got_c, "each remaining member gets a share"
     assert not set(got_b) & set(got_c), "a message reached two members"

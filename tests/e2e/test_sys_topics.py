@@ -64,6 +64,34 @@ def _tenant(mesh: MeshInfo) -> str:
     return tenant
 
 
+def _check_retained_for_a_late_client(mesh: MeshInfo, tenant: str) -> None:
+    """A client arriving later gets the latest figures at once: they are retained."""
+    late = Watcher(mesh, 1, tenant, "$SYS/broker/clients/+")
+    late.until(lambda: late.latest("$SYS/broker/clients/connected") is not None, "retained")
+    assert next(m for m in late.seen if m.topic.endswith("/connected")).retain
+    late.client.close()
+
+
+def _check_the_operator_sees_the_cluster(mesh: MeshInfo) -> None:
+    """The operator's tenant sees the cluster: at least every client connected here."""
+    ops = Watcher(mesh, 0, OPERATOR, "$SYS/broker/clients/connected")
+    ops.until(
+        lambda: int(ops.latest("$SYS/broker/clients/connected") or 0) >= 4,
+        "the operator's cluster-wide count",
+    )
+    ops.client.close()
+
+
+def _check_a_sees_its_figures(watch_a: Watcher) -> None:
+    # A: its three clients (two watchers and the publisher), the five PUBLISHes it made.
+    watch_a.value_is("$SYS/broker/clients/connected", b"3", "A's clients")
+    watch_a.value_is("$SYS/broker/publish/messages/received", b"5", "A's publishes")
+    # Each figure is its own retained message: the byte count may come a moment after the
+    # message count of the same period. It counts every byte of every packet.
+    bytes_in = "$SYS/broker/bytes/received"
+    watch_a.until(lambda: int(watch_a.latest(bytes_in) or 0) > 5 * 5, "A's bytes received")
+
+
 def test_each_tenant_sees_its_own_sys_figures_and_events_only(mesh: MeshInfo) -> None:
     a, b = _tenant(mesh), _tenant(mesh)
     Admin(mesh).user(OPERATOR, "u", "pw")
@@ -81,35 +109,19 @@ def test_each_tenant_sees_its_own_sys_figures_and_events_only(mesh: MeshInfo) ->
 
     for i in range(5):
         pub.publish(f"x/{i}", b"hello", qos=1)
-    # A: its three clients (two watchers and the publisher), the five PUBLISHes it made.
-    watch_a.value_is("$SYS/broker/clients/connected", b"3", "A's clients")
-    watch_a.value_is("$SYS/broker/publish/messages/received", b"5", "A's publishes")
-    # Each figure is its own retained message: the byte count may come a moment after the
-    # message count of the same period. It counts every byte of every packet.
-    bytes_in = "$SYS/broker/bytes/received"
-    watch_a.until(lambda: int(watch_a.latest(bytes_in) or 0) > 5 * 5, "A's bytes received")
+    _check_a_sees_its_figures(watch_a)
     # B: its own single client and nothing received, whatever A does.
     watch_b.value_is("$SYS/broker/clients/connected", b"1", "B's clients")
     watch_b.value_is("$SYS/broker/publish/messages/received", b"0", "B's publishes")
 
-    # A client arriving later gets the latest figures at once: they are retained.
-    late = Watcher(mesh, 1, a, "$SYS/broker/clients/+")
-    late.until(lambda: late.latest("$SYS/broker/clients/connected") is not None, "retained")
-    assert next(m for m in late.seen if m.topic.endswith("/connected")).retain
-    late.client.close()
+    _check_retained_for_a_late_client(mesh, a)
 
     pub.close()
     disconnected = f"/clients/{pub.client_id}/disconnected"
     watch_a.until(lambda: watch_a.event(disconnected) is not None, "A's disconnected event")
     assert watch_a.event(disconnected)["reason"] == "normal"  # type: ignore[index]
 
-    # The operator's tenant sees the cluster: at least every client connected here.
-    ops = Watcher(mesh, 0, OPERATOR, "$SYS/broker/clients/connected")
-    ops.until(
-        lambda: int(ops.latest("$SYS/broker/clients/connected") or 0) >= 4,
-        "the operator's cluster-wide count",
-    )
-    ops.client.close()
+    _check_the_operator_sees_the_cluster(mesh)
 
     watch_b.drain()
     assert all(m.topic.startswith("$SYS/") for m in watch_b.seen)

@@ -6,9 +6,8 @@ losses under load are tests/faults/test_under_load.py.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import json
-import threading
 import time
 import uuid
 
@@ -49,6 +48,43 @@ def _publishes(raw: Raw, n: int) -> list[Publish]:
     return got
 
 
+def _publish_acknowledged(port: int, topic: str, total: int) -> None:
+    """`total` QoS 1 publishes of their numbers, each acknowledged (so each must arrive)."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    infos = [c.publish(topic, str(i), 1) for i in range(total)]
+    for info in infos:
+        info.wait_for_publish(30)
+        assert info.is_published()  # acknowledged: it must reach the subscriber
+    c.disconnect()
+    c.loop_stop()
+
+
+def _resumed_delivery(port: int, cid: str, total: int) -> dict[int, Publish]:
+    """Resume `cid` on the node at `port` and acknowledge what comes until 10..total-1 did."""
+
+    def resumed() -> tuple[Raw, ConnAck] | None:
+        back, ack = _persistent(port, cid)
+        if ack.reason_code == 0:
+            return back, ack
+        back.close()
+        return None
+
+    # Until the session service lets the session move to node 0.
+    back, ack = wait_until(resumed, 30, "a resume on node 0", every_s=0.2)
+    assert ack.session_present
+    second: dict[int, Publish] = {}
+    while not set(range(10, total)) <= second.keys():  # resent in seq order
+        p = back.recv()
+        assert isinstance(p, Publish), p
+        assert int(p.payload) not in second, f"{p.payload!r} twice on one connection"
+        second[int(p.payload)] = p
+        back.send(PubAck(p.packet_id or 0))
+    back.close()
+    return second
+
+
 def test_dup_after_the_session_node_is_killed_mid_delivery(fault_mesh: Launcher) -> None:
     """The subscriber's node dies with 20 messages sent and not acknowledged: on another node
     everything published arrives, whatever was sent comes back with DUP=1 under its packet
@@ -58,15 +94,7 @@ def test_dup_after_the_session_node_is_killed_mid_delivery(fault_mesh: Launcher)
     raw, _ = _persistent(port(fault_mesh, 1), cid)
     raw.send(Subscribe(1, (Subscription(topic, 1),)))
     assert isinstance(raw.recv(), SubAck)
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
-    c.connect("127.0.0.1", port(fault_mesh, 0))
-    c.loop_start()
-    infos = [c.publish(topic, str(i), 1) for i in range(total)]
-    for info in infos:
-        info.wait_for_publish(30)
-        assert info.is_published()  # acknowledged: it must reach the subscriber
-    c.disconnect()
-    c.loop_stop()
+    _publish_acknowledged(port(fault_mesh, 0), topic, total)
     first = _publishes(raw, 20)  # the client's Receive Maximum
     for p in first[:10]:
         raw.send(PubAck(p.packet_id or 0))
@@ -75,25 +103,7 @@ def test_dup_after_the_session_node_is_killed_mid_delivery(fault_mesh: Launcher)
     fault_mesh.kill("connection-1")
     raw.close()
     try:
-
-        def resumed() -> tuple[Raw, ConnAck] | None:
-            back, ack = _persistent(port(fault_mesh, 0), cid)
-            if ack.reason_code == 0:
-                return back, ack
-            back.close()
-            return None
-
-        # Until the session service lets the session move to node 0.
-        back, ack = wait_until(resumed, 30, "a resume on node 0", every_s=0.2)
-        assert ack.session_present
-        second: dict[int, Publish] = {}
-        while not set(range(10, total)) <= second.keys():  # resent in seq order
-            p = back.recv()
-            assert isinstance(p, Publish), p
-            assert int(p.payload) not in second, f"{p.payload!r} twice on one connection"
-            second[int(p.payload)] = p
-            back.send(PubAck(p.packet_id or 0))
-        back.close()
+        second = _resumed_delivery(port(fault_mesh, 0), cid, total)
     finally:
         fault_mesh.restart("connection-1")
     sent = {int(p.payload): p for p in first}
@@ -178,26 +188,31 @@ def test_delayed_publish_survives_a_restart_of_every_service(fault_mesh: Launche
     assert 20.0 <= got[0][1] <= 21.5  # within a second of its due time
 
 
+async def _limit_tenant_subscriptions(launcher: Launcher, tenant: str, limit: int) -> None:
+    from services.quota.client import Limits, QuotaAdminClient
+
+    address = f"127.0.0.1:{launcher.mesh.by_name('quota').grpc_port}"
+    c = QuotaAdminClient(address, launcher.admin_token)
+    try:
+        await c.set_limits(tenant, Limits(max_tenant_subscriptions=limit))
+    finally:
+        await c.close()
+
+
+def _subscribe(raw: Raw, pid: int, topic: str) -> int:
+    """SUBSCRIBE to one filter at QoS 1; the SUBACK's reason code."""
+    raw.send(Subscribe(pid, (Subscription(topic, 1),)))
+    ack = raw.recv()
+    assert isinstance(ack, SubAck), ack
+    return ack.reason_codes[0]
+
+
 def test_a_dead_nodes_subscriptions_leave_the_tenant_count(fault_mesh: Launcher) -> None:
     """`max_tenant_subscriptions` 3, all held by clients of node 1, which is SIGKILLed: once
     the session service declares it dead (node timeout 3 s here) its figure leaves the
     tenant's count, and a client on node 0 gets the slots back."""
-    import asyncio
-
-    from services.quota.client import Limits, QuotaAdminClient
-
     tenant = f"k{uuid.uuid4().hex[:8]}"
-
-    async def limit() -> None:
-        c = QuotaAdminClient(
-            f"127.0.0.1:{fault_mesh.mesh.by_name('quota').grpc_port}", fault_mesh.admin_token
-        )
-        try:
-            await c.set_limits(tenant, Limits(max_tenant_subscriptions=3))
-        finally:
-            await c.close()
-
-    asyncio.run(limit())
+    asyncio.run(_limit_tenant_subscriptions(fault_mesh, tenant, 3))
 
     def client(node: int) -> Raw:
         raw = Raw(port(fault_mesh, node))
@@ -205,153 +220,21 @@ def test_a_dead_nodes_subscriptions_leave_the_tenant_count(fault_mesh: Launcher)
         assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
         return raw
 
-    def sub(raw: Raw, pid: int, topic: str) -> int:
-        raw.send(Subscribe(pid, (Subscription(topic, 1),)))
-        ack = raw.recv()
-        assert isinstance(ack, SubAck), ack
-        return ack.reason_codes[0]
-
     doomed = client(1)
-    assert [sub(doomed, i + 1, f"d/{i}") for i in range(3)] == [1, 1, 1]
+    assert [_subscribe(doomed, i + 1, f"d/{i}") for i in range(3)] == [1, 1, 1]
     survivor = client(0)
-    assert sub(survivor, 1, "s/0") == 0x97
+    assert _subscribe(survivor, 1, "s/0") == 0x97
     fault_mesh.kill("connection-1")
     try:
         pids = itertools.count(2)
         wait_until(
-            lambda: sub(survivor, next(pids), "s/0") == 1,
+            lambda: _subscribe(survivor, next(pids), "s/0") == 1,
             15,
             "the dead node's subscriptions no longer counted",
             every_s=0.3,
         )
-        assert [sub(survivor, 50 + i, f"s/{i}") for i in (1, 2, 3)] == [1, 1, 0x97]
+        assert [_subscribe(survivor, 50 + i, f"s/{i}") for i in (1, 2, 3)] == [1, 1, 0x97]
     finally:
         survivor.close()
         doomed.close()
-        fault_mesh.restart("connection-1")
-
-
-def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> None:
-    """Node 1 is SIGKILLed with six clients on it; a subscriber on node 0 gets the wills
-    MQTT says are due: the dead node's clients' once the session service declares it dead
-    (3 s here), one with a 6 s Will Delay Interval after what is left of it, those of clients
-    whose takeover finds the node gone and whose will is due (delay 0; a clean start ends
-    the session whatever the delay), and neither the will of a client back within its delay
-    nor that of one that sent DISCONNECT. A rule on the wills' topics sees the same ones (its
-    republished copies)."""
-    import asyncio
-
-    from services.common.mqtt import Disconnect, Will
-    from services.rules.admin_client import RulesAdminClient
-    from services.session.client import SessionAdminClient
-
-    topic = f"wills/{uuid.uuid4().hex[:6]}"
-    got: list[tuple[bytes, float]] = []
-    ruled: list[bytes] = []
-
-    def on_message(cl: object, u: object, m: mqtt.MQTTMessage) -> None:
-        if m.topic.startswith("ruled/"):  # the rule's row (SELECT *) as JSON
-            ruled.append(json.loads(m.payload)["payload"].encode())
-        else:
-            got.append((m.payload, time.monotonic()))
-
-    rules_addr = f"127.0.0.1:{fault_mesh.mesh.by_name('rules').grpc_port}"
-    rule_id = f"wills-{topic[6:]}"
-
-    async def rule(create: bool) -> None:
-        admin = RulesAdminClient(rules_addr, fault_mesh.admin_token)
-        try:
-            if create:
-                await admin.create(
-                    "default",
-                    rule_id,
-                    f'SELECT * FROM "{topic}/#"',
-                    [("republish", {"topic": f"ruled/{topic[6:]}/${{clientid}}", "qos": "1"})],
-                )
-            else:
-                await admin.delete("default", rule_id)
-        finally:
-            await admin.close()
-
-    asyncio.run(rule(create=True))
-    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
-    sub.on_message = on_message
-    subacked = threading.Event()
-    sub.on_subscribe = lambda *_: subacked.set()
-    sub.connect("127.0.0.1", port(fault_mesh, 0))
-    sub.loop_start()
-    sub.subscribe([(f"{topic}/#", 1), (f"ruled/{topic[6:]}/#", 1)])
-
-    def client(name: str, node: int, v5: bool, delay: int = 0, clean: bool = True) -> Raw:
-        raw = Raw(port(fault_mesh, node))
-        props = Properties(session_expiry_interval=60) if v5 and delay else Properties()
-        will = Will(
-            f"{topic}/{name}",
-            f"{name} gone".encode(),
-            1,
-            properties=Properties(will_delay_interval=delay) if delay else Properties(),
-        )
-        ack = raw.connect(
-            Connect(
-                f"w-{name}-{topic[6:]}",
-                5 if v5 else 4,
-                clean_start=clean,
-                will=will,
-                properties=props,
-            )
-        )
-        assert isinstance(ack, ConnAck) and ack.reason_code == 0, ack
-        return raw
-
-    async def registered(client_id: str) -> bool:
-        admin = SessionAdminClient(
-            f"127.0.0.1:{fault_mesh.mesh.by_name('session').grpc_port}", fault_mesh.admin_token
-        )
-        try:
-            return any(c.client_id == client_id for c in await admin.list_clients("default"))
-        finally:
-            await admin.close()
-
-    try:
-        # The SUBSCRIBE goes out with the connection; paho does not wait for the SUBACK.
-        wait_until(subacked.is_set, 10, "the SUBACK")
-        held = {
-            "plain": client("plain", 1, v5=False),  # 3.1.1, will at QoS 1
-            "delayed": client("delayed", 1, v5=True, delay=6, clean=False),
-            "back": client("back", 1, v5=True, delay=30, clean=False),
-            "restart": client("restart", 1, v5=True, delay=30, clean=False),
-            "takeover": client("takeover", 1, v5=True),
-            "polite": client("polite", 1, v5=True),
-        }
-        held["polite"].send(Disconnect())
-        assert held["polite"].closed()
-        wait_until(  # its release is done
-            lambda: not asyncio.run(registered(f"w-polite-{topic[6:]}")),
-            10,
-            "the polite client's release",
-        )
-        fault_mesh.kill("connection-1")
-        killed = time.monotonic()
-        # Back on node 0 at once: within its 30 s delay (session resumed: no will), with a
-        # clean start (the old session ends: its will is due), and with delay 0.
-        back = client("back", 0, v5=True, delay=30, clean=False)
-        restart = client("restart", 0, v5=True, delay=30, clean=True)
-        again = client("takeover", 0, v5=True)
-        want = {b"plain gone", b"delayed gone", b"takeover gone", b"restart gone"}
-        wait_until(lambda: want <= {p for p, _ in got}, 25, lambda: f"the wills; published: {got}")
-        wait_until(lambda: want <= set(ruled), 10, lambda: f"the wills; the rule saw: {ruled}")
-        # Must not happen: a will that should not come would come within this window.
-        extra = holds_within(lambda: len(got) > len(want) or len(ruled) > len(want), 1.5)
-        assert not extra, f"wills that should not come: {got}, {ruled}"
-        assert sorted(p for p, _ in got) == sorted(want)
-        assert sorted(ruled) == sorted(want)
-        at = {p: t - killed for p, t in got}
-        # The delayed one waited for its delay, counted from the node's death.
-        assert at[b"delayed gone"] >= 5.0, at
-        for raw in (back, restart, again):
-            raw.send(Disconnect())
-    finally:
-        sub.disconnect()
-        sub.loop_stop()
-        asyncio.run(rule(create=False))
         fault_mesh.restart("connection-1")

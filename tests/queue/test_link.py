@@ -9,6 +9,8 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from nats.aio.msg import Msg
@@ -190,21 +192,82 @@ def _entry(qid: str, topic: str) -> NewEntry:
     return NewEntry(qid, msg, 1, False)
 
 
+def _queue_settings(nats_url: str, redis_url: str, data_dir: Path) -> QueueSettings:
+    return QueueSettings(
+        nats_url=nats_url,
+        redis_url=redis_url,
+        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",
+        data_dir=data_dir,
+        metrics_port=-1,
+        node_id="queue-link-test",
+        mesh_auth="disabled",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Notices:
+    """The notices pushed to reader "R": those that came on NATS, those on the link."""
+
+    on_nats: list[Notice] = field(default_factory=list)
+    on_link: list[Notice] = field(default_factory=list)
+
+    async def nats_notice(self, m: Msg) -> None:
+        self.on_nats.append(parse_notice(m.data))
+
+
+async def _check_the_link_carries_it(
+    client: QueueClient, link_server: LinkServer, qid: str, notices: Notices
+) -> int:
+    """The link opens, takes an append, a read and an ack, and carries the push; returns
+    the client's generation once the link opened."""
+    before = client.generation
+    await client.read(TENANT, qid, 1, 10)  # over NATS: the link opens meanwhile
+    await eventually(
+        lambda: link_server.links and client.generation > before,
+        5,
+        "the client opening the announced link",
+    )
+    # A link that opens (or breaks) moves the client's generation: its readers poll
+    # (services/connection/persistence.py `poll_if_due`).
+    opened = client.generation
+    assert opened > before
+    # What a node's NATS user may not do, its link does not do either: an append not
+    # checked against a route table's version (the router's svc.queue.append).
+    (link,) = client._calls._links.values()
+    with pytest.raises(ServiceError, match="no method 1"):
+        await link.call(1, b"", 2.0)
+    await client.append(TENANT, [_entry(qid, "a1")])
+    r = await client.read(TENANT, qid, 1, 100, mark_delivered=True, reader="R")
+    assert [e.seq for e in r.entries] == [1]
+    await client.append(TENANT, [_entry(qid, "a2")])
+    await eventually(lambda: notices.on_link, 5, "a notice on the link", every_s=0.01)
+    assert [(n.first_seq, n.pushed) for n in notices.on_link] == [(2, 1)]
+    assert all(n.pushed == 0 for n in notices.on_nats)  # the push did not also go on NATS
+    await client.ack(TENANT, qid, 2, renew=("R", 10, 2))
+    return opened
+
+
+async def _check_nats_carries_it(
+    client: QueueClient, link_server: LinkServer, qid: str, notices: Notices, opened: int
+) -> None:
+    """The link stops (as when its port is blocked): NATS carries everything."""
+    on_nats = notices.on_nats
+    await link_server.stop(0.1)
+    await eventually(lambda: client.generation > opened, 5, "a broken link moving the generation")
+    await client.append(TENANT, [_entry(qid, "a3")])
+    await eventually(lambda: any(n.pushed for n in on_nats), 5, "a push over NATS")
+    assert [(n.first_seq, n.pushed) for n in on_nats if n.pushed] == [(3, 1)]
+    r = await client.read(TENANT, qid, 3, 100, mark_delivered=True, reader="R")
+    assert [e.seq for e in r.entries] == [3]
+
+
 async def test_a_node_client_uses_the_announced_link_and_falls_back_to_nats(
     nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Appends, reads and acks of a client that follows the ownership announcements go on
     the instance's link; entries pushed to its reader come on the link, not on NATS. With
     the link gone, the same calls go over NATS, and so do the pushes."""
-    settings = QueueSettings(
-        nats_url=nats_url,
-        redis_url=redis_url,
-        queue_lease_key_prefix=f"{uuid.uuid4().hex}:",
-        data_dir=tmp_path_factory.mktemp("queue-link"),
-        metrics_port=-1,
-        node_id="queue-link-test",
-        mesh_auth="disabled",
-    )
+    settings = _queue_settings(nats_url, redis_url, tmp_path_factory.mktemp("queue-link"))
     service = QueueService(settings)
     async with serving(service) as addr:
         link_server = service._link
@@ -218,50 +281,12 @@ async def test_a_node_client_uses_the_announced_link_and_falls_back_to_nats(
         calls._following = True
         calls.owners.learn(service._parts.announcement())
         qid = f"dev{uuid.uuid4().hex[:6]}#1"
-        on_nats: list[Notice] = []
-        on_link: list[Notice] = []
-
-        async def nats_notice(m: Msg) -> None:
-            on_nats.append(parse_notice(m.data))
-
-        await nc.subscribe(subjects.queue_notice(TENANT, qid), cb=nats_notice)
-        client.listen("R", on_link.append)
-        before = client.generation
+        notices = Notices()
+        await nc.subscribe(subjects.queue_notice(TENANT, qid), cb=notices.nats_notice)
+        client.listen("R", notices.on_link.append)
         try:
-            await client.read(TENANT, qid, 1, 10)  # over NATS: the link opens meanwhile
-            await eventually(
-                lambda: link_server.links and client.generation > before,
-                5,
-                "the client opening the announced link",
-            )
-            # A link that opens (or breaks) moves the client's generation: its readers poll
-            # (services/connection/persistence.py `poll_if_due`).
-            opened = client.generation
-            assert opened > before
-            # What a node's NATS user may not do, its link does not do either: an append not
-            # checked against a route table's version (the router's svc.queue.append).
-            (link,) = client._calls._links.values()
-            with pytest.raises(ServiceError, match="no method 1"):
-                await link.call(1, b"", 2.0)
-            await client.append(TENANT, [_entry(qid, "a1")])
-            r = await client.read(TENANT, qid, 1, 100, mark_delivered=True, reader="R")
-            assert [e.seq for e in r.entries] == [1]
-            await client.append(TENANT, [_entry(qid, "a2")])
-            await eventually(lambda: on_link, 5, "a notice on the link", every_s=0.01)
-            assert [(n.first_seq, n.pushed) for n in on_link] == [(2, 1)]
-            assert all(n.pushed == 0 for n in on_nats)  # the push did not also go on NATS
-            await client.ack(TENANT, qid, 2, renew=("R", 10, 2))
-
-            # The link stops (as when its port is blocked): NATS carries everything.
-            await link_server.stop(0.1)
-            await eventually(
-                lambda: client.generation > opened, 5, "a broken link moving the generation"
-            )
-            await client.append(TENANT, [_entry(qid, "a3")])
-            await eventually(lambda: any(n.pushed for n in on_nats), 5, "a push over NATS")
-            assert [(n.first_seq, n.pushed) for n in on_nats if n.pushed] == [(3, 1)]
-            r = await client.read(TENANT, qid, 3, 100, mark_delivered=True, reader="R")
-            assert [e.seq for e in r.entries] == [3]
+            opened = await _check_the_link_carries_it(client, link_server, qid, notices)
+            await _check_nats_carries_it(client, link_server, qid, notices, opened)
         finally:
             client.unlisten("R")
             await client.close()

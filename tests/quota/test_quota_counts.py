@@ -38,20 +38,7 @@ def _persistent(mesh: MeshInfo, node: int, tenant: str, client_id: str) -> tuple
     return c, rc.value
 
 
-def test_max_sessions_counts_offline_sessions_across_nodes(mesh: MeshInfo) -> None:
-    tenant = _tenant(mesh, "dev")
-    quota(mesh, lambda c: c.set_limits(tenant, Limits(max_sessions=3)))
-    clients = []
-    for i in range(3):
-        c, code = _persistent(mesh, i % 2, tenant, f"s{i}")
-        assert code == 0
-        clients.append(c)
-    clients[0].close()  # offline, its session kept: still counted
-    clients[1].close(session_expiry=300)
-    for node in (0, 1):
-        c, code = _persistent(mesh, node, tenant, f"fourth-{node}")
-        assert code == QUOTA_EXCEEDED
-        c.c.loop_stop()
+def _check_a_v3_session_is_refused_too(mesh: MeshInfo, tenant: str) -> None:
     v3 = raw_connect(mesh.node(1), f"{tenant}/dev", "fourth-v3", level=4)
     # raw_connect sends clean start: a clean 3.1.1 session is not persistent, so it gets in
     assert connack(v3).reason_code == 0
@@ -66,24 +53,47 @@ def test_max_sessions_counts_offline_sessions_across_nodes(mesh: MeshInfo) -> No
     )
     assert v3.connect(expect_ok=False).value == V3_SERVER_UNAVAILABLE  # code 3, as Paho names it
     v3.c.loop_stop()
-    # Connections without a session are not limited; a session coming back is not new.
+
+
+def _check_what_is_not_a_new_session(mesh: MeshInfo, tenant: str) -> None:
+    """Connections without a session are not limited; a session coming back is not new.
+    It ends then (session expiry 0), freeing its place."""
     plain = Paho(mesh.node(0), username=f"{tenant}/dev", password=PASSWORD)
     plain.connect()
     plain.close()
     back, code = _persistent(mesh, 1, tenant, "s0")
     assert code == 0 and back.session_present
-    # A session that ends frees its place (the discard is asynchronous: poll).
     back.close(session_expiry=0)
 
-    def again() -> int:
-        c, code = _persistent(mesh, 0, tenant, "late")
-        if code:
-            c.c.loop_stop()
-        else:
-            c.close(session_expiry=0)
-        return code
 
-    wait_until(lambda: again() == 0, 10, "a CONNACK 0 once a connection was freed")
+def _late(mesh: MeshInfo, tenant: str) -> int:
+    """The CONNACK code of one more persistent session; if it got in, it ends at once."""
+    c, code = _persistent(mesh, 0, tenant, "late")
+    if code:
+        c.c.loop_stop()
+    else:
+        c.close(session_expiry=0)
+    return code
+
+
+def test_max_sessions_counts_offline_sessions_across_nodes(mesh: MeshInfo) -> None:
+    tenant = _tenant(mesh, "dev")
+    quota(mesh, lambda c: c.set_limits(tenant, Limits(max_sessions=3)))
+    clients = []
+    for i in range(3):
+        c, code = _persistent(mesh, i % 2, tenant, f"s{i}")
+        assert code == 0
+        clients.append(c)
+    clients[0].close()  # offline, its session kept: still counted
+    clients[1].close(session_expiry=300)
+    for node in (0, 1):
+        c, code = _persistent(mesh, node, tenant, f"fourth-{node}")
+        assert code == QUOTA_EXCEEDED
+        c.c.loop_stop()
+    _check_a_v3_session_is_refused_too(mesh, tenant)
+    _check_what_is_not_a_new_session(mesh, tenant)
+    # A session that ends frees its place (the discard is asynchronous: poll).
+    wait_until(lambda: _late(mesh, tenant) == 0, 10, "a CONNACK 0 once a connection was freed")
     # Another tenant is unaffected, and the refusals were counted by the session service.
     other = Paho(mesh.node(0), client_id=f"o-{uuid.uuid4().hex[:6]}")
     assert other.connect(clean_start=False, session_expiry=60).value == 0

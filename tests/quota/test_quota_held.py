@@ -160,6 +160,25 @@ def test_retained_messages_follow_the_tenants_quota(mesh: MeshInfo) -> None:
         c.close()
 
 
+def _sleeper(mesh: MeshInfo, user: str) -> None:
+    """The persistent session "sleeper" of `user`, subscribed to q/#, offline: its queue fills."""
+    s = _client(mesh, 0, user, client_id="sleeper")
+    s.connect(clean_start=False, session_expiry=300)
+    assert _codes(s.subscribe("q/#", 1)) == [1]
+    s.close()  # offline: its queue fills
+
+
+def _check_acks_free_the_bytes(pub: Paho, back: Paho) -> None:
+    """Acknowledged (paho acks on receipt): the bytes are freed, the next one is queued."""
+
+    def code_once_freed() -> list[int]:
+        code = pub.publish("q/x", b"after", 1).value
+        return [] if code == QUOTA_EXCEEDED else [code]
+
+    assert wait_until(code_once_freed, 5, "the freed bytes taking a publish") == [0]
+    assert back.expect(1)[-1].payload == b"after"
+
+
 @pytest.mark.timeout(120)
 def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ack(
     mesh: MeshInfo,
@@ -172,10 +191,7 @@ def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ac
     tenant, user = _tenant(mesh, Limits(max_queued_bytes=5000))
     _, other_user = _tenant(mesh, Limits())
     for u in (user, other_user):
-        s = _client(mesh, 0, u, client_id="sleeper")
-        s.connect(clean_start=False, session_expiry=300)
-        assert _codes(s.subscribe("q/#", 1)) == [1]
-        s.close()  # offline: its queue fills
+        _sleeper(mesh, u)
     payloads = [bytes([65 + i]) * 1000 for i in range(6)]
     pub = _client(mesh, 1, user)
     pub.connect()
@@ -195,14 +211,7 @@ def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ac
     back.connect(clean_start=False, session_expiry=300)
     assert [m.payload for m in back.expect(4)] == payloads[:4]
     back.nothing(0.5)
-    # Acknowledged (paho acks on receipt): the bytes are freed, the next one is queued.
-
-    def code_once_freed() -> list[int]:
-        code = pub.publish("q/x", b"after", 1).value
-        return [] if code == QUOTA_EXCEEDED else [code]
-
-    assert wait_until(code_once_freed, 5, "the freed bytes taking a publish") == [0]
-    assert back.expect(1)[-1].payload == b"after"
+    _check_acks_free_the_bytes(pub, back)
     # Lowered at runtime: the queue's copy of the limit follows without a restart.
     quota(mesh, lambda c: c.set_limits(tenant, Limits(max_queued_bytes=100)))
     wait_until(
@@ -214,6 +223,35 @@ def test_queued_bytes_refuse_past_the_limit_survive_a_queue_crash_and_free_on_ac
     assert [m.payload for m in got.expect(6)] == payloads
     got.close(session_expiry=0)
     pub.close()
+
+
+def _check_a_refused_filter_is_not_held(mesh: MeshInfo, user: str, b: Paho) -> Paho:
+    """A refused filter is not held: nothing published to it arrives. Returns the publisher."""
+    pub = _client(mesh, 0, user)
+    pub.connect()
+    pub.publish("b/2", "no", 1)
+    pub.publish("b/1", "yes", 1)
+    assert [m.payload for m in b.expect(1)] == [b"yes"]
+    b.nothing(0.3)
+    return pub
+
+
+def _check_unsubscribe_frees_a_slot_elsewhere(a: Paho, b: Paho) -> None:
+    """UNSUBSCRIBE on node 0 frees a slot for node 1."""
+    unsubacked = threading.Event()
+    a.c.on_unsubscribe = lambda *_: unsubacked.set()
+    a.c.unsubscribe("a/3")
+    assert unsubacked.wait(5)
+    wait_until(lambda: _codes(b.subscribe("b/2", 1)) == [1], 5, "the slot freed on node 1")
+    assert _codes(b.subscribe("b/3", 1)) == [QUOTA_EXCEEDED]
+
+
+def _check_another_tenant_is_not_limited(mesh: MeshInfo) -> None:
+    other = Paho(mesh.node(1))
+    other.connect()
+    for i in range(8):
+        assert _codes(other.subscribe(f"o/{i}", 0)) == [0]
+    other.close()
 
 
 def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
@@ -237,20 +275,8 @@ def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
     v3 = _client(mesh, 1, user, v5=False)
     v3.connect()
     assert _codes(v3.subscribe("v/1", 1)) == [0x80]
-    # A refused filter is not held: nothing published to it arrives.
-    pub = _client(mesh, 0, user)
-    pub.connect()
-    pub.publish("b/2", "no", 1)
-    pub.publish("b/1", "yes", 1)
-    assert [m.payload for m in b.expect(1)] == [b"yes"]
-    b.nothing(0.3)
-    # UNSUBSCRIBE on node 0 frees a slot for node 1.
-    unsubacked = threading.Event()
-    a.c.on_unsubscribe = lambda *_: unsubacked.set()
-    a.c.unsubscribe("a/3")
-    assert unsubacked.wait(5)
-    wait_until(lambda: _codes(b.subscribe("b/2", 1)) == [1], 5, "the slot freed on node 1")
-    assert _codes(b.subscribe("b/3", 1)) == [QUOTA_EXCEEDED]
+    pub = _check_a_refused_filter_is_not_held(mesh, user, b)
+    _check_unsubscribe_frees_a_slot_elsewhere(a, b)
     # A disconnect frees what the client held (a/1 and the shared a/2).
     a.close()
     wait_until(lambda: _codes(v3.subscribe("v/1", 1)) == [1], 5, "the slots a disconnect freed")
@@ -262,11 +288,7 @@ def test_tenant_subscriptions_are_counted_across_nodes_and_freed(
     assert cli([*cmd, "--max-tenant-subscriptions", "5"]) == 0
     wait_until(lambda: _codes(v3.subscribe("v/3", 1)) == [1], 5, "the limit the CLI raised")
     assert quota(mesh, lambda c: c.get_limits(tenant)) == Limits(max_tenant_subscriptions=5)
-    other = Paho(mesh.node(1))
-    other.connect()
-    for i in range(8):
-        assert _codes(other.subscribe(f"o/{i}", 0)) == [0]
-    other.close()
+    _check_another_tenant_is_not_limited(mesh)
     counted = sum(
         refusals_metric(mesh, f"connection-{i}", tenant, "max_tenant_subscriptions") for i in (0, 1)
     )

@@ -73,12 +73,12 @@ async def test_stream_events_are_appended_to_the_log(nats_url: str, tmp_path: Pa
             ("connected", "b"),
             ("connected", "c"),
         ]
-        # Acknowledged once appended: nothing is left pending for the consumer.
 
         async def none_pending() -> bool:
             info = await js.consumer_info(subjects.EVENTS_STREAM, durable)
-            return info.num_ack_pending == 0
+            return bool(info.num_ack_pending == 0)
 
+        # Acknowledged once appended: nothing is left pending for the consumer.
         await eventually(none_pending, 5, "no acks pending", every_s=0.05)
     finally:
         task.cancel()

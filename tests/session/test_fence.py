@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -84,6 +85,22 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
     server.stop()
 
 
+def _node_settings(
+    core: Core, common: dict[str, Any], node_id: str, session_addr: str
+) -> ConnectionSettings:
+    """A connection node of the fence's own session service, on `common`'s NATS and Redis."""
+    return ConnectionSettings(
+        **common,
+        node_id=node_id,
+        mqtt_port=0,
+        mqtt_host="127.0.0.1",
+        ws_port=-1,
+        session_addr=session_addr,
+        router_addr=core.router,
+        queue_addr=core.queue,
+    )
+
+
 @pytest.fixture(scope="module")
 async def fenced(
     core: Core, nats_url: str, own_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
@@ -107,18 +124,7 @@ async def fenced(
         nodes = []
         ids = (f"fence-a-{uuid.uuid4().hex[:4]}", f"fence-b-{uuid.uuid4().hex[:4]}")
         for node_id in ids:
-            svc = ConnectionService(
-                ConnectionSettings(
-                    **common,
-                    node_id=node_id,
-                    mqtt_port=0,
-                    mqtt_host="127.0.0.1",
-                    ws_port=-1,
-                    session_addr=session_addr,
-                    router_addr=core.router,
-                    queue_addr=core.queue,
-                )
-            )
+            svc = ConnectionService(_node_settings(core, common, node_id, session_addr))
             await svc.start()
             nodes.append(svc)
         redis = Redis.from_url(
@@ -250,7 +256,8 @@ async def test_registry_is_rebuilt_when_no_connect_notices_the_loss(fenced: Fenc
     await fenced.registry._redis.flushall()  # type: ignore[misc]
     # Noticed by the session service's sentinel check; node A re-asserts its connection.
     await eventually(lambda: _holds(fenced, "default", cid, fenced.node_ids[0]))
-    assert await fenced.registry._redis.get(GENERATION)
+    # The node's heartbeat may re-assert before the check writes the new generation.
+    await eventually(lambda: fenced.registry._redis.get(GENERATION), what="a new generation")
     # An ordinary takeover from there on.
     on_b = await asyncio.to_thread(connect, b, cid)
     assert await asyncio.to_thread(kicked_with, on_a, KICK_BOUND_S) == 0x8E

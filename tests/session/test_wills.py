@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common.acl import Access, AclRule
 from services.common.bus.ids import MessageIds
@@ -24,6 +24,9 @@ from services.session.wills import StoredWills, displaced_will_due, kept_will
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 from tests.conftest import NATS_PASSWORD, NATS_USER
 from tests.poll import eventually, holds_within_async
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
 
 
 def _envelope(topic: str, payload: bytes = b"bye") -> bytes:
@@ -145,24 +148,45 @@ class _Kept:
         return [RouteResult.STORED for _ in messages]
 
 
-async def test_wills_a_rule_reads_reach_the_rules_stream(nats_url: str) -> None:
-    """The RULES stream gets each will a rule of its tenant reads, as a node's publish would
-    reach it: QoS 1 stored before the will counts as kept, QoS 0 offered; none other."""
-    import nats
-    from nats.js.errors import NotFoundError
-
-    from services.rules.client import RuleFeed
+async def _add_rules_stream(js: JetStreamContext) -> None:
+    """The RULES stream as the rules service creates it (its default limits)."""
     from services.rules.config import RulesSettings
     from services.rules.consumer import rules_stream_config
 
-    nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
-    js = nc.jetstream()
-    defaults = RulesSettings.model_fields  # the stream as the rules service creates it
+    defaults = RulesSettings.model_fields
     await js.add_stream(
         rules_stream_config(
             defaults["rules_stream_max_age_s"].default, defaults["rules_stream_max_bytes"].default
         )
     )
+
+
+async def _in_rules_stream(js: JetStreamContext, tenant: str) -> list[tuple[str, int]]:
+    """The tenant's messages in the RULES stream, read by sequence (no consumer: the stream
+    is a work queue, whose rl.> the rules service's consumer may hold)."""
+    from nats.js.errors import NotFoundError
+
+    out, seq = [], 1
+    while True:
+        try:
+            raw = await js.get_msg("RULES", seq, subject=f"rl.{tenant}", next=True)
+        except NotFoundError:
+            return out
+        env = RoutedMessage.FromString(raw.data or b"")
+        out.append((env.topic, env.qos))
+        seq = (raw.seq or seq) + 1
+
+
+async def test_wills_a_rule_reads_reach_the_rules_stream(nats_url: str) -> None:
+    """The RULES stream gets each will a rule of its tenant reads, as a node's publish would
+    reach it: QoS 1 stored before the will counts as kept, QoS 0 offered; none other."""
+    import nats
+
+    from services.rules.client import RuleFeed
+
+    nc = await nats.connect(nats_url, user=NATS_USER, password=NATS_PASSWORD)
+    js = nc.jetstream()
+    await _add_rules_stream(js)
     tenant = f"w{uuid.uuid4().hex[:6]}"
     feed = RuleFeed(nc)
     feed.set_filters(tenant, ["s/#"])
@@ -179,17 +203,7 @@ async def test_wills_a_rule_reads_reach_the_rules_stream(nats_url: str) -> None:
         )
 
         async def in_stream() -> list[tuple[str, int]]:
-            """The tenant's messages in the stream, read by sequence (no consumer: the
-            stream is a work queue, whose rl.> the rules service's consumer may hold)."""
-            out, seq = [], 1
-            while True:
-                try:
-                    raw = await js.get_msg("RULES", seq, subject=f"rl.{tenant}", next=True)
-                except NotFoundError:
-                    return out
-                env = RoutedMessage.FromString(raw.data or b"")
-                out.append((env.topic, env.qos))
-                seq = (raw.seq or seq) + 1
+            return await _in_rules_stream(js, tenant)
 
         async def at_least(n: int) -> bool:
             return len(await in_stream()) >= n
