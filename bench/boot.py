@@ -21,11 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from services.common.route_table import RouteTable
 from services.common.store.ports import SubscriptionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.router.boot import load_routes, replay, scan
 from services.router.compaction import compact
-from services.router.core import RouteTable
 
 TENANTS = 20
 FILTERS_PER_SESSION = 4

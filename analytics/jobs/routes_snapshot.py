@@ -51,8 +51,8 @@ def encode_group(table: pa.Table) -> pa.Table:
     """One tenant's subscriptions (an Arrow table, in an executor) as its snapshot parts."""
     import pyarrow as pa
 
+    from services.common.route_table import RouteTable
     from services.common.store.ports import SubscriptionRecord
-    from services.router.core import RouteTable
     from services.router.snapshot import encode_tenant
 
     cols = [table.column(c).to_pylist() for c in _COLUMNS]

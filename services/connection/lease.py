@@ -152,6 +152,11 @@ class NodeLease:
             log.warning("node_lease_record_new", extra={"node": self._node.node_id})
             self._reassert("lease record new")
 
+    def age_s(self) -> float:
+        """Seconds since the latest answered heartbeat was sent (-1: none answered yet)."""
+        at = self.confirmed_at
+        return -1.0 if at is None else self._clock() - at
+
     def _expired(self, now: float) -> bool:
         at = self.confirmed_at
         return self.enabled and at is not None and now - at > self._fence_after_s
@@ -235,7 +240,8 @@ class NodeLease:
 
 
 def register_lease_metrics(lease: NodeLease) -> None:
-    """`starling_node_fenced` (1 while fenced) and `starling_node_fences` (times fenced)."""
+    """`starling_node_fenced` (1 while fenced), `starling_node_fences` (times fenced) and
+    `starling_node_lease_age_seconds` (how near the next fence is)."""
     meter = metrics.get_meter("starling.connection")
     meter.create_observable_gauge(
         "starling_node_fenced",
@@ -246,4 +252,10 @@ def register_lease_metrics(lease: NodeLease) -> None:
         "starling_node_fences",
         [lambda _o: [metrics.Observation(lease.fences)]],
         description="Times the node fenced itself",
+    )
+    meter.create_observable_gauge(
+        "starling_node_lease_age_seconds",
+        [lambda _o: [metrics.Observation(lease.age_s())]],
+        description="Seconds since the node's latest answered heartbeat was sent (-1: none "
+        "yet); the node fences at self_fence_s",
     )

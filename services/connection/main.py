@@ -10,8 +10,10 @@ import grpc
 from aiohttp import web
 from nats.aio.client import Client
 
+from services.common.ban_watch import BanWatch
 from services.common.bus.client import connect
 from services.common.forwarded import TrustedProxies
+from services.common.limits_copies import LimitsCopies
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import DRAINING, run_service
@@ -34,8 +36,6 @@ from services.connection.subscription_slots import SubscriptionSlots
 from services.metrics.client import MetricsClient, report_every
 from services.queue.client import QueueClient
 from services.quota.client import QuotaClient
-from services.quota.copies import LimitsCopies
-from services.quota.watch import BanWatch
 from services.router.client import RouterClient
 from services.rules.client import RuleFeed
 from services.session.client import SessionClient

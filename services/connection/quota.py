@@ -29,6 +29,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common.bus import subjects
+from services.common.limits_copies import LimitsCopies
 from services.common.tasks import TaskSet
 from services.connection.budget import (
     LIMITED,
@@ -38,7 +39,6 @@ from services.connection.budget import (
     PublishGate,
 )
 from services.quota.client import QuotaClient
-from services.quota.copies import LimitsCopies
 
 log = logging.getLogger("starling.connection.quota")
 

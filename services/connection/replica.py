@@ -36,12 +36,12 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.common.bus import subjects
+from services.common.route_table import RouteResult, RouteTable, plan, settle
 from services.common.rpc.errors import ServiceError
 from services.common.tasks import TaskSet
 from services.common.topics.delayed import DELAYED_PREFIX
 from services.queue.client import QueueClient, StaleRoutesError
 from services.router.client import RouterClient, route_record
-from services.router.core import RouteResult, RouteTable, plan, settle
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1.router_pb2 import RouteChange
 

@@ -7,7 +7,7 @@ de-duplicate on. One the stream refused because it is full (the rules service be
 for long: waiting would hold the publisher until it is dropped) comes back as
 QUEUE_QUOTA_EXCEEDED: its publisher gets 0x97, as for a subscriber's full queue. A delayed
 message (a will with a Will Delay Interval; a `$delayed` topic, which no rule filter matches)
-goes to the rules when the router publishes it, when due (services/router/publishing.py)."""
+goes to the rules when the router publishes it, when due (services/router/delaying.py)."""
 
 from __future__ import annotations
 

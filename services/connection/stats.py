@@ -21,6 +21,7 @@ from itertools import repeat
 
 from opentelemetry import metrics
 
+from services.common.latency_bounds import LATENCY_BOUNDS_S
 from services.common.refusals import Refusals
 from services.common.topics.share import SHARE_PREFIX
 from services.connection.channel import Channel
@@ -28,7 +29,6 @@ from services.connection.channel.outbound import Outbound
 from services.connection.conn import Conn
 from services.connection.top_topics import TopTopics
 from services.metrics.client import TenantCounters
-from services.metrics.core import LATENCY_BOUNDS_S
 from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.connection.stats")

@@ -1,5 +1,5 @@
 """A node's side of the tenant-wide subscription count (a tenant's
-`max_tenant_subscriptions`; the count itself: services/quota/subscriptions.py).
+`max_tenant_subscriptions`; the count itself: services/common/subscription_counts.py).
 
 Theory of operation: the node's trie is the authority on what its clients hold
 (`NodeSubscriptions.counts`). For a tenant with the limit, a SUBSCRIBE's new filters enter
@@ -26,9 +26,9 @@ import asyncio
 import logging
 import time
 
+from services.common.limits_copies import LimitsCopies
 from services.common.tasks import TaskSet
 from services.quota.client import QuotaClient
-from services.quota.copies import LimitsCopies
 
 log = logging.getLogger("starling.connection.subscription_slots")
 

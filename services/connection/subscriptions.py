@@ -62,7 +62,7 @@ class NodeSubscriptions(Generic[C]):
         self.subject_refs: dict[str, int] = {}
         self.shared: dict[tuple[str, str, str], SharedGroup[C]] = {}
         # tenant -> (client, filter) pairs held, plain and shared: the node's figure in the
-        # tenant's subscription count (services/quota/subscriptions.py)
+        # tenant's subscription count (services/common/subscription_counts.py)
         self.counts: dict[str, int] = {}
 
     def _count(self, tenant: str, n: int) -> None:

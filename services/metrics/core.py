@@ -4,31 +4,13 @@ into cluster statistics.
 Every reporter sends its latest figures per tenant; the cluster's figures are the sums over
 the reporters heard from within `stale_s`. Counters (messages, bytes, drops, refusals,
 latency buckets) are cumulative per reporter, gauges (connections, sessions, subscriptions,
-retained, queue depth) current, so both sum the same way.
+retained, queue depth) current, so both sum the same way. The latency buckets' bounds are
+the mesh's (services/common/latency_bounds.py): nodes count into them, the exporter names them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-
-# Publish-to-PUBACK/PUBREC latency histogram bounds (seconds); the buckets of a report have
-# one more entry, the +Inf bucket. Changing them breaks the sums of reports from nodes that
-# run an older version: append only.
-LATENCY_BOUNDS_S: tuple[float, ...] = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
 
 
 @dataclass(slots=True)

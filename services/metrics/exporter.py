@@ -23,7 +23,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from services.metrics.core import LATENCY_BOUNDS_S, ClusterStats, TenantCounts
+from services.common.latency_bounds import LATENCY_BOUNDS_S
+from services.metrics.core import ClusterStats, TenantCounts
 
 PREFIX = "starling_cluster_"
 NO_TENANT = "-"  # connections not yet authenticated

@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from services.common.bus import subjects
+from services.common.limits_copies import LimitsCopies
 from services.common.log_summary import LogSummary
 from services.common.refusals import Refusals
 from services.common.rpc.errors import InvalidArgumentError
@@ -35,7 +36,6 @@ from services.queue.depths import QueueDepths
 from services.queue.link import CURRENT_LINK
 from services.queue.ownership import Partitions
 from services.queue.readers import Lease, Readers
-from services.quota.copies import LimitsCopies
 from starling.common.v1 import event_pb2
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc

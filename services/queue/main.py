@@ -30,6 +30,7 @@ from services.common.bus.unary import (
     servicer_handler,
 )
 from services.common.dependencies import redis_ready
+from services.common.limits_copies import LimitsCopies
 from services.common.redis_client import redis_client
 from services.common.refusals import register_refusal_metrics
 from services.common.runtime import run_service
@@ -41,7 +42,6 @@ from services.queue.leases import LeaseTable
 from services.queue.link import HEADER_BYTES, METHODS, Handler, LinkServer
 from services.queue.ownership import Partitions
 from services.quota.client import QuotaClient
-from services.quota.copies import LimitsCopies
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 

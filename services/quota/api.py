@@ -5,7 +5,7 @@ every instance of the cluster holds one list, or SQLite embedded).
 Every change is announced on NATS so that holders of a copy act on it at once: limits
 (`ctl.quota.limits`, payload the tenant: nodes drop their leases of it and ask again) and the
 ban list (`ctl.quota.bans`, payload the whole list). Holders also re-read the list on their
-own every `ban_sync_s` (services/quota/watch.py), so a lost announcement costs a delay only.
+own every `ban_sync_s` (services/common/ban_watch.py), so a lost announcement costs a delay only.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from redis.asyncio import Redis
 
 from services.common.bans import Ban, BanKind, normalized
 from services.common.bus import subjects
+from services.common.quota_keys import limits_key, scope
 from services.common.rpc.errors import InvalidArgumentError, ResourceExhaustedError
 from services.common.store.ports import BanStore
-from services.quota.keys import limits_key, scope
-from services.quota.subscriptions import SubscriptionCounts
+from services.common.subscription_counts import SubscriptionCounts
+from services.quota.ban_codec import ban_to_pb
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
 
@@ -79,30 +80,6 @@ async def get_limits(redis: Redis, request: pb.GetLimitsRequest) -> pb.GetLimits
 
 def _scope(tenant: str, user: str) -> str:
     return scope(tenant, user)  # the tenant's hash tag: one slot per lease script
-
-
-def ban_to_pb(b: Ban) -> pb.Ban:
-    return pb.Ban(
-        kind=int(b.kind),  # type: ignore[arg-type]
-        tenant=b.tenant,
-        value=b.value,
-        reason=b.reason,
-        expires_at_ms=b.expires_at_ms,
-        created_at_ms=b.created_at_ms,
-        source=b.source,
-    )
-
-
-def ban_from_pb(b: pb.Ban) -> Ban:
-    return Ban(
-        kind=BanKind(b.kind),
-        tenant=b.tenant,
-        value=b.value,
-        reason=b.reason,
-        expires_at_ms=b.expires_at_ms,
-        created_at_ms=b.created_at_ms,
-        source=b.source or "operator",
-    )
 
 
 def _kind(value: int, name: str) -> BanKind:

@@ -9,7 +9,7 @@ from enum import IntEnum
 
 from services.common.bans import Ban, BanKind
 from services.common.rpc.client import LazyStub
-from services.quota.api import ban_from_pb, ban_to_pb
+from services.quota.ban_codec import ban_from_pb, ban_to_pb
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
 
@@ -50,6 +50,12 @@ class Limits:
 
 
 _LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
+
+
+def bans_from_announcement(data: bytes) -> list[Ban]:
+    """The whole ban list as the quota service announces it on `ctl.quota.bans` (a
+    ListBansResponse); raises on a payload that does not decode."""
+    return [ban_from_pb(b) for b in pb.ListBansResponse.FromString(data).bans]
 
 
 def _add_request(ban: Ban, duration_s: int) -> pb.AddBanRequest:

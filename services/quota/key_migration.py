@@ -1,5 +1,5 @@
 """Moves tenant limits written before the Redis Cluster key layout (`st:quota:T:limits`,
-`st:quota:T:u:U:limits`) to their tagged keys (`st:quota:{T}:limits`, services/quota/keys.py)
+`st:quota:T:u:U:limits`) to their tagged keys (`st:quota:{T}:limits`, services/common/quota_keys.py)
 when the quota service starts, so an upgrade keeps every limit an operator set. A tagged key
 that already exists wins: it was written by the new code, after the old one."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from services.common.quota_keys import limits_key
 from services.common.tenant_name import TENANT_NAME
-from services.quota.keys import limits_key
 
 log = logging.getLogger("starling.quota.keys")
 

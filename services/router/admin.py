@@ -11,11 +11,12 @@ import grpc
 
 from services.common.bus import subjects
 from services.common.mqtt.errors import MqttError
+from services.common.route_table import RouteTable
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
 from services.common.topics import NO_LIMITS, validate_topic_filter, validate_topic_name
-from services.router.core import RouteTable
-from services.router.publishing import Publisher
+from services.router.delaying import DelayedMessages
 from services.router.retained import RetainedIndex
+from services.router.retaining import Retaining
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
@@ -48,17 +49,18 @@ def _checked(what: str, value: str, check: Callable[[str], None]) -> str:
 class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     def __init__(
         self,
+        *,
         table: RouteTable,
         retained: RetainedIndex,
-        publisher: Publisher,
-        store: object,
+        retaining: Retaining,
+        delayed: DelayedMessages,
         nats: Any = None,
     ) -> None:
         self._nats = nats
         self._table = table
         self._retained = retained
-        self._publisher = publisher
-        self._store = store
+        self._retaining = retaining
+        self._delayed = delayed
 
     async def ListRoutes(
         self, request: pb.ListRoutesRequest, context: grpc.aio.ServicerContext
@@ -113,7 +115,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
         self, request: pb.ListRetainedRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListRetainedResponse:
         tenant = _tenant(request.tenant)
-        await self._publisher.fresh_retained(tenant)
+        await self._retaining.fresh(tenant)
         filt = _checked("topic_filter", request.topic_filter or "#", _filter_syntax)
         found, examined = self._retained.match(tenant, filt, int(time.time() * 1000))
         limit = request.limit or 1000
@@ -128,21 +130,15 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     ) -> pb.DeleteRetainedResponse:
         tenant = _tenant(request.tenant)
         _checked("topic", request.topic, _name_syntax)
-        await self._publisher.fresh_retained(tenant)
-        deleted = self._retained.delete(tenant, request.topic)
-        await self._store.delete_retained(tenant, request.topic)  # type: ignore[attr-defined]
-        await self._publisher.wrote("retained:" + tenant)
+        deleted = await self._retaining.delete(tenant, request.topic)
         return pb.DeleteRetainedResponse(deleted=deleted)
 
     async def ListDelayed(
         self, request: pb.ListDelayedRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListDelayedResponse:
         tenant = _tenant(request.tenant)
-        await self._publisher.fresh_delayed()
-        recs = sorted(
-            (r for (t, _), r in self._publisher.delayed.items() if t == tenant),
-            key=lambda r: r.due_ms,
-        )
+        await self._delayed.fresh()
+        recs = self._delayed.of_tenant(tenant)
         return pb.ListDelayedResponse(
             messages=[
                 pb.DelayedMessage(
@@ -156,6 +152,6 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
         self, request: pb.CancelDelayedRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelDelayedResponse:
         tenant = _tenant(request.tenant)
-        if not await self._publisher.cancel(tenant, request.id):
+        if not await self._delayed.cancel(tenant, request.id):
             raise NotFoundError(f"no delayed message {request.id!r} in {tenant!r}")
         return pb.CancelDelayedResponse(cancelled=True)

@@ -8,15 +8,17 @@ import uuid
 
 import grpc
 
+from services.common.route_table import RouteTable
 from services.common.rpc.errors import InvalidArgumentError
 from services.common.store.eventlog import EventKind, LogEvent, LoggedSessionStore, subscription_of
 from services.common.subscription import record_from_pb, record_to_pb
 from services.queue.client import NewEntry, QueueClient
 from services.router.copies import TablePositions, read_snapshot_and_tail
-from services.router.core import RouteTable
+from services.router.delaying import DelayScheduler
 from services.router.fencing import RouteFence
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
+from services.router.retaining import Retaining
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
@@ -32,11 +34,14 @@ def _check_session(tenant: str, client_id: str, incarnation: int) -> None:
 class RouterApi(pb_grpc.RouterServiceServicer):
     def __init__(
         self,
+        *,
         table: RouteTable,
         store: LoggedSessionStore,
         queues: QueueClient,
         publisher: Publisher,
+        retaining: Retaining,
         retained: RetainedIndex,
+        scheduler: DelayScheduler,
         fence: RouteFence,
         include_qos0: bool,
         positions: TablePositions,
@@ -46,7 +51,9 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         self._positions = positions
         self._queues = queues
         self._publisher = publisher
+        self._retaining = retaining
         self._retained = retained
+        self._scheduler = scheduler
         self._fence = fence
         self._include_qos0 = include_qos0
 
@@ -66,7 +73,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
     ) -> pb.GetRetainedResponse:
         if not request.tenant or not request.topic_filter:
             raise InvalidArgumentError("tenant and topic_filter are required")
-        await self._publisher.fresh_retained(request.tenant)
+        await self._retaining.fresh(request.tenant)
         found, examined = self._retained.match(
             request.tenant, request.topic_filter, int(time.time() * 1000)
         )
@@ -93,7 +100,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
     ) -> pb.SettleWillResponse:
         if not request.tenant or not request.client_id:
             raise InvalidArgumentError("tenant and client_id are required")
-        found = await self._publisher.settle_will(
+        found = await self._scheduler.settle_will(
             request.tenant, request.client_id, request.publish_now
         )
         return pb.SettleWillResponse(found=found)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from opentelemetry import metrics
 
 from services.common.gcpause import gc_paused
+from services.common.route_table import RouteGrant, RouteTable, SessionKey
 from services.common.store.eventlog import EventKind, LogEvent, LoggedSessionStore, subscription_of
 from services.common.topics.trie import TopicTrie
-from services.router.core import RouteGrant, RouteTable, SessionKey
 from services.router.snapshot import SnapshotFormatError, load_tenant
 
 log = logging.getLogger("starling.router.boot")

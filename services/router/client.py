@@ -19,11 +19,11 @@ from services.common.connect import IdentifiedSubscription
 from services.common.envelope import from_envelope
 from services.common.gcpause import gc_paused
 from services.common.message import Message
+from services.common.route_table import RouteResult, RouteTable
 from services.common.rpc.client import LazyStub, target
 from services.common.rpc.limits import split_by_bytes
 from services.common.store.ports import SubscriptionRecord
 from services.common.subscription import identified_from_pb, identified_to_pb, record_from_pb
-from services.router.core import RouteResult, RouteTable
 from services.router.snapshot import load_tenant
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1 import router_pb2 as pb

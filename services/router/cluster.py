@@ -27,10 +27,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from services.common.route_table import RouteTable, SessionKey
 from services.common.store.eventlog import LoggedSessionStore
 from services.router.boot import GAP_TRIES, PAGE, BootReport, apply, gap, reload_tenant
 from services.router.copies import TablePositions
-from services.router.core import RouteTable, SessionKey
 
 PREFIX = "starling:router:"
 LEASE_MS = 1500  # a dead scheduler's delayed messages fire at most this late (plus a turn)

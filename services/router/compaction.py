@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from services.common.route_table import RouteTable
 from services.common.store.eventlog import LoggedSessionStore, SnapshotManifest
 from services.common.store.ports import SubscriptionRecord
-from services.router.core import RouteTable
 from services.router.snapshot import encode_tenant
 
 

@@ -14,7 +14,7 @@ starts every tenant at the current time in microseconds, above what its predeces
 unless the clock went back, and a fence that finds a queue holding a higher version goes
 above it.
 
-Several router instances (`replay` set, services/router/cluster.py): a version stands for
+Several router instances (`replay` given, services/router/cluster.py): a version stands for
 "every change fenced at or below it", whoever made it. A change is written to the store
 first, fenced next, and the instance then replays the tenant's route events from the store
 before it takes the new version; an instance whose version the queues refuse (another one
@@ -42,14 +42,16 @@ _ATTEMPTS = 3  # a queue holding a higher version: go above it, at most this oft
 
 
 class RouteFence:
-    def __init__(self, queues: QueueClient, nats: Any) -> None:
+    def __init__(
+        self, *, queues: QueueClient, nats: Any, replay: RouteReplay | None = None
+    ) -> None:
         self._queues = queues
         self._nats = nats
         self._versions: dict[str, int] = {}
         self._fenced: set[str] = set()  # tenants whose version the queues learned from us
         self._locks: dict[str, asyncio.Lock] = {}
-        # Several router instances: the store's route events, replayed (services/router/main.py)
-        self.replay: RouteReplay | None = None
+        # Several router instances: the store's route events, replayed; None: this one alone.
+        self._replay = replay
 
     def version(self, tenant: str) -> int:
         """The tenant's current version (fixed on first use)."""
@@ -76,7 +78,7 @@ class RouteFence:
         # One lock per tenant that ever changed: as many as tenants, which are bounded.
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             prev = self.version(tenant)
-            if self.replay is None:
+            if self._replay is None:
                 new = await self._fence(tenant, max(prev + 1, time.time_ns() // 1000))
                 self._versions[tenant] = new
                 self._fenced.add(tenant)
@@ -92,7 +94,7 @@ class RouteFence:
             mine = {(e.client_id, e.incarnation) for e in (*change.added, *change.removed)} | {
                 (d.client_id, d.incarnation) for d in change.dropped
             }
-            if await self.replay.replay(tenant, mine):
+            if await self._replay.replay(tenant, mine):
                 change.prev_version = 0  # not a link of the chain the copies hold
             self._versions[tenant] = new
             self._fenced.add(tenant)
@@ -105,13 +107,13 @@ class RouteFence:
         the store's events, and fence that version at every queue again (a lagging queue
         learns it); if it moved meanwhile, again. Nothing to do if a catch-up under way
         already moved us past `refused`."""
-        assert self.replay is not None
+        assert self._replay is not None
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             if tenant in self._fenced and self._versions.get(tenant) != refused:
                 return
             for _ in range(_ATTEMPTS):
                 held = await self._queues.fence_routes(tenant, 1)  # 1: below every version
-                await self.replay.replay(tenant)
+                await self._replay.replay(tenant)
                 version = held if held > 1 else time.time_ns() // 1000
                 if await self._queues.fence_routes(tenant, version) == version:
                     self._versions[tenant] = version
@@ -141,7 +143,7 @@ class RouteFence:
         current = self.version(tenant)
         if tenant in self._fenced and refused != current:
             return
-        if self.replay is not None:
+        if self._replay is not None:
             await self.catch_up(tenant, current)
             return
         held = await self._queues.fence_routes(tenant, current)

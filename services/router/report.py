@@ -7,8 +7,8 @@ sum (services/metrics/core.py)."""
 from __future__ import annotations
 
 from services.common.refusals import Refusals
+from services.common.route_table import RouteTable
 from services.metrics.client import TenantCounters
-from services.router.core import RouteTable
 from services.router.retained import RetainedIndex
 
 

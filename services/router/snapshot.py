@@ -21,8 +21,8 @@ from collections.abc import Callable
 from itertools import islice, repeat
 from typing import Any
 
+from services.common.route_table import RouteGrant, RouteTable, SessionFilters, SessionKey
 from services.common.topics.trie import TopicTrie
-from services.router.core import RouteGrant, RouteTable, SessionFilters, SessionKey
 
 FORMAT = 2  # 1: the trie as (level, parent) per node, subscribers per subscription
 PART_BYTES = 1 << 20

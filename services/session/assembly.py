@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from services.common.ban_watch import BanWatch
 from services.common.redis_client import PoolLimits, redis_client
 from services.common.store.eventlog import LoggedSessionStore
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
 from services.common.store.ports import AdminTokenStore, AuthStore
 from services.queue.client import QueueAdminClient, QueueClient
 from services.quota.client import QuotaClient
-from services.quota.watch import BanWatch
 from services.router.client import RouterClient
 from services.session.auth import Authenticator
 from services.session.authenticators.cert import CertAuthenticator

@@ -27,7 +27,7 @@ class Gatekeeper:
         flapping: FlapDetector | None,
         flapping_ban_s: int,
     ) -> None:
-        self._bans = bans  # kept current by services/quota/watch.py
+        self._bans = bans  # kept current by services/common/ban_watch.py
         self._quota = quota
         self._flapping = flapping
         self._ban_s = flapping_ban_s

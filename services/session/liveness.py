@@ -4,12 +4,12 @@ Nodes publish a heartbeat on `hb.node.<node_id>` every second. A node silent for
 `node_timeout_s` is declared dead: every client the registry says it held is released, and
 its persistent session is parked as disconnected at the node's last heartbeat, so session
 expiry runs even when a SIGKILLed node's clients never come back, and its figures in the
-tenants' subscription counts are removed (services/quota/subscriptions.py). Nodes named in the
-registry's set of nodes holding clients count as seen from the moment this service learns
-of them (at start, and on every check), so a node that died while the session service was
-down, or before its first heartbeat or hello reached this service, is found too. The wills
-its entries kept are published (services/session/wills.py), each by the one instance whose
-release of the entry succeeded, a chunk at a time as the entries are released.
+tenants' subscription counts are removed (services/common/subscription_counts.py). Nodes
+named in the registry's set of nodes holding clients count as seen from the moment this
+service learns of them (at start, and on every check), so a node that died while the session
+service was down, or before its first heartbeat or hello reached this service, is found too.
+The wills its entries kept are published (services/session/wills.py), each by the one
+instance whose release of the entry succeeded, a chunk at a time as the entries are released.
 
 Who decides a node is silent: not this instance alone. A heartbeat any instance hears is
 recorded in Redis (`SeenRecords`: a hash field per node holding the Redis server's time,

@@ -24,8 +24,8 @@ from services.common.dependencies import JETSTREAM_UNREACHABLE, redis_ready, wai
 from services.common.refusals import Refusals, register_refusal_metrics
 from services.common.runtime import run_service
 from services.common.store.session_listing import SessionListing
+from services.common.subscription_counts import SubscriptionCounts
 from services.metrics.client import MetricsClient, TenantCounters, report_every
-from services.quota.subscriptions import SubscriptionCounts
 from services.rules.client import RuleFeed
 from services.session.admin_api import SessionAdminApi
 from services.session.api import SessionApi

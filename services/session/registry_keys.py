@@ -5,7 +5,7 @@ Key layout: everything a CONNECT's claim script touches carries the tenant as it
 (`{tenant}`), so the script runs on one slot of a cluster: the tenant's hash of connections,
 its connections per user, its session set, its generation sentinel, the node sets of its
 clients (`st:node:{tenant}:<node>:clients`, and `st:nodes:{tenant}`: nodes that hold its
-clients), and the quota service's limits hashes (services/quota/keys.py, same tag). On one
+clients), and the quota service's limits hashes (services/common/quota_keys.py, same tag). On one
 Redis the braces are only characters of the names.
 
 What is not per tenant lives under the tag `{st:registry}`: the global generation sentinel
@@ -27,10 +27,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from services.quota.keys import limits_key
+from services.common.quota_keys import limits_key
 
 GENERATION = "{st:registry}:generation"  # global sentinel: gone means its shard was lost
 TENANTS = "{st:registry}:tenants"  # tenants that have registry keys
+# KEYS[1] TENANTS, KEYS[2] GENERATION (one slot); ARGV[1] a tenant. The global generation
+# when the tenant is not in the index yet and that generation is there; else nothing.
+_NEW_TENANT = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return false end
+return redis.call('GET', KEYS[2])
+"""
 
 
 def tag(tenant: str) -> str:
@@ -99,12 +105,21 @@ class TenantIndex:
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
+        self._new_tenant = redis.register_script(_NEW_TENANT)
         self._added: set[str] = set()
         self._generation = ""  # the global sentinel's value when `_added` was filled
 
     async def add(self, tenant: str, always: bool = False) -> None:
-        """Make sure `tenant` is in the index (`always`: even if this instance added it)."""
+        """Make sure `tenant` is in the index (`always`: even if this instance added it).
+
+        A tenant new to the index (and a registry that knows its generation) gets its
+        sentinel first, holding the global generation: a first CONNECT is not a lost
+        registry, and never makes every node re-assert what it holds. A tenant the index
+        lost lost the global sentinel with it (one slot), so no seed hides that loss."""
         if always or tenant not in self._added:
+            generation = await self._new_tenant(keys=[TENANTS, GENERATION], args=[tenant])
+            if generation:
+                await self._redis.set(generation_key(tenant), generation, nx=True)
             await self._redis.sadd(TENANTS, tenant)
             self._added.add(tenant)
 

@@ -17,12 +17,12 @@ import pytest
 from analytics.jobs.routes_snapshot import compact_with_spark
 from analytics.source import StoreConf
 from services.cli.launcher import Launcher
+from services.common.route_table import RouteTable
 from services.common.rpc.credentials import set_mesh_secret
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.router.boot import load_routes
 from services.router.client import Route, RouterAdminClient
 from services.router.compaction import compact
-from services.router.core import RouteTable
 from tests.e2e.clients import Paho
 from tests.poll import eventually
 from tests.router.test_boot import _change, _records

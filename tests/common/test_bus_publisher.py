@@ -17,10 +17,10 @@ from services.common.bus.client import connect
 from services.common.bus.ids import MessageIds
 from services.common.bus.publisher import NotKeptError, ServicePublisher
 from services.common.message import Message
+from services.common.route_table import RouteResult
 from services.common.topics import topic_to_subject
 from services.metrics.core import ClusterStats, TenantCounts
 from services.metrics.sys_publisher import SysPublisher
-from services.router.core import RouteResult
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 from tests.poll import eventually, holds_within_async
 

@@ -11,11 +11,11 @@ import uuid
 from redis.asyncio.cluster import RedisCluster
 
 from services.cli.redis_cluster import LocalCluster
+from services.common.quota_keys import limits_key
+from services.common.subscription_counts import SubscriptionCounts
 from services.metrics.shared import SharedReports
 from services.queue.leases import LeaseTable
 from services.quota.api import QuotaApi
-from services.quota.keys import limits_key
-from services.quota.subscriptions import SubscriptionCounts
 from services.router.cluster import Generations, Lease
 from services.session.flapping import FlapDetector
 from services.session.liveness import SeenRecords
@@ -26,6 +26,7 @@ from tests.common.redis_cluster import (
     cluster_redis,  # noqa: F401  (the fixture)
     redis_cluster,  # noqa: F401  (the fixture)
 )
+from tests.poll import eventually
 
 
 async def _tenants_on_shards(redis: RedisCluster, shards: int = 3) -> list[str]:
@@ -133,11 +134,23 @@ async def test_flapping_counts_of_many_addresses_in_one_turn(
     assert {f.address for f in flapped} == {f"198.51.100.{i}" for i in range(20)}
 
 
+async def _redis_ms(redis: RedisCluster) -> int:
+    seconds, micros = await redis.time()  # type: ignore[misc]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def _later(redis: RedisCluster, ms: int) -> bool:
+    return await _redis_ms(redis) > ms
+
+
 async def test_liveness_records(cluster_redis: RedisCluster) -> None:  # noqa: F811
     seen = SeenRecords(cluster_redis, key=f"st:nodes:seen:{uuid.uuid4().hex}")  # type: ignore[arg-type]
     assert await seen.heard("n1") == 0
     assert await seen.heard("n1") == 1
     await seen.learn(["n2"])
+    # "Older than 0 s" needs the server's clock past the records' millisecond.
+    recorded = await _redis_ms(cluster_redis)
+    await eventually(lambda: _later(cluster_redis, recorded), what="the next millisecond")
     claimed, gone = await seen.claim(["n1", "n2", "n3"], timeout_s=0.0)
     assert {c[0] for c in claimed} == {"n1", "n2"} and gone == ["n3"]
     mark = await seen.keep("n1", claimed[0][2])

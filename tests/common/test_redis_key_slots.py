@@ -11,11 +11,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+from services.common import subscription_counts
+from services.common.quota_keys import limits_key, scope
 from services.metrics import shared as metrics_shared
 from services.queue import leases
 from services.quota import api as quota_api
-from services.quota import subscriptions
-from services.quota.keys import limits_key, scope
 from services.router import cluster as router_cluster
 from services.session import flapping, liveness, registry
 from services.session.registry_keys import claim_keys, release_keys
@@ -30,7 +30,7 @@ SCRIPTS = {
     "liveness keep": liveness._KEEP,
     "flapping count": flapping._COUNT,
     "quota lease": quota_api._LEASE,
-    "quota subscriptions": subscriptions._HOLD,
+    "quota subscriptions": subscription_counts._HOLD,
     "queue tick": leases._TICK,
     "queue release": leases._RELEASE,
     "router lease": router_cluster._HOLD,
@@ -79,7 +79,7 @@ def test_the_keys_of_each_call_share_one_slot(tenant: str, user: str) -> None:
     for res in ("messages_per_s", "connections"):  # quota lease: limits, counter, nodes
         s = scope(tenant, user)
         _one_slot([limits_key(tenant, user), f"{s}:{res}:{now_s}", f"{s}:{res}:nodes"])
-    _one_slot([limits_key(tenant), subscriptions.subscriptions_key(tenant)])
+    _one_slot([limits_key(tenant), subscription_counts.subscriptions_key(tenant)])
     address = flapping.address_of("192.0.2.7:1883")
     _one_slot([flapping.count_key(tenant, "client", address), flapping.count_key("", "", address)])
 

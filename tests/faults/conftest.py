@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from services.cli.launcher import Launcher
-from tests.faults.harness import FIGURES, fault_launcher
+from tests.faults.harness import FIGURES, fault_launcher, wait_steady
 
 
 @pytest.fixture(scope="package")
@@ -18,6 +18,15 @@ def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     never the session-wide `mesh`."""
     with fault_launcher(tmp_path_factory.mktemp("faults")) as launcher:
         yield launcher
+
+
+@pytest.fixture(autouse=True)
+def _steady_fault_mesh(request: pytest.FixtureRequest) -> None:
+    """Each test on the fault suite's mesh starts once every node's lease is fresh (the test
+    before may have restarted the session service or Redis, after which a node may still be
+    about to fence and shed its clients)."""
+    if "fault_mesh" in request.fixturenames:
+        wait_steady(request.getfixturevalue("fault_mesh"))
 
 
 def _back_after(f: dict[str, Any]) -> str:

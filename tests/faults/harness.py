@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,13 +23,43 @@ from typing import Any
 from services.cli.launcher import Launcher
 from tests.faults.checker import Checker, Verdict
 from tests.faults.load import Publisher, Subscriber
-from tests.poll import holds_within
+from tests.poll import holds_within, wait_until
 
 # Collected by every test of the run; printed as a table at the end (conftest.py) and, when
 # STARLING_FAULT_FIGURES names a file, written there as JSON.
 FIGURES: list[dict[str, Any]] = []
 
 MAX_PACKET = 16 << 20  # room for the 8 MiB messages of test_large_messages
+
+
+def _lease_figures(port: int) -> tuple[float, float] | None:
+    """A node's (starling_node_fenced, starling_node_lease_age_seconds); None: no answer."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+    except OSError:
+        return None
+    found: dict[str, float] = {}
+    for line in text.decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name.split("{")[0] in ("starling_node_fenced", "starling_node_lease_age_seconds"):
+            found[name.split("{")[0]] = float(value)
+    if len(found) < 2:
+        return None
+    return found["starling_node_fenced"], found["starling_node_lease_age_seconds"]
+
+
+def wait_steady(launcher: Launcher, timeout_s: float = 30.0) -> None:
+    """Until every node of `launcher` holds a fresh lease (unfenced, its latest heartbeat
+    answered within the last second or so): a test that follows one which restarted the
+    session service or Redis must not start while a node is about to fence and shed every
+    client (services/connection/lease.py)."""
+    ports = [c.metrics_port for c in launcher.mesh.components if c.name.startswith("connection-")]
+
+    def steady(port: int) -> bool:
+        figures = _lease_figures(port)
+        return figures is not None and figures[0] == 0 and 0 <= figures[1] < 1.5
+
+    wait_until(lambda: all(steady(p) for p in ports), timeout_s, "every node's lease fresh")
 
 
 @contextmanager

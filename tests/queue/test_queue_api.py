@@ -72,8 +72,8 @@ class _Limits:
         self.cap = cap
 
     async def fetch(self, tenant: str) -> object:
+        from services.common.limits_copies import TenantLimits
         from services.quota.client import Limits
-        from services.quota.copies import TenantLimits
 
         t = TenantLimits(tenant)
         t.limits, t.known = Limits(max_queued_bytes=self.cap), True

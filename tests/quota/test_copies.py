@@ -1,12 +1,12 @@
-"""LimitsCopies (services/quota/copies.py): answers at once, keeps the last answer when the
+"""LimitsCopies (services/common/limits_copies.py): answers at once, keeps the last answer when the
 quota service fails, asks again after a failure and on an announced change."""
 
 from __future__ import annotations
 
 import asyncio
 
+from services.common.limits_copies import RETRY_S, LimitsCopies
 from services.quota.client import Limits
-from services.quota.copies import RETRY_S, LimitsCopies
 
 
 class FakeQuota:

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from services.common.quota_keys import limits_key
 from services.quota.key_migration import migrate_limit_keys, tagged_key
-from services.quota.keys import limits_key
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The tenant-wide subscription count: the quota service's atomic script over Redis
-(services/quota/subscriptions.py) and a node's side of it (services/connection/
+(services/common/subscription_counts.py) and a node's side of it (services/connection/
 subscription_slots.py), with a fake quota service."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import cast
 import pytest
 from redis.asyncio import Redis
 
+from services.common.limits_copies import LimitsCopies
+from services.common.quota_keys import limits_key
+from services.common.subscription_counts import SubscriptionCounts
 from services.connection.subscription_slots import SubscriptionSlots
 from services.quota.client import Limits, QuotaClient
-from services.quota.copies import LimitsCopies
-from services.quota.keys import limits_key
-from services.quota.subscriptions import SubscriptionCounts
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from services.common.route_table import RouteTable
 from services.common.store.eventlog import bucket_of, position_at
 from services.common.store.ports import SubscriptionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.router.boot import load_routes, replay
 from services.router.compaction import compact
-from services.router.core import RouteTable
 from services.router.snapshot import SnapshotFormatError, decode_tenant, encode_tenant
 
 TENANTS = ("acme", "beta", "gamma")

@@ -1,32 +1,21 @@
 """The router's per-tenant caps on retained and pending `$delayed` messages: a publish past a
 cap gets QUOTA_EXCEEDED (the node answers 0x97) and is counted, deleting or shrinking always
 works, other tenants are untouched, and the usage survives a restart (read back from the
-store). A `Publisher` over a real SQLite store, the queue service of tests/inproc.py and a
-real NATS server."""
+store). The router's parts of tests/router/conftest.py (real SQLite, queue service, NATS)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
-import nats
-import pytest
-from nats.aio.client import Client
-
-from services.common.store.sqlite_router import SqliteRouterStore
-from services.queue.client import QueueClient
-from services.router.core import RouteResult, RouteTable
-from services.router.fencing import RouteFence
+from services.common.route_table import RouteResult
 from services.router.limits import Caps, Usage, fits
-from services.router.publishing import Publisher
 from services.router.retained import Retained, RetainedIndex
 from starling.common.v1.message_pb2 import MessageProperties, RoutedMessage
 from starling.common.v1.message_pb2 import Publisher as Origin
-from tests.inproc import Core
 from tests.poll import eventually
+from tests.router.conftest import RouterFactory
 
 OK, FULL = RouteResult.STORED, RouteResult.QUOTA_EXCEEDED
 NO_MATCH = RouteResult.NO_MATCH
@@ -61,42 +50,6 @@ def msg(
     return m
 
 
-Factory = Callable[[Caps], Awaitable[Publisher]]
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[Client]:
-    c = await nats.connect(nats_url)
-    yield c
-    await c.close()
-
-
-@pytest.fixture
-async def router(core: Core, nc: Client, tmp_path: Path) -> AsyncIterator[Factory]:
-    """Start a Publisher over tmp_path/router.db with the given caps; each call is a router
-    (re)start over the same store."""
-    opened: list[tuple[SqliteRouterStore, QueueClient]] = []
-
-    async def start(caps: Caps) -> Publisher:
-        store = SqliteRouterStore(tmp_path / "router.db")
-        queues = QueueClient(core.queue)
-        opened.append((store, queues))
-        fence = RouteFence(queues, nc)
-        p = Publisher(RouteTable(), queues, RetainedIndex(), store, nc, caps, False, fence)
-        await p.load()
-        return p
-
-    yield start
-    for store, queues in opened:
-        await queues.close()
-        await store.close()
-
-
-async def route(p: Publisher, *messages: RoutedMessage) -> list[RouteResult]:
-    results, _ = await p.accept(list(messages))
-    return results
-
-
 def test_fits_refuses_only_growth_past_a_cap() -> None:
     assert fits(2, 10, 1, 5, 3, 15)
     assert not fits(3, 10, 1, 0, 3, 0)  # one message too many
@@ -124,101 +77,101 @@ def test_usage_and_index_sizes_follow_puts_and_deletes() -> None:
     assert (idx.count("t"), idx.size("t")) == (1, 4)
 
 
-async def test_delayed_messages_past_the_cap_are_refused_and_counted(router: Factory) -> None:
+async def test_delayed_messages_past_the_cap_are_refused_and_counted(router: RouterFactory) -> None:
     t, other = tenant(), tenant()
     p = await router(Caps(delayed_messages=3))
     first = msg(t, "$delayed/600/a")
-    assert await route(p, first, msg(t, "$delayed/600/b"), msg(t, "$delayed/600/c")) == [OK] * 3
-    assert await route(p, msg(t, "$delayed/600/d")) == [FULL]
+    assert await p.route(first, msg(t, "$delayed/600/b"), msg(t, "$delayed/600/c")) == [OK] * 3
+    assert await p.route(msg(t, "$delayed/600/d")) == [FULL]
     # The node retrying a message already held: still stored, not held (or counted) twice.
-    assert await route(p, first) == [OK]
-    assert await route(p, msg(other, "$delayed/600/a")) == [OK]  # another tenant: its own cap
+    assert await p.route(first) == [OK]
+    assert await p.route(msg(other, "$delayed/600/a")) == [OK]  # another tenant: its own cap
     assert p.refusals.get("delayed_messages", t) == 1
     assert p.refusals.get("delayed_messages", other) == 0
-    assert len([k for k in p.delayed if k[0] == t]) == 3
+    assert len(p.delayed.of_tenant(t)) == 3
 
     # A delayed will is never refused by the cap (and does not count against it).
-    assert await route(p, msg(t, "will/pub", delay_s=60)) == [OK]
-    assert p.delayed_usage.count(t) == 3
+    assert await p.route(msg(t, "will/pub", delay_s=60)) == [OK]
+    assert p.delayed.count(t) == 3
 
     # Cancelling one makes room for one more.
-    assert await p.cancel(t, first.message_id)
-    assert await route(p, msg(t, "$delayed/600/e")) == [OK]
-    assert await route(p, msg(t, "$delayed/600/f")) == [FULL]
+    assert await p.delayed.cancel(t, first.message_id)
+    assert await p.route(msg(t, "$delayed/600/e")) == [OK]
+    assert await p.route(msg(t, "$delayed/600/f")) == [FULL]
 
 
-async def test_the_delayed_cap_holds_across_a_restart(router: Factory) -> None:
+async def test_the_delayed_cap_holds_across_a_restart(router: RouterFactory) -> None:
     t = tenant()
     p = await router(Caps(delayed_messages=2))
-    assert await route(p, msg(t, "$delayed/600/a"), msg(t, "$delayed/600/b")) == [OK, OK]
+    assert await p.route(msg(t, "$delayed/600/a"), msg(t, "$delayed/600/b")) == [OK, OK]
     restarted = await router(Caps(delayed_messages=2))
-    assert restarted.delayed_usage.count(t) == 2
-    assert await route(restarted, msg(t, "$delayed/600/c")) == [FULL]
+    assert restarted.delayed.count(t) == 2
+    assert await restarted.route(msg(t, "$delayed/600/c")) == [FULL]
 
 
-async def test_delayed_bytes_cap(router: Factory) -> None:
+async def test_delayed_bytes_cap(router: RouterFactory) -> None:
     t = tenant()
     p = await router(Caps(delayed_bytes=3000))
-    assert await route(p, msg(t, "$delayed/600/a", b"x" * 1000)) == [OK]
-    assert await route(p, msg(t, "$delayed/600/b", b"x" * 1000)) == [OK]
-    assert await route(p, msg(t, "$delayed/600/c", b"x" * 1000)) == [FULL]
-    assert await route(p, msg(t, "$delayed/600/d", b"x")) == [OK]  # a small one still fits
+    assert await p.route(msg(t, "$delayed/600/a", b"x" * 1000)) == [OK]
+    assert await p.route(msg(t, "$delayed/600/b", b"x" * 1000)) == [OK]
+    assert await p.route(msg(t, "$delayed/600/c", b"x" * 1000)) == [FULL]
+    assert await p.route(msg(t, "$delayed/600/d", b"x")) == [OK]  # a small one still fits
     assert p.refusals.get("delayed_bytes", t) == 1
 
 
-async def test_a_due_delayed_message_frees_its_place(router: Factory) -> None:
+async def test_a_due_delayed_message_frees_its_place(router: RouterFactory) -> None:
     t = tenant()
     p = await router(Caps(delayed_messages=1))
-    scheduler = asyncio.create_task(p.run_scheduler())
+    scheduler = asyncio.create_task(p.scheduler.run())
     try:
-        assert await route(p, msg(t, "$delayed/0/now")) == [OK]
-        await eventually(lambda: p.delayed_usage.count(t) == 0, 5, "the delayed count back at 0")
-        assert await route(p, msg(t, "$delayed/600/next")) == [OK]
+        assert await p.route(msg(t, "$delayed/0/now")) == [OK]
+        await eventually(lambda: p.delayed.count(t) == 0, 5, "the delayed count back at 0")
+        assert await p.route(msg(t, "$delayed/600/next")) == [OK]
     finally:
         scheduler.cancel()
 
 
-async def test_retained_count_cap_refuses_new_topics_only(router: Factory) -> None:
+async def test_retained_count_cap_refuses_new_topics_only(router: RouterFactory) -> None:
     t, other = tenant(), tenant()
     p = await router(Caps(retained_messages=2))
-    assert await route(p, msg(t, "r/1", retain=True), msg(t, "r/2", retain=True)) == [NO_MATCH] * 2
-    assert await route(p, msg(t, "r/3", retain=True)) == [FULL]
-    assert p._retained.get(t, "r/3") is None  # refused means not retained
-    assert await route(p, msg(t, "r/1", b"new", retain=True)) == [NO_MATCH]  # replacing fits
-    assert await route(p, msg(other, "r/3", retain=True)) == [NO_MATCH]
+    assert await p.route(msg(t, "r/1", retain=True), msg(t, "r/2", retain=True)) == [NO_MATCH] * 2
+    assert await p.route(msg(t, "r/3", retain=True)) == [FULL]
+    assert p.retained.get(t, "r/3") is None  # refused means not retained
+    assert await p.route(msg(t, "r/1", b"new", retain=True)) == [NO_MATCH]  # replacing fits
+    assert await p.route(msg(other, "r/3", retain=True)) == [NO_MATCH]
     assert p.refusals.get("retained_messages", t) == 1
 
     # Deleting (empty payload) always works, and frees room.
-    assert await route(p, msg(t, "r/2", b"", retain=True)) == [NO_MATCH]
-    assert await route(p, msg(t, "r/3", retain=True)) == [NO_MATCH]
+    assert await p.route(msg(t, "r/2", b"", retain=True)) == [NO_MATCH]
+    assert await p.route(msg(t, "r/3", retain=True)) == [NO_MATCH]
 
     restarted = await router(Caps(retained_messages=2))
-    assert restarted._retained.count(t) == 2
-    assert await route(restarted, msg(t, "r/4", retain=True)) == [FULL]
+    assert restarted.retained.count(t) == 2
+    assert await restarted.route(msg(t, "r/4", retain=True)) == [FULL]
 
 
-async def test_retained_bytes_cap_and_shrinking_over_a_lowered_cap(router: Factory) -> None:
+async def test_retained_bytes_cap_and_shrinking_over_a_lowered_cap(router: RouterFactory) -> None:
     t = tenant()
     p = await router(Caps(retained_bytes=5000))
-    assert await route(p, msg(t, "b/1", b"x" * 2000, retain=True)) == [NO_MATCH]
-    assert await route(p, msg(t, "b/2", b"x" * 2000, retain=True)) == [NO_MATCH]
-    assert await route(p, msg(t, "b/3", b"x" * 2000, retain=True)) == [FULL]
-    assert await route(p, msg(t, "b/2", b"x" * 4000, retain=True)) == [FULL]  # growing one
+    assert await p.route(msg(t, "b/1", b"x" * 2000, retain=True)) == [NO_MATCH]
+    assert await p.route(msg(t, "b/2", b"x" * 2000, retain=True)) == [NO_MATCH]
+    assert await p.route(msg(t, "b/3", b"x" * 2000, retain=True)) == [FULL]
+    assert await p.route(msg(t, "b/2", b"x" * 4000, retain=True)) == [FULL]  # growing one
     assert p.refusals.get("retained_bytes", t) == 2
 
     lowered = await router(Caps(retained_bytes=1000))  # restart with a smaller cap
-    assert await route(lowered, msg(t, "b/1", b"x" * 100, retain=True)) == [NO_MATCH]
-    assert await route(lowered, msg(t, "b/2", b"", retain=True)) == [NO_MATCH]
-    assert lowered._retained.size(t) < 1000
+    assert await lowered.route(msg(t, "b/1", b"x" * 100, retain=True)) == [NO_MATCH]
+    assert await lowered.route(msg(t, "b/2", b"", retain=True)) == [NO_MATCH]
+    assert lowered.retained.size(t) < 1000
 
 
-async def test_expired_retained_messages_do_not_hold_the_cap(router: Factory) -> None:
+async def test_expired_retained_messages_do_not_hold_the_cap(router: RouterFactory) -> None:
     t = tenant()
     p = await router(Caps(retained_messages=2))
     old = msg(t, "e/1", retain=True, expiry_s=1)
     old.published_at_ms -= 5000  # expired already
-    assert await route(p, old, msg(t, "e/2", retain=True)) == [NO_MATCH, NO_MATCH]
-    assert await route(p, msg(t, "e/3", retain=True)) == [NO_MATCH]
-    assert p._retained.get(t, "e/1") is None and p._retained.count(t) == 2
+    assert await p.route(old, msg(t, "e/2", retain=True)) == [NO_MATCH, NO_MATCH]
+    assert await p.route(msg(t, "e/3", retain=True)) == [NO_MATCH]
+    assert p.retained.get(t, "e/1") is None and p.retained.count(t) == 2
     restarted = await router(Caps(retained_messages=2))
-    assert restarted._retained.get(t, "e/1") is None  # purged from the store too
+    assert restarted.retained.get(t, "e/1") is None  # purged from the store too

@@ -5,8 +5,8 @@ none of another tenant's."""
 from __future__ import annotations
 
 from services.common.refusals import Refusals
+from services.common.route_table import RouteTable
 from services.common.store.ports import SubscriptionRecord
-from services.router.core import RouteTable
 from services.router.report import router_figures
 from services.router.retained import RetainedIndex
 from services.router.snapshot import decode_tenant, encode_tenant

@@ -1,13 +1,13 @@
-"""The route table's answers for a topic are cached (services/router/core.py): every change of
-a tenant's subscriptions must show in the next answer, and the cache stays bounded."""
+"""The route table's answers for a topic are cached (services/common/route_table.py): every
+change of a tenant's subscriptions must show in the next answer, and the cache stays bounded."""
 
 from __future__ import annotations
 
 import pytest
 
+from services.common import route_table
+from services.common.route_table import RouteTable
 from services.common.store.ports import SubscriptionRecord
-from services.router import core
-from services.router.core import RouteTable
 
 
 def _queues(table: RouteTable, tenant: str = "t", topic: str = "a/b") -> set[tuple[str, int]]:
@@ -43,7 +43,7 @@ def test_no_local_and_other_tenants_are_kept_apart() -> None:
 
 
 def test_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core, "TARGETS_CACHED", 10)
+    monkeypatch.setattr(route_table, "TARGETS_CACHED", 10)
     table = RouteTable()
     table.add(SubscriptionRecord("t", "c", 1, "#", 1))
     for i in range(25):

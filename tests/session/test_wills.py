@@ -17,8 +17,8 @@ from services.common.bus.ids import MessageIds
 from services.common.bus.publisher import ServicePublisher
 from services.common.mqtt.packets import Will
 from services.common.mqtt.properties import Properties
+from services.common.route_table import RouteResult
 from services.connection.wills import Wills
-from services.router.core import RouteResult
 from services.session.registry import Holder, _decode, _encode
 from services.session.wills import StoredWills, displaced_will_due, kept_will
 from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage

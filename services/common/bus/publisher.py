@@ -48,7 +48,7 @@ LIVE_BATCH_BYTES = 256 << 10
 
 
 class RouteOutcome(Protocol):
-    """What the router did with one message (services/router/core.py RouteResult)."""
+    """What the router did with one message (services/common/route_table.py RouteResult)."""
 
     @property
     def kept(self) -> bool: ...

@@ -32,7 +32,7 @@ _V3_FAILURE = 0x80  # the one SUBACK failure code of 3.1.1
 
 
 class SubscriptionQuota(Protocol):
-    """The tenant's limits as the node last heard them (services/quota/copies.py)."""
+    """The tenant's limits as the node last heard them (services/common/limits_copies.py)."""
 
     @property
     def max_subscriptions_per_client(self) -> int: ...  # 0: none

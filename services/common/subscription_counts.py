@@ -1,4 +1,8 @@
-"""The tenant-wide subscription count (a tenant's `max_tenant_subscriptions`), in Redis.
+"""SubscriptionCounts: the tenant-wide subscription count (a tenant's
+`max_tenant_subscriptions`), in Redis. Its users share the Redis keys, not a service: the
+connection nodes ask for slots (services/connection/subscription_slots.py), the session
+service drops a dead node's figures (services/session/liveness.py) and the quota service
+reports a tenant's total (services/quota/api.py).
 
 Theory of operation: each connection node is the authority on the subscriptions its clients
 hold (its trie), and the count per tenant is a Redis hash node id -> what that node holds.
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from services.quota.keys import limits_key, scope
+from services.common.quota_keys import limits_key, scope
 
 # KEYS (the tenant's slot): the tenant's limits hash, its subscription hash.
 # ARGV: node id, held (the node's figure before this call's new filters), amount (new
@@ -67,7 +71,7 @@ class SubscriptionCounts:
         """Record `held` as the node's figure and grant up to `amount` more below the
         tenant's limit; returns (granted, limit; 0: none)."""
         if held > 0 or amount > 0:  # the script may give the node a figure
-            await self._redis.sadd(node_tenants_key(node_id), tenant)  # type: ignore[misc]
+            await self._redis.sadd(node_tenants_key(node_id), tenant)
         granted, limit = await self._hold(
             keys=[limits_key(tenant), subscriptions_key(tenant)], args=[node_id, held, amount]
         )
@@ -75,13 +79,13 @@ class SubscriptionCounts:
 
     async def total(self, tenant: str) -> int:
         """The tenant's subscriptions as the nodes reported them."""
-        values = await self._redis.hvals(subscriptions_key(tenant))  # type: ignore[misc]
+        values = await self._redis.hvals(subscriptions_key(tenant))
         return sum(int(v) for v in values)
 
     async def drop_node(self, node_id: str) -> None:
         """A node died or restarted: it holds nothing any more."""
         key = node_tenants_key(node_id)
-        tenants = await self._redis.smembers(key)  # type: ignore[misc]
+        tenants = await self._redis.smembers(key)
         if tenants:
             pipe = self._redis.pipeline(transaction=False)
             for t in tenants:

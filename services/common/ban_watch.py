@@ -1,7 +1,9 @@
-"""A copy of the ban list kept current for its holder (a session service checks it at
-CONNECT, a connection node kicks the clients it names): read from the quota service at start
-and every `sync_s`, and replaced at once by each change the service announces on NATS
-(`ctl.quota.bans`, the whole list). `on_change` runs after each replacement.
+"""BanWatch: a copy of the ban list kept current for its holder (a session service checks it
+at CONNECT, services/session/gatekeeper.py; a connection node kicks the clients it names,
+services/connection/admission.py): read through the quota service's client at start and
+every `sync_s`, and replaced at once by each change the service announces on NATS
+(`ctl.quota.bans`, the whole list, decoded by the client). `on_change` runs after each
+replacement.
 
 If the quota service cannot be reached at start the holder starts anyway with what it has
 (an empty list at first) and keeps trying every `sync_s`.
@@ -18,9 +20,7 @@ from nats.aio.msg import Msg
 
 from services.common.bans import Ban, BanList
 from services.common.bus import subjects
-from services.quota.api import ban_from_pb
-from services.quota.client import QuotaClient
-from starling.quota.v1 import quota_pb2 as pb
+from services.quota.client import QuotaClient, bans_from_announcement
 
 log = logging.getLogger("starling.quota.watch")
 
@@ -47,12 +47,12 @@ class BanWatch:
 
     async def _on_announce(self, msg: Msg) -> None:
         try:
-            listed = pb.ListBansResponse.FromString(msg.data)
+            bans = bans_from_announcement(msg.data)
         except Exception:
             log.warning("ban_announcement_unreadable")
             return
         self._announced += 1
-        self._replace([ban_from_pb(b) for b in listed.bans])
+        self._replace(bans)
 
     async def sync(self) -> bool:
         before = self._announced

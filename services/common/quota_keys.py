@@ -1,5 +1,7 @@
-"""Redis keys of the quota service that other services read too (the session service's
-CONNECT script reads a tenant's `max_connections`).
+"""Redis keys of the quota service that other services read too: the session service's
+CONNECT script reads a tenant's `max_connections` (services/session/registry_keys.py), and
+the subscription count (services/common/subscription_counts.py) sits beside the limits. The
+quota service (services/quota/api.py, key_migration.py) writes them.
 
 Every key of a tenant carries the tenant as its Redis Cluster hash tag (`{tenant}`), so a
 script that reads a tenant's limits and writes its counters (the lease script, the session

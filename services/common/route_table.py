@@ -1,6 +1,8 @@
 """The persistent route table: pure matching of topics to session queues, and what a
-batch of publishes makes of it (queue entries, results). The router and the connection
-nodes' copies of the table (services/connection/replica.py) share this code."""
+batch of publishes makes of it (`plan`: queue entries; `settle`: results). The router
+service (services/router/) and the connection nodes' copies of the table
+(services/connection/replica.py) share this code; so does RouteResult, what a publish
+through the router came to (services/router/client.py, services/common/bus/publisher.py)."""
 
 from __future__ import annotations
 
