@@ -18,8 +18,12 @@ lock:
 run: $(STAMP)
 	$(VENV)/bin/starling up
 
+# `make test` runs the files side by side on TEST_WORKERS workers (pytest-xdist; each file
+# whole on one worker, longest first: tests/scheduling.py); TEST_WORKERS=0 runs them in one
+# process, in order. docs/testing.md says how to run one part.
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -1,8 +1,8 @@
 """Analytics benchmarks: the `starling` source's scan rate on 1 and 2 cores, and queue
 compaction of a 10-million-row embedded store. `main()` prints a markdown table.
 
-The store files are built directly with sqlite3 executemany (the schema of the real stores,
-created by their own classes), which is far faster than appending through the queue service.
+This module owns the Spark runs and the table; the store files they read are built by
+bench/analytics_store.py.
 
     python -m bench.analytics [--rows 10000000] [--scan-rows 2000000]
 """
@@ -10,98 +10,12 @@ created by their own classes), which is far faster than appending through the qu
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
-import sqlite3
 import tempfile
 import time
 from pathlib import Path
 
-QUEUES_PER_TENANT = 100
-ROWS_PER_QUEUE = 1000
-
-
-async def _schemas(data: Path) -> None:
-    """Create the store files with the services' own schema code."""
-    from services.common.store.sqlite_queue import SqliteQueueStore
-    from services.common.store.sqlite_router import SqliteRouterStore
-    from services.common.store.sqlite_session import SqliteSessionStore
-
-    for cls, name in (
-        (SqliteQueueStore, "queues.db"),
-        (SqliteSessionStore, "sessions.db"),
-        (SqliteRouterStore, "router.db"),
-    ):
-        store = cls(data / name)
-        await store.close()
-
-
-def build_store(data: Path, rows: int, now_ms: int) -> dict[str, int]:
-    """`rows` queue entries in queues of ROWS_PER_QUEUE. Of the queues: every 2nd has
-    acked_through 300 with those rows still present (an ack whose delete did not land),
-    every 10th belongs to an expired session; every 4th entry expired a minute ago. Returns
-    the rows each category should remove."""
-    asyncio.run(_schemas(data))
-    queues = max(1, rows // ROWS_PER_QUEUE)
-    q = sqlite3.connect(data / "queues.db")
-    q.execute("PRAGMA synchronous=OFF")
-    q.execute("PRAGMA journal_mode=OFF")
-    payload = b"p" * 64
-    expect = {"acked": 0, "expired": 0, "session_queues": 0}
-
-    def entries(qn: int) -> list[tuple[object, ...]]:
-        tenant, qid = f"t{qn // QUEUES_PER_TENANT}", f"c{qn}#1"
-        return [
-            (tenant, qid, 0, s, f"m{qn}-{s}", 1, payload, now_ms - 60_000 if s % 4 == 0 else 0, 0)
-            for s in range(1, ROWS_PER_QUEUE + 1)
-        ]
-
-    q.execute("BEGIN")
-    states = []
-    for qn in range(queues):
-        q.executemany(
-            "INSERT INTO queue_entries (tenant, queue_id, bucket, seq, message_id, qos, data, "
-            "expires_at_ms, released) VALUES (?,?,?,?,?,?,?,?,?)",
-            entries(qn),
-        )
-        acked = 300 if qn % 2 == 0 else 0
-        states.append(
-            (
-                f"t{qn // QUEUES_PER_TENANT}",
-                f"c{qn}#1",
-                ROWS_PER_QUEUE,
-                acked,
-                ROWS_PER_QUEUE - acked,
-                0,
-                0,
-                (ROWS_PER_QUEUE - acked) * len(payload),  # bytes held
-            )
-        )
-        if qn % 10 == 1:
-            expect["session_queues"] += ROWS_PER_QUEUE
-        else:
-            expect["acked"] += acked
-            expect["expired"] += sum(1 for s in range(acked + 1, ROWS_PER_QUEUE + 1) if s % 4 == 0)
-    q.executemany(
-        "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped, "
-        "delivered_through, bytes) VALUES (?,?,?,?,?,?,?,?)",
-        states,
-    )
-    q.execute("COMMIT")
-    q.close()
-    s = sqlite3.connect(data / "sessions.db")
-    s.executemany(
-        "INSERT INTO sessions (tenant, client_id, incarnation, expiry_interval_s, connected, "
-        "disconnected_at_ms, expires_at_ms, owner) VALUES (?,?,?,?,?,?,?,?)",
-        [
-            (f"t{qn // QUEUES_PER_TENANT}", f"c{qn}", 1, 60, 0, now_ms - 3_600_000,
-             now_ms - 3_540_000 if qn % 10 == 1 else now_ms + 3_600_000, None)
-            for qn in range(queues)
-        ],
-    )  # fmt: skip
-    s.commit()
-    s.close()
-    return expect
+from bench.analytics_store import build_store
 
 
 def scan_rate(data: Path, master: str, repeats: int = 2) -> tuple[int, float]:

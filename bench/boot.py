@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from services.common.route_table import RouteTable
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.router.boot import load_routes, replay, scan
 from services.router.compaction import compact

@@ -45,7 +45,7 @@ def starling_launcher(
     `env`: further settings (STARLING_...); `instances`: back-office instances (default 1
     each); `redis`: the local Redis (standalone, sentinel, cluster)."""
     return Launcher(
-        folder,
+        data_dir=folder,
         nodes=nodes,
         mqtt_port=0,
         ws=False,

@@ -23,6 +23,7 @@ from services.common.message import Message
 from services.common.mqtt import EMPTY, Connect, Publish, encode
 from services.connection.budget import LIMITED, UNLIMITED, Bucket, DeliveryGate, PublishGate
 from services.connection.channel import Channel, ChannelConfig
+from services.connection.channel.hooks import NO_HOOKS
 
 BATCH = int(sys.argv[1]) if len(sys.argv) > 1 else 100  # publishes per receive() call
 ROUNDS = 200_000 // BATCH
@@ -39,12 +40,18 @@ def _gate(state: int, scopes: int = 2) -> PublishGate:
         (bucket("messages_per_s"), bucket("bytes_in_per_s"))  # tenant (and user)
         for _ in range(scopes)
     )
-    return PublishGate("t", pairs, time.monotonic, lambda r, t: None)
+    return PublishGate(
+        tenant="t", buckets=pairs, clock=time.monotonic, on_refused=lambda r, t: None
+    )
 
 
 def run(gate: PublishGate | None, reps: int = 5) -> float:
     ch = Channel(
-        ChannelConfig(), "peer", 0.0, lambda: "c", gates=(lambda t, u: gate) if gate else None
+        ChannelConfig(),
+        "peer",
+        0.0,
+        lambda: "c",
+        gates=(lambda t, u, hooks: gate) if gate else None,
     )
     ch.receive(encode(Connect("c", 5, keepalive_s=0, properties=EMPTY), 5), 0.0)
     ch.authenticated(ConnectOutcome(tenant="t", epoch=1, identity="t/u"), 0.0)
@@ -66,7 +73,12 @@ def _out_gate(state: int) -> DeliveryGate:
         return b
 
     return DeliveryGate(
-        "t", (bucket(), bucket()), time.monotonic, lambda r, t: None, lambda b: None
+        tenant="t",
+        buckets=(bucket(), bucket()),
+        clock=time.monotonic,
+        on_refused=lambda r, t: None,
+        wait=lambda b: None,
+        hooks=NO_HOOKS,
     )
 
 

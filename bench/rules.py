@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.common.store.ports import RuleRecord
+from services.common.store.ports_rules import RuleRecord
 from services.rules.actions import ActionContext, build_action
 from services.rules.actions.base import Output, Republished
 from services.rules.actions.dead_letters import SqliteDeadLetters

@@ -15,13 +15,17 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from services.cli.launcher import Launcher, Mesh, nats_binary
 from services.cli.ports import default_range, free_port, port_open
+from tests import figures
+from tests.faults.harness import table_lines as faults_table
+from tests.partitions.run import table_lines as partitions_table
 from tests.poll import wait_until
+from tests.scheduling import group_by_file
 
 if TYPE_CHECKING:
     from tests.inproc import Core
@@ -41,6 +45,23 @@ def pytest_configure(config: pytest.Config) -> None:
     low, high = default_range()
     span = (high - low) // max(count, 1)
     os.environ["STARLING_PORT_RANGE"] = f"{low + index * span}-{low + (index + 1) * span - 1}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`), a file is one unit of work, longest first
+    (tests/scheduling.py)."""
+    if getattr(config.option, "dist", "no") != "no":
+        group_by_file(items)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    figures.collect(report)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault and partition suites' figure tables (tests/figures.py)."""
+    figures.print_table(terminalreporter, "fault", "fault suite figures", faults_table)
+    figures.print_table(terminalreporter, "partition", "partition suite figures", partitions_table)
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, within_s: float = 20) -> None:
@@ -206,7 +227,12 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
         ' "busy": {"server_reference": "other.example:1883"}}',
     }
     launcher = Launcher(
-        folder / "run", nodes=2, mqtt_port=0, anonymous=False, extra_env=env, tls=(cert, key)
+        data_dir=folder / "run",
+        nodes=2,
+        mqtt_port=0,
+        anonymous=False,
+        extra_env=env,
+        tls=(cert, key),
     )
     m = launcher.start(timeout_s=60)
     yield MeshInfo(m, launcher, cert)

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analytics.source import sqlite_file
-from services.common.store.sqlite_queue import (
-    MSGID_RETENTION_MS,
+from services.common.store.sqlite_queue import MSGID_RETENTION_MS
+from services.common.store.sqlite_queue_compaction import (
     compact_acked,
     compact_expired,
     compact_msgids,

@@ -52,7 +52,7 @@ def encode_group(table: pa.Table) -> pa.Table:
     import pyarrow as pa
 
     from services.common.route_table import RouteTable
-    from services.common.store.ports import SubscriptionRecord
+    from services.common.store.ports_session import SubscriptionRecord
     from services.router.snapshot import encode_tenant
 
     cols = [table.column(c).to_pylist() for c in _COLUMNS]

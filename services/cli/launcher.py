@@ -71,6 +71,7 @@ def node_worker_name(node: int, worker: int) -> str:
 class Launcher(Children):
     def __init__(
         self,
+        *,
         data_dir: Path,
         nodes: int,
         mqtt_port: int,

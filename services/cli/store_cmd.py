@@ -92,7 +92,10 @@ def queue_checks(opts: CheckOptions) -> bool:
 
     async def run() -> list[Any]:
         store = CassandraQueueStore(
-            [host], int(port or 9042), keyspace=opts.keyspace, consistency=opts.consistency
+            contact_points=[host],
+            port=int(port or 9042),
+            keyspace=opts.keyspace,
+            consistency=opts.consistency,
         )
         try:
             return await check_queue_store(store)

@@ -103,9 +103,9 @@ def serve_requests(data_dir: Path, supervisor: Supervisor) -> None:
 
 def run_up(opts: UpOptions) -> int:
     launcher = Launcher(
-        opts.data_dir,
-        opts.nodes,
-        opts.mqtt_port,
+        data_dir=opts.data_dir,
+        nodes=opts.nodes,
+        mqtt_port=opts.mqtt_port,
         node_workers=opts.node_workers,
         instances=opts.instances,
         nats_servers=opts.nats_servers,

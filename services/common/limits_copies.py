@@ -2,7 +2,7 @@
 services that enforce count limits without asking per request: connection nodes (a tenant's
 `max_subscriptions_per_client`, services/connection/quota.py and subscription_slots.py), the
 router (retained messages and bytes, services/router/retaining.py) and the queue service
-(`max_queue_depth`, services/queue/api.py). Shared by them, so owned by none of them.
+(`max_queue_depth`, services/queue/appending.py). Shared by them, so owned by none of them.
 
 - `get(tenant)` answers at once from the copy: a `TenantLimits` shared by every holder of
   the tenant and updated in place, so a connection that took it at CONNECT sees a later

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.common.topics import TopicTrie
 from services.common.topics.merge import merge_matches
 from services.common.topics.share import SHARE_PREFIX

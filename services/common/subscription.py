@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from services.common.connect import IdentifiedSubscription
 from services.common.mqtt.packets import Subscription
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from starling.common.v1.subscription_pb2 import Subscription as SubscriptionPb
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from services.common import clock
 from services.common.bans import BanList
 from services.common.connect import ConnectOutcome
 from services.common.mqtt.reason import ReasonCode as RC
@@ -151,7 +152,7 @@ class Admission:
         protocol error); the client's next CONNECT gets CONNACK 0x8A."""
         if not len(bans):
             return
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         for conn in list(self._conns):
             ch = conn.channel
             if not conn.registered or conn.closed:

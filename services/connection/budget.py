@@ -16,6 +16,7 @@ from collections.abc import Callable
 from services.common.message import Message
 from services.common.message_size import message_bytes
 from services.connection.bucket import LIMITED, UNKNOWN, UNLIMITED, Bucket
+from services.connection.channel.hooks import DeliveryHooks
 from services.connection.channel.subscriptions import SubscriptionQuota
 
 __all__ = ["LIMITED", "UNKNOWN", "UNLIMITED", "Bucket", "DeliveryGate", "PublishGate"]
@@ -62,6 +63,7 @@ class PublishGate:
 
     def __init__(
         self,
+        *,
         tenant: str,
         buckets: tuple[tuple[Bucket, Bucket], ...],
         clock: Callable[[], float],
@@ -245,33 +247,36 @@ class DeliveryGate:
         "__weakref__",
         "_buckets",
         "_clock",
+        "_hooks",
         "_on_refused",
         "_wait",
-        "attach",
         "tenant",
         "waiting",
-        "wake",
     )
 
     def __init__(
         self,
+        *,
         tenant: str,
         buckets: tuple[Bucket, ...],
         clock: Callable[[], float],
         on_refused: Callable[[str, str], None],
         wait: Callable[[Bucket], None],
+        hooks: DeliveryHooks,
     ) -> None:
         self.tenant = tenant
         self._buckets = buckets
         self._clock = clock
         self._on_refused = on_refused
         self._wait = wait  # the bucket is out: make sure a lease will answer (and wake us)
+        self._hooks = hooks
         self.waiting = False  # in a bucket's `waiters`
-        self.wake: Callable[[], None] = _nothing
-        # Puts the gate on (itself) or off (None) its connection's delivery path.
-        self.attach: Callable[[DeliveryGate | None], None] = _ignore
         for b in buckets:
             b.gates.add(self)
+
+    def wake(self) -> None:
+        """A lease answered while the gate waited: its connection retries what it holds."""
+        self._hooks.wake()
 
     @property
     def needed(self) -> bool:
@@ -280,7 +285,7 @@ class DeliveryGate:
 
     def refresh(self) -> None:
         """Attach the gate to its connection while it is needed, detach it otherwise."""
-        self.attach(self if self.needed else None)
+        self._hooks.attach(self if self.needed else None)
 
     def admit(self, msg: Message, qos0: bool = False) -> bool:
         """`msg` (payload and topic bytes) may be written now: True charges it. `qos0`: a
@@ -340,11 +345,3 @@ def _charge(pairs: tuple[tuple[Bucket, Bucket], ...], n: int, nbytes: int, deman
             size.tokens -= nbytes
             if demand:
                 size.demand += nbytes
-
-
-def _nothing() -> None:
-    pass
-
-
-def _ignore(gate: DeliveryGate | None) -> None:
-    pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from services.common.clock import now_ms
 from services.connection.channel import Action, Channel
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class Conn:
         # message's publish time): a transient message published before it is not delivered
         # to it (fanout.py), so a late copy of one the client got on another node cannot
         # arrive here a second time.
-        self.opened_at = int(time.time() * 1000) / 1000
+        self.opened_at = now_ms() / 1000
         self.registered = False  # in the registry: CONNECT was accepted
         self.sweep_slot = 0  # when the sweeper looks at it next (sweeper.py; 0: not yet)
         self.persistent: PersistentDelivery | None = None  # the session outlives the connection

@@ -62,6 +62,7 @@ class DrainStatus:
 class Drain:
     def __init__(
         self,
+        *,
         node: Node,
         rate_per_s: int,
         timeout_s: float,

@@ -7,13 +7,13 @@ of one loop turn in one message per subject (services/common/bus/events.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client
 
 from services.common.bus import subjects
 from services.common.bus.events import EventBatcher
+from services.common.clock import now_ms
 from services.common.connect import IdentifiedSubscription
 from starling.common.v1 import event_pb2
 
@@ -56,6 +56,6 @@ class SubscriptionEvents:
             tenant=tenant,
             client_id=client_id,
             node_id=self._node,
-            ts_ms=int(time.time() * 1000),
+            ts_ms=now_ms(),
             type=kind,  # type: ignore[arg-type]
         )

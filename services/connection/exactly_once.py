@@ -50,7 +50,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from services.common.message import Message
-from services.common.store.ports import Qos2Change, Qos2Update
+from services.common.store.ports_session import Qos2Change, Qos2Update
 from services.common.tasks import TaskSet
 
 log = logging.getLogger("starling.connection.qos2")
@@ -129,6 +129,7 @@ class ExactlyOnceInbound:
 
     def __init__(
         self,
+        *,
         tenant: str,
         client_id: str,
         incarnation: int,
@@ -138,7 +139,6 @@ class ExactlyOnceInbound:
         store_only: Callable[[Message], None],
         failed: Callable[[], None],
         tasks: TaskSet,
-        *,
         fence: int,
     ) -> None:
         self._key = (tenant, client_id, incarnation)

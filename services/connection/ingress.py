@@ -39,6 +39,7 @@ tracer = trace.get_tracer("starling.connection")
 class Ingress:
     def __init__(
         self,
+        *,
         node_id: str,
         subs: NodeSubscriptions[Conn],
         mesh: MeshPublisher,

@@ -165,11 +165,11 @@ class ConnectionService:
             return None, None
         limits = LimitsCopies(QuotaClient(s.quota_addr, timeout_s=1.0))
         quota = NodeQuota(
-            s.node_id,
-            QuotaClient(s.quota_addr, timeout_s=1.0),
-            refusals.count,
-            s.quota_unavailable,
-            s.quota_lease_slices,
+            node_id=s.node_id,
+            client=QuotaClient(s.quota_addr, timeout_s=1.0),
+            on_refused=refusals.count,
+            unavailable=s.quota_unavailable,
+            slices=s.quota_lease_slices,
             limits=limits,
         )
 
@@ -185,12 +185,12 @@ class ConnectionService:
         s = self._s
         assert self.finished is not None
         self.drain = Drain(
-            node,
-            s.drain_rate_per_s,
-            s.drain_timeout_s,
-            s.drain_server_reference,
-            self._stop_accepting,
-            self.finished,
+            node=node,
+            rate_per_s=s.drain_rate_per_s,
+            timeout_s=s.drain_timeout_s,
+            default_reference=s.drain_server_reference,
+            stop_accepting=self._stop_accepting,
+            finished=self.finished,
         )
         # Bans: already connected clients named by a new ban are kicked (the session
         # service refuses their next CONNECT).

@@ -129,17 +129,17 @@ class Node:
             self.nc_shared, self.writes, self.tasks, self.holder, Fetcher(self.nc_shared)
         )
         self.subscriber = Subscriber(
-            node_id,
-            self.subs,
-            self.nc,
-            self.nc_shared,
-            self.ops,
-            fanout,
-            self.shared,
-            RetainedReplay(router, self.writes),
-            self.writes,
-            router,
-            self.interest,
+            node_id=node_id,
+            subs=self.subs,
+            nc=self.nc,
+            nc_shared=self.nc_shared,
+            ops=self.ops,
+            fanout=fanout,
+            shared=self.shared,
+            retained=RetainedReplay(router, self.writes),
+            writes=self.writes,
+            router=router,
+            interest=self.interest,
             # Subscription events when rules may read them (issue 17).
             events=SubscriptionEvents(self.nc, node_id, feed.emits) if feed else None,
             slots=self.slots,
@@ -152,17 +152,17 @@ class Node:
             lambda: len(routing) if routing is not None else 0,
         )
         self.ingress = Ingress(
-            node_id,
-            self.subs,
-            self.mesh,
-            fanout,
-            self.flow,
-            self.stats,
-            routing,
-            self.ids,
-            tracing,
-            self.interest,
-            self.rule_feed,
+            node_id=node_id,
+            subs=self.subs,
+            mesh=self.mesh,
+            fanout=fanout,
+            flow=self.flow,
+            stats=self.stats,
+            routing=routing,
+            ids=self.ids,
+            tracing=tracing,
+            interest=self.interest,
+            rules=self.rule_feed,
         )
 
     def _build_session_path(self, links: NodeLinks, settings: NodeSettings) -> None:
@@ -170,12 +170,12 @@ class Node:
         connection's life passes through."""
         node_id, feed = self.node_id, links.rule_feed
         self.wills = Wills(
-            node_id,
-            self.ingress.publish,
-            self.routing,
-            links.router,
-            self.ids,
-            settings.will_store_max_bytes,
+            node_id=node_id,
+            publish=self.ingress.publish,
+            routing=self.routing,
+            router=links.router,
+            ids=self.ids,
+            handoff_max_bytes=settings.will_store_max_bytes,
         )
         self.sys_events = SysEvents(
             node_id,
@@ -203,13 +203,13 @@ class Node:
         )
         self.lease = NodeLease(self, self.nc, settings.self_fence_s, links.on_lease_change)
         self.sweeper = Sweeper(
-            node_id,
-            self.registry,
-            self.nc,
-            self.carry_out,
-            self.mark_dirty,
-            links.queue,
-            self.lease,
+            node_id=node_id,
+            registry=self.registry,
+            nc=self.nc,
+            carry_out=self.carry_out,
+            mark_dirty=self.mark_dirty,
+            queue=links.queue,
+            lease=self.lease,
         )
 
     def _build_endings(self) -> None:
@@ -311,8 +311,8 @@ class Node:
         def resume() -> None:
             conn.resume_delivery()
 
-        new_id, on_limit = self._new_client_id, self.refusals.count
-        channel = Channel(self.config, peer, now, new_id, on_limit, gates, on_resume=resume)
+        cfg, new_id, count = self.config, self._new_client_id, self.refusals.count
+        channel = Channel(cfg, peer, now, new_id, on_limit=count, gates=gates, on_resume=resume)
         conn = Conn(self, channel, sink, cert)
         self.registry.opened(conn)
         self.sweeper.schedule(conn, now)  # CONNECT timeout: looked at from the next tick
@@ -377,15 +377,15 @@ class Node:
                     self.carry_out(conn, conn.channel.disconnect(RC.SERVER_BUSY, why))
 
             eo = conn.exactly_once = ExactlyOnceInbound(
-                ch.tenant,
-                ch.client_id,
-                ch.incarnation,
-                self.qos2_journal,
-                self.ids.next,
-                lambda msgs: self.ingress.publish(msgs, conn),
-                lambda msg: self._store_only(conn, msg),
-                failed,
-                self.tasks,
+                tenant=ch.tenant,
+                client_id=ch.client_id,
+                incarnation=ch.incarnation,
+                journal=self.qos2_journal,
+                new_id=self.ids.next,
+                publish=lambda msgs: self.ingress.publish(msgs, conn),
+                store_only=lambda msg: self._store_only(conn, msg),
+                failed=failed,
+                tasks=self.tasks,
                 fence=ch.qos2_fence,
             )
         return eo

@@ -38,6 +38,7 @@ from services.connection.budget import (
     DeliveryGate,
     PublishGate,
 )
+from services.connection.channel.hooks import NO_HOOKS, DeliveryHooks
 from services.quota.client import QuotaClient
 
 log = logging.getLogger("starling.connection.quota")
@@ -51,6 +52,7 @@ Unavailable = Literal["keep", "allow", "deny"]
 class NodeQuota:
     def __init__(
         self,
+        *,
         node_id: str,
         client: QuotaClient | None,
         on_refused: Callable[[str, str], None],
@@ -72,9 +74,9 @@ class NodeQuota:
         self._tasks = TaskSet()
         self.available = True  # the last request reached the quota service
 
-    def gate(self, tenant: str, user: str) -> PublishGate | None:
-        """The budgets a connection of `user` in `tenant` publishes under (None: no quota
-        service configured)."""
+    def gate(self, tenant: str, user: str, hooks: DeliveryHooks = NO_HOOKS) -> PublishGate | None:
+        """The budgets a connection of `user` in `tenant` publishes under, its deliveries'
+        reaching it through `hooks` (None: no quota service configured)."""
         if self._client is None:
             return None
         scopes = [(tenant, "")]
@@ -86,8 +88,22 @@ class NodeQuota:
         )
         limits = self._limits.get(tenant) if self._limits is not None else None
         out = tuple(self._bucket((t, u, OUT)) for t, u in scopes)
-        delivery = DeliveryGate(tenant, out, self._clock, self._on_refused, self._wait)
-        return PublishGate(tenant, pairs, self._clock, self._on_refused, limits, delivery)
+        delivery = DeliveryGate(
+            tenant=tenant,
+            buckets=out,
+            clock=self._clock,
+            on_refused=self._on_refused,
+            wait=self._wait,
+            hooks=hooks,
+        )
+        return PublishGate(
+            tenant=tenant,
+            buckets=pairs,
+            clock=self._clock,
+            on_refused=self._on_refused,
+            limits=limits,
+            delivery=delivery,
+        )
 
     def _bucket(self, key: tuple[str, str, str]) -> Bucket:
         b = self._buckets.get(key)

@@ -80,6 +80,7 @@ def _uncounted(limit: str, tenant: str, n: int) -> None:
 class Subscriber:
     def __init__(
         self,
+        *,
         node_id: str,
         subs: NodeSubscriptions[Conn],
         nc: Client,

@@ -40,6 +40,7 @@ TICK_S = 0.5
 class Sweeper:
     def __init__(
         self,
+        *,
         node_id: str,
         registry: Registry,
         nc: Client,

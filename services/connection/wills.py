@@ -69,6 +69,7 @@ def will_delay_s(ch: Channel) -> int:
 class Wills:
     def __init__(
         self,
+        *,
         node_id: str,
         publish: Callable[[list[Message]], None],
         routing: RoutingPipeline[Conn] | None,

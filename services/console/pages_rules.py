@@ -3,11 +3,11 @@ disable, delete, and try against a sample message (TestRule)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 from aiohttp import web
 
+from services.common.clock import now_ms
 from services.common.rpc.errors import ServiceError
 from services.console.web import back, changing, render, signed_in
 from starling.rules.v1 import rules_pb2 as pb
@@ -33,7 +33,7 @@ def sample(form: Mapping[str, str]) -> pb.SampleMessage:
         qos=int(form.get("qos", "0") or 0) if form.get("qos", "0").isdigit() else 0,
         client_id=form.get("client_id", "") or "console",
         username=form.get("username", ""),
-        published_at_ms=int(time.time() * 1000),
+        published_at_ms=now_ms(),
     )
 
 

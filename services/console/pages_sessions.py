@@ -5,10 +5,9 @@ session as its expiry would (DiscardSession: its subscriptions and queue go)."""
 
 from __future__ import annotations
 
-import time
-
 from aiohttp import web
 
+from services.common import clock
 from services.common.rpc.errors import ServiceError
 from services.console.web import back, changing, render, signed_in
 from services.session.client import SessionPage
@@ -36,7 +35,7 @@ async def sessions(request: web.Request) -> web.StreamResponse:
             )
         except ServiceError as exc:
             error = str(exc)
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     return render(
         request,
         "sessions.html",

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 from redis.asyncio import Redis
 
+from services.common.clock import now_ms
 from services.session.token_client import TokenClient
 
 COOKIE = "starling_console"
@@ -43,10 +44,6 @@ class Principal:
     @property
     def operator(self) -> bool:
         return not self.tenant
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def new_secret() -> str:

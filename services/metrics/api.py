@@ -6,7 +6,8 @@ import time
 
 import grpc
 
-from services.common.store.ports import UsageStore
+from services.common import clock
+from services.common.store.ports_usage import UsageStore
 from services.metrics.client import from_pb, to_pb
 from services.metrics.core import ClusterStats
 from services.metrics.shared import SharedReports
@@ -33,7 +34,7 @@ class MetricsApi(pb_grpc.MetricsServiceServicer):
         if not request.node_id:
             raise ValueError("node_id is required")
         tenants = {t.tenant: from_pb(t).counts() for t in request.tenants}
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         if self._shared is None:
             deltas = self._tracker.deltas(request.node_id, now_ms, tenants)
         else:

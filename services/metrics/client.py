@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from services.common.clock import now_ms
 from services.common.rpc.client import LazyStub
 from services.metrics.core import SUMMED, TenantCounts
 from starling.metrics.v1 import metrics_pb2 as pb
@@ -85,7 +85,7 @@ class MetricsClient:
         req = pb.ReportNodeStatsRequest(
             node_id=node_id,
             tenants=[to_pb(c.tenant, c) for c in counters],
-            ts_ms=int(time.time() * 1000),
+            ts_ms=now_ms(),
             reporter_kind=kind,
             resident_memory_bytes=resident_memory_bytes(),
         )

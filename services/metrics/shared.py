@@ -74,7 +74,7 @@ class SharedReports:
 def monotonic_of(at_ms: int, now_ms: int | None = None) -> float:
     """A wall-clock receipt time as this process's monotonic clock (ClusterStats ages
     reports by it)."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = now_ms() if now_ms is None else now_ms
     return time.monotonic() - max(0, now_ms - at_ms) / 1000
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.store.ports import USAGE_SUMMED, TopicDelta, UsageDelta
+from services.common.store.ports_usage import USAGE_SUMMED, TopicDelta, UsageDelta
 from services.metrics.core import TenantCounts
 
 HOUR_MS = 3_600_000

@@ -1,6 +1,7 @@
 """Typed clients of the queue service: `QueueClient` for the router (append), the session
 service (drop) and connection nodes (read, ack, mark_released); `QueueAdminClient` for
-operators.
+operators. The append's fan-out to the queues' owners, and its types (`NewEntry`,
+`AppendResult`, `StaleRoutesError`, exported here), are append_client.py's.
 
 Entries come back as `Message`s that already carry the delivery QoS, retain flag and expiry of
 their queue entry: callers never see the queue's protobuf.
@@ -8,10 +9,8 @@ their queue entry: callers never see the queue's protobuf.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message as ProtoMessage
@@ -20,27 +19,21 @@ from nats.aio.client import Client
 from services.common.bus import unary
 from services.common.bus.unary import (
     ACK_SUBJECT,
-    APPEND_SUBJECT,
-    DIRECT_APPEND_SUBJECT,
     FENCE_ROUTES_SUBJECT,
     READ_SUBJECT,
     RELEASED_SUBJECT,
-    UnaryClient,
 )
 from services.common.envelope import from_envelope
 from services.common.message import Message
 from services.common.rpc.client import LazyStub
 from services.common.rpc.errors import UnavailableError
-from services.common.rpc.limits import split_by_bytes
+from services.queue.append_client import AppendFanOut, AppendResult, NewEntry, StaleRoutesError
 from services.queue.core import queue_id
 from services.queue.owner_calls import OwnerCalls, Stub
-from services.queue.owners import Owner
-from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
 
 R = TypeVar("R", bound=ProtoMessage)
-T = TypeVar("T")
 
 __all__ = [
     "AppendResult",
@@ -54,41 +47,6 @@ __all__ = [
     "StaleRoutesError",
     "queue_id",
 ]
-
-
-class AppendResult(IntEnum):
-    """What an append did with one entry (values of `starling.queue.v1.AppendResult`)."""
-
-    OK = pb.APPEND_RESULT_OK  # stored (or already stored: appends are idempotent)
-    FENCED = pb.APPEND_RESULT_FENCED  # this queue's partition moved: not stored, try later
-    QUEUE_FULL = pb.APPEND_RESULT_QUEUE_FULL  # the depth limit refused it: dropped for good
-    # the tenant's max_queue_depth refused it: not stored, and the publisher is told (0x97)
-    QUOTA_EXCEEDED = pb.APPEND_RESULT_QUOTA_EXCEEDED
-
-
-# By wire value: a dict look-up per entry instead of an enum call (0.3 us, measured).
-_APPEND_RESULTS = {int(r): r for r in AppendResult}
-
-
-class StaleRoutesError(Exception):
-    """A checked append was refused: the route table version it was chosen with is not the
-    current one (services/queue/core.py RouteVersions). `stored` entries of the request,
-    from its start, were stored before (calls are split by size); the rest were not."""
-
-    def __init__(self, stored: int) -> None:
-        super().__init__(f"stale routes after {stored} entries")
-        self.stored = stored
-
-
-@dataclass(frozen=True, slots=True)
-class NewEntry:
-    """One message for one queue, delivered at `qos` with `retain`."""
-
-    queue_id: str
-    message: RoutedMessage  # its message_id makes the append idempotent
-    qos: int
-    retain: bool
-    subscription_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +98,6 @@ class QueueStats:
     dropped: int
 
 
-def _entry_size(e: NewEntry) -> int:
-    # The message, plus the queue id and a few small fields beside it.
-    return e.message.ByteSize() + len(e.queue_id) + 16
-
-
 def _entry_from_pb(e: pb.QueueEntry) -> QueueEntry:
     sids = e.subscription_identifiers
     return QueueEntry(
@@ -155,43 +108,11 @@ def _entry_from_pb(e: pb.QueueEntry) -> QueueEntry:
     )
 
 
-def _append_request(
-    tenant: str, entries: Sequence[NewEntry], routes_checked: int, routes_current: int
-) -> pb.AppendRequest:
-    # Each entry added in place: building a NewEntry and then the request copies every
-    # message twice (measured: 2x the cost of this per entry).
-    req = pb.AppendRequest(
-        tenant=tenant, routes_checked=routes_checked, routes_current=routes_current
-    )
-    add = req.entries.add
-    for e in entries:
-        add(
-            queue_id=e.queue_id,
-            message=e.message,
-            qos=e.qos,
-            retain=e.retain,
-            subscription_identifiers=e.subscription_ids,
-        )
-    return req
-
-
-async def _outcome(call: Awaitable[T]) -> T | Exception:
-    """`call`'s answer or the exception it raised, as `gather(return_exceptions=True)`."""
-    try:
-        return await call
-    except Exception as exc:
-        return exc
-
-
-# How long an append waits for a queue's new owner (its old one died: the lease runs out,
-# another instance claims the partition and announces it) before it answers FENCED.
-OWNER_WAIT_S = 3.0
-
-
 class QueueClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self._rpc = LazyStub(address, pb_grpc.QueueServiceStub, timeout_s=timeout_s)
-        self._calls = OwnerCalls(self._rpc, timeout_s, self._on_link_notice)
+        self._calls = OwnerCalls(rpc=self._rpc, timeout_s=timeout_s, on_notice=self._on_link_notice)
+        self._appends = AppendFanOut(calls=self._calls)
         # Readers (persistent deliveries) that take the notices pushed to them on a queue link.
         self._listeners: dict[str, Callable[[Notice], None]] = {}
 
@@ -224,10 +145,6 @@ class QueueClient:
         (gRPC for what does not fit one NATS message), each to the owner of its queue's
         partition: services/common/bus/unary.py and services/queue/owner_calls.py say why."""
         self._calls.use_bus(nc)
-
-    @property
-    def _bus(self) -> UnaryClient | None:
-        return self._calls.bus
 
     async def _call(
         self,
@@ -266,90 +183,15 @@ class QueueClient:
         BATCH_BYTES (a larger entry alone): one message matching many sessions is one entry
         per queue, each carrying the whole message. Entries an instance refused as not its
         own (FENCED), or that met a dead owner, are sent again once the new owner announced
-        itself (at most OWNER_WAIT_S; then FENCED). Appends are idempotent per message id,
-        so a call that fails after an earlier one succeeded is retried whole by the caller
-        without storing anything twice.
+        itself (at most OWNER_WAIT_S; then FENCED): append_client.py. Appends are idempotent
+        per message id, so a call that fails after an earlier one succeeded is retried whole
+        by the caller without storing anything twice.
 
         `routes_checked` (a connection node's copy of the route table chose the entries):
         that copy's version, StaleRoutesError when it is not current. `routes_current` (the
         router): its table's version, which the queue learns. Even no entries make a call
         when checked: the answer tells the node its copy is current."""
-        if not entries and not routes_checked:
-            return []
-        subject = DIRECT_APPEND_SUBJECT if routes_checked else APPEND_SUBJECT
-        calls = self._calls
-        if not entries or calls.bus is None:
-            return await self._append_at(
-                None, tenant, entries, subject, routes_checked, routes_current
-            )
-        await calls.follow()
-        out: list[AppendResult] = [AppendResult.FENCED] * len(entries)
-        todo = list(range(len(entries)))
-        deadline = 0.0
-        while todo:
-            moved = calls.moved()  # before the calls: a change during them wakes the retry
-            groups = self._by_owner(tenant, entries, todo)
-            calls_of = [
-                self._append_at(
-                    o, tenant, [entries[i] for i in idx], subject, routes_checked, routes_current
-                )
-                for o, idx in groups.items()
-            ]
-            if len(calls_of) == 1:  # one owner (the usual case): no task of its own
-                answers: list[Any] = [await _outcome(calls_of[0])]
-            else:
-                answers = await asyncio.gather(*calls_of, return_exceptions=True)
-            todo = []
-            for (owner, idx), answer in zip(groups.items(), answers, strict=True):
-                if isinstance(answer, UnavailableError) and owner is not None:
-                    todo += idx  # the owner died under the call: to its successor
-                elif isinstance(answer, BaseException):
-                    raise answer
-                else:
-                    for i, r in zip(idx, answer, strict=True):
-                        out[i] = r
-                        if r == AppendResult.FENCED:
-                            todo.append(i)  # not (or no longer) that instance's queue
-            if not todo:
-                break
-            now = asyncio.get_running_loop().time()
-            deadline = deadline or now + OWNER_WAIT_S
-            if now >= deadline:
-                break  # FENCED: the caller tries again later
-            await asyncio.wait({moved}, timeout=deadline - now)
-            todo.sort()  # each queue's entries stay in request order
-        return out
-
-    def _by_owner(
-        self, tenant: str, entries: Sequence[NewEntry], todo: list[int]
-    ) -> dict[Owner | None, list[int]]:
-        owners = self._calls.owners
-        if owners.sole is not None or not owners:
-            return {owners.sole: todo}
-        groups: dict[Owner | None, list[int]] = {}
-        for i in todo:
-            groups.setdefault(owners.owner(tenant, entries[i].queue_id), []).append(i)
-        return groups
-
-    async def _append_at(
-        self,
-        owner: Owner | None,
-        tenant: str,
-        entries: Sequence[NewEntry],
-        subject: str,
-        routes_checked: int,
-        routes_current: int,
-    ) -> list[AppendResult]:
-        results: list[AppendResult] = []
-        keys = sorted({(tenant, e.queue_id) for e in entries})
-        runs = split_by_bytes(entries, _entry_size) if entries else [[]]
-        for run in runs:
-            req = _append_request(tenant, run, routes_checked, routes_current)
-            resp = await self._calls.call(owner, keys, subject, _append, req, pb.AppendResponse)
-            if resp.stale_routes:
-                raise StaleRoutesError(len(results))
-            results += [_APPEND_RESULTS[r] for r in resp.results]
-        return results
+        return await self._appends.append(tenant, entries, routes_checked, routes_current)
 
     async def fence_routes(self, tenant: str, version: int) -> int:
         """Every queue instance holds `version` (or a higher one) of the tenant's route
@@ -440,10 +282,6 @@ class QueueClient:
 
 
 # Which method of a stub a call uses (the stub is the owner's).
-def _append(s: Stub) -> Any:
-    return s.stub.Append
-
-
 def _read(s: Stub) -> Any:
     return s.stub.Read
 

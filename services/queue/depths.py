@@ -38,7 +38,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection
 
-from services.common.store.ports import QueueChange, QueueStore
+from services.common.store.ports_queue import QueueChange, QueueStore
 from services.queue.core import partition_of
 
 log = logging.getLogger("starling.queue.depths")

@@ -9,6 +9,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
+from functools import partial
 
 import grpc
 from nats.aio.client import Client
@@ -38,9 +39,12 @@ from services.common.store.open import open_queue_store
 from services.metrics.client import MetricsClient, TenantCounters, report_every
 from services.queue.api import QueueAdminApi, QueueApi
 from services.queue.config import QueueSettings
+from services.queue.consuming import forget_partitions
+from services.queue.depths import QueueDepths
 from services.queue.leases import LeaseTable
 from services.queue.link import HEADER_BYTES, METHODS, Handler, LinkServer
 from services.queue.ownership import Partitions
+from services.queue.readers import Readers
 from services.quota.client import QuotaClient
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc
@@ -65,11 +69,21 @@ class QueueService:
             settings.queue_lease_ttl_ms,
             settings.queue_lease_key_prefix,
         )
+        self._nats = LateClient()
+        readers = Readers()
+        count = settings.queue_partitions
+        # Entries waiting per tenant in this instance's partitions (reported to metrics).
+        depths = QueueDepths(count, lambda: self._parts.epochs.keys())
         self._parts = Partitions(
-            settings, self.instance_id, leases, self._store, _advertised(settings)
+            settings=settings,
+            instance_id=self.instance_id,
+            leases=leases,
+            store=self._store,
+            grpc_address=_advertised(settings),
+            on_lost=partial(forget_partitions, readers=readers, depths=depths, count=count),
+            publish=lambda data: self._nats.publish(QUEUE_OWNERS_SUBJECT, data),
         )
         self._leasing: asyncio.Task[None] | None = None
-        self._nats = LateClient()
         # Tenants' max_queue_depth: copies of the quota service's limits.
         self._limits = (
             LimitsCopies(QuotaClient(settings.quota_addr, timeout_s=1.0))
@@ -77,7 +91,15 @@ class QueueService:
             else None
         )
         # LateClient stands in for the NATS client until start() connects it.
-        self._api = QueueApi(self._store, self._parts, self._s, self._nats, self._limits)  # type: ignore[arg-type]
+        self._api = QueueApi(
+            store=self._store,
+            parts=self._parts,
+            settings=self._s,
+            nats=self._nats,  # type: ignore[arg-type]
+            readers=readers,
+            depths=depths,
+            limits=self._limits,
+        )
         register_refusal_metrics(self._api.refusals, "starling.queue")
         self._servers: list[UnaryServer] = []
         self._link: LinkServer | None = None
@@ -95,7 +117,6 @@ class QueueService:
         nc = self._nats.nc
         if self._limits is not None:
             await self._limits.start(nc)
-        self._parts.publish = lambda data: nc.publish(QUEUE_OWNERS_SUBJECT, data)
         # The leases live in Redis: its first round needs it.
         await redis_ready(self._redis, self._s.dependency_wait_s)
         # The first round before serving: alone, this instance owns every partition when

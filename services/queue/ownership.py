@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
-from services.common.store.ports import QueueStore
+from services.common.store.ports_queue import QueueStore
 from services.queue.config import QueueSettings
 from services.queue.leases import LeaseTable
 from starling.queue.v1 import queue_pb2 as pb
@@ -37,12 +37,17 @@ class Partitions:
 
     def __init__(
         self,
+        *,
         settings: QueueSettings,
         instance_id: str,
         leases: LeaseTable,
         store: QueueStore,
         grpc_address: str = "",
+        on_lost: Callable[[set[int]], None] = lambda _: None,
+        publish: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_lost(partitions)`: this instance stopped owning them (their readers and depths
+        go); `publish(announcement)`: the owners' announcement on NATS (None: not sent)."""
         self.count = settings.queue_partitions
         self.index = settings.instance_index
         self.instances = settings.instance_count
@@ -55,9 +60,8 @@ class Partitions:
         self._store = store
         self._tick_s = settings.queue_lease_ttl_ms / 4000
         self._announced = 0.0
-        # Called with the partitions this instance stopped owning (their readers are dropped).
-        self.on_lost: Callable[[set[int]], None] = lambda _: None
-        self.publish: Callable[[bytes], Awaitable[None]] | None = None
+        self.on_lost = on_lost
+        self.publish = publish
 
     def owns(self, partition: int) -> bool:
         return partition in self.epochs

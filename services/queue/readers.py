@@ -43,7 +43,7 @@ from typing import Any
 from services.queue.core import partition_of
 
 # The most a renewal grants (a node's `room`: its client's window, at most a read's worth),
-# as a Read's limit is capped (services/queue/api.py).
+# as a Read's limit is capped (services/queue/consuming.py `MAX_READ`).
 MAX_CREDIT = 10_000
 
 # Detached readers remembered (a Read racing its reader's detach lasts a round trip, not

@@ -17,11 +17,13 @@ from collections.abc import Awaitable, Callable
 import grpc
 from redis.asyncio import Redis
 
+from services.common import clock
 from services.common.bans import Ban, BanKind, normalized
 from services.common.bus import subjects
 from services.common.quota_keys import limits_key, scope
+from services.common.rpc.arguments import tenant_argument
 from services.common.rpc.errors import InvalidArgumentError, ResourceExhaustedError
-from services.common.store.ports import BanStore
+from services.common.store.ports_bans import BanStore
 from services.common.subscription_counts import SubscriptionCounts
 from services.quota.ban_codec import ban_to_pb
 from starling.quota.v1 import quota_pb2 as pb
@@ -71,8 +73,7 @@ Publish = Callable[[str, bytes], Awaitable[None]]
 
 
 async def get_limits(redis: Redis, request: pb.GetLimitsRequest) -> pb.GetLimitsResponse:
-    if not request.tenant:
-        raise InvalidArgumentError("tenant is required")
+    tenant_argument(request.tenant)
     raw = await redis.hgetall(limits_key(request.tenant, request.user))  # type: ignore[misc]
     values = {k.decode(): int(v) for k, v in raw.items() if k.decode() in _FIELDS}
     return pb.GetLimitsResponse(limits=pb.Limits(**values))
@@ -99,7 +100,7 @@ class Bans:
 
     async def add(self, request: pb.AddBanRequest, source: str) -> pb.AddBanResponse:
         kind = _kind(request.ban.kind, "ban.kind")
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         expires = request.ban.expires_at_ms
         if request.duration_s:
             expires = now_ms + request.duration_s * 1000
@@ -165,8 +166,7 @@ class QuotaAdminApi(pb_grpc.QuotaAdminServiceServicer):
     async def SetLimits(
         self, request: pb.SetLimitsRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetLimitsResponse:
-        if not request.tenant:
-            raise InvalidArgumentError("tenant is required")
+        tenant_argument(request.tenant)
         mapping = {name: getattr(request.limits, name) for name in _FIELDS}
         await self._redis.hset(limits_key(request.tenant, request.user), mapping=mapping)  # type: ignore[misc]
         log.info("limits_set", extra={"tenant": request.tenant, "user": request.user, **mapping})
@@ -226,8 +226,7 @@ class QuotaApi(pb_grpc.QuotaServiceServicer):
         if field is None:
             known = sorted([*_RATE_RESOURCES, *_TOTAL_RESOURCES])
             raise InvalidArgumentError(f"unknown resource {res!r}; expected one of {known}")
-        if not request.tenant:
-            raise InvalidArgumentError("tenant is required")
+        tenant_argument(request.tenant)
         scope = _scope(request.tenant, request.user)
         ttl_ms = self._ttl
         now_ms = time.time_ns() // 1_000_000

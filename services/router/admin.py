@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from services.common.bus import subjects
+from services.common.clock import now_ms
 from services.common.mqtt.errors import MqttError
 from services.common.route_table import RouteTable
+from services.common.rpc.arguments import tenant_argument
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
 from services.common.topics import NO_LIMITS, validate_topic_filter, validate_topic_name
 from services.router.delaying import DelayedMessages
@@ -20,12 +21,6 @@ from services.router.retaining import Retaining
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1 import router_pb2 as pb
 from starling.router.v1 import router_pb2_grpc as pb_grpc
-
-
-def _tenant(value: str) -> str:
-    if not value:
-        raise InvalidArgumentError("tenant is required")
-    return value
 
 
 def _filter_syntax(value: str) -> None:
@@ -67,7 +62,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     ) -> pb.ListRoutesResponse:
         """Transient routes (filter -> nodes, gathered from every node over NATS) and
         persistent routes (filter -> sessions client#incarnation, from the route table)."""
-        tenant = _tenant(request.tenant)
+        tenant = tenant_argument(request.tenant)
         nodes: dict[str, set[str]] = {}
         gathered = [] if request.persistent_only else await self._gather(tenant)
         for reply in gathered:
@@ -114,10 +109,10 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     async def ListRetained(
         self, request: pb.ListRetainedRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListRetainedResponse:
-        tenant = _tenant(request.tenant)
+        tenant = tenant_argument(request.tenant)
         await self._retaining.fresh(tenant)
         filt = _checked("topic_filter", request.topic_filter or "#", _filter_syntax)
-        found, examined = self._retained.match(tenant, filt, int(time.time() * 1000))
+        found, examined = self._retained.match(tenant, filt, now_ms())
         limit = request.limit or 1000
         return pb.ListRetainedResponse(
             messages=[RoutedMessage.FromString(v.data) for _, v in found[:limit]],
@@ -128,7 +123,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     async def DeleteRetained(
         self, request: pb.DeleteRetainedRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteRetainedResponse:
-        tenant = _tenant(request.tenant)
+        tenant = tenant_argument(request.tenant)
         _checked("topic", request.topic, _name_syntax)
         deleted = await self._retaining.delete(tenant, request.topic)
         return pb.DeleteRetainedResponse(deleted=deleted)
@@ -136,7 +131,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     async def ListDelayed(
         self, request: pb.ListDelayedRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListDelayedResponse:
-        tenant = _tenant(request.tenant)
+        tenant = tenant_argument(request.tenant)
         await self._delayed.fresh()
         recs = self._delayed.of_tenant(tenant)
         return pb.ListDelayedResponse(
@@ -151,7 +146,7 @@ class RouterAdminApi(pb_grpc.RouterAdminServiceServicer):
     async def CancelDelayed(
         self, request: pb.CancelDelayedRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelDelayedResponse:
-        tenant = _tenant(request.tenant)
+        tenant = tenant_argument(request.tenant)
         if not await self._delayed.cancel(tenant, request.id):
             raise NotFoundError(f"no delayed message {request.id!r} in {tenant!r}")
         return pb.CancelDelayedResponse(cancelled=True)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 import grpc
 
+from services.common.clock import now_ms
 from services.common.route_table import RouteTable
 from services.common.rpc.errors import InvalidArgumentError
 from services.common.store.eventlog import EventKind, LogEvent, LoggedSessionStore, subscription_of
@@ -74,9 +74,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         if not request.tenant or not request.topic_filter:
             raise InvalidArgumentError("tenant and topic_filter are required")
         await self._retaining.fresh(request.tenant)
-        found, examined = self._retained.match(
-            request.tenant, request.topic_filter, int(time.time() * 1000)
-        )
+        found, examined = self._retained.match(request.tenant, request.topic_filter, now_ms())
         messages = []
         for _topic, value in found:
             m = RoutedMessage.FromString(value.data)

@@ -22,7 +22,7 @@ from services.common.message import Message
 from services.common.route_table import RouteResult, RouteTable
 from services.common.rpc.client import LazyStub, target
 from services.common.rpc.limits import split_by_bytes
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.common.subscription import identified_from_pb, identified_to_pb, record_from_pb
 from services.router.snapshot import load_tenant
 from starling.common.v1.message_pb2 import RoutedMessage

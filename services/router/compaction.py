@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from services.common.route_table import RouteTable
 from services.common.store.eventlog import LoggedSessionStore, SnapshotManifest
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.router.snapshot import encode_tenant
 
 

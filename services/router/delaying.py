@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 
 from services.common.bus.large import Holder
 from services.common.bus.publisher import RulesFeed
+from services.common.clock import now_ms
 from services.common.route_table import RouteResult
-from services.common.store.ports import DelayedRecord, RouterStore
+from services.common.store.ports_router import DelayedRecord, RouterStore
 from services.common.topics import topic_to_subject
 from services.common.topics.delayed import DelayedTopic
 from services.router.cluster import DELAYED, Generations, Lease
@@ -48,10 +48,6 @@ Route = Callable[[list[RoutedMessage]], Awaitable[tuple[list[RouteResult], int]]
 def will_id(client_id: str) -> str:
     """Id of a client's delayed will among the delayed messages (one per client)."""
     return WILL_PREFIX + client_id
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class DelayedMessages:
@@ -121,7 +117,7 @@ class DelayedMessages:
         inner.CopyFrom(m)
         inner.topic = d.topic
         rec = DelayedRecord(
-            key[1], m.tenant, _now_ms() + d.seconds * 1000, inner.SerializeToString()
+            key[1], m.tenant, now_ms() + d.seconds * 1000, inner.SerializeToString()
         )
         if not id:
             limit = self._limit(m.tenant, len(rec.data))
@@ -245,7 +241,7 @@ class DelayScheduler:
         cancelled. A round that fails is logged; the next one runs."""
         while True:
             nxt = self._held.next_due_ms()
-            wait = TURN_S if nxt is None else max(0.0, min(TURN_S, (nxt - _now_ms()) / 1000))
+            wait = TURN_S if nxt is None else max(0.0, min(TURN_S, (nxt - now_ms()) / 1000))
             await self._held.changed(wait)
             try:
                 await self._round()
@@ -267,7 +263,7 @@ class DelayScheduler:
     async def _round(self) -> None:
         if not await self._may_fire():
             return
-        for tenant, id in self._held.due(_now_ms()):
+        for tenant, id in self._held.due(now_ms()):
             # Looked up at its turn: it may have been cancelled or replaced meanwhile.
             rec = self._held.get(tenant, id)
             if rec is not None:
@@ -279,14 +275,14 @@ class DelayScheduler:
             await self._publish(rec)
         except Exception:
             log.exception("delayed_publish_failed", extra={"id": rec.id})
-            self._held.retry(rec, _now_ms() + RETRY_MS)
+            self._held.retry(rec, now_ms() + RETRY_MS)
             return
         try:
             await self._held.done(rec)
         except Exception:
             log.exception("delayed_delete_failed", extra={"id": rec.id})
             if self._held.get(rec.tenant, rec.id) is rec:  # the delete failed: fire it again
-                self._held.retry(rec, _now_ms() + RETRY_MS)
+                self._held.retry(rec, now_ms() + RETRY_MS)
 
     async def _may_fire(self) -> bool:
         """Alone: always. Several instances: our delayed messages are the store's, and we
@@ -302,7 +298,7 @@ class DelayScheduler:
 
     async def _publish(self, rec: DelayedRecord) -> None:
         m = RoutedMessage.FromString(rec.data)
-        m.published_at_ms = _now_ms()
+        m.published_at_ms = now_ms()
         rules = self._rules
         # To the rules alongside the publish, best effort as for the session service's wills:
         # a stream that is slow, away, or refuses it (larger than one NATS message) never

@@ -4,12 +4,12 @@ per tenant and cap, and told on the tenant's `quota_exceeded` event subject."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from nats.aio.client import Client
 
 from services.common.bus import subjects
+from services.common.clock import now_ms
 from services.common.refusals import Refusals
 from starling.common.v1 import event_pb2
 
@@ -30,7 +30,7 @@ class QuotaEvents:
         ev = event_pb2.Event(
             tenant=tenant,
             type=event_pb2.EVENT_TYPE_QUOTA_EXCEEDED,
-            ts_ms=int(time.time() * 1000),
+            ts_ms=now_ms(),
             quota_exceeded=event_pb2.QuotaExceeded(limit=limit),
         )
         try:

@@ -9,7 +9,7 @@ is a record for reports here, never what retained messages are restored from.
 from __future__ import annotations
 
 from services.common.store.eventlog import EventKind, EventLog, LogEvent
-from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
+from services.common.store.ports_router import DelayedRecord, RetainedRecord, RouterStore
 
 
 class RetainedLogging:

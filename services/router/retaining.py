@@ -10,11 +10,11 @@ a cap holds across restarts (every record is loaded at start).
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
 
+from services.common.clock import now_ms
 from services.common.limits_copies import LimitsCopies
-from services.common.store.ports import RetainedRecord, RouterStore
+from services.common.store.ports_router import RetainedRecord, RouterStore
 from services.router.cluster import Generations
 from services.router.limits import Caps, fits
 from services.router.quota_events import QuotaEvents
@@ -172,7 +172,7 @@ class Retaining:
 
     async def _purge_expired(self, tenant: str) -> bool:
         """Forget the tenant's expired retained messages; True when any were."""
-        now = int(time.time() * 1000)
+        now = now_ms()
         if now - self._purged_at.get(tenant, -PURGE_EVERY_MS) < PURGE_EVERY_MS:
             return False
         self._purged_at[tenant] = now

@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
 import grpc
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.common.clock import now_ms
+from services.common.rpc.arguments import tenant_argument
 from services.common.rpc.errors import (
     AlreadyExistsError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
 )
-from services.common.store.ports import RuleRecord, RuleStore
+from services.common.store.ports_rules import RuleRecord, RuleStore
 from services.common.topics.autosub import check_template
 from services.common.topics.rules import topic_matches
 from services.rules.actions import ActionContext, build_action
@@ -77,8 +78,7 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
 
     @staticmethod
     def _ids(tenant: str, rule_id: str) -> None:
-        if not tenant:
-            raise InvalidArgumentError("tenant is required")
+        tenant_argument(tenant)
         if not _RULE_ID.match(rule_id):
             raise InvalidArgumentError(
                 "rule_id: 1 to 64 characters among letters, digits, '_', '.', '-'"
@@ -115,7 +115,7 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
             raise ResourceExhaustedError(
                 f"tenant {r.tenant!r} has {len(existing)} rules (rules_max_per_tenant)"
             )
-        now = int(time.time() * 1000)
+        now = now_ms()
         rec = RuleRecord(
             r.tenant, r.rule_id, r.sql, encode_actions(specs), r.enabled, now, now, r.description
         )
@@ -136,7 +136,7 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
             enabled=r.enabled,
             description=r.description,
             if_updated_at_ms=request.if_updated_at_ms,
-            now_ms=int(time.time() * 1000),
+            now_ms=now_ms(),
         )
         await self._store.put_rule(rec)
         await self._registry.changed(r.tenant)
@@ -154,8 +154,7 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
     async def ListRules(
         self, request: pb.ListRulesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListRulesResponse:
-        if not request.tenant:
-            raise InvalidArgumentError("tenant is required")
+        tenant_argument(request.tenant)
         recs = await self._store.list_rules(request.tenant)
         return pb.ListRulesResponse(rules=[to_proto(r) for r in recs])
 
@@ -185,7 +184,7 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
                 rec.actions_json,
                 request.enabled,
                 rec.created_at_ms,
-                int(time.time() * 1000),
+                now_ms(),
                 rec.description,
             )
             await self._store.put_rule(rec)
@@ -213,7 +212,7 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
             retain=m.retain,
             clientid=m.client_id,
             username=m.username,
-            published_at_ms=m.published_at_ms or int(time.time() * 1000),
+            published_at_ms=m.published_at_ms or now_ms(),
             message_id="test",
             user_properties=tuple(sorted(m.user_properties.items())),
         )
@@ -299,16 +298,14 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
     async def ListAutoSubscriptions(
         self, request: pb.ListAutoSubscriptionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListAutoSubscriptionsResponse:
-        if not request.tenant:
-            raise InvalidArgumentError("tenant is required")
+        tenant_argument(request.tenant)
         return pb.ListAutoSubscriptionsResponse(subscriptions=await self._autosubs(request.tenant))
 
     async def AddAutoSubscription(
         self, request: pb.AddAutoSubscriptionRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddAutoSubscriptionResponse:
         tenant, sub = request.tenant, request.subscription
-        if not tenant:
-            raise InvalidArgumentError("tenant is required")
+        tenant_argument(tenant)
         try:
             check_template(sub.filter, sub.qos)
         except ValueError as exc:
@@ -325,8 +322,7 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
     async def DeleteAutoSubscription(
         self, request: pb.DeleteAutoSubscriptionRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteAutoSubscriptionResponse:
-        if not request.tenant:
-            raise InvalidArgumentError("tenant is required")
+        tenant_argument(request.tenant)
         deleted = await self._store.delete_auto_subscription(request.tenant, request.filter)
         if deleted:
             await self._registry.changed(request.tenant)

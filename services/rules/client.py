@@ -22,6 +22,7 @@ from enum import IntEnum
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 
 from services.common.bus import subjects
@@ -48,7 +49,8 @@ class StoreOutcome(IntEnum):
 class RuleFeed:
     def __init__(self, nc: Client, resync_s: float = 30.0, ack_timeout_s: float = 5.0) -> None:
         self._nc = nc
-        self._js = nc.jetstream(timeout=ack_timeout_s)
+        self._ack_timeout_s = ack_timeout_s
+        self._jetstream: JetStreamContext | None = None  # made at first use (`_js`)
         self._resync_s = resync_s
         self._tries: dict[str, TopicTrie[str, None]] = {}
         self._autosubs: dict[str, tuple[AutoSubscription, ...]] = {}
@@ -57,6 +59,14 @@ class RuleFeed:
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[object]] = set()
         self._full = False  # the stream's last answer was "full" (logged once per episode)
+
+    @property
+    def _js(self) -> JetStreamContext:
+        """The stream's context, made at first use: the feed may be built before its NATS
+        client connects (services/common/bus/client.py LateClient)."""
+        if self._jetstream is None:
+            self._jetstream = self._nc.jetstream(timeout=self._ack_timeout_s)
+        return self._jetstream
 
     # ---- filters ------------------------------------------------------------------------
 

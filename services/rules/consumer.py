@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
@@ -37,6 +36,7 @@ from nats.js.api import (
 
 from services.common.bus import subjects
 from services.common.bus.events import decode_events
+from services.common.clock import now_ms
 from services.rules.actions.base import Output
 from services.rules.actions.delivery import Delivery
 from services.rules.engine import Engine
@@ -296,7 +296,7 @@ class StreamConsumer:
             latest[env.tenant] = max(latest.get(env.tenant, 0), env.published_at_ms)
         stale = {t for t, ms in latest.items() if self._refreshed_ms.get(t, 0) < ms + 1000}
         for tenant in stale:
-            self._refreshed_ms[tenant] = int(time.time() * 1000)
+            self._refreshed_ms[tenant] = now_ms()
             try:
                 await self._refresh(tenant)
             except Exception as exc:  # the store failed: the batch is pulled again later

@@ -10,7 +10,7 @@ import dataclasses
 import grpc
 
 from services.common.rpc.errors import InvalidArgumentError
-from services.common.store.ports import RuleRecord
+from services.common.store.ports_rules import RuleRecord
 
 
 def edited(

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from services.common.store.ports import RuleRecord
+from services.common.store.ports_rules import RuleRecord
 from services.common.topics.trie import TopicTrie
 from services.rules.actions.base import Output
 from services.rules.actions.delivery import Delivery

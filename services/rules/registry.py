@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common.bus import subjects
-from services.common.store.ports import RuleRecord, RuleStore
+from services.common.store.ports_rules import RuleRecord, RuleStore
 from services.common.topics.autosub import AutoSubscription
 from services.rules.actions import ActionContext, build_action
 from services.rules.actions.dead_letters import DeadLetterStore

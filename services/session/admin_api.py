@@ -12,8 +12,8 @@ from nats.aio.client import Client
 from services.common.acl import AclRule
 from services.common.mqtt.errors import MqttError
 from services.common.mqtt.reason import ReasonCode as RC
+from services.common.rpc.arguments import required, tenant_argument
 from services.common.rpc.errors import InvalidArgumentError, NotFoundError
-from services.common.tenant_name import check_tenant
 from services.common.topics import validate_topic_filter
 from services.session import offline_api
 from services.session.acl_codec import rule_from_pb, rule_to_pb
@@ -43,12 +43,6 @@ def _checked_rule(r: pb.AclRule, index: int) -> AclRule:
     return rule_from_pb(r)
 
 
-def _require(value: str, name: str) -> str:
-    if not value:
-        raise InvalidArgumentError(f"{name} is required")
-    return value
-
-
 class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
     def __init__(
         self,
@@ -65,21 +59,12 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
         self._offline = offline
         self._listing = listing
 
-    @staticmethod
-    def _tenant(value: str) -> str:
-        _require(value, "tenant")
-        try:
-            check_tenant(value)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-        return value
-
     async def CreateUser(
         self, request: pb.CreateUserRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateUserResponse:
-        tenant = self._tenant(request.tenant)
-        _require(request.username, "username")
-        _require(request.password, "password")
+        tenant = tenant_argument(request.tenant)
+        required(request.username, "username")
+        required(request.password, "password")
         if request.hash_scheme not in ("", "argon2", "bcrypt"):
             raise InvalidArgumentError("hash_scheme must be 'argon2' or 'bcrypt'")
         try:
@@ -95,14 +80,14 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
     async def DeleteUser(
         self, request: pb.DeleteUserRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteUserResponse:
-        tenant = self._tenant(request.tenant)
-        deleted = await self._auth.delete_user(tenant, _require(request.username, "username"))
+        tenant = tenant_argument(request.tenant)
+        deleted = await self._auth.delete_user(tenant, required(request.username, "username"))
         return pb.DeleteUserResponse(deleted=deleted)
 
     async def SetAcl(
         self, request: pb.SetAclRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetAclResponse:
-        tenant = self._tenant(request.tenant)
+        tenant = tenant_argument(request.tenant)
         rules = [_checked_rule(r, i) for i, r in enumerate(request.rules)]
         await self._auth.set_acl(tenant, rules)
         return pb.SetAclResponse()
@@ -110,13 +95,13 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
     async def GetAcl(
         self, request: pb.GetAclRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAclResponse:
-        rules = await self._auth.acl(self._tenant(request.tenant))
+        rules = await self._auth.acl(tenant_argument(request.tenant))
         return pb.GetAclResponse(rules=[rule_to_pb(r) for r in rules])
 
     async def ListClients(
         self, request: pb.ListClientsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListClientsResponse:
-        tenant = self._tenant(request.tenant)
+        tenant = tenant_argument(request.tenant)
         if request.client_id:
             one = await self._registry.get(tenant, request.client_id)
             page = HolderPage(holders=(one,) if one else (), total=1 if one else 0)
@@ -145,8 +130,8 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
     async def KickClient(
         self, request: pb.KickClientRequest, context: grpc.aio.ServicerContext
     ) -> pb.KickClientResponse:
-        tenant = self._tenant(request.tenant)
-        holder = await self._registry.get(tenant, _require(request.client_id, "client_id"))
+        tenant = tenant_argument(request.tenant)
+        holder = await self._registry.get(tenant, required(request.client_id, "client_id"))
         if holder is None:
             raise NotFoundError(f"client {request.client_id!r} is not connected in {tenant!r}")
         await send_kick(self._nc, holder, RC.ADMINISTRATIVE_ACTION)
@@ -155,10 +140,12 @@ class SessionAdminApi(pb_grpc.SessionAdminServiceServicer):
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListSessionsResponse:
-        return await offline_api.list_sessions(self._offline, self._tenant(request.tenant), request)
+        return await offline_api.list_sessions(
+            self._offline, tenant_argument(request.tenant), request
+        )
 
     async def DiscardSession(
         self, request: pb.DiscardSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.DiscardSessionResponse:
-        tenant = self._tenant(request.tenant)
+        tenant = tenant_argument(request.tenant)
         return await offline_api.discard_session(self._offline, tenant, request)

@@ -11,7 +11,7 @@ import grpc
 
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.rpc.errors import InvalidArgumentError
-from services.common.store.ports import Qos2Change, Qos2Update
+from services.common.store.ports_session import Qos2Change, Qos2Update
 from services.common.subscription import record_to_pb
 from services.session.acl_codec import rule_to_pb
 from services.session.client import CONNECT_BATCH, RECLAIM_BATCH

@@ -14,7 +14,7 @@ from services.common.ban_watch import BanWatch
 from services.common.redis_client import PoolLimits, redis_client
 from services.common.store.eventlog import LoggedSessionStore
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
-from services.common.store.ports import AdminTokenStore, AuthStore
+from services.common.store.ports_auth import AdminTokenStore, AuthStore
 from services.queue.client import QueueAdminClient, QueueClient
 from services.quota.client import QuotaClient
 from services.router.client import RouterClient
@@ -107,13 +107,13 @@ def build_auth(
     """Users and ACLs, cached in Redis and in this process; `announce` tells the other
     instances of a change."""
     return Authenticator(
-        store,
-        redis,
-        s.auth_cache_ttl_s,
-        s.anonymous_tenants,
-        gate,
-        s.auth_local_cache_ttl_s,
-        s.auth_local_cache_entries,
+        store=store,
+        redis=redis,
+        cache_ttl_s=s.auth_cache_ttl_s,
+        anonymous=s.anonymous_tenants,
+        gate=gate,
+        local_ttl_s=s.auth_local_cache_ttl_s,
+        local_entries=s.auth_local_cache_entries,
         announce=announce,
     )
 
@@ -179,11 +179,11 @@ def _authenticators(
 def _throttle(s: SessionSettings) -> AuthThrottle:
     def backoff(threshold: int) -> Backoff:
         return Backoff(
-            threshold,
-            s.auth_backoff_base_s,
-            s.auth_backoff_max_s,
-            s.auth_failure_window_s,
-            s.auth_backoff_max_tracked,
+            threshold=threshold,
+            base_s=s.auth_backoff_base_s,
+            max_s=s.auth_backoff_max_s,
+            window_s=s.auth_failure_window_s,
+            max_keys=s.auth_backoff_max_tracked,
         )
 
     return AuthThrottle(

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from redis.asyncio import Redis
 
 from services.common.acl import Access, AclRule
-from services.common.store.ports import AuthStore, UserRecord
+from services.common.store.ports_auth import AuthStore, UserRecord
 from services.common.tenant_name import check_tenant
 from services.session import credentials
 from services.session.cache import LocalCache, Missing
@@ -50,6 +50,7 @@ def split_username(username: str) -> tuple[str, str]:
 class Authenticator:
     def __init__(
         self,
+        *,
         store: AuthStore,
         redis: Redis,
         cache_ttl_s: int,
@@ -57,7 +58,6 @@ class Authenticator:
         gate: HashGate | None = None,
         local_ttl_s: float = 0.0,
         local_entries: int = 100_000,
-        *,
         announce: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store

@@ -21,7 +21,7 @@ from services.common.connect import ConnectAttempt, ConnectOutcome, ReauthAttemp
 from services.common.rpc.client import LazyStub
 from services.common.rpc.errors import UnavailableError
 from services.common.rpc.limits import BATCH_BYTES, split_by_bytes
-from services.common.store.ports import Qos2Change, Qos2Update
+from services.common.store.ports_session import Qos2Change, Qos2Update
 from services.common.tasks import TaskSet
 from services.session.acl_codec import rule_from_pb, rule_to_pb
 from services.session.connect_client import connect_outcome, connect_request, reauth_outcome

@@ -11,16 +11,16 @@ installed, so a refused CONNECT never kicks the connection it would have displac
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client
 
 from services.common.acl import AclRule, substitute
+from services.common.clock import now_ms
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.refusals import Refusals
-from services.common.store.ports import SessionRecord
+from services.common.store.ports_session import SessionRecord
 from services.session.auth import Authenticator
 from services.session.core import may_use
 from services.session.events import Events
@@ -206,7 +206,7 @@ class Connecting:
             name,
             a.peer_address,
             a.protocol_level,
-            int(time.time() * 1000),
+            now_ms(),
             a.clean_start,
             owner,
             will,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.store.ports import NEVER_EXPIRES, SessionRecord
+from services.common.store.ports_session import NEVER_EXPIRES, SessionRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
@@ -13,6 +12,7 @@ from nats.js.errors import NotFoundError
 
 from services.common.bus import subjects
 from services.common.bus.events import EventBatcher
+from services.common.clock import now_ms
 from starling.common.v1 import event_pb2
 
 log = logging.getLogger("starling.session.events")
@@ -55,9 +55,7 @@ class Events:
         self._node = node_id
 
     async def emit(self, tenant: str, client_id: str, kind: str, **detail: object) -> None:
-        ev = event_pb2.Event(
-            tenant=tenant, client_id=client_id, node_id=self._node, ts_ms=int(time.time() * 1000)
-        )
+        ev = event_pb2.Event(tenant=tenant, client_id=client_id, node_id=self._node, ts_ms=now_ms())
         if kind == "connected":
             ev.type = event_pb2.EVENT_TYPE_CLIENT_CONNECTED
             ev.connected.CopyFrom(event_pb2.ClientConnected(**detail))  # type: ignore[arg-type]

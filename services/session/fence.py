@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import time
 
 from nats.aio.client import Client
 
 from services.common.bus import subjects
+from services.common.clock import now_ms
 from services.session.failover import PrimaryWatch
 from services.session.registry import Holder, Registry
 from starling.session.v1 import session_pb2 as pb
@@ -66,7 +66,7 @@ def reclaimed_holder(node_id: str, c: pb.HeldConnection, will_max_bytes: int = 0
         username=c.username,
         peer_address=c.peer_address,
         protocol_level=c.protocol_level,
-        connected_at_ms=c.connected_at_ms or int(time.time() * 1000),
+        connected_at_ms=c.connected_at_ms or now_ms(),
         clean_start=c.clean_start,
         owner=None,
         will=base64.b64encode(c.will).decode() if keep else "",

@@ -10,8 +10,8 @@ cannot be reached the ban is kept here only, until it expires.
 from __future__ import annotations
 
 import logging
-import time
 
+from services.common import clock
 from services.common.bans import Ban, BanKind, BanList
 from services.quota.client import QuotaClient
 from services.session.flapping import Flap, FlapDetector
@@ -36,7 +36,7 @@ class Gatekeeper:
 
     async def check(self, tenant: str, client_id: str, user: str, peer: str) -> str:
         """ "" when the client may go on; otherwise why it is refused (banned)."""
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         ban = self._bans.match(tenant, client_id, user, peer, now_ms)
         if ban is None and self._local_bans:
             ban = self._local.match(tenant, client_id, user, peer, now_ms)

@@ -240,6 +240,7 @@ class RedisStreak:
 class NodeLiveness:
     def __init__(
         self,
+        *,
         registry: Registry,
         sessions: Sessions,
         timeout_s: float,

@@ -78,23 +78,29 @@ class SessionService:
         self._registry = Registry(self._redis)
         self._events = Events(nc, s.node_id)
         self._sessions = Sessions(
-            self._stores.session,
-            self._remotes.router,
-            self._remotes.queues,
-            s.max_session_expiry_s,
-            self._events,
-            self._registry.session_ended,
+            store=self._stores.session,
+            router=self._remotes.router,
+            queues=self._remotes.queues,
+            max_expiry_s=s.max_session_expiry_s,
+            events=self._events,
+            session_ended=self._registry.session_ended,
         )
         # Wills of connections whose node died (ids of this instance's own); the rules read
         # them as they read a node's publishes once the feed is up (`start`).
-        self._will_publisher = ServicePublisher(nc, self._remotes.router, s.node_id)
+        # The feed is started by `start` (in the background: without a rules instance the
+        # first snapshot waits for the feed's resync; a will is due no sooner than
+        # node_timeout_s); until its filters come it wants nothing.
+        self._rule_feed = RuleFeed(nc)
+        self._will_publisher = ServicePublisher(
+            nc, self._remotes.router, s.node_id, rules=self._rule_feed
+        )
         self._wills = StoredWills(self._will_publisher)
         self._liveness = NodeLiveness(
-            self._registry,
-            self._sessions,
-            s.node_timeout_s,
-            SubscriptionCounts(self._redis).drop_node,
-            self._wills,
+            registry=self._registry,
+            sessions=self._sessions,
+            timeout_s=s.node_timeout_s,
+            drop_subscriptions=SubscriptionCounts(self._redis).drop_node,
+            wills=self._wills,
             seen=SeenRecords(self._redis),  # shared, by Redis's clock (liveness.py)
         )
         self._refusals = Refusals()
@@ -109,7 +115,6 @@ class SessionService:
         self._servers: list[UnaryServer] = []
         self._loops: list[asyncio.Task[None]] = []  # background loops, cancelled first at stop
         self._feeding: list[asyncio.Task[None]] = []  # the rule feed's start, cancelled later
-        self._rule_feed: RuleFeed | None = None
 
     def _connecting(self, nc: Client) -> Connecting:
         s = self._settings
@@ -174,10 +179,6 @@ class SessionService:
         self._loops.append(
             asyncio.create_task(self._sessions.run_sweeper(s.session_expiry_sweep_s))
         )
-        # In the background: without a rules instance the first snapshot waits for the
-        # feed's resync, not this start (a will is due no sooner than node_timeout_s).
-        self._rule_feed = RuleFeed(nc)
-        self._will_publisher.rules = self._rule_feed
         self._feeding.append(asyncio.create_task(self._rule_feed.start()))
         await self._liveness.start(nc)
         self._loops.append(asyncio.create_task(self._liveness.run()))
@@ -245,8 +246,7 @@ class SessionService:
         await self._wills.settle(grace_s)
         for task in self._feeding:
             task.cancel()
-        if self._rule_feed is not None:
-            await self._rule_feed.stop()
+        await self._rule_feed.stop()
         await self._remotes.close()
         if self._nats.nc is not None:
             await drain(self._nats.nc)

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.common.store.ports import NEVER_EXPIRES, SessionRecord
+from services.common.store.ports_session import NEVER_EXPIRES, SessionRecord
 from services.common.store.session_listing import SessionListing
 from services.queue.client import QueueStats, queue_id
 

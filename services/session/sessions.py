@@ -13,7 +13,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.common.store.ports import (
+from services.common import clock
+from services.common.store.ports_session import (
     InboundQos2,
     Qos2Update,
     SessionRecord,
@@ -70,7 +71,7 @@ UNREAD = Unread()
 def owner_of(rec: SessionRecord | None) -> str | None:
     """Who a session record's session belongs to (None: no live session, or its owner is
     unknown)."""
-    if rec is None or expired(rec, int(time.time() * 1000)):
+    if rec is None or expired(rec, clock.now_ms()):
         return None
     return rec.owner
 
@@ -78,6 +79,7 @@ def owner_of(rec: SessionRecord | None) -> str | None:
 class Sessions:
     def __init__(
         self,
+        *,
         store: SessionStore,
         router: RouterClient,
         queues: QueueClient,
@@ -227,7 +229,7 @@ class Sessions:
             if _ended_by_clean_start(rec):
                 return  # ended already (a clean start): a DISCONNECT's expiry must not revive it
             expiry = rec.expiry_interval_s if expiry_s is None else min(expiry_s, self._max_expiry)
-            if await self._park_or_end(rec, expiry, int(time.time() * 1000)):
+            if await self._park_or_end(rec, expiry, clock.now_ms()):
                 return
             fence = rec.qos2_fence  # a retry is for this same connection's record only
         log.warning("session_close_raced", extra={"tenant": tenant, "client_id": client_id})
@@ -304,7 +306,7 @@ class Sessions:
 
     async def sweep(self) -> int:
         """End every session whose expiry has passed; works with no node up."""
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         due = await self._store.expired_sessions(now_ms)
         for found in due:
             rec = found

@@ -54,6 +54,7 @@ class Backoff:
 
     def __init__(
         self,
+        *,
         threshold: int,
         base_s: float,
         max_s: float,

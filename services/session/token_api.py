@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 
 from services.common.rpc.errors import InvalidArgumentError
-from services.common.store.ports import AdminTokenRecord
+from services.common.store.ports_auth import AdminTokenRecord
 from services.session.tokens import AdminTokens
 from starling.session.v1 import admin_tokens_pb2 as pb
 from starling.session.v1 import admin_tokens_pb2_grpc as pb_grpc

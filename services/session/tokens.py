@@ -9,19 +9,15 @@ cache: a revocation is immediate here); the other services ask through `TokenSer
 from __future__ import annotations
 
 import logging
-import time
 
 from services.common.admin_tokens import hash_matches, new_token, token_hash, token_id_of
+from services.common.clock import now_ms
 from services.common.rpc.admin_auth import TenantGrant
 from services.common.rpc.errors import InvalidArgumentError, ResourceExhaustedError
-from services.common.store.ports import AdminTokenRecord, AdminTokenStore
+from services.common.store.ports_auth import AdminTokenRecord, AdminTokenStore
 from services.common.tenant_name import check_tenant
 
 log = logging.getLogger(__name__)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class AdminTokens:
@@ -44,7 +40,7 @@ class AdminTokens:
             )
         if len(description) > 200:
             raise InvalidArgumentError("description is longer than 200 characters")
-        now = _now_ms()
+        now = now_ms()
         live = [r for r in await self._store.list_tokens(tenant) if not r.expired(now)]
         if len(live) >= self._max_per_tenant:
             raise ResourceExhaustedError(
@@ -78,6 +74,6 @@ class AdminTokens:
         record = await self._store.get_token(token_id)
         if record is None or not hash_matches(token, record.token_hash):
             return None
-        if record.expired(_now_ms()):
+        if record.expired(now_ms()):
             return None
         return TenantGrant(record.tenant, record.token_id, record.expires_at_ms)

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import base64
 import logging
-import time
 from collections.abc import Sequence
 
+from services.common import clock
 from services.common.acl import AclChecker, AclRule
 from services.common.bus.publisher import NotKeptError, ServicePublisher
 from services.common.dependencies import wait_for
@@ -79,7 +79,7 @@ class StoredWills:
     async def publish(self, holders: Sequence[Holder], died_at_ms: int) -> None:
         """Publish the wills of `holders`, whose node died at `died_at_ms`: each after what
         is left of its delay."""
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         elapsed_s = max(0, (now_ms - died_at_ms) // 1000)
         envs = [
             self._envelope(h, max(0, h.will_delay_s - elapsed_s), now_ms) for h in holders if h.will
@@ -89,7 +89,7 @@ class StoredWills:
     def publish_now(self, holder: Holder) -> None:
         """Publish the will of `holder` now, whatever its delay (in a task of its own: the
         CONNECT that displaced it does not wait)."""
-        env = self._envelope(holder, 0, int(time.time() * 1000))
+        env = self._envelope(holder, 0, clock.now_ms())
         if env is not None:
             self._tasks.spawn(self._send([env]), name="displaced-will")
 

@@ -19,7 +19,10 @@ from analytics.config import load_analytics_settings
 from analytics.jobs import queue_compaction, tenant_report
 from analytics.jobs.context import JobContext
 from analytics.source import StoreConf
-from services.common.store.ports import NewQueueItem, RetainedRecord, SessionRecord, UsageDelta
+from services.common.store.ports_queue import NewQueueItem
+from services.common.store.ports_router import RetainedRecord
+from services.common.store.ports_session import SessionRecord
+from services.common.store.ports_usage import UsageDelta
 from tests.common.cassandra_target import CassandraTarget, cassandra_target
 
 pytestmark = pytest.mark.cassandra
@@ -54,7 +57,7 @@ def test_tenant_report_sums_usage_and_peaks(
     hour = NOW // H * H
 
     async def fill() -> None:
-        s = CassandraUsageStore(where.contact_points, **_kw(where))
+        s = CassandraUsageStore(contact_points=where.contact_points, **_kw(where))
         await s.add([UsageDelta(tenant, hour, "n1", 3, 60_000, 5, 4, 0, bytes_in=50)])
         await s.add([UsageDelta(tenant, hour, "n2", 2, 60_000, 1, 1, 0, bytes_in=10)])
         await s.close()
@@ -77,17 +80,17 @@ def test_queue_compaction_drops_a_dead_sessions_queue_only(
     tenant = f"cmp{uuid.uuid4().hex[:8]}"
 
     async def fill() -> None:
-        q = CassandraQueueStore(where.contact_points, **_kw(where))
+        q = CassandraQueueStore(contact_points=where.contact_points, **_kw(where))
         epoch = await q.claim_partition(3)
         for cid in ("dead", "live"):
             items = [NewQueueItem(f"{cid}-{i}", 1, b"m", 0) for i in range(4)]
             await q.append(tenant, f"{cid}#1", items, 3, epoch, 0, False)
         await q.close()
-        s = CassandraSessionStore(where.contact_points, **_kw(where))
+        s = CassandraSessionStore(contact_points=where.contact_points, **_kw(where))
         await s.put_session(SessionRecord(tenant, "dead", 1, 10, False, NOW - H))
         await s.put_session(SessionRecord(tenant, "live", 1, 3600, False, NOW))
         await s.close()
-        r = CassandraRouterStore(where.contact_points, **_kw(where))
+        r = CassandraRouterStore(contact_points=where.contact_points, **_kw(where))
         await r.put_retained(RetainedRecord(tenant, "old", b"x", NOW - 60_000))
         await r.put_retained(RetainedRecord(tenant, "new", b"x", NOW + H))
         await r.close()
@@ -98,8 +101,8 @@ def test_queue_compaction_drops_a_dead_sessions_queue_only(
     assert (mine["session_queues"], mine["retained"]) == (4, 1)
 
     async def left() -> tuple[int, list[str]]:
-        q = CassandraQueueStore(where.contact_points, **_kw(where))
-        r = CassandraRouterStore(where.contact_points, **_kw(where))
+        q = CassandraQueueStore(contact_points=where.contact_points, **_kw(where))
+        r = CassandraRouterStore(contact_points=where.contact_points, **_kw(where))
         try:
             live = await q.read(tenant, "live#1", 0, 100)
             kept = [x.topic for x in await r.tenant_retained(tenant)]

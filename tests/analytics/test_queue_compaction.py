@@ -18,7 +18,9 @@ from analytics.config import load_analytics_settings
 from analytics.jobs import queue_compaction
 from analytics.jobs.context import JobContext
 from analytics.source import StoreConf
-from services.common.store.ports import NewQueueItem, RetainedRecord, SessionRecord
+from services.common.store.ports_queue import NewQueueItem
+from services.common.store.ports_router import RetainedRecord
+from services.common.store.ports_session import SessionRecord
 from services.common.store.sqlite_queue import MSGID_RETENTION_MS, SqliteQueueStore
 from services.common.store.sqlite_router import SqliteRouterStore
 from services.common.store.sqlite_session import SqliteSessionStore

@@ -69,7 +69,7 @@ async def test_job_snapshot_plus_tail_is_the_table_and_reruns_cleanly(
 @pytest.fixture
 def small_mesh(tmp_path: Path) -> Iterator[Launcher]:
     launcher = Launcher(
-        tmp_path / "run",
+        data_dir=tmp_path / "run",
         nodes=1,
         mqtt_port=0,
         anonymous=True,

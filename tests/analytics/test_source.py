@@ -24,7 +24,8 @@ from analytics.source import (
     sqlite_file,
     token_ranges,
 )
-from services.common.store.ports import NewQueueItem, SessionRecord, SubscriptionRecord
+from services.common.store.ports_queue import NewQueueItem
+from services.common.store.ports_session import SessionRecord, SubscriptionRecord
 from services.common.store.sqlite_queue import SqliteQueueStore
 from services.common.store.sqlite_router import SqliteRouterStore
 from services.common.store.sqlite_session import SqliteSessionStore
@@ -171,7 +172,10 @@ def test_cassandra_source_reads_token_ranges(spark: SparkSession) -> None:
 
     async def fill() -> None:
         q = CassandraQueueStore(
-            [host], int(port or 9042), keyspace="starling_test", consistency="ONE"
+            contact_points=[host],
+            port=int(port or 9042),
+            keyspace="starling_test",
+            consistency="ONE",
         )
         epoch = await q.claim_partition(7)
         for c in range(20):

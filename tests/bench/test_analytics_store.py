@@ -1,5 +1,6 @@
-"""bench/analytics.py builds its stores with raw INSERTs for speed: the services' own store
-classes must read them back, so a column added to a table cannot break the bench unseen."""
+"""bench/analytics_store.py builds the analytics bench's stores with raw INSERTs for speed:
+the services' own store classes must read them back, so a column added to a table cannot
+break the bench unseen."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from bench.analytics import ROWS_PER_QUEUE, build_store
+from bench.analytics_store import ROWS_PER_QUEUE, build_store
 from services.common.store.sqlite_queue import SqliteQueueStore
 from services.common.store.sqlite_session import SqliteSessionStore
 

@@ -1,4 +1,4 @@
-"""The load generator reads MQTT frames itself (bench/loadgen.py): it must see exactly the
+"""The load generator reads MQTT frames itself (bench/frames.py): it must see exactly the
 packets the project's decoder sees, however TCP cuts the stream, and its pre-encoded QoS 1
 packets must be what the encoder would have written."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from bench.loadgen import Qos1Frames, split_frames
+from bench.frames import Qos1Frames, split_frames
 from services.common.mqtt import (
     ConnAck,
     Decoder,

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.store.ports import NewQueueItem, SessionRecord
+from services.common.store.ports_queue import NewQueueItem
+from services.common.store.ports_session import SessionRecord
 from services.common.store.sqlite_queue import SqliteQueueStore
 from services.common.store.sqlite_router import SqliteRouterStore
 from services.common.store.sqlite_session import SqliteSessionStore

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.common.store.ports import NewQueueItem, QueueStore
+from services.common.store.ports_queue import NewQueueItem, QueueStore
 from services.common.store.sqlite_queue import SqliteQueueStore
 from tests.common.cassandra_target import cassandra_target
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.store.ports import AppendOutcome, NewQueueItem
+from services.common.store.ports_queue import AppendOutcome, NewQueueItem
 from services.common.store.sqlite_queue import SqliteQueueStore
 from tests.poll import eventually
 

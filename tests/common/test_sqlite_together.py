@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.store.ports import SessionRecord
+from services.common.store.ports_session import SessionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.common.acl import Access, AclRule
-from services.common.store.ports import AuthStore, UserRecord
+from services.common.store.ports_auth import AuthStore, UserRecord
 from services.common.store.sqlite import SqliteStore
 from tests.common.cassandra_target import cassandra_target
 
@@ -24,7 +24,12 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         t = cassandra_target()
         from services.common.store.cassandra import CassandraStore
 
-        s = CassandraStore(t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency)
+        s = CassandraStore(
+            contact_points=t.contact_points,
+            port=t.port,
+            keyspace=t.keyspace,
+            consistency=t.consistency,
+        )
     yield s
     await s.close()
 

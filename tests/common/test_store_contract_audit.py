@@ -35,7 +35,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     else:
         t = cassandra_target()
         s = cassandra_audit.CassandraAuditStore(
-            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
+            contact_points=t.contact_points,
+            port=t.port,
+            keyspace=t.keyspace,
+            consistency=t.consistency,
         )
     yield s
     await s.close()

@@ -14,7 +14,7 @@ import pytest
 from services.common.bans import Ban, BanKind
 from services.common.store import cassandra_bans
 from services.common.store.cassandra_schema import check_migrations
-from services.common.store.ports import BanStore
+from services.common.store.ports_bans import BanStore
 from services.common.store.sqlite_bans import SqliteBanStore
 from tests.common.cassandra_model import model_for, on_model
 from tests.common.cassandra_target import cassandra_target
@@ -37,7 +37,10 @@ async def opener(
         else:
             t = cassandra_target()
             s = cassandra_bans.CassandraBanStore(
-                t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
+                contact_points=t.contact_points,
+                port=t.port,
+                keyspace=t.keyspace,
+                consistency=t.consistency,
             )
         opened.append(s)
         return s

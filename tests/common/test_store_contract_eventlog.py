@@ -27,7 +27,7 @@ from services.common.store.eventlog import (
     position_ms,
     subscription_of,
 )
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from tests.common.queue_stores import cassandra_store as _cassandra
 from tests.simulation.test_sim_eventlog import Simulated

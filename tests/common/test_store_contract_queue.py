@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from services.common.store.ports import (
-    NEVER_EXPIRES,
+from services.common.store.ports_queue import (
     AppendOutcome,
     AppendReport,
     NewQueueItem,
     QueueChange,
     QueueState,
     QueueStore,
+)
+from services.common.store.ports_session import (
+    NEVER_EXPIRES,
     SessionRecord,
     SessionStore,
     SubscriptionRecord,

@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from services.common.store.ports import AppendOutcome, QueueStore
+from services.common.store.ports_queue import AppendOutcome, QueueStore
 from tests.common import queue_stores
 from tests.common.queue_stores import all_entries, items, named, second_store
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.store.ports import DelayedRecord, RetainedRecord, RouterStore
+from services.common.store.ports_router import DelayedRecord, RetainedRecord, RouterStore
 from services.common.store.sqlite_router import SqliteRouterStore
 from tests.common.cassandra_model import on_model
 from tests.common.cassandra_target import cassandra_target
@@ -27,7 +27,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         from services.common.store.cassandra_router import CassandraRouterStore
 
         s = CassandraRouterStore(
-            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
+            contact_points=t.contact_points,
+            port=t.port,
+            keyspace=t.keyspace,
+            consistency=t.consistency,
         )
     yield s
     await s.close()

@@ -11,7 +11,7 @@ import pytest
 
 from services.common.store import cassandra_rules
 from services.common.store.cassandra_schema import check_migrations
-from services.common.store.ports import RuleRecord, RuleStore
+from services.common.store.ports_rules import RuleRecord, RuleStore
 from services.common.store.sqlite_rules import SqliteRuleStore
 from tests.common.cassandra_model import on_model
 from tests.common.cassandra_target import cassandra_target
@@ -26,7 +26,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     else:
         t = cassandra_target()
         s = cassandra_rules.CassandraRuleStore(
-            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
+            contact_points=t.contact_points,
+            port=t.port,
+            keyspace=t.keyspace,
+            consistency=t.consistency,
         )
     yield s
     await s.close()

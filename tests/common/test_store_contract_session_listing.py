@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.common.store.ports import SessionRecord
+from services.common.store.ports_session import SessionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from tests.common.cassandra_model import on_model
 from tests.common.cassandra_target import cassandra_target
@@ -30,7 +30,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         else:
             t = cassandra_target()
             s = CassandraSessionStore(
-                t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
+                contact_points=t.contact_points,
+                port=t.port,
+                keyspace=t.keyspace,
+                consistency=t.consistency,
             )
     yield s
     await s.close()

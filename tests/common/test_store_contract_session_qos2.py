@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.store.ports import (
+from services.common.store.ports_session import (
     InboundQos2,
     Qos2Change,
     Qos2Update,
@@ -34,7 +34,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         from services.common.store.cassandra_session import CassandraSessionStore
 
         s = CassandraSessionStore(
-            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
+            contact_points=t.contact_points,
+            port=t.port,
+            keyspace=t.keyspace,
+            consistency=t.consistency,
         )
     yield s
     await s.close()

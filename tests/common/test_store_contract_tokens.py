@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.store.ports import AdminTokenRecord, AdminTokenStore
+from services.common.store.ports_auth import AdminTokenRecord, AdminTokenStore
 from services.common.store.sqlite_tokens import SqliteTokenStore
 from tests.common.cassandra_model import on_model
 from tests.common.cassandra_target import cassandra_target
@@ -28,7 +28,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         from services.common.store.cassandra_tokens import CassandraTokenStore
 
         s = CassandraTokenStore(
-            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
+            contact_points=t.contact_points,
+            port=t.port,
+            keyspace=t.keyspace,
+            consistency=t.consistency,
         )
     yield s
     await s.close()

@@ -13,7 +13,7 @@ import pytest
 
 from services.common.store import cassandra_usage
 from services.common.store.cassandra_schema import check_migrations
-from services.common.store.ports import TopicDelta, UsageDelta, UsageStore
+from services.common.store.ports_usage import TopicDelta, UsageDelta, UsageStore
 from services.common.store.sqlite_usage import SqliteUsageStore
 from tests.common.cassandra_target import cassandra_target
 
@@ -27,7 +27,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     else:
         t = cassandra_target()
         s = cassandra_usage.CassandraUsageStore(
-            t.contact_points, t.port, keyspace=t.keyspace, consistency=t.consistency
+            contact_points=t.contact_points,
+            port=t.port,
+            keyspace=t.keyspace,
+            consistency=t.consistency,
         )
     yield s
     await s.close()

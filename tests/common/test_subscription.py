@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.mqtt.packets import Subscription
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.common.subscription import (
     identified_from_pb,
     identified_to_pb,

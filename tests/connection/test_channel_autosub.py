@@ -105,7 +105,7 @@ def test_not_in_place_refuses_the_connect_so_the_client_retries(level: int, conn
 def test_a_connack_waiting_too_long_refuses_the_connect_and_counts_the_limit() -> None:
     hits: list[str] = []
     cfg = ChannelConfig(reason_strings=False, auto_subscribe_timeout_s=10.0)
-    ch = Channel(cfg, "peer", 0.0, lambda: "id", lambda name, tenant: hits.append(name))
+    ch = Channel(cfg, "peer", 0.0, lambda: "id", on_limit=lambda name, tenant: hits.append(name))
     ch.receive(encode(Connect("dev", 5), 5), 0.0)
     ch.authenticated(ConnectOutcome(tenant="t"), 100.0, AUTO)
     assert ch.tick(109.0) == []

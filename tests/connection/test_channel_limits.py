@@ -58,7 +58,7 @@ class Hits:
 
 def _channel(config: ChannelConfig = SMALL) -> tuple[Channel, Hits]:
     hits = Hits()
-    return Channel(config, "peer", 0.0, lambda: "auto", hits), hits
+    return Channel(config, "peer", 0.0, lambda: "auto", on_limit=hits), hits
 
 
 def _connected(level: int, config: ChannelConfig = SMALL) -> tuple[Channel, Hits, Decoder]:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from services.common.message import Message
-from services.common.store.ports import Qos2Change, Qos2Update
+from services.common.store.ports_session import Qos2Change, Qos2Update
 from services.common.tasks import TaskSet
 from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal
 
@@ -81,15 +81,15 @@ async def test_a_record_written_after_its_connection_gave_up_waiting_is_not_rout
     tasks = TaskSet()
     ids = iter(range(1, 100))
     eo = ExactlyOnceInbound(
-        "t",
-        "c",
-        1,
-        journal,
-        lambda: f"m-{next(ids)}",
-        published.extend,
-        published.append,
-        lambda: None,
-        tasks,
+        tenant="t",
+        client_id="c",
+        incarnation=1,
+        journal=journal,
+        new_id=lambda: f"m-{next(ids)}",
+        publish=published.extend,
+        store_only=published.append,
+        failed=lambda: None,
+        tasks=tasks,
         fence=42,
     )
     try:

@@ -36,7 +36,14 @@ class Node:
     def __init__(self, registry: Registry, clock: list[float], queue: object = None) -> None:
         self.registry = registry
         self.clock = clock
-        self.sweeper = Sweeper("n", registry, None, self.carry_out, lambda c: None, queue)  # type: ignore[arg-type]
+        self.sweeper = Sweeper(
+            node_id="n",
+            registry=registry,
+            nc=None,  # type: ignore[arg-type]
+            carry_out=self.carry_out,
+            mark_dirty=lambda c: None,
+            queue=queue,  # type: ignore[arg-type]
+        )
         self.closed_at: dict[Conn, float] = {}
 
     def carry_out(self, conn: Conn, actions: list[Action]) -> None:

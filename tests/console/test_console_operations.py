@@ -37,7 +37,7 @@ CLIENTS_ON_DRAINED = 6
 @pytest.fixture(scope="module")
 def ops_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
     launcher = Launcher(
-        tmp_path_factory.mktemp("console-ops") / "run",
+        data_dir=tmp_path_factory.mktemp("console-ops") / "run",
         nodes=2,
         mqtt_port=0,
         anonymous=False,

@@ -174,7 +174,7 @@ def auth_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthMesh]:
     chains = {"jwtt": ["jwt", "password"], "httpt": ["http"], "certt": ["cert"]}
     chains["*"] = ["password", "scram"]
     launcher = Launcher(
-        folder / "run",
+        data_dir=folder / "run",
         nodes=1,
         mqtt_port=0,
         anonymous=False,

@@ -61,7 +61,7 @@ from tests.poll import wait_until
 def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     folder = tmp_path_factory.mktemp("drain")
     launcher = Launcher(
-        folder / "run",
+        data_dir=folder / "run",
         nodes=2,
         mqtt_port=0,
         anonymous=True,

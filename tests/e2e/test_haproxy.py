@@ -128,7 +128,12 @@ def balanced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Balanced]:
     }
     cert, key = make_cert(folder)
     launcher = Launcher(
-        folder / "run", nodes=1, mqtt_port=0, anonymous=True, extra_env=env, tls=(cert, key)
+        data_dir=folder / "run",
+        nodes=1,
+        mqtt_port=0,
+        anonymous=True,
+        extra_env=env,
+        tls=(cert, key),
     )
     mesh = launcher.start(timeout_s=60)
     balanced = Balanced(mesh, folder / "haproxy.cfg", cert)

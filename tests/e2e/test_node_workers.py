@@ -67,7 +67,7 @@ def _listed(w: Workers, tenant: str, n: int) -> dict[str, str]:
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
     folder = tmp_path_factory.mktemp("node-workers")
     launcher = Launcher(
-        folder / "run",
+        data_dir=folder / "run",
         nodes=1,
         mqtt_port=0,
         anonymous=True,
@@ -204,7 +204,7 @@ def test_same_client_id_on_the_other_worker_takes_the_session_over(workers: Work
 
 def test_node_workers_below_one_is_refused_naming_the_option(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="node_workers"):
-        Launcher(tmp_path, nodes=1, mqtt_port=0, node_workers=0)
+        Launcher(data_dir=tmp_path, nodes=1, mqtt_port=0, node_workers=0)
     cli = subprocess.run(
         [*STARLING, "up", "--data-dir", str(tmp_path / "d"), "--node-workers", "0"],
         capture_output=True,

@@ -140,7 +140,7 @@ async def storm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Storm
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     assert hard >= CLIENTS + 1000, f"RLIMIT_NOFILE {hard} is too low for {CLIENTS} clients"
     launcher = Launcher(
-        Path(tmp_path_factory.mktemp("storm")),
+        data_dir=Path(tmp_path_factory.mktemp("storm")),
         nodes=2,
         mqtt_port=0,
         ws=False,

@@ -1,15 +1,16 @@
-"""The fault suite's mesh, shared by its modules, and its figures printed as a table at the
-end of the run (the rows of docs/failure-behaviour.md's figures table)."""
+"""The fault suite's mesh, shared by its modules; each test starts on a steady mesh, and its
+figures go on its report, printed as a table at the end of the run (tests/figures.py; the
+rows of docs/failure-behaviour.md's figures table)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from services.cli.launcher import Launcher
 from tests.faults.harness import FIGURES, fault_launcher, wait_steady
+from tests.figures import hand_over
 
 
 @pytest.fixture(scope="package")
@@ -29,25 +30,9 @@ def _steady_fault_mesh(request: pytest.FixtureRequest) -> None:
         wait_steady(request.getfixturevalue("fault_mesh"))
 
 
-def _back_after(f: dict[str, Any]) -> str:
-    """Seconds from a Redis failure until CONNECTs were accepted again, where measured."""
-    seconds = f.get("failover_s", f.get("connect_gap_s"))
-    return "-" if seconds is None else f"{float(seconds):.1f} s"
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not FIGURES:
-        return
-    w = terminalreporter
-    w.section("fault suite figures")
-    w.line(
-        "| test | faults injected | sent | acked | delivered | lost | QoS 2 duplicates "
-        "| QoS 1 duplicates | order violations | clean subscriber lost | CONNECTs back after |"
-    )
-    w.line("|---|---|---|---|---|---|---|---|---|---|---|")
-    for f in FIGURES:
-        w.line(
-            f"| {f['test']} | {f['faults']} | {f['sent']} | {f['acked']} | {f['delivered']} "
-            f"| {f['lost']} | {f['qos2_duplicates']} | {f['qos1_duplicates']} "
-            f"| {f['order_violations']} | {f.get('clean_lost', '-')} | {_back_after(f)} |"
-        )
+@pytest.fixture(autouse=True)
+def _figures_on_the_report(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The figures this test recorded go on its report (tests/figures.py)."""
+    before = len(FIGURES)
+    yield
+    hand_over(request.node, "fault", FIGURES[before:])

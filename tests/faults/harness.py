@@ -73,7 +73,7 @@ def fault_launcher(
     """`instances`, `nats_servers`: as Launcher's (several copies of back-office services,
     a NATS cluster)."""
     launcher = Launcher(
-        folder / "run",
+        data_dir=folder / "run",
         nodes=nodes,
         mqtt_port=0,
         anonymous=True,
@@ -229,3 +229,25 @@ def run_under_load(
     verdict.check(clean_may_lose)
     assert not unacked, f"publishes never acknowledged: {unacked}"
     return verdict
+
+
+def _back_after(f: dict[str, Any]) -> str:
+    """Seconds from a Redis failure until CONNECTs were accepted again, where measured."""
+    seconds = f.get("failover_s", f.get("connect_gap_s"))
+    return "-" if seconds is None else f"{float(seconds):.1f} s"
+
+
+def table_lines(figures: list[dict[str, Any]]) -> list[str]:
+    """The fault suite's figures as a Markdown table."""
+    lines = [
+        "| test | faults injected | sent | acked | delivered | lost | QoS 2 duplicates "
+        "| QoS 1 duplicates | order violations | clean subscriber lost | CONNECTs back after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in figures:
+        lines.append(
+            f"| {f['test']} | {f['faults']} | {f['sent']} | {f['acked']} | {f['delivered']} "
+            f"| {f['lost']} | {f['qos2_duplicates']} | {f['qos1_duplicates']} "
+            f"| {f['order_violations']} | {f.get('clean_lost', '-')} | {_back_after(f)} |"
+        )
+    return lines

@@ -83,7 +83,7 @@ def owned_partitions(launcher: Launcher, name: str) -> int:
 def two_queues(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     folder: Path = tmp_path_factory.mktemp("queues2")
     launcher = Launcher(
-        folder / "run",
+        data_dir=folder / "run",
         nodes=2,
         mqtt_port=0,
         anonymous=True,

@@ -39,7 +39,7 @@ DUPLICATE_PAIRS = 6
 @pytest.fixture(scope="module")
 def cluster_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     launcher = Launcher(
-        tmp_path_factory.mktemp("redis-cluster-mesh") / "run",
+        data_dir=tmp_path_factory.mktemp("redis-cluster-mesh") / "run",
         nodes=2,
         mqtt_port=0,
         anonymous=True,

@@ -61,7 +61,7 @@ RULES_ACK_WAIT_S = 5
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     launcher = Launcher(
-        tmp_path_factory.mktemp("rolling") / "run",
+        data_dir=tmp_path_factory.mktemp("rolling") / "run",
         nodes=2,
         mqtt_port=0,
         anonymous=True,

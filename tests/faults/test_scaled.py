@@ -43,7 +43,7 @@ KILLED = ("router", "queue", "session")
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     launcher = Launcher(
-        tmp_path_factory.mktemp("scaled") / "run",
+        data_dir=tmp_path_factory.mktemp("scaled") / "run",
         nodes=2,
         mqtt_port=0,
         anonymous=True,

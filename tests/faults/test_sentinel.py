@@ -105,7 +105,7 @@ class Storm:
 def sentinel_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     folder: Path = tmp_path_factory.mktemp("sentinel")
     launcher = Launcher(
-        folder / "run",
+        data_dir=folder / "run",
         nodes=2,
         mqtt_port=0,
         anonymous=True,

@@ -256,3 +256,22 @@ def check(outcome: Outcome) -> None:
     assert not outcome.unacked, f"publishes never acknowledged: {outcome.unacked}"
     assert not outcome.watch.two_nodes, f"on two nodes at once: {outcome.watch.two_nodes[:5]}"
     assert not outcome.watch.excess, f"nodes hold more connections: {outcome.watch.excess[:5]}"
+
+
+def table_lines(figures: list[dict[str, Any]]) -> list[str]:
+    """The partition suite's figures as a Markdown table."""
+    lines = [
+        "| case | sent | acked | lost (persistent) | QoS 2 duplicates | QoS 1 duplicates "
+        "| clean lost | two nodes at once | longest PUBACK gap | longest gap persistent / clean "
+        "| reaction | back after heal | connected, not in the registry, after heal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in figures:
+        lines.append(
+            f"| {f['case']} | {f['sent']} | {f['acked']} | {f['lost']} | {f['qos2_duplicates']} "
+            f"| {f['qos1_duplicates']} | {f['clean_lost']} | {f['two_nodes']} "
+            f"| {f['max_ack_gap_s']} s | {f['max_persistent_gap_s']} s / {f['max_clean_gap_s']} s "
+            f"| {f['reaction']}{'; ' + f['note'] if 'note' in f else ''} | {f['back_s']} s "
+            f"| {len(f['registry_misses'])} |"
+        )
+    return lines

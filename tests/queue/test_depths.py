@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from services.common.store.ports import QueueChange, QueueStore
+from services.common.store.ports_queue import QueueChange, QueueStore
 from services.queue.core import partition_of
 from services.queue.depths import QueueDepths
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from services.common.store.ports import AppendOutcome, NewQueueItem
+from services.common.store.ports_queue import AppendOutcome, NewQueueItem
 from services.common.store.sqlite_queue import SqliteQueueStore
 from services.queue.config import QueueSettings
 from services.queue.leases import LeaseTable
@@ -37,7 +37,7 @@ def instance(redis: Redis, store: SqliteQueueStore, name: str, prefix: str) -> P
         queue_partitions=PARTITIONS, queue_lease_ttl_ms=TTL_MS, metrics_port=-1
     )
     leases = LeaseTable(redis, name, PARTITIONS, TTL_MS, prefix)
-    return Partitions(settings, name, leases, store)
+    return Partitions(settings=settings, instance_id=name, leases=leases, store=store)
 
 
 async def test_join_share_and_takeover_of_a_silent_instance(redis: Redis, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 from nats.aio.msg import Msg
 from redis.asyncio import Redis
@@ -15,12 +16,19 @@ from services.common.bus.client import connect
 from services.common.store.sqlite_queue import SqliteQueueStore
 from services.queue.api import QueueApi
 from services.queue.config import QueueSettings
+from services.queue.depths import QueueDepths
 from services.queue.leases import LeaseTable
 from services.queue.ownership import Partitions
+from services.queue.readers import Readers
 from starling.common.v1 import event_pb2
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
-from tests.poll import eventually
+from tests.poll import eventually, holds_within_async
+
+
+def _owned(parts: Partitions) -> dict[str, Any]:
+    """The readers and depths of `parts`' partitions, as services/queue/main.py makes them."""
+    return {"readers": Readers(), "depths": QueueDepths(parts.count, lambda: parts.epochs.keys())}
 
 
 async def test_append_notifies_and_events_depth_drops(
@@ -30,10 +38,10 @@ async def test_append_notifies_and_events_depth_drops(
     store = SqliteQueueStore(tmp_path / "q.db")
     redis = Redis.from_url(redis_url)
     leases = LeaseTable(redis, "q-test", settings.queue_partitions, 5000, f"t:{uuid.uuid4()}:")
-    parts = Partitions(settings, "q-test", leases, store)
+    parts = Partitions(settings=settings, instance_id="q-test", leases=leases, store=store)
     await parts.tick()  # alone: every partition
     nc = await connect(nats_url, "queue-test")
-    api = QueueApi(store, parts, settings, nc)
+    api = QueueApi(store=store, parts=parts, settings=settings, nats=nc, **_owned(parts))
     notices: list[pb.QueueNotice] = []
     drops: list[event_pb2.Event] = []
 
@@ -66,18 +74,65 @@ async def test_append_notifies_and_events_depth_drops(
 
 
 class _Limits:
-    """A LimitsCopies stand-in: every tenant has max_queued_bytes `cap`."""
+    """A LimitsCopies stand-in: every tenant has max_queued_bytes `cap` and max_queue_depth
+    `depth` (0: none)."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, depth: int = 0) -> None:
         self.cap = cap
+        self.depth = depth
 
     async def fetch(self, tenant: str) -> object:
         from services.common.limits_copies import TenantLimits
         from services.quota.client import Limits
 
         t = TenantLimits(tenant)
-        t.limits, t.known = Limits(max_queued_bytes=self.cap), True
+        limits = Limits(max_queued_bytes=self.cap, max_queue_depth=self.depth)
+        t.limits, t.known = limits, True
         return t
+
+
+async def test_a_tenants_max_queue_depth_refuses_and_drops_nothing(
+    nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The tenant's max_queue_depth, below the setting's drop_oldest cap, binds: entries past
+    it are refused (the publisher is told), counted as refusals; no older entry is dropped,
+    no drop event, no drop count."""
+    settings = QueueSettings(max_queue_depth=10, depth_policy="drop_oldest", metrics_port=-1)
+    store = SqliteQueueStore(tmp_path / "q.db")
+    redis = Redis.from_url(redis_url)
+    leases = LeaseTable(redis, "q-test", settings.queue_partitions, 5000, f"t:{uuid.uuid4()}:")
+    parts = Partitions(settings=settings, instance_id="q-test", leases=leases, store=store)
+    await parts.tick()
+    nc = await connect(nats_url, "queue-test")
+    limits = _Limits(0, depth=2)
+    api = QueueApi(
+        store=store, parts=parts, settings=settings, nats=nc, limits=limits, **_owned(parts)
+    )  # type: ignore[arg-type]
+    drops: list[Msg] = []
+
+    async def on_event(m: Msg) -> None:
+        drops.append(m)
+
+    await nc.subscribe(subjects.event("t", "message_dropped"), cb=on_event)
+    entries = [
+        pb.NewEntry(
+            queue_id="dev#1",
+            qos=1,
+            message=RoutedMessage(tenant="t", topic="a", message_id=f"m{i}"),
+        )
+        for i in range(4)
+    ]
+    resp = await api.Append(pb.AppendRequest(tenant="t", entries=entries), None)  # type: ignore[arg-type]
+    refused = [pb.APPEND_RESULT_QUOTA_EXCEEDED] * 2
+    assert list(resp.results) == [pb.APPEND_RESULT_OK] * 2 + refused
+    assert api.refusals.get("max_queue_depth", "t") == 2
+    read = await api.Read(pb.ReadRequest(tenant="t", queue_id="dev#1", from_seq=1), None)  # type: ignore[arg-type]
+    assert [e.message.message_id for e in read.entries] == ["m0", "m1"]
+    assert not await holds_within_async(lambda: drops, 0.3)
+    assert api.dropped_by_tenant == {}
+    await nc.close()
+    await store.close()
+    await redis.aclose()
 
 
 async def test_concurrent_appends_share_the_tenants_queued_bytes(
@@ -90,10 +145,13 @@ async def test_concurrent_appends_share_the_tenants_queued_bytes(
     store = SqliteQueueStore(tmp_path / "q.db")
     redis = Redis.from_url(redis_url)
     leases = LeaseTable(redis, "q-test", settings.queue_partitions, 5000, f"t:{uuid.uuid4()}:")
-    parts = Partitions(settings, "q-test", leases, store)
+    parts = Partitions(settings=settings, instance_id="q-test", leases=leases, store=store)
     await parts.tick()
     nc = await connect(nats_url, "queue-test")
-    api = QueueApi(store, parts, settings, nc, _Limits(1000))  # type: ignore[arg-type]
+    limits = _Limits(1000)
+    api = QueueApi(
+        store=store, parts=parts, settings=settings, nats=nc, limits=limits, **_owned(parts)
+    )  # type: ignore[arg-type]
     await api.depths.scan(store)
 
     def request(tenant: str, queues: list[str], tag: str) -> pb.AppendRequest:

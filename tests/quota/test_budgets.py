@@ -38,7 +38,7 @@ def gated(
 ) -> tuple[Channel, Decoder, list[tuple[str, str]]]:
     asked: list[tuple[str, str]] = []
 
-    def gates(tenant: str, user: str) -> FixedGate:
+    def gates(tenant: str, user: str, hooks: object) -> FixedGate:
         asked.append((tenant, user))
         return gate
 
@@ -98,7 +98,12 @@ def limited(tokens: int, key: str = "messages_per_s", expires: float = 10.0) -> 
 def test_a_publish_takes_from_every_budget_or_from_none() -> None:
     refused: list[tuple[str, str]] = []
     msgs, size = limited(5), limited(10, "bytes_in_per_s")
-    gate = PublishGate("t", ((msgs, size),), lambda: 1.0, lambda r, t: refused.append((r, t)))
+    gate = PublishGate(
+        tenant="t",
+        buckets=((msgs, size),),
+        clock=lambda: 1.0,
+        on_refused=lambda r, t: refused.append((r, t)),
+    )
     assert gate.admit(6)
     assert (msgs.tokens, size.tokens) == (4, 4)
     assert not gate.admit(6)  # bytes short: the message budget keeps its token
@@ -179,8 +184,8 @@ def _gate_channel(scopes: int, tokens: int, size_tokens: int) -> tuple[Channel, 
     for _ in range(scopes):  # the tenant's budgets (and the user's)
         buckets += [limited(tokens), limited(size_tokens, "bytes_in_per_s")]
     pairs = tuple((buckets[i], buckets[i + 1]) for i in range(0, len(buckets), 2))
-    gate = PublishGate("t", pairs, lambda: 1.0, lambda r, t: None)
-    ch = Channel(PLAIN, "peer", 0.0, lambda: "auto", gates=lambda t, u: gate)
+    gate = PublishGate(tenant="t", buckets=pairs, clock=lambda: 1.0, on_refused=lambda r, t: None)
+    ch = Channel(PLAIN, "peer", 0.0, lambda: "auto", gates=lambda t, u, hooks: gate)
     ch.receive(encode(Connect("c", 5, keepalive_s=10, properties=EMPTY), 5), 0.0)
     ch.authenticated(ConnectOutcome(tenant="t", epoch=1, identity="t/alice"), 0.0)
     return ch, buckets

@@ -16,6 +16,7 @@ from services.connection.channel import Channel
 from services.connection.quota import NodeQuota
 from services.quota.client import Lease, LeaseResult
 from tests.connection.harness import PLAIN, written
+from tests.poll import eventually
 
 LIMIT = 1000  # bytes per second
 MSG = 100  # payload + topic of each test message
@@ -71,9 +72,9 @@ def _channel(quota: NodeQuota, tenant: str = "t") -> tuple[Channel, Decoder, lis
 
 def _quota(service: Windows, refused: list[tuple[str, str]]) -> NodeQuota:
     return NodeQuota(
-        "n1",
-        service,  # type: ignore[arg-type]
-        lambda limit, tenant: refused.append((limit, tenant)),
+        node_id="n1",
+        client=service,  # type: ignore[arg-type]
+        on_refused=lambda limit, tenant: refused.append((limit, tenant)),
     )
 
 
@@ -149,7 +150,7 @@ async def test_a_spent_window_asks_again_when_the_next_starts() -> None:
     """No delivery arrives to ask: the held connection itself gets the next lease asked."""
     service, refused = Windows(LIMIT), []
     quota = _quota(service, refused)
-    ch, dec, _ = _channel(quota)
+    ch, dec, woken = _channel(quota)
     bucket = quota._buckets[("t", "", "bytes_out_per_s")]
     ch.deliver(_msg(1, 0), 1, False, (), 1.0)
     await _settle()
@@ -162,10 +163,8 @@ async def test_a_spent_window_asks_again_when_the_next_starts() -> None:
     early = written(ch, dec)  # the first one or two, before the limit was known
     assert len(early) <= 2 and ch.outbound.pending
     service.next_window()
-    resumed = asyncio.Event()
-    wake = ch.on_resume
-    ch.outbound.gate.wake = lambda: (wake(), resumed.set())  # type: ignore[func-returns-value,union-attr]
-    await asyncio.wait_for(resumed.wait(), 2)  # the timer at the window's end asked
+    woken.clear()
+    await eventually(lambda: woken, 2, "the wake at the window's end")  # the timer asked
     assert written(ch, dec)
     await quota.stop()
 

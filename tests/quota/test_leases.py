@@ -73,7 +73,13 @@ async def _flood(gate: PublishGate, most: int = 1000) -> int:
 
 
 def _node(name: str, service: Service, clock: Clock) -> tuple[NodeQuota, PublishGate]:
-    quota = NodeQuota(name, service, lambda r, t: None, "keep", clock=clock)  # type: ignore[arg-type]
+    quota = NodeQuota(
+        node_id=name,
+        client=service,  # type: ignore[arg-type]
+        on_refused=lambda r, t: None,
+        unavailable="keep",
+        clock=clock,
+    )
     gate = quota.gate("t", "")
     assert gate is not None
     return quota, gate

@@ -14,7 +14,7 @@ import pytest
 
 from services.common.route_table import RouteTable
 from services.common.store.eventlog import bucket_of, position_at
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.router.boot import load_routes, replay
 from services.router.compaction import compact

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from services.common.refusals import Refusals
 from services.common.route_table import RouteTable
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.router.report import router_figures
 from services.router.retained import RetainedIndex
 from services.router.snapshot import decode_tenant, encode_tenant

@@ -7,7 +7,7 @@ import pytest
 
 from services.common import route_table
 from services.common.route_table import RouteTable
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 
 
 def _queues(table: RouteTable, tenant: str = "t", topic: str = "a/b") -> set[tuple[str, int]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from services.common.route_table import RouteTable
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.router.boot import load_routes
 from services.router.cluster import RouteReplay

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from services.common.bus import subjects
-from services.common.store.ports import RuleRecord
+from services.common.store.ports_rules import RuleRecord
 from services.common.store.sqlite_rules import SqliteRuleStore
 from services.rules.config import RulesSettings
 from services.rules.consumer import rules_stream_config

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.rules.sql import EvalError, MessageView, RuleSyntaxError, compile_rule
-from services.rules.sql.compiler import like_matcher
+from services.rules.sql.operators import like_matcher
 
 
 def view(payload: object = None, topic: str = "sensors/room1/temp", **kw: object) -> MessageView:
@@ -244,6 +244,7 @@ def test_impure_functions_are_evaluated_per_message() -> None:
         ('SELECT topic FROM "a"; SELECT qos FROM "b"', 1, 1, "exactly one"),
         ("", 1, 1, "empty"),
         ('DELETE FROM "a"', 1, 13, "SELECT"),
+        ('SELECT FROM "a"', 1, 1, "names no column"),
     ],
 )
 def test_bad_rule_is_refused_with_its_position(

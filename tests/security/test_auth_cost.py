@@ -131,7 +131,7 @@ async def test_failures_back_off_the_user_name_and_the_address(
 @pytest.fixture(scope="module")
 def guarded_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     launcher = Launcher(
-        tmp_path_factory.mktemp("auth-cost") / "run",
+        data_dir=tmp_path_factory.mktemp("auth-cost") / "run",
         nodes=1,
         mqtt_port=0,
         anonymous=False,

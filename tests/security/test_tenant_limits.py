@@ -51,7 +51,9 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         "STARLING_LOG_LEVEL": "WARNING",
     }
     folder: Path = tmp_path_factory.mktemp("limits")
-    launcher = Launcher(folder, nodes=2, mqtt_port=0, anonymous=True, extra_env=env, ws=False)
+    launcher = Launcher(
+        data_dir=folder, nodes=2, mqtt_port=0, anonymous=True, extra_env=env, ws=False
+    )
     mesh = launcher.start(timeout_s=60)
     yield mesh
     launcher.stop()

@@ -26,7 +26,7 @@ from tests.poll import eventually
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """URLs (operator user) of a NATS cluster of three, JetStream ready on each."""
     launcher = Launcher(
-        Path(tmp_path_factory.mktemp("events")), nodes=0, mqtt_port=0, nats_servers=3
+        data_dir=Path(tmp_path_factory.mktemp("events")), nodes=0, mqtt_port=0, nats_servers=3
     )
     launcher.data_dir.mkdir(parents=True, exist_ok=True)
     launcher.secrets = load_or_create(launcher.data_dir)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.common.store.ports import SessionRecord
+from services.common.store.ports_session import SessionRecord
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.session.sessions import Sessions, StaleConnectError
 
@@ -65,7 +65,13 @@ def _instances(
     store: SqliteSessionStore, drops: _Drops, events: Any = None
 ) -> tuple[Sessions, Sessions]:
     def make() -> Sessions:
-        return Sessions(store, drops, drops, 3600, events or _Unused())  # type: ignore[arg-type]
+        return Sessions(
+            store=store,
+            router=drops,  # type: ignore[arg-type]
+            queues=drops,  # type: ignore[arg-type]
+            max_expiry_s=3600,
+            events=events or _Unused(),  # type: ignore[arg-type]
+        )
 
     return make(), make()
 

@@ -110,10 +110,14 @@ async def test_an_instance_that_stops_hearing_a_node_does_not_release_it_while_a
     await redis.flushdb()
     store = SqliteSessionStore(tmp_path / "s.db")
     # Clean clients only: no session record to park.
-    sessions = Sessions(store, None, None, 3600, None)  # type: ignore[arg-type]
+    sessions = Sessions(store=store, router=None, queues=None, max_expiry_s=3600, events=None)  # type: ignore[arg-type]
     registry = Registry(redis)
-    hearing = NodeLiveness(registry, sessions, TIMEOUT_S, seen=SeenRecords(redis))
-    deaf = NodeLiveness(registry, sessions, TIMEOUT_S, seen=SeenRecords(redis))
+    hearing = NodeLiveness(
+        registry=registry, sessions=sessions, timeout_s=TIMEOUT_S, seen=SeenRecords(redis)
+    )
+    deaf = NodeLiveness(
+        registry=registry, sessions=sessions, timeout_s=TIMEOUT_S, seen=SeenRecords(redis)
+    )
     nc = await nats.connect(nats_url)
     node, tenant = f"live-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:6]}"
     await registry.claim(Holder(tenant, "c1", node, registry.next_epoch()))
@@ -175,7 +179,7 @@ async def _checking(instances: list[NodeLiveness], released: list[str]) -> None:
 def _sessions(tmp_path: Path) -> tuple[SqliteSessionStore, Sessions]:
     """Clean clients only: no session record to park."""
     store = SqliteSessionStore(tmp_path / "s.db")
-    return store, Sessions(store, None, None, 3600, None)  # type: ignore[arg-type]
+    return store, Sessions(store=store, router=None, queues=None, max_expiry_s=3600, events=None)  # type: ignore[arg-type]
 
 
 def _longest_unanswered(answers: list[tuple[float, bytes]], since: float, until: float) -> float:
@@ -194,8 +198,12 @@ async def test_a_redis_outage_neither_stops_the_answers_nor_releases_the_node(
         redis = Redis.from_url(servers.redis_url)
         store, sessions = _sessions(tmp_path)
         registry = Registry(redis)
-        hearing = NodeLiveness(registry, sessions, TIMEOUT_S, seen=SeenRecords(redis))
-        deaf = NodeLiveness(registry, sessions, TIMEOUT_S, seen=SeenRecords(redis))
+        hearing = NodeLiveness(
+            registry=registry, sessions=sessions, timeout_s=TIMEOUT_S, seen=SeenRecords(redis)
+        )
+        deaf = NodeLiveness(
+            registry=registry, sessions=sessions, timeout_s=TIMEOUT_S, seen=SeenRecords(redis)
+        )
         nc = await nats.connect(servers.nats_url)
         node, tenant = f"live-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:6]}"
         await registry.claim(Holder(tenant, "c1", node, registry.next_epoch()))
@@ -244,7 +252,9 @@ async def test_an_instance_that_just_got_redis_back_releases_nothing_for_the_tim
         redis = Redis.from_url(servers.redis_url)
         store, sessions = _sessions(tmp_path)
         registry = Registry(redis)
-        liveness = NodeLiveness(registry, sessions, timeout_s, seen=SeenRecords(redis))
+        liveness = NodeLiveness(
+            registry=registry, sessions=sessions, timeout_s=timeout_s, seen=SeenRecords(redis)
+        )
         node, tenant = f"live-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:6]}"
         await registry.claim(Holder(tenant, "c1", node, registry.next_epoch()))
         released: list[str] = []

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.common.store.ports import InboundQos2, Qos2Change, Qos2Update
+from services.common.store.ports_session import InboundQos2, Qos2Change, Qos2Update
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.session.sessions import Sessions
 
@@ -27,7 +27,13 @@ async def test_a_later_connection_fences_off_an_earlier_one_whatever_its_epoch(
     tmp_path: Path,
 ) -> None:
     store = SqliteSessionStore(tmp_path / "s.db")
-    sessions = Sessions(store, _Unused(), _Unused(), 3600, _Unused())  # type: ignore[arg-type]
+    sessions = Sessions(
+        store=store,
+        router=_Unused(),  # type: ignore[arg-type]
+        queues=_Unused(),  # type: ignore[arg-type]
+        max_expiry_s=3600,
+        events=_Unused(),  # type: ignore[arg-type]
+    )
     try:
         first = await sessions.open("t", "c", False, 60, epoch=1_000)
         assert first.qos2_fence == 1_000
@@ -82,7 +88,7 @@ async def test_a_session_a_clean_connect_discards_is_never_resumed_while_it_is_d
     ended one (whose subscriptions and queue the discard is deleting)."""
     store = SqliteSessionStore(tmp_path / "s.db")
     slow = _SlowDiscard()
-    sessions = Sessions(store, slow, slow, 3600, _Unused())  # type: ignore[arg-type]
+    sessions = Sessions(store=store, router=slow, queues=slow, max_expiry_s=3600, events=_Unused())  # type: ignore[arg-type]
     try:
         first = await sessions.open("t", "c", False, 60, epoch=1)
         await sessions.close("t", "c", first.incarnation, None)
@@ -130,7 +136,7 @@ async def test_the_sweep_ends_what_a_clean_start_ended_without_calling_it_expire
     and reports no `session_expired` for it; a session that did expire is reported once."""
     store = SqliteSessionStore(tmp_path / "s.db")
     router, events = _DownThenUp(), _Recorded()
-    sessions = Sessions(store, router, router, 3600, events)  # type: ignore[arg-type]
+    sessions = Sessions(store=store, router=router, queues=router, max_expiry_s=3600, events=events)  # type: ignore[arg-type]
     try:
         first = await sessions.open("t", "c", False, 60, epoch=1)
         await sessions.close("t", "c", first.incarnation, None)

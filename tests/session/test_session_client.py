@@ -18,7 +18,7 @@ from services.common.rpc.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from services.common.store.ports import Qos2Change, Qos2Update
+from services.common.store.ports_session import Qos2Change, Qos2Update
 from services.router.client import RouterClient
 from services.session.client import (
     ClientInfo,

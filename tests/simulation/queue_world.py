@@ -25,7 +25,7 @@ from typing import Any
 from cassandra import ConsistencyLevel
 
 from services.common.store import cassandra_queue_compaction as compaction
-from services.common.store.ports import AppendOutcome, NewQueueItem
+from services.common.store.ports_queue import AppendOutcome, NewQueueItem
 from tests.simulation.cluster import NO_FAULTS, Cluster, Faults
 from tests.simulation.data import Mutation
 from tests.simulation.scheduler import Scheduler

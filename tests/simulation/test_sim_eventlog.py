@@ -19,7 +19,7 @@ from services.common.store.eventlog import (
     bucket_of,
     position_at,
 )
-from services.common.store.ports import SubscriptionRecord
+from services.common.store.ports_session import SubscriptionRecord
 
 
 class Simulated:

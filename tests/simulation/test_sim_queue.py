@@ -14,7 +14,7 @@ import pytest
 from cassandra import ConsistencyLevel, InvalidRequest
 
 from services.common.store import cassandra_queue
-from services.common.store.ports import AppendOutcome, NewQueueItem
+from services.common.store.ports_queue import AppendOutcome, NewQueueItem
 from tests.simulation import legacy
 from tests.simulation.queue_world import ViolationError, run_seed
 from tests.simulation.standin import model_session, store_on

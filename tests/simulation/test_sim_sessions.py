@@ -28,7 +28,10 @@ from services.common.store.cassandra_router import CassandraRouterStore
 from services.common.store.cassandra_rules import CassandraRuleStore
 from services.common.store.cassandra_session import CassandraSessionStore
 from services.common.store.cassandra_tokens import CassandraTokenStore
-from services.common.store.ports import AdminTokenRecord, RetainedRecord, RuleRecord, SessionRecord
+from services.common.store.ports_auth import AdminTokenRecord
+from services.common.store.ports_router import RetainedRecord
+from services.common.store.ports_rules import RuleRecord
+from services.common.store.ports_session import SessionRecord
 from tests.simulation.cluster import Cluster, Faults
 from tests.simulation.scheduler import Scheduler
 from tests.simulation.session import SimBatch, SimSession

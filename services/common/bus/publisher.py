@@ -92,7 +92,6 @@ class ServicePublisher:
     ) -> None:
         self._nc = nc
         self._router = router
-        # May be set once the caller's NATS connection is up (the session service's feed).
         self.rules = rules
         self._node_id = node_id
         self._not_kept = not_kept

@@ -37,6 +37,26 @@ _FIXED_FLAGS = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12
 _FIXED_FLAGS |= {14: 0, 15: 0}
 
 
+def _remaining_length(view: bytes | bytearray, i: int, n: int) -> tuple[int, int]:
+    """The remaining length whose first byte is `view[i]`, and the offset after it; (0, -1)
+    when its bytes are not all there yet (`n`: the end of what arrived)."""
+    rl = 0
+    shift = 0
+    while True:  # up to four bytes [MQTT-1.5.5-1]
+        if i >= n:
+            return 0, -1
+        byte = view[i]
+        i += 1
+        rl |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if not byte and shift:  # [MQTT-1.5.5-1] the fewest bytes: no 0x80 0x00
+                raise MalformedPacketError("remaining length not in its shortest form")
+            return rl, i
+        shift += 7
+        if shift > 21:
+            raise MalformedPacketError("remaining length longer than four bytes")
+
+
 class DecodeError(MqttError):
     """Wraps the first error of a `feed` call together with the packets decoded before it."""
 
@@ -89,8 +109,9 @@ class Decoder:
         """Decode every complete packet at the start of `view` into `out`; return the offset
         of the first byte not consumed (a partial packet at most).
 
-        This loop is the decoder's hot path: the remaining length and PUBLISH are handled
-        inline rather than in helpers, because a Python call per packet costs measurably.
+        This loop is the decoder's hot path: a remaining length of one or two bytes (a body
+        under 16 KiB) and PUBLISH are handled inline rather than in helpers, because a Python
+        call per packet costs measurably; `_remaining_length` reads the longer ones.
         """
         pos = 0
         n = len(view)
@@ -98,32 +119,19 @@ class Decoder:
         limits = self.limits
         while n - pos >= 2:
             first = view[pos]
-            # Remaining length: up to four bytes [MQTT-1.5.5-1].
-            rl = 0
-            shift = 0
-            i = pos + 1
-            while True:
-                if i >= n:
-                    return pos  # the remaining length itself is not complete yet
-                byte = view[i]
-                i += 1
-                rl |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    if not byte and shift:  # [MQTT-1.5.5-1] the fewest bytes: no 0x80 0x00
-                        raise MalformedPacketError("remaining length not in its shortest form")
-                    break
-                shift += 7
-                if shift > 21:
-                    raise MalformedPacketError("remaining length longer than four bytes")
+            rl = view[pos + 1]
+            i = pos + 2
+            if rl & 0x80:  # the remaining length goes on in the next bytes
+                if n - pos > 2 and 0 < view[pos + 2] < 0x80:  # two bytes: a body under 16 KiB
+                    rl, i = (rl & 0x7F) | (view[pos + 2] << 7), pos + 3
+                else:
+                    rl, i = _remaining_length(view, pos + 1, n)
+                    if i < 0:
+                        return pos  # the remaining length itself is not complete yet
             # Checked before waiting for the body, so an oversize body is never buffered.
-            total = i - pos + rl
-            if total > max_size:
-                if first >> 4 == 1:
-                    self._note_connect_level(view, i, n)
-                raise PacketTooLargeError(
-                    f"packet of {total} bytes exceeds {max_size}", limit="max_packet_size"
-                )
             end = i + rl
+            if end - pos > max_size:
+                raise self._too_large(view, first, i, end - pos)
             if end > n:
                 return pos  # the body is not complete yet
             ptype = first >> 4
@@ -140,6 +148,17 @@ class Decoder:
             else:
                 out.append(self._decode_control_packet(ptype, flags, body))
         return pos
+
+    def _too_large(
+        self, view: bytes | bytearray, first: int, i: int, total: int
+    ) -> PacketTooLargeError:
+        """The error for a packet of `total` bytes, over the maximum packet size, whose body
+        starts at `view[i]`; a CONNECT's first bytes still tell its protocol level."""
+        if first >> 4 == 1:
+            self._note_connect_level(view, i, len(view))
+        return PacketTooLargeError(
+            f"packet of {total} bytes exceeds {self.max_packet_size}", limit="max_packet_size"
+        )
 
     def _decode_control_packet(self, ptype: int, flags: int, body: bytes) -> Packet:
         """Decode a packet other than PUBLISH, whose fixed header flags are fixed values."""

@@ -31,6 +31,7 @@ import grpc
 from google.protobuf.message import Message
 
 from services.common.admin_tokens import PREFIX as TENANT_TOKEN_PREFIX
+from services.common.clock import now_ms
 from services.common.rpc.admin_auth import TokenResolver, tenant_of
 from services.common.rpc.credentials import AUDITED_BY_KEY, MESH_METADATA_KEY
 from services.common.store.audit_log import AuditRecord, AuditStore
@@ -199,7 +200,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return
         try:
             record = AuditRecord(
-                at_ms=int(time.time() * 1000),
+                at_ms=now_ms(),
                 actor=await self._actor(md.get("authorization", "")),
                 tenant=tenant_of(request) or "",
                 action=method,

@@ -19,6 +19,7 @@ import grpc
 from opentelemetry import context, trace
 
 from services.common.admin_tokens import PREFIX as TENANT_TOKEN_PREFIX
+from services.common.clock import now_ms
 from services.common.rpc import red
 from services.common.rpc.admin_auth import TenantGrant, TokenResolver, tenant_of
 from services.common.rpc.credentials import MESH_METADATA_KEY
@@ -174,7 +175,7 @@ async def _resolve(tokens: TokenResolver, token: str) -> TenantGrant | tuple[grp
             grpc.StatusCode.UNAVAILABLE,
             "cannot check the admin token now (session service unavailable)",
         )
-    if grant is None or grant.expired(int(time.time() * 1000)):
+    if grant is None or grant.expired(now_ms()):
         return grpc.StatusCode.UNAUTHENTICATED, "admin token missing, wrong, expired or revoked"
     return grant
 

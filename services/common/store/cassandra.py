@@ -32,7 +32,7 @@ from services.common.store.cassandra_schema import (
     replication_cql,
     same_replication,
 )
-from services.common.store.ports import UserRecord
+from services.common.store.ports_auth import UserRecord
 
 log = logging.getLogger("starling.store.cassandra")
 
@@ -194,6 +194,7 @@ class CassandraBase:
 
     def __init__(
         self,
+        *,
         contact_points: list[str],
         port: int = 9042,
         keyspace: str = "starling",

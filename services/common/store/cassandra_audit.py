@@ -9,8 +9,7 @@ itself; it walks back day by day until it has `limit` rows or has read `MAX_DAYS
 
 from __future__ import annotations
 
-import time
-
+from services.common.clock import now_ms
 from services.common.store.audit_log import DAY_MS, RETENTION_DAYS, AuditRecord
 from services.common.store.cassandra import CassandraBase
 from services.common.store.cassandra_schema import Migration
@@ -64,7 +63,7 @@ class CassandraAuditStore(CassandraBase):
 
     async def recent(self, tenant: str | None, limit: int) -> list[AuditRecord]:
         scope = ALL if tenant is None else tenant
-        day = int(time.time() * 1000) // DAY_MS
+        day = now_ms() // DAY_MS
         out: list[AuditRecord] = []
         for back in range(MAX_DAYS):
             rows = [_record(row) for row in await self._exec(self._day, (scope, day - back))]

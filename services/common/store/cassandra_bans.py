@@ -32,6 +32,7 @@ import zlib
 from typing import Any
 
 from services.common.bans import Ban, BanKind
+from services.common.clock import now_ms
 from services.common.store.cassandra import CassandraBase
 from services.common.store.cassandra_schema import Migration
 
@@ -64,10 +65,6 @@ MIGRATIONS = [
         ),
     ),
 ]
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def shard_of(kind: int, tenant: str, value: str) -> int:
@@ -131,7 +128,7 @@ class CassandraBanStore(CassandraBase):
         await self._exec(self._bump, (_SCOPE, uuid.uuid4().hex))
 
     async def put(self, ban: Ban, max_bans: int) -> bool:
-        now = _now_ms()
+        now = now_ms()
         shard = shard_of(*ban.key)
         if max_bans:
             exists = await self._exec(self._get, (shard, *ban.key))
@@ -165,6 +162,6 @@ class CassandraBanStore(CassandraBase):
         return existed
 
     async def list(self) -> list[Ban]:
-        now = _now_ms()
+        now = now_ms()
         in_force = [b for b in await self._current() if b.active(now)]
         return sorted(in_force, key=lambda b: (b.created_at_ms, b.key))

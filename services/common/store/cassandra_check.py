@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.common.store.ports import AppendOutcome, NewQueueItem, QueueStore
+from services.common.store.ports_queue import AppendOutcome, NewQueueItem, QueueStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from typing import Any
 
+from services.common.clock import now_ms
 from services.common.store.cassandra import _future
 from services.common.store.cassandra_eventlog_index import CassandraLogIndex, slice_of
 from services.common.store.cassandra_schema import AddColumn, Migration
@@ -163,7 +163,7 @@ class CassandraEventLog(CassandraLogIndex):
         the last position they take. Route events take their positions from their tenant's
         head (a lightweight transaction per tenant); the index rows are written before
         anything is returned."""
-        now = int(time.time() * 1000)
+        now = now_ms()
         chained: dict[str, int] = {}
         for e in events:
             if e.kind in ROUTE_KINDS:
@@ -246,4 +246,4 @@ class CassandraEventLog(CassandraLogIndex):
             wait = min(wait * 2, POLL_S[1])
 
     async def stable_position(self) -> int:
-        return position_at(int(time.time() * 1000) - SETTLE_MS)
+        return position_at(now_ms() - SETTLE_MS)

@@ -17,10 +17,10 @@ is still read and pruned, never written.
 
 from __future__ import annotations
 
-import time
 import zlib
 from typing import Any
 
+from services.common.clock import now_ms
 from services.common.store.cassandra_snapshots import CassandraSnapshots
 from services.common.store.eventlog import (
     BUCKET_MS,
@@ -115,7 +115,7 @@ class CassandraLogIndex(CassandraSnapshots):
             await self._exec(self._si_put, (tenant, b, s))
             self._indexed.add((tenant, b, s))
         if len(self._indexed) > _FORGET_AT:  # indexing again is harmless
-            hour = bucket_of(position_at(int(time.time() * 1000)))
+            hour = bucket_of(position_at(now_ms()))
             self._indexed = {k for k in self._indexed if k[1] >= hour - 1}
 
     async def _hours(self, after: int, tenant: str | None) -> dict[int, dict[str, bool]]:

@@ -46,7 +46,7 @@ from services.common.store.cassandra_queue_compaction import (
 )
 from services.common.store.cassandra_queue_cql import MIGRATIONS
 from services.common.store.cassandra_queue_owner import QueueOwnership
-from services.common.store.ports import (
+from services.common.store.ports_queue import (
     AppendOutcome,
     AppendReport,
     NewQueueItem,

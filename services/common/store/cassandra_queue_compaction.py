@@ -14,9 +14,10 @@ row that passed can never be needed again.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator
 from typing import Any
+
+from services.common import clock
 
 Step = tuple[str, tuple[Any, ...], bool]  # CQL with %s, values, read at serial consistency
 Plan = Generator[Step, list[Any] | None, Any]
@@ -154,7 +155,7 @@ def cassandra_compact_expired(
     now_ms: int | None = None,
 ) -> int:
     """`expired_plan` on a driver session (`now_ms`: the wall clock unless given)."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     return int(run(session, expired_plan(keyspace, tenant, queue_id, seqs, now)))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.store.cassandra_schema import AddColumn, Migration
-from services.common.store.ports import QueueState
+from services.common.store.ports_queue import QueueState
 
 BACKSTOP_TTL_S = 30 * 24 * 3600  # entries: a backstop, acks and compaction remove them first
 MSGID_TTL_S = 15 * 60  # as the embedded store's MSGID_RETENTION_MS

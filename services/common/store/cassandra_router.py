@@ -15,7 +15,7 @@ import zlib
 
 from services.common.store.cassandra import CassandraBase
 from services.common.store.cassandra_schema import Migration
-from services.common.store.ports import DelayedRecord, RetainedRecord
+from services.common.store.ports_router import DelayedRecord, RetainedRecord
 
 RETAINED_BUCKETS = 16
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from services.common.store.cassandra import CassandraBase
 from services.common.store.cassandra_schema import Migration
-from services.common.store.ports import RuleRecord
+from services.common.store.ports_rules import RuleRecord
 
 _COLUMNS = "tenant, rule_id, sql, actions_json, enabled, created_at_ms, updated_at_ms, description"
 

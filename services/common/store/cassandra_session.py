@@ -35,7 +35,7 @@ from services.common.store.cassandra_session_expiry import NOT_YET, Due, ExpiryI
 from services.common.store.cassandra_session_index import MIGRATION as TENANT_MIGRATION
 from services.common.store.cassandra_session_index import TenantIndex
 from services.common.store.eventlog import EventKind, LogEvent, subscribed
-from services.common.store.ports import (
+from services.common.store.ports_session import (
     InboundQos2,
     Qos2Change,
     Qos2Update,

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.clock import now_ms
 from services.common.store.cassandra_schema import AddColumn, Migration
 
 SHARDS = 64
@@ -66,7 +66,7 @@ def shard_of(tenant: str, client_id: str) -> int:
 
 
 def _wall_ms() -> int:
-    return int(time.time() * 1000)
+    return now_ms()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from services.common.store.cassandra_schema import Migration
-from services.common.store.ports import SessionRecord
+from services.common.store.ports_session import SessionRecord
 from services.common.store.session_listing import is_offline, prefix_end
 
 SHARDS = 32

@@ -9,8 +9,7 @@ Parts are at most services/router/snapshot.py PART_BYTES (1 MiB) each, one per r
 
 from __future__ import annotations
 
-import time
-
+from services.common.clock import now_ms
 from services.common.store.cassandra import CassandraBase
 from services.common.store.eventlog import SnapshotManifest
 
@@ -45,7 +44,7 @@ class CassandraSnapshots(CassandraBase):
     async def put_snapshot(
         self, checkpoint: int, parts: dict[str, tuple[int, list[bytes]]]
     ) -> SnapshotManifest:
-        created = int(time.time() * 1000)
+        created = now_ms()
         known = await self._exec(self._snap_list, (_SCOPE,))
         sid = max([created] + [r.snapshot_id + 1 for r in known])
         # Contents first, the manifest last: a snapshot without its manifest is never read.

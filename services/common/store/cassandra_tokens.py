@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from services.common.store.cassandra import CassandraBase
 from services.common.store.cassandra_schema import Migration
-from services.common.store.ports import AdminTokenRecord
+from services.common.store.ports_auth import AdminTokenRecord
 
 _COLUMNS = "token_id, tenant, token_hash, created_at_ms, expires_at_ms, description"
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from services.common.store.cassandra import CassandraBase
 from services.common.store.cassandra_schema import Migration
-from services.common.store.ports import USAGE_SUMMED, TopicDelta, UsageDelta
+from services.common.store.ports_usage import USAGE_SUMMED, TopicDelta, UsageDelta
 
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.common.store.ports import SessionStore, SubscriptionRecord
+from services.common.store.ports_session import SessionStore, SubscriptionRecord
 
 POSITION_EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z: 2^41 ms from it reach 2093
 SEQ_BITS = 22  # positions per millisecond: 4M (1 << 12 per writer with WRITER_BITS)

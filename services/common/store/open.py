@@ -6,15 +6,12 @@ from __future__ import annotations
 from services.common.config import ServiceSettings
 from services.common.store.audit_log import AuditStore
 from services.common.store.eventlog import LoggedSessionStore
-from services.common.store.ports import (
-    AdminTokenStore,
-    AuthStore,
-    BanStore,
-    QueueStore,
-    RouterStore,
-    RuleStore,
-    UsageStore,
-)
+from services.common.store.ports_auth import AdminTokenStore, AuthStore
+from services.common.store.ports_bans import BanStore
+from services.common.store.ports_queue import QueueStore
+from services.common.store.ports_router import RouterStore
+from services.common.store.ports_rules import RuleStore
+from services.common.store.ports_usage import UsageStore
 
 
 def _cassandra_args(s: ServiceSettings) -> dict[str, object]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.common.store.ports import SessionRecord
+from services.common.store.ports_session import SessionRecord
 
 
 class SessionListing(Protocol):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from services.common.acl import Access, AclRule
-from services.common.store.ports import UserRecord
+from services.common.store.ports_auth import UserRecord
 
 T = TypeVar("T")
 

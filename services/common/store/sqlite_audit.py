@@ -4,9 +4,9 @@ deleted as new ones are appended (the first append of a process, then every PRUN
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
+from services.common.clock import now_ms
 from services.common.store.audit_log import DAY_MS, RETENTION_DAYS, AuditRecord
 from services.common.store.sqlite_base import SqliteDb
 
@@ -50,7 +50,7 @@ class SqliteAuditStore(SqliteDb):
         )
 
     async def recent(self, tenant: str | None, limit: int) -> list[AuditRecord]:
-        since = int(time.time() * 1000) - RETENTION_DAYS * DAY_MS
+        since = now_ms() - RETENTION_DAYS * DAY_MS
 
         def q() -> list[tuple[int, str, str, str, str, str, str, str, str]]:
             order = "ORDER BY at_ms DESC, seq DESC LIMIT ?"

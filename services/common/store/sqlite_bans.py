@@ -6,10 +6,10 @@ the list lives in Cassandra (cassandra_bans.py). Expired bans are removed as the
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 from services.common.bans import Ban, BanKind
+from services.common.clock import now_ms
 from services.common.store.sqlite_base import SqliteDb
 
 _SCHEMA = """
@@ -26,10 +26,6 @@ CREATE TABLE IF NOT EXISTS bans (
 """
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class SqliteBanStore:
     def __init__(self, path: Path) -> None:
         self._db = SqliteDb(path, _SCHEMA)
@@ -40,7 +36,7 @@ class SqliteBanStore:
 
         def put(db: sqlite3.Connection) -> bool:
             db.execute(
-                "DELETE FROM bans WHERE expires_at_ms > 0 AND expires_at_ms <= ?", (_now_ms(),)
+                "DELETE FROM bans WHERE expires_at_ms > 0 AND expires_at_ms <= ?", (now_ms(),)
             )
             exists = db.execute(
                 "SELECT 1 FROM bans WHERE kind = ? AND tenant = ? AND value = ?", ban.key
@@ -83,7 +79,7 @@ class SqliteBanStore:
             rows = self._db.db.execute(
                 "SELECT kind, tenant, value, reason, expires_at_ms, created_at_ms, source "
                 "FROM bans WHERE expires_at_ms = 0 OR expires_at_ms > ? ORDER BY created_at_ms",
-                (_now_ms(),),
+                (now_ms(),),
             ).fetchall()
             return [
                 Ban(

@@ -14,9 +14,9 @@ each tenant's watermark in `log_pruned` to the last route event of it dropped
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Iterable
 
+from services.common.clock import now_ms
 from services.common.store.eventlog import (
     ROUTE_KINDS,
     LogEvent,
@@ -68,7 +68,7 @@ def log_in_tx(db: sqlite3.Connection, events: Iterable[LogEvent]) -> int:
     """Append `events` inside the caller's write transaction; the last position (0: none)."""
     row = db.execute("SELECT position FROM log_head WHERE id = 0").fetchone()
     last = first = int(row[0]) if row else 0
-    now = int(time.time() * 1000)
+    now = now_ms()
     rows = []
     for e in events:
         last = next_position(last, now)
@@ -160,7 +160,7 @@ class SqliteEventLog(SqliteDb):
     async def put_snapshot(
         self, checkpoint: int, parts: dict[str, tuple[int, list[bytes]]]
     ) -> SnapshotManifest:
-        created = int(time.time() * 1000)
+        created = now_ms()
 
         def write(db: sqlite3.Connection) -> int:
             row = db.execute("SELECT max(snapshot_id) FROM route_snapshots").fetchone()

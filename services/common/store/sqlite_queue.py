@@ -1,4 +1,7 @@
 """Embedded `QueueStore`: per-session queues in SQLite, same logical schema as Cassandra.
+This module owns the schema and its migrations, the store's connection and group commit, the
+partition owners, reads, acks and drops; the append's body is sqlite_queue_append.py, the
+compaction job's deletes sqlite_queue_compaction.py.
 
 Invariants:
 - `seq` increases by one per appended entry of a queue; entries are never rewritten, only
@@ -21,25 +24,27 @@ Invariants:
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
+from services.common import clock
 from services.common.store.group_commit import GroupCommit
-from services.common.store.ports import (
+from services.common.store.ports_queue import (
     AppendOutcome,
     AppendReport,
     NewQueueItem,
     QueueChange,
     QueueState,
     StoredEntry,
-    entry_row,
 )
 from services.common.store.sqlite_base import SqliteDb
+from services.common.store.sqlite_queue_append import (
+    AppendBatch,
+    append_batch,
+    mark_appended_delivered,
+)
 
 MSGID_RETENTION_MS = 15 * 60 * 1000  # far longer than any retry of an append
 PRUNE_EVERY = 1000  # appends between prunes of old message ids
-# Message ids per duplicate-check query (SQLite allows 32,766 parameters; old builds 999).
-KNOWN_CHUNK = 500
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queue_entries (
@@ -101,98 +106,9 @@ def _owns_partition(db: sqlite3.Connection, partition: int, epoch: int) -> bool:
     return row is not None and row[0] == epoch
 
 
-def _is_known_message(db: sqlite3.Connection, tenant: str, queue_id: str, message_id: str) -> bool:
-    """Whether the message was appended to the queue already (a retried append)."""
-    return bool(
-        db.execute(
-            "SELECT 1 FROM queue_msgids WHERE tenant=? AND queue_id=? AND message_id=?",
-            (tenant, queue_id, message_id),
-        ).fetchone()
-    )
-
-
-def _known_messages(
-    db: sqlite3.Connection, tenant: str, queue_id: str, message_ids: list[str]
-) -> set[str]:
-    """Which of `message_ids` were appended to the queue already: one query per
-    KNOWN_CHUNK ids instead of one per id."""
-    known: set[str] = set()
-    for i in range(0, len(message_ids), KNOWN_CHUNK):
-        chunk = message_ids[i : i + KNOWN_CHUNK]
-        marks = ",".join("?" * len(chunk))
-        known.update(
-            row[0]
-            for row in db.execute(
-                "SELECT message_id FROM queue_msgids WHERE tenant=? AND queue_id=? "
-                f"AND message_id IN ({marks})",
-                (tenant, queue_id, *chunk),
-            )
-        )
-    return known
-
-
-def _delete_oldest_entry(db: sqlite3.Connection, tenant: str, queue_id: str) -> int | None:
-    """Delete the queue's oldest entry, to make room (drop_oldest); its data's length, None
-    if it has none."""
-    row = db.execute(
-        "SELECT seq, length(data) FROM queue_entries WHERE tenant=? AND queue_id=? "
-        "ORDER BY seq LIMIT 1",
-        (tenant, queue_id),
-    ).fetchone()
-    if row is None:
-        return None
-    db.execute(
-        "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq=?",
-        (tenant, queue_id, row[0]),
-    )
-    return int(row[1])
-
-
-def _insert_entry(
-    db: sqlite3.Connection, tenant: str, queue_id: str, seq: int, item: NewQueueItem, now_ms: int
-) -> None:
-    """Store the entry at `seq`, and remember its message id for retried appends."""
-    db.execute(
-        "INSERT INTO queue_entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
-        entry_row(tenant, queue_id, seq, item),
-    )
-    db.execute(
-        "INSERT INTO queue_msgids VALUES (?, ?, ?, ?, ?)",
-        (tenant, queue_id, item.message_id, seq, now_ms),
-    )
-
-
-def _append_all(
-    db: sqlite3.Connection,
-    tenant: str,
-    queue_id: str,
-    items: list[NewQueueItem],
-    last: int,
-    now_ms: int,
-) -> tuple[list[str], int]:
-    """Store every entry whose message id the queue has not seen (a repeat within `items`
-    included), in order from seq `last` + 1; the outcomes and the new last seq."""
-    known = _known_messages(db, tenant, queue_id, [it.message_id for it in items])
-    out: list[str] = []
-    rows = []
-    for item in items:
-        if item.message_id in known:
-            out.append(AppendOutcome.DUPLICATE)
-            continue
-        known.add(item.message_id)
-        last += 1
-        rows.append(entry_row(tenant, queue_id, last, item))
-        out.append(AppendOutcome.OK)
-    if rows:
-        db.executemany("INSERT INTO queue_entries VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)", rows)
-        db.executemany(
-            "INSERT INTO queue_msgids VALUES (?, ?, ?, ?, ?)",
-            [(tenant, queue_id, r[4], r[3], now_ms) for r in rows],
-        )
-    return out, last
-
-
 class SqliteQueueStore(SqliteDb):
+    """The queues file (`queues.db`): one worker thread, writes group-committed."""
+
     def __init__(self, path: Path, sync: str = "full") -> None:
         super().__init__(path, _SCHEMA, sync, background_checkpoint=True)
         # In a transaction: another process opening the same file migrates it only once.
@@ -224,115 +140,28 @@ class SqliteQueueStore(SqliteDb):
         mark_delivered: bool = False,
         room_bytes: int | None = None,
     ) -> AppendReport:
+        batch = AppendBatch(
+            tenant=tenant,
+            queue_id=queue_id,
+            items=items,
+            max_depth=max_depth,
+            drop_oldest=drop_oldest,
+            room_bytes=room_bytes,
+        )
+
         def append(db: sqlite3.Connection) -> AppendReport:
-            report = self._append_tx(
-                db, tenant, queue_id, items, partition, epoch, max_depth, drop_oldest, room_bytes
-            )
+            # Checked in the same transaction as the writes: a fenced instance writes nothing.
+            if not _owns_partition(db, partition, epoch):
+                return AppendReport([AppendOutcome.FENCED] * len(items))
+            before = _state(db, tenant, queue_id)
+            now_ms = clock.now_ms()
+            self._prune_msgids_now_and_then(db, now_ms)
+            report = append_batch(db, batch, before, now_ms)
             if mark_delivered and AppendOutcome.OK in report.outcomes:
-                db.execute(
-                    "UPDATE queue_state SET delivered_through=? WHERE tenant=? AND queue_id=? "
-                    "AND delivered_through<?",
-                    (report.last_seq, tenant, queue_id, report.last_seq),
-                )
+                mark_appended_delivered(db, tenant, queue_id, report.last_seq)
             return report
 
         return await self.group.run(append)
-
-    def _append_tx(
-        self,
-        db: sqlite3.Connection,
-        tenant: str,
-        queue_id: str,
-        items: list[NewQueueItem],
-        partition: int,
-        epoch: int,
-        max_depth: int,
-        drop_oldest: bool,
-        room_bytes: int | None,
-    ) -> AppendReport:
-        """The body of `append`, inside its transaction."""
-        # Checked in the same transaction as the writes: a fenced instance writes nothing.
-        if not _owns_partition(db, partition, epoch):
-            return AppendReport([AppendOutcome.FENCED] * len(items))
-        st = _state(db, tenant, queue_id)
-        last, depth, dropped, held = st.last_seq, st.depth, st.dropped, st.bytes
-        now_ms = int(time.time() * 1000)
-        self._prune_msgids_now_and_then(db, now_ms)
-        fits_depth = not max_depth or depth + len(items) <= max_depth
-        if fits_depth and (room_bytes is None or sum(len(i.data) for i in items) <= room_bytes):
-            # No entry to refuse or drop: the batch in a few statements, not three per entry.
-            out, last = _append_all(db, tenant, queue_id, items, last, now_ms)
-            ok = [it for it, o in zip(items, out, strict=True) if o == AppendOutcome.OK]
-            depth += len(ok)
-            held += sum(len(it.data) for it in ok)
-        else:
-            out, last, depth, dropped, held = self._append_one_by_one(
-                db,
-                tenant,
-                queue_id,
-                items,
-                last,
-                depth,
-                dropped,
-                held,
-                max_depth,
-                drop_oldest,
-                now_ms,
-                room_bytes,
-            )
-        # An upsert, not a replace: the row's delivered_through stays as it is.
-        db.execute(
-            "INSERT INTO queue_state (tenant, queue_id, last_seq, acked_through, depth, dropped, "
-            "bytes) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, queue_id) DO UPDATE SET "
-            "last_seq=excluded.last_seq, depth=excluded.depth, dropped=excluded.dropped, "
-            "bytes=excluded.bytes",
-            (tenant, queue_id, last, st.acked_through, depth, dropped, held),
-        )
-        return AppendReport(out, last, dropped - st.dropped, depth - st.depth, held - st.bytes)
-
-    @staticmethod
-    def _append_one_by_one(
-        db: sqlite3.Connection,
-        tenant: str,
-        queue_id: str,
-        items: list[NewQueueItem],
-        last: int,
-        depth: int,
-        dropped: int,
-        held: int,
-        max_depth: int,
-        drop_oldest: bool,
-        now_ms: int,
-        room_bytes: int | None,
-    ) -> tuple[list[str], int, int, int, int]:
-        """The append at the depth limit or near the tenant's queued bytes: each entry
-        refused, or stored (after the oldest one is dropped, at the depth limit), in turn.
-        `room_bytes`: how many bytes this append may add (None: no limit)."""
-        out = []
-        start = held
-        for item in items:
-            if _is_known_message(db, tenant, queue_id, item.message_id):
-                out.append(AppendOutcome.DUPLICATE)
-                continue
-            if room_bytes is not None and held - start + len(item.data) > room_bytes:
-                out.append(AppendOutcome.OVER_BYTES)
-                continue
-            if max_depth and depth >= max_depth:
-                if not drop_oldest:
-                    dropped += 1
-                    out.append(AppendOutcome.FULL)
-                    continue
-                freed = _delete_oldest_entry(db, tenant, queue_id)
-                if freed is not None:
-                    depth -= 1
-                    dropped += 1
-                    held -= freed
-            last += 1
-            _insert_entry(db, tenant, queue_id, last, item, now_ms)
-            depth += 1
-            held += len(item.data)
-            out.append(AppendOutcome.OK)
-        return out, last, depth, dropped, held
 
     def _prune_msgids_now_and_then(self, db: sqlite3.Connection, now_ms: int) -> None:
         """Every PRUNE_EVERY appends, forget message ids older than MSGID_RETENTION_MS: often
@@ -440,86 +269,3 @@ class SqliteQueueStore(SqliteDb):
             return [(str(t), str(q), int(d), int(b)) for t, q, d, b in rows]
 
         return await self.run(depths)
-
-
-# ---- Compaction (analytics/jobs/queue_compaction.py) ---------------------------------------
-# Conditional deletes: the compaction job proposes keys it found from a snapshot of the
-# tables; each delete re-checks its condition inside the write transaction, so a row that is
-# live by the time of the delete stays. Every condition only ever goes from false to true
-# (acked_through grows, an entry's expiry is fixed, an expired session cannot be resumed, an
-# incarnation never comes back), so a row that passes the re-check can never be needed again.
-
-
-def compact_acked(db: sqlite3.Connection, tenant: str, queue_id: str, through_seq: int) -> int:
-    """Delete the queue's entries up to `through_seq` that are acknowledged (seq <=
-    acked_through, read now). Depth is untouched: the ack counted them out already."""
-    return db.execute(
-        "DELETE FROM queue_entries WHERE tenant=? AND queue_id=? AND seq<=? AND seq<=("
-        "SELECT acked_through FROM queue_state WHERE tenant=? AND queue_id=?)",
-        (tenant, queue_id, through_seq, tenant, queue_id),
-    ).rowcount
-
-
-def compact_expired(
-    db: sqlite3.Connection, tenant: str, queue_id: str, lo_seq: int, hi_seq: int, now_ms: int
-) -> int:
-    """Delete the queue's entries with lo_seq <= seq <= hi_seq whose expiry has passed
-    (expires_at_ms 0 never expires) and lower the queue's depth and bytes by as many."""
-    where = (
-        "WHERE tenant=? AND queue_id=? AND seq BETWEEN ? AND ? "
-        "AND expires_at_ms>0 AND expires_at_ms<?"
-    )
-    args = (tenant, queue_id, lo_seq, hi_seq, now_ms)
-    freed = db.execute(
-        f"SELECT coalesce(sum(length(data)), 0) FROM queue_entries {where}", args
-    ).fetchone()[0]
-    n = db.execute(f"DELETE FROM queue_entries {where}", args).rowcount
-    if n:
-        # The next ack counts only the rows it deletes, so depth and bytes stay equal to the
-        # rows left.
-        db.execute(
-            "UPDATE queue_state SET depth=max(0, depth-?), bytes=max(0, bytes-?) "
-            "WHERE tenant=? AND queue_id=?",
-            (n, int(freed), tenant, queue_id),
-        )
-    return n
-
-
-def compact_session_queue(
-    db: sqlite3.Connection,
-    sessions_schema: str,
-    tenant: str,
-    client_id: str,
-    incarnation: int,
-    now_ms: int,
-) -> int:
-    """Drop the whole queue of a session incarnation that is over: its session record (in the
-    attached database `sessions_schema`) has expired, or belongs to a later incarnation.
-    Returns the entries removed, -1 when the re-check kept the queue."""
-    over = db.execute(
-        f"SELECT 1 FROM {sessions_schema}.sessions WHERE tenant=? AND client_id=? AND "
-        "((expires_at_ms IS NOT NULL AND expires_at_ms<=?) OR incarnation>?)",
-        (tenant, client_id, now_ms, incarnation),
-    ).fetchone()
-    if over is None:
-        return -1
-    qid = f"{client_id}#{incarnation}"
-    n = db.execute(
-        "DELETE FROM queue_entries WHERE tenant=? AND queue_id=?", (tenant, qid)
-    ).rowcount
-    db.execute("DELETE FROM queue_state WHERE tenant=? AND queue_id=?", (tenant, qid))
-    db.execute("DELETE FROM queue_msgids WHERE tenant=? AND queue_id=?", (tenant, qid))
-    return n
-
-
-def compact_msgids(db: sqlite3.Connection, keys: list[tuple[str, str, str]], before_ms: int) -> int:
-    """Forget (tenant, queue_id, message_id) de-duplication records created before
-    `before_ms` (the end of the de-duplication window, MSGID_RETENTION_MS)."""
-    n = 0
-    for tenant, qid, mid in keys:
-        n += db.execute(
-            "DELETE FROM queue_msgids WHERE tenant=? AND queue_id=? AND message_id=? "
-            "AND created_at_ms<?",
-            (tenant, qid, mid, before_ms),
-        ).rowcount
-    return n

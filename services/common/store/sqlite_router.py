@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from services.common.store.ports import DelayedRecord, RetainedRecord
+from services.common.store.ports_router import DelayedRecord, RetainedRecord
 from services.common.store.sqlite_base import SqliteDb
 
 _SCHEMA = """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.common.store.ports import RuleRecord
+from services.common.store.ports_rules import RuleRecord
 from services.common.store.sqlite_base import SqliteDb
 
 _SCHEMA = """

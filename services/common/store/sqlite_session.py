@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.store.eventlog import EventKind, LogEvent, subscribed
-from services.common.store.ports import (
+from services.common.store.ports_session import (
     NEVER_EXPIRES,
     InboundQos2,
     Qos2Change,

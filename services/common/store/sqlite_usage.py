@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.common.store.ports import USAGE_SUMMED, TopicDelta, UsageDelta
+from services.common.store.ports_usage import USAGE_SUMMED, TopicDelta, UsageDelta
 from services.common.store.sqlite_base import SqliteDb
 
 _NEW_COLUMNS = USAGE_SUMMED[4:]  # after connection_ms, messages_in/out, dropped

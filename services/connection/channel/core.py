@@ -68,6 +68,7 @@ from services.connection.channel.control import (
 )
 from services.connection.channel.enhanced_auth import AuthExchange
 from services.connection.channel.handshake import Handshake
+from services.connection.channel.hooks import DeliveryHooks
 from services.connection.channel.inbound import InboundPublishes, PublishGate
 from services.connection.channel.opening import ChannelOpening
 from services.connection.channel.outbound import Outbound
@@ -110,11 +111,12 @@ class Channel(ChannelOpening):
         peer: str,
         now: float,
         new_client_id: Callable[[], str],
+        *,
         on_limit: Callable[[str, str], None] = _uncounted,
-        gates: Callable[[str, str], PublishGate | None] | None = None,
+        gates: Callable[[str, str, DeliveryHooks], PublishGate | None] | None = None,
         on_resume: Callable[[], None] = _nothing,
     ) -> None:
-        """`gates(tenant, user)`: the publish budgets of an accepted connection (None: no
+        """`gates(tenant, user, hooks)`: the publish budgets of an accepted connection (None: no
         rate limits); `on_resume()`: held deliveries may move again (the outbound bandwidth
         budget has tokens: see Outbound.gate), the shell sends them."""
         self.config = config

@@ -25,6 +25,7 @@ from services.common.mqtt.reason import ReasonCode as RC
 from services.connection.channel.actions import Action, Authenticate, AutoSubscribe
 from services.connection.channel.closing import ChannelClosing
 from services.connection.channel.control import enforced_keepalive
+from services.connection.channel.hooks import DeliveryHooks
 from services.connection.channel.state import State
 
 if TYPE_CHECKING:  # budget.py imports the channel package
@@ -161,7 +162,9 @@ class ChannelOpening(ChannelClosing):
             self._keepalive.interval_s = keepalive_s
             asked_s = self._handshake.connect.keepalive_s if self._handshake.connect else 0
             self._limit("max_keepalive_s" if asked_s else "server_keepalive_s")
-        gate = self._gates(self.tenant, outcome.identity.partition("/")[2]) if self._gates else None
+        hooks = DeliveryHooks(wake=self.on_resume, attach=self._attach_delivery)
+        user = outcome.identity.partition("/")[2]
+        gate = self._gates(self.tenant, user, hooks) if self._gates else None
         self._inbound.start(
             self.level,
             self.tenant,
@@ -174,8 +177,6 @@ class ChannelOpening(ChannelClosing):
         quota = gate.limits if gate is not None else None
         delivery = gate.delivery if gate is not None else None
         if delivery is not None:
-            delivery.wake = self.on_resume
-            delivery.attach = self._attach_delivery
             delivery.refresh()
         self._subscriptions.start(self.level, acl, outcome.subscriptions, quota)
         return encode(connack, self.level)

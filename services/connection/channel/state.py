@@ -24,6 +24,7 @@ from services.connection.channel.problems import Problems
 from services.connection.channel.subscriptions import ClientSubscriptions
 
 if TYPE_CHECKING:  # budget.py imports the channel package
+    from services.connection.channel.hooks import DeliveryHooks
     from services.connection.channel.inbound import InboundPublishes, PublishGate
 
 
@@ -99,7 +100,7 @@ class ChannelBase:
     acl: AclChecker
     on_resume: Callable[[], None]
     outbound: Outbound
-    _gates: Callable[[str, str], PublishGate | None] | None
+    _gates: Callable[[str, str, DeliveryHooks], PublishGate | None] | None
     _on_limit: Callable[[str, str], None]
     _control: ControlBudget
     _decoder: Decoder

@@ -140,6 +140,8 @@ def parse_rule(sql: str, limits: SqlLimits) -> ParsedRule:
         raise RuleSyntaxError(f"expression nested deeper than {limits.max_depth} levels", 1, 1)
     filters = _filters(sql, select, limits)
     columns: list[exp.Expression] | None = list(select.expressions)
+    if not columns:
+        raise RuleSyntaxError("SELECT names no column: SELECT * or a list of expressions", 1, 1)
     if len(columns) == 1 and isinstance(columns[0], exp.Star):
         columns = None
     elif len(columns) > limits.max_columns:

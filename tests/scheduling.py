@@ -1,0 +1,72 @@
+"""How `make test` spreads the suite over parallel workers (pytest-xdist, `--dist loadgroup`).
+
+Each test file is one unit of work, run whole by one worker (its module fixtures, such as a
+mesh of its own, start once); the fault suite's files too (each worker that runs one starts
+the package's `fault_mesh` once). Units are handed out longest first, so the long files
+(measured seconds below, from `pytest --durations=0` on this 2-core machine) do not end up
+last on a worker while the others idle: a file missing from the table counts as short and
+keeps its collection order. Refresh the table when a file's time changes a lot.
+
+Marks decide nothing here: every test runs, in whichever worker gets its file. A test that
+must not share the machine with others has no place in `make test`'s parallel run; none does
+today (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Seconds per file in a sequential run (rounded); only the long ones matter.
+SECONDS = {
+    "tests/partitions/test_partitions.py": 138,
+    "tests/simulation/test_sim_queue.py": 94,
+    "tests/faults/test_rolling.py": 63,
+    "tests/security/test_auth_cost.py": 59,
+    "tests/faults/test_under_load.py": 50,
+    "tests/e2e/test_drain.py": 40,
+    "tests/faults/test_scaled.py": 39,
+    "tests/faults/test_kills.py": 35,
+    "tests/e2e/test_profiles.py": 31,
+    "tests/rules/test_cli.py": 29,
+    "tests/console/test_console_operations.py": 29,
+    "tests/e2e/test_launcher.py": 28,
+    "tests/faults/test_sentinel.py": 28,
+    "tests/faults/test_queue_instances.py": 28,
+    "tests/analytics/test_compaction_mesh.py": 27,
+    "tests/analytics/test_queue_compaction.py": 27,
+    "tests/cli/test_analytics_cli.py": 27,
+    "tests/faults/test_kill_wills.py": 26,
+    "tests/session/test_liveness_shared.py": 25,
+    "tests/security/test_attacks_codec.py": 24,
+    "tests/faults/test_redis_cluster.py": 22,
+    "tests/faults/test_mesh_restart.py": 21,
+    "tests/connection/test_lease.py": 21,
+    "tests/e2e/test_reconnect_storm.py": 19,
+    "tests/security/test_tenant_limits.py": 18,
+    "tests/e2e/test_cli.py": 18,
+    "tests/e2e/test_retained_delayed.py": 18,
+    "tests/rules/test_e2e.py": 17,
+    "tests/e2e/test_node_workers.py": 17,
+    "tests/quota/test_quota_mesh.py": 16,
+    "tests/e2e/test_pubsub.py": 16,
+    "tests/console/test_console_operator.py": 15,
+    "tests/session/test_failover.py": 15,
+    "tests/simulation/test_sim_sessions.py": 14,
+    "tests/security/test_codec_fuzz.py": 13,
+}
+
+
+def unit_of(item: pytest.Item) -> str:
+    """The unit of work an item belongs to: its file."""
+    return item.nodeid.split("::", 1)[0]
+
+
+def group_by_file(items: list[pytest.Item]) -> None:
+    """Mark each item with its file's xdist group, and order the files longest first
+    (stable: the tests of a file, and the short files, keep their order)."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(name=unit_of(item)))
+    first_seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(unit_of(item), i)
+    items.sort(key=lambda it: (-SECONDS.get(unit_of(it), 0), first_seen[unit_of(it)]))
