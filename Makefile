@@ -18,10 +18,11 @@ lock:
 run: $(STAMP)
 	$(VENV)/bin/starling up
 
-# `make test` runs the files side by side on TEST_WORKERS workers (pytest-xdist; each file
-# whole on one worker, longest first: tests/scheduling.py); TEST_WORKERS=0 runs them in one
-# process, in order. docs/testing.md says how to run one part.
-TEST_WORKERS ?= 4
+# TEST_WORKERS=N runs the files side by side on N pytest-xdist workers (each file whole on
+# one worker, longest first: tests/scheduling.py), for machines with cores to spare; the
+# default, 0, runs them in one process, in order: on 2 cores the suite is bound by CPU (its
+# meshes' processes), so workers do not shorten it. docs/testing.md says how to run one part.
+TEST_WORKERS ?= 0
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 

@@ -1,4 +1,5 @@
-"""How `make test` spreads the suite over parallel workers (pytest-xdist, `--dist loadgroup`).
+"""How `make test TEST_WORKERS=N` spreads the suite over parallel workers (pytest-xdist,
+`--dist loadgroup`).
 
 Each test file is one unit of work, run whole by one worker (its module fixtures, such as a
 mesh of its own, start once); the fault suite's files too (each worker that runs one starts
@@ -7,9 +8,8 @@ the package's `fault_mesh` once). Units are handed out longest first, so the lon
 last on a worker while the others idle: a file missing from the table counts as short and
 keeps its collection order. Refresh the table when a file's time changes a lot.
 
-Marks decide nothing here: every test runs, in whichever worker gets its file. A test that
-must not share the machine with others has no place in `make test`'s parallel run; none does
-today (docs/testing.md).
+Marks decide nothing here: every test runs, in whichever worker gets its file
+(docs/testing.md says when workers help).
 """
 
 from __future__ import annotations

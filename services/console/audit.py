@@ -1,6 +1,6 @@
 """The console's audit log: every change made through it (who, what, on which tenant, when,
 from which address, and how it ended) appended to the store's audit table
-(services/common/store/ports.py `AuditStore`), shown at /audit."""
+(services/common/store/audit_log.py `AuditStore`), shown at /audit."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from services.common import clock
 from services.metrics.client import from_pb
 from services.metrics.core import ClusterStats
 from starling.metrics.v1 import metrics_pb2 as pb
@@ -74,8 +75,8 @@ class SharedReports:
 def monotonic_of(at_ms: int, now_ms: int | None = None) -> float:
     """A wall-clock receipt time as this process's monotonic clock (ClusterStats ages
     reports by it)."""
-    now_ms = now_ms() if now_ms is None else now_ms
-    return time.monotonic() - max(0, now_ms - at_ms) / 1000
+    now = clock.now_ms() if now_ms is None else now_ms
+    return time.monotonic() - max(0, now - at_ms) / 1000
 
 
 async def load_latest(shared: SharedReports, stats: ClusterStats) -> None:

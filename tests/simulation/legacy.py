@@ -30,5 +30,26 @@ def load() -> ModuleType | None:
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
-    exec(compile(text, f"{BEFORE[:7]}:{PATH}", "exec"), module.__dict__)
+    # The store ports it imports have since moved into one module per store: it reads the
+    # same names from them (services/common/store/ports_*.py).
+    ports = {"services.common.store.ports": _ports_then()}
+    saved = {name: sys.modules.get(name) for name in ports}
+    sys.modules.update(ports)
+    try:
+        exec(compile(text, f"{BEFORE[:7]}:{PATH}", "exec"), module.__dict__)
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
     return module
+
+
+def _ports_then() -> ModuleType:
+    """One module holding every name of today's store ports, as the old `ports` did."""
+    then = ModuleType("services.common.store.ports")
+    for part in ("auth", "session", "queue", "router", "rules", "usage", "bans"):
+        now = importlib.import_module(f"services.common.store.ports_{part}")
+        then.__dict__.update({k: v for k, v in vars(now).items() if not k.startswith("__")})
+    return then

@@ -1,6 +1,6 @@
 """The audit log's record and storage port (the console appends, pages read): kept beside
-services/common/store/ports.py, with an embedded (sqlite_audit.py) and a Cassandra
-(cassandra_audit.py) adapter that pass the same contract tests
+the other store ports (services/common/store/ports_*.py), with an embedded (sqlite_audit.py)
+and a Cassandra (cassandra_audit.py) adapter that pass the same contract tests
 (tests/common/test_store_contract_audit.py)."""
 
 from __future__ import annotations
