@@ -14,25 +14,38 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common.bans import Ban, BanList
 from services.common.bus import subjects
-from services.quota.client import QuotaClient, bans_from_announcement
 
 log = logging.getLogger("starling.quota.watch")
+
+
+class BanSource(Protocol):
+    """Where the list comes from: the quota service's client (services/quota/client.py)."""
+
+    async def list_bans(self) -> list[Ban]: ...
+
+    async def close(self) -> None: ...
 
 
 class BanWatch:
     def __init__(
         self,
-        client: QuotaClient,
+        *,
+        client: BanSource,
+        decode: Callable[[bytes], list[Ban]],
         sync_s: float,
         on_change: Callable[[BanList], None] | None = None,
     ) -> None:
+        """`decode`: the whole list from an announcement's payload (the quota client's
+        `bans_from_announcement`)."""
         self._client = client
+        self._decode = decode
         self._sync_s = sync_s
         self._on_change = on_change
         self.bans = BanList()
@@ -47,7 +60,7 @@ class BanWatch:
 
     async def _on_announce(self, msg: Msg) -> None:
         try:
-            bans = bans_from_announcement(msg.data)
+            bans = self._decode(msg.data)
         except Exception:
             log.warning("ban_announcement_unreadable")
             return

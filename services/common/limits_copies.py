@@ -27,17 +27,26 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common.bus import subjects
 from services.common.tasks import TaskSet
-from services.quota.client import Limits, QuotaClient
+from services.common.tenant_limits import Limits
 
 log = logging.getLogger("starling.quota.copies")
 
 RETRY_S = 1.0
+
+
+class LimitsSource(Protocol):
+    """Where the copies come from: the quota service's client (services/quota/client.py)."""
+
+    async def get_limits(self, tenant: str) -> Limits: ...
+
+    async def close(self) -> None: ...
 
 
 class TenantLimits:
@@ -61,7 +70,7 @@ class TenantLimits:
 class LimitsCopies:
     def __init__(
         self,
-        client: QuotaClient,
+        client: LimitsSource,
         refresh_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

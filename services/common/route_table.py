@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
+from services.common.queue_entries import AppendResult, NewEntry, queue_id
 from services.common.store.ports_session import SubscriptionRecord
 from services.common.topics import TopicTrie
 from services.common.topics.merge import merge_matches
 from services.common.topics.share import SHARE_PREFIX
-from services.queue.client import AppendResult, NewEntry, queue_id
 from starling.common.v1.message_pb2 import RoutedMessage
 
 SessionKey = tuple[str, int]  # (client_id, incarnation)

@@ -190,7 +190,7 @@ def server_auth(settings: ServiceSettings, local_tokens: TokenResolver | None) -
     that keeps them (`local_tokens`: the session service) or through it, cached."""
     tokens = local_tokens
     if tokens is None and settings.admin_auth == "token":
-        from services.session.token_client import TokenClient
+        from services.common.rpc.token_resolution import TokenClient
 
         tokens = CachedTokenResolver(
             TokenClient(settings.session_addr).resolve, settings.admin_token_cache_s

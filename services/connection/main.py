@@ -35,7 +35,7 @@ from services.connection.stats import register_metrics
 from services.connection.subscription_slots import SubscriptionSlots
 from services.metrics.client import MetricsClient, report_every
 from services.queue.client import QueueClient
-from services.quota.client import QuotaClient
+from services.quota.client import QuotaClient, bans_from_announcement
 from services.router.client import RouterClient
 from services.rules.client import RuleFeed
 from services.session.client import SessionClient
@@ -195,7 +195,12 @@ class ConnectionService:
         # Bans: already connected clients named by a new ban are kicked (the session
         # service refuses their next CONNECT).
         watch_client = QuotaClient(s.quota_addr, timeout_s=2.0)
-        self._bans = BanWatch(watch_client, s.ban_sync_s, node.admission.kick_banned)
+        self._bans = BanWatch(
+            client=watch_client,
+            decode=bans_from_announcement,
+            sync_s=s.ban_sync_s,
+            on_change=node.admission.kick_banned,
+        )
         await self._bans.start(node.nc)
         register_metrics(node.stats)
         register_lease_metrics(node.lease)

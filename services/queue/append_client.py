@@ -1,8 +1,8 @@
 """The queue client's appends (`QueueClient.append`, client.py): entries fanned out to the
 owners of their queues' partitions, in calls of at most BATCH_BYTES, and sent again when an
 owner refused them as not its own (FENCED) or died under the call, once the new owner
-announced itself (at most OWNER_WAIT_S). Also the append's types callers see: `NewEntry`,
-`AppendResult`, `StaleRoutesError` (client.py exports them).
+announced itself (at most OWNER_WAIT_S). Also `StaleRoutesError`, which client.py exports
+with `NewEntry` and `AppendResult` (services/common/queue_entries.py).
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any, TypeVar
 
 from services.common.bus.unary import APPEND_SUBJECT, DIRECT_APPEND_SUBJECT
+from services.common.queue_entries import AppendResult, NewEntry
 from services.common.rpc.errors import UnavailableError
 from services.common.rpc.limits import split_by_bytes
 from services.queue.owner_calls import OwnerCalls, Stub
 from services.queue.owners import Owner
-from starling.common.v1.message_pb2 import RoutedMessage
 from starling.queue.v1 import queue_pb2 as pb
 
 T = TypeVar("T")
@@ -26,16 +25,6 @@ T = TypeVar("T")
 # How long an append waits for a queue's new owner (its old one died: the lease runs out,
 # another instance claims the partition and announces it) before it answers FENCED.
 OWNER_WAIT_S = 3.0
-
-
-class AppendResult(IntEnum):
-    """What an append did with one entry (values of `starling.queue.v1.AppendResult`)."""
-
-    OK = pb.APPEND_RESULT_OK  # stored (or already stored: appends are idempotent)
-    FENCED = pb.APPEND_RESULT_FENCED  # this queue's partition moved: not stored, try later
-    QUEUE_FULL = pb.APPEND_RESULT_QUEUE_FULL  # the depth limit refused it: dropped for good
-    # the tenant's max_queue_depth refused it: not stored, and the publisher is told (0x97)
-    QUOTA_EXCEEDED = pb.APPEND_RESULT_QUOTA_EXCEEDED
 
 
 # By wire value: a dict look-up per entry instead of an enum call (0.3 us, measured).
@@ -50,17 +39,6 @@ class StaleRoutesError(Exception):
     def __init__(self, stored: int) -> None:
         super().__init__(f"stale routes after {stored} entries")
         self.stored = stored
-
-
-@dataclass(frozen=True, slots=True)
-class NewEntry:
-    """One message for one queue, delivered at `qos` with `retain`."""
-
-    queue_id: str
-    message: RoutedMessage  # its message_id makes the append idempotent
-    qos: int
-    retain: bool
-    subscription_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

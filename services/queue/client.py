@@ -25,10 +25,10 @@ from services.common.bus.unary import (
 )
 from services.common.envelope import from_envelope
 from services.common.message import Message
+from services.common.queue_entries import queue_id
 from services.common.rpc.client import LazyStub
 from services.common.rpc.errors import UnavailableError
 from services.queue.append_client import AppendFanOut, AppendResult, NewEntry, StaleRoutesError
-from services.queue.core import queue_id
 from services.queue.owner_calls import OwnerCalls, Stub
 from starling.queue.v1 import queue_pb2 as pb
 from starling.queue.v1 import queue_pb2_grpc as pb_grpc

@@ -1,13 +1,8 @@
-"""Pure queue rules: partitions, ownership, queue ids, expiry."""
+"""Pure queue rules: partitions, ownership, expiry (queue ids: services/common/queue_entries.py)."""
 
 from __future__ import annotations
 
 import zlib
-
-
-def queue_id(client_id: str, incarnation: int) -> str:
-    """A session incarnation's queue: a new session never reads an older one's entries."""
-    return f"{client_id}#{incarnation}"
 
 
 def partition_of(tenant: str, qid: str, partitions: int) -> int:

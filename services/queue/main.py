@@ -62,27 +62,11 @@ class QueueService:
         # (they run out), and callers never take one incarnation's claims for another's.
         self.instance_id = f"{settings.node_id}-{uuid.uuid4().hex[:8]}"
         self._redis = redis_client(settings)
-        leases = LeaseTable(
-            self._redis,
-            self.instance_id,
-            settings.queue_partitions,
-            settings.queue_lease_ttl_ms,
-            settings.queue_lease_key_prefix,
-        )
         self._nats = LateClient()
         readers = Readers()
-        count = settings.queue_partitions
         # Entries waiting per tenant in this instance's partitions (reported to metrics).
-        depths = QueueDepths(count, lambda: self._parts.epochs.keys())
-        self._parts = Partitions(
-            settings=settings,
-            instance_id=self.instance_id,
-            leases=leases,
-            store=self._store,
-            grpc_address=_advertised(settings),
-            on_lost=partial(forget_partitions, readers=readers, depths=depths, count=count),
-            publish=lambda data: self._nats.publish(QUEUE_OWNERS_SUBJECT, data),
-        )
+        depths = QueueDepths(settings.queue_partitions, lambda: self._parts.epochs.keys())
+        self._parts = self._partitions(readers, depths)
         self._leasing: asyncio.Task[None] | None = None
         # Tenants' max_queue_depth: copies of the quota service's limits.
         self._limits = (
@@ -106,6 +90,27 @@ class QueueService:
         self._reporter: asyncio.Task[None] | None = None
         self._depth_scans: asyncio.Task[None] | None = None
         self._sharing: asyncio.Task[None] | None = None
+
+    def _partitions(self, readers: Readers, depths: QueueDepths) -> Partitions:
+        """This instance's partitions, leased in Redis; losing one forgets its readers and
+        depths, and the owners' announcement goes out on NATS."""
+        s, count = self._s, self._s.queue_partitions
+        leases = LeaseTable(
+            self._redis,
+            self.instance_id,
+            count,
+            s.queue_lease_ttl_ms,
+            s.queue_lease_key_prefix,
+        )
+        return Partitions(
+            settings=s,
+            instance_id=self.instance_id,
+            leases=leases,
+            store=self._store,
+            grpc_address=_advertised(s),
+            on_lost=partial(forget_partitions, readers=readers, depths=depths, count=count),
+            publish=lambda data: self._nats.publish(QUEUE_OWNERS_SUBJECT, data),
+        )
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QueueServiceServicer_to_server(self._api, server)

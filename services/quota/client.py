@@ -9,6 +9,7 @@ from enum import IntEnum
 
 from services.common.bans import Ban, BanKind
 from services.common.rpc.client import LazyStub
+from services.common.tenant_limits import Limits
 from services.quota.ban_codec import ban_from_pb, ban_to_pb
 from starling.quota.v1 import quota_pb2 as pb
 from starling.quota.v1 import quota_pb2_grpc as pb_grpc
@@ -30,23 +31,6 @@ class Lease:
     limit: int = 0  # the limit it came from; 0: unlimited
     # Rate budgets: nodes that asked within the service's share horizon (0: not told).
     nodes: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Limits:
-    """A tenant's (or a user's) limits; 0 means unlimited."""
-
-    max_connections: int = 0
-    max_sessions: int = 0
-    max_subscriptions_per_client: int = 0
-    max_messages_per_s: int = 0
-    max_bytes_in_per_s: int = 0
-    max_bytes_out_per_s: int = 0
-    max_queue_depth: int = 0
-    max_retained_messages: int = 0
-    max_retained_bytes: int = 0
-    max_queued_bytes: int = 0
-    max_tenant_subscriptions: int = 0
 
 
 _LIMIT_FIELDS = tuple(f.name for f in fields(Limits))

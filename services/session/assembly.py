@@ -16,7 +16,7 @@ from services.common.store.eventlog import LoggedSessionStore
 from services.common.store.open import open_auth_store, open_session_store, open_token_store
 from services.common.store.ports_auth import AdminTokenStore, AuthStore
 from services.queue.client import QueueAdminClient, QueueClient
-from services.quota.client import QuotaClient
+from services.quota.client import QuotaClient, bans_from_announcement
 from services.router.client import RouterClient
 from services.session.auth import Authenticator
 from services.session.authenticators.cert import CertAuthenticator
@@ -85,7 +85,11 @@ class Remotes:
             queues=QueueClient(s.queue_addr),
             queue_admin=QueueAdminClient(s.queue_addr, s.admin_token.get_secret_value()),
             quota=QuotaClient(s.quota_addr, timeout_s=2.0),
-            ban_watch=BanWatch(QuotaClient(s.quota_addr, timeout_s=2.0), s.ban_sync_s),
+            ban_watch=BanWatch(
+                client=QuotaClient(s.quota_addr, timeout_s=2.0),
+                decode=bans_from_announcement,
+                sync_s=s.ban_sync_s,
+            ),
         )
 
     async def close(self) -> None:

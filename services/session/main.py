@@ -85,16 +85,11 @@ class SessionService:
             events=self._events,
             session_ended=self._registry.session_ended,
         )
-        # Wills of connections whose node died (ids of this instance's own); the rules read
-        # them as they read a node's publishes once the feed is up (`start`).
         # The feed is started by `start` (in the background: without a rules instance the
         # first snapshot waits for the feed's resync; a will is due no sooner than
         # node_timeout_s); until its filters come it wants nothing.
         self._rule_feed = RuleFeed(nc)
-        self._will_publisher = ServicePublisher(
-            nc, self._remotes.router, s.node_id, rules=self._rule_feed
-        )
-        self._wills = StoredWills(self._will_publisher)
+        self._wills = self._stored_wills(nc)
         self._liveness = NodeLiveness(
             registry=self._registry,
             sessions=self._sessions,
@@ -115,6 +110,14 @@ class SessionService:
         self._servers: list[UnaryServer] = []
         self._loops: list[asyncio.Task[None]] = []  # background loops, cancelled first at stop
         self._feeding: list[asyncio.Task[None]] = []  # the rule feed's start, cancelled later
+
+    def _stored_wills(self, nc: Client) -> StoredWills:
+        """Wills of connections whose node died, published with ids of this instance's own;
+        the rules read them as they read a node's publishes once the feed is up."""
+        publisher = ServicePublisher(
+            nc, self._remotes.router, self._settings.node_id, rules=self._rule_feed
+        )
+        return StoredWills(publisher)
 
     def _connecting(self, nc: Client) -> Connecting:
         s = self._settings

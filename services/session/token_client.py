@@ -1,32 +1,17 @@
-"""Typed clients of the session service's admin tokens: `TokenClient` for every service's
-admin interceptor (which tenant does this token administer?) and `TokenAdminClient` for
-operators (create, list, revoke)."""
+"""Typed clients of the session service's admin tokens: `TokenAdminClient` for operators
+(create, list, revoke), and `TokenClient` (services/common/rpc/token_resolution.py, exported
+here) for every service's admin interceptor: which tenant does this token administer?"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.rpc.admin_auth import TenantGrant
 from services.common.rpc.client import LazyStub
+from services.common.rpc.token_resolution import TokenClient
 from starling.session.v1 import admin_tokens_pb2 as pb
 from starling.session.v1 import admin_tokens_pb2_grpc as pb_grpc
 
-
-class TokenClient:
-    """Internal: resolves tenant tokens (the call carries the mesh secret)."""
-
-    def __init__(self, address: str, timeout_s: float = 3.0) -> None:
-        self._rpc = LazyStub(address, pb_grpc.TokenServiceStub, timeout_s=timeout_s)
-
-    async def resolve(self, token: str) -> TenantGrant | None:
-        req = pb.ResolveAdminTokenRequest(token=token)
-        resp = await self._rpc.call(self._rpc.stub.ResolveAdminToken, req)
-        if not resp.valid:
-            return None
-        return TenantGrant(resp.tenant, resp.token_id, resp.expires_at_ms)
-
-    async def close(self) -> None:
-        await self._rpc.close()
+__all__ = ["AdminTokenInfo", "TokenAdminClient", "TokenClient"]
 
 
 @dataclass(frozen=True, slots=True)

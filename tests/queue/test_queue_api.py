@@ -135,6 +135,14 @@ async def test_a_tenants_max_queue_depth_refuses_and_drops_nothing(
     await redis.aclose()
 
 
+def _bytes_request(tenant: str, queues: list[str], tag: str) -> pb.AppendRequest:
+    """One 180-byte message of `tenant` to each of `queues`."""
+    m = RoutedMessage(tenant=tenant, topic="a", payload=b"x" * 180, message_id=tag)
+    return pb.AppendRequest(
+        tenant=tenant, entries=[pb.NewEntry(queue_id=q, qos=1, message=m) for q in queues]
+    )
+
+
 async def test_concurrent_appends_share_the_tenants_queued_bytes(
     nats_url: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -154,12 +162,7 @@ async def test_concurrent_appends_share_the_tenants_queued_bytes(
     )  # type: ignore[arg-type]
     await api.depths.scan(store)
 
-    def request(tenant: str, queues: list[str], tag: str) -> pb.AppendRequest:
-        m = RoutedMessage(tenant=tenant, topic="a", payload=b"x" * 180, message_id=tag)
-        return pb.AppendRequest(
-            tenant=tenant, entries=[pb.NewEntry(queue_id=q, qos=1, message=m) for q in queues]
-        )
-
+    request = _bytes_request
     size = len(
         pb.QueueEntry(
             message=request("t", ["q"], "m0").entries[0].message, qos=1

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nats
 from redis.asyncio import Redis
@@ -187,6 +188,13 @@ def _longest_unanswered(answers: list[tuple[float, bytes]], since: float, until:
     return max(b - a for a, b in itertools.pairwise(sends))
 
 
+def _liveness(registry: Registry, sessions: Any, redis: Redis) -> NodeLiveness:
+    """An instance's liveness check on the shared records."""
+    return NodeLiveness(
+        registry=registry, sessions=sessions, timeout_s=TIMEOUT_S, seen=SeenRecords(redis)
+    )
+
+
 async def test_a_redis_outage_neither_stops_the_answers_nor_releases_the_node(
     tmp_path: Path,
 ) -> None:
@@ -198,12 +206,7 @@ async def test_a_redis_outage_neither_stops_the_answers_nor_releases_the_node(
         redis = Redis.from_url(servers.redis_url)
         store, sessions = _sessions(tmp_path)
         registry = Registry(redis)
-        hearing = NodeLiveness(
-            registry=registry, sessions=sessions, timeout_s=TIMEOUT_S, seen=SeenRecords(redis)
-        )
-        deaf = NodeLiveness(
-            registry=registry, sessions=sessions, timeout_s=TIMEOUT_S, seen=SeenRecords(redis)
-        )
+        hearing, deaf = _liveness(registry, sessions, redis), _liveness(registry, sessions, redis)
         nc = await nats.connect(servers.nats_url)
         node, tenant = f"live-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:6]}"
         await registry.claim(Holder(tenant, "c1", node, registry.next_epoch()))
