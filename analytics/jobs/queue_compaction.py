@@ -12,7 +12,7 @@ Categories, per tenant:
   embedded store only: Cassandra's carry a TTL).
 
 Spark finds candidates from a scan; the deletes are the store's conditional deletes
-(services/common/store/sqlite_queue.py and cassandra_queue_compaction.py), which re-check
+(services/common/store/sqlite_queue_compaction.py and cassandra_queue_compaction.py), which re-check
 each condition at delete time, so compaction is safe while the mesh runs: an entry that is
 live when its delete runs stays. On Cassandra the scans read at LOCAL_QUORUM (analytics/
 source_cassandra.py) and a decision that deletes is re-read first: a session's end at SERIAL

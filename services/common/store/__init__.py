@@ -1,1 +1,2 @@
-"""Storage interfaces (ports.py) and their backends: embedded SQLite and Cassandra."""
+"""Storage interfaces (ports_*.py, one per store) and their backends: embedded SQLite and
+Cassandra."""
