@@ -20,8 +20,8 @@ run: $(STAMP)
 
 # TEST_WORKERS=N runs the files side by side on N pytest-xdist workers (each file whole on
 # one worker, longest first: tests/scheduling.py), for machines with cores to spare; the
-# default, 0, runs them in one process, in order: on 2 cores the suite is bound by CPU (its
-# meshes' processes), so workers do not shorten it. docs/testing.md says how to run one part.
+# default, 0, runs them in one process, in order: on 2 cores workers do not shorten it
+# (docs/testing.md has the figures, and says how to run one part).
 TEST_WORKERS ?= 0
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
