@@ -7,7 +7,8 @@ Invariants:
 - A due record is published, then deleted from the store, then forgotten. A failure (or a
   crash) in between publishes it again; a persistent queue drops the repeat by message id.
 - A delayed will (id `will/<client id>`, one per client) replaces the one held before and
-  never counts against the tenant's delayed caps: a cap must never lose a will.
+  never counts against the tenant's delayed caps: a cap must never lose a will. A will that
+  replaces one being published is not deleted with it.
 - The scheduler outlives errors: a round that fails is logged and the next one runs; a
   record whose publish or delete failed fires again `RETRY_MS` later.
 - Several instances (services/router/cluster.py): the held records are made the store's
@@ -167,9 +168,17 @@ class DelayedMessages:
 
     async def done(self, rec: DelayedRecord) -> None:
         """A due record was published: deleted from the store, then forgotten (so it stays
-        held when the delete fails)."""
+        held when the delete fails). A will that replaced it meanwhile (the client came and
+        went again while it was being published) stays, in memory and in the store."""
+        key = (rec.tenant, rec.id)
+        if self._records.get(key) is not rec:
+            return  # replaced or cancelled while it was published
         await self._store.delete_delayed(rec.tenant, rec.id)
-        self._unhold(rec.tenant, rec.id)
+        current = self._records.get(key)
+        if current is rec:
+            self._unhold(rec.tenant, rec.id)
+        elif current is not None:  # replaced during the delete: its write may have gone first
+            await self._store.put_delayed(current)
         await self._wrote()
 
     def _limit(self, tenant: str, nbytes: int) -> str:

@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common.route_table import RouteResult
+from services.common.store.ports_router import DelayedRecord
 from services.common.store.sqlite_router import SqliteRouterStore
 from services.common.topics import filter_to_subjects
 from services.router.limits import Caps
@@ -76,3 +77,60 @@ async def test_a_failed_delete_does_not_stop_the_scheduler(
     finally:
         scheduler.cancel()
         await sub.unsubscribe()
+
+
+class DeleteWaits(SqliteRouterStore):
+    """The real store, except that a delete of a delayed message waits for `go`."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.deleting = asyncio.Event()
+        self.go = asyncio.Event()
+        self.deleted = asyncio.Event()
+
+    async def delete_delayed(self, tenant: str, id: str) -> bool:
+        self.deleting.set()
+        await self.go.wait()
+        found = await super().delete_delayed(tenant, id)
+        self.deleted.set()
+        return found
+
+
+def will(tenant: str, payload: bytes) -> RoutedMessage:
+    return RoutedMessage(
+        tenant=tenant,
+        topic="wills/dev",
+        payload=payload,
+        qos=1,
+        publisher=Publisher(client_id="dev", node_id="n1"),
+        published_at_ms=int(time.time() * 1000),
+        message_id=uuid.uuid4().hex,
+    )
+
+
+def payloads(records: list[DelayedRecord]) -> list[bytes]:
+    return [RoutedMessage.FromString(d.data).payload for d in records]
+
+
+async def test_a_will_that_replaces_one_being_published_is_kept(router: RouterFactory) -> None:
+    """The client's first will fires; while it is being deleted after its publish, the client
+    comes back and goes again with a new delayed will. The new will stays held and stored."""
+    t = f"dly{uuid.uuid4().hex[:6]}"
+    r = await router(Caps(), DeleteWaits)
+    store = r.store
+    assert isinstance(store, DeleteWaits)
+    scheduler = asyncio.create_task(r.scheduler.run())
+    try:
+        await r.delayed.delay_will(will(t, b"first"), 0)
+        await asyncio.wait_for(store.deleting.wait(), 5)  # published, now being deleted
+        await r.delayed.delay_will(will(t, b"second"), 3600)
+        store.go.set()
+        await asyncio.wait_for(store.deleted.wait(), 5)
+
+        async def kept() -> bool:
+            stored = [d for d in await store.all_delayed() if d.tenant == t]
+            return payloads(stored) == payloads(r.delayed.of_tenant(t)) == [b"second"]
+
+        await eventually(kept, 5, lambda: f"held: {payloads(r.delayed.of_tenant(t))}")
+    finally:
+        scheduler.cancel()

@@ -9,8 +9,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from services.rules.actions.base import Output
-from services.rules.actions.dead_letter_codec import EncodedBatch, decode_output, encode_batch
+from services.rules.actions.dead_letter_codec import EncodedBatch, decode_output
 from services.rules.actions.dead_letter_store import (
     DeadLetter,
     DeadLetterLimits,
@@ -80,25 +79,8 @@ class CassandraDeadLetters(DeadLetterStore):
     def _q(self, stmt: str, args: Sequence[Any] = ()) -> list[Any]:
         return list(self._s.execute(stmt, tuple(args)))
 
-    async def add(
-        self,
-        tenant: str,
-        rule_id: str,
-        action: str,
-        outputs: Sequence[Output],
-        error: str,
-        attempts: int,
-    ) -> int:
-        batch = encode_batch(
-            tenant=tenant,
-            rule_id=rule_id,
-            action=action,
-            outputs=outputs,
-            error=error,
-            attempts=attempts,
-            limits=self.limits,
-        )
-        return await asyncio.to_thread(self._write, batch) + batch.dropped
+    async def _write_batch(self, batch: EncodedBatch) -> int:
+        return await asyncio.to_thread(self._write, batch)
 
     def _write(self, b: EncodedBatch) -> int:
         """Insert the batch, then delete the rule's oldest letters past its limits; how many

@@ -8,11 +8,13 @@ import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common.clock import now_ms
 from services.rules.actions.base import Output
-from services.rules.actions.dead_letter_store import DeadLetterLimits
+
+if TYPE_CHECKING:
+    from services.rules.actions.dead_letter_store import DeadLetterLimits
 
 MAX_ERROR_CHARS = 2000  # of the last attempt's error, kept with each letter
 

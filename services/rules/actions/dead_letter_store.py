@@ -7,12 +7,16 @@ cassandra_dead_letters.py; replay: dead_letter_replay.py."""
 from __future__ import annotations
 
 import builtins
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from services.rules.actions.base import Output
+from services.rules.actions.dead_letter_codec import EncodedBatch, encode_batch
 from services.rules.actions.dead_letter_replay import ReplayResult, SendFn, replay_letters
+
+log = logging.getLogger("starling.rules.dead_letters")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +68,6 @@ class DeadLetterStore(ABC):
     def __init__(self, limits: DeadLetterLimits) -> None:
         self.limits = limits
 
-    @abstractmethod
     async def add(
         self,
         tenant: str,
@@ -76,6 +79,27 @@ class DeadLetterStore(ABC):
     ) -> int:
         """Keep `outputs` durably (returns once written); the number of letters dropped to
         stay within the limits (older ones, or a single letter larger than `max_bytes`)."""
+        batch = encode_batch(
+            tenant=tenant,
+            rule_id=rule_id,
+            action=action,
+            outputs=outputs,
+            error=error,
+            attempts=attempts,
+            limits=self.limits,
+        )
+        dropped = await self._write_batch(batch) + batch.dropped
+        if dropped:
+            log.warning(
+                "dead_letters_dropped",
+                extra={"tenant": tenant, "rule_id": rule_id, "dropped": dropped},
+            )
+        return dropped
+
+    @abstractmethod
+    async def _write_batch(self, batch: EncodedBatch) -> int:
+        """Write `batch` durably, then drop the rule's oldest letters past the limits; how
+        many were dropped."""
 
     @abstractmethod
     async def list(

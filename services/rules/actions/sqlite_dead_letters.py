@@ -4,14 +4,12 @@ default backend): letters and per-rule totals, each write bounded by the rule's 
 from __future__ import annotations
 
 import builtins
-import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from services.common.store.sqlite_base import SqliteDb
-from services.rules.actions.base import Output
-from services.rules.actions.dead_letter_codec import EncodedBatch, decode_output, encode_batch
+from services.rules.actions.dead_letter_codec import EncodedBatch, decode_output
 from services.rules.actions.dead_letter_store import (
     DeadLetter,
     DeadLetterLimits,
@@ -19,8 +17,6 @@ from services.rules.actions.dead_letter_store import (
     DeadLetterStore,
     oldest_to_drop,
 )
-
-log = logging.getLogger("starling.rules.dead_letters")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -48,32 +44,8 @@ class SqliteDeadLetters(DeadLetterStore):
         super().__init__(limits or DeadLetterLimits())
         self._db = SqliteDb(path, _SCHEMA)
 
-    async def add(
-        self,
-        tenant: str,
-        rule_id: str,
-        action: str,
-        outputs: Sequence[Output],
-        error: str,
-        attempts: int,
-    ) -> int:
-        batch = encode_batch(
-            tenant=tenant,
-            rule_id=rule_id,
-            action=action,
-            outputs=outputs,
-            error=error,
-            attempts=attempts,
-            limits=self.limits,
-        )
-        evicted = await self._db.run(lambda: self._db.tx(lambda db: self._write(db, batch)))
-        dropped = evicted + batch.dropped
-        if dropped:
-            log.warning(
-                "dead_letters_dropped",
-                extra={"tenant": tenant, "rule_id": rule_id, "dropped": dropped},
-            )
-        return dropped
+    async def _write_batch(self, batch: EncodedBatch) -> int:
+        return await self._db.run(lambda: self._db.tx(lambda db: self._write(db, batch)))
 
     def _write(self, db: Any, b: EncodedBatch) -> int:
         """Insert the batch, then evict the rule's oldest letters past its limits (in one
