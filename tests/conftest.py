@@ -12,6 +12,7 @@ import datetime
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from services.cli.forked import start_server
 from services.cli.launcher import Launcher, Mesh, nats_binary
 from services.cli.ports import default_range, free_port, port_open
 from tests import figures
@@ -36,8 +38,12 @@ REDIS_PASSWORD = "tests-redis-password"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Parallel workers (`make test` runs pytest-xdist) each pick ports from their own slice
-    of the free-port range (services/cli/ports.py), inherited by the meshes they start."""
+    """Every process that runs tests starts meshes from a fork server of its own (services/
+    cli/forkserver.py: a mesh starts in about a second and a fifth of the CPU); parallel
+    workers each pick ports from their own slice of the free-port range (services/cli/
+    ports.py), inherited by the meshes they start."""
+    if not getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
+        _start_fork_server(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw") or "STARLING_PORT_RANGE" in os.environ:
         return
@@ -45,6 +51,26 @@ def pytest_configure(config: pytest.Config) -> None:
     low, high = default_range()
     span = (high - low) // max(count, 1)
     os.environ["STARLING_PORT_RANGE"] = f"{low + index * span}-{low + (index + 1) * span - 1}"
+
+
+def _start_fork_server(config: pytest.Config) -> None:
+    """`STARLING_FORK_SERVER=off` spawns every service fresh, as `starling up` does."""
+    if os.environ.get("STARLING_FORK_SERVER") == "off":
+        del os.environ["STARLING_FORK_SERVER"]
+        return
+    if os.environ.get("STARLING_FORK_SERVER") or config.option.collectonly:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="starling-fork-"))
+    server = start_server(folder / "fork.sock")
+    os.environ["STARLING_FORK_SERVER"] = str(folder / "fork.sock")
+    config.add_cleanup(lambda: _stop(server, folder))
+
+
+def _stop(server: subprocess.Popen[bytes], folder: Path) -> None:
+    os.environ.pop("STARLING_FORK_SERVER", None)
+    server.terminate()
+    server.wait(10)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

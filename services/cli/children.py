@@ -14,27 +14,51 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from services.cli.forked import Forked, spawn
 from services.cli.mesh import Component, Mesh
+
+# A running child: spawned fresh, or forked by a fork server (services/cli/forkserver.py).
+Process = subprocess.Popen[bytes] | Forked
 
 # Children import `services` from here even when started from another working directory.
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
 
 class Children:
-    """What every launcher holds: `procs` (one Popen per component name, the latest), the
+    """What every launcher holds: `procs` (one process per component name, the latest), the
     command and environment each was started with, and the mesh record their pids go to.
-    The subclass sets these in its constructor."""
+    The subclass sets these in its constructor. With `fork_server` (a socket path; test
+    suites set `STARLING_FORK_SERVER`), service processes are forked by that server instead
+    of started fresh: the same code, environment and working directory, without paying the
+    imports again."""
 
     data_dir: Path
     mesh: Mesh
-    procs: dict[str, subprocess.Popen[bytes]]
+    procs: dict[str, Process]
     _specs: dict[str, tuple[list[str], dict[str, str] | None]]
+    fork_server: str = ""
 
     def _spawn(self, comp: Component, argv: list[str], env: dict[str, str] | None = None) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         comp.log = str(logs / f"{comp.name}.log")
-        out = open(comp.log, "ab")
+        proc = self._start(argv, env, Path(comp.log))
+        comp.pid = proc.pid
+        self.procs[comp.name] = proc
+        self._specs[comp.name] = (argv, env)
+        if comp not in self.mesh.components:
+            self.mesh.components.append(comp)
+
+    def _start(self, argv: list[str], env: dict[str, str] | None, log: Path) -> Process:
+        if self.fork_server and argv[:2] == [sys.executable, "-m"] and len(argv) == 3:
+            return spawn(
+                server=self.fork_server,
+                module=argv[2],
+                env=dict(os.environ) if env is None else env,
+                cwd=_ROOT,
+                log=log,
+            )
+        out = open(log, "ab")
         wrapped = [sys.executable, "-m", "services.cli.deathsig", str(os.getpid()), *argv]
         proc = subprocess.Popen(
             wrapped,
@@ -45,11 +69,7 @@ class Children:
             cwd=_ROOT,
         )
         out.close()
-        comp.pid = proc.pid
-        self.procs[comp.name] = proc
-        self._specs[comp.name] = (argv, env)
-        if comp not in self.mesh.components:
-            self.mesh.components.append(comp)
+        return proc
 
     def stop(self, grace_s: float = 8.0) -> None:
         """Stop children in order; SIGKILL what outlives its grace period."""

@@ -24,13 +24,12 @@ admin commands read from `<data-dir>/secrets/admin-token`.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from services.cli.children import Children
+from services.cli.children import Children, Process
 from services.cli.infra import nats_binary, nats_cluster_lines, nats_conf, redis_binary
 from services.cli.mesh import Component, Mesh
 from services.cli.ports import free_port
@@ -112,7 +111,8 @@ class Launcher(Children):
         self.extra_env = extra_env or {}
         self.ws = ws
         self.tls = tls
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Process] = {}
+        self.fork_server = os.environ.get("STARLING_FORK_SERVER", "")
         self._specs: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         self.mesh = Mesh(
             str(self.data_dir), profile=self.profile, launcher_pid=os.getpid() if supervised else 0
