@@ -48,7 +48,7 @@ def _exit_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def _run_child(request: dict[str, object], keep_fds: list[int]) -> None:
+def _run_child(request: dict[str, object], keep_fds: list[int], server_pid: int) -> None:
     """In the forked child: become `python -m module` and never return."""
     code = 1
     try:
@@ -56,8 +56,14 @@ def _run_child(request: dict[str, object], keep_fds: list[int]) -> None:
             os.close(fd)
         os.setsid()
         _die_with_parent()
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
+        if os.getppid() != server_pid:  # the server died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+        # The signal dispositions a fresh interpreter starts with (SIGPIPE ignored, so a
+        # write to a closed socket raises instead of killing the process).
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.set_wakeup_fd(-1)
         log = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -146,9 +152,10 @@ class ForkServer:
         sys.stderr.flush()
         keep = [self._listener.fileno(), self._sel.fileno(), self._wake, self._wake_w]
         keep += [s.fileno() for s in (conn, *self._pending, *self._child_of)]
+        server_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _run_child(request, keep)
+            _run_child(request, keep, server_pid)
         self._child_of[conn] = pid
         self._conn_of[pid] = conn
         try:
