@@ -4,8 +4,8 @@ Each package under services/ but `common` (a library) and `cli` (the command) is
 service. A service may import another service's *client modules* only: `client.py` or a
 module whose name ends in `_client` (`services/session/token_client.py`). Shared logic
 lives in services/common, which imports no service at all (not even a client module: what it
-needs of one it takes as a parameter). Every import counts, wherever it is written: inside functions, under
-`TYPE_CHECKING`, relative ones.
+needs of one it takes as a parameter). Every import counts, wherever it is written: inside
+functions, under `TYPE_CHECKING`, relative ones.
 """
 
 from __future__ import annotations

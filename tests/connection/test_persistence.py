@@ -21,7 +21,7 @@ from tests.connection.persistence_fakes import (
     _publishes,
     _settle,
 )
-from tests.poll import eventually
+from tests.poll import eventually, holds_within_async
 
 
 async def test_backlog_never_sent_before_goes_out_with_dup_0_under_seq_packet_ids() -> None:
@@ -81,11 +81,13 @@ async def test_the_queue_is_acked_only_through_what_the_client_completed() -> No
         actions = ch.receive(encode(PubAck(pid_for(seq)), 5), 0.0)  # type: ignore[attr-defined]
         assert DeliveryProgress() in actions
         pd.progress()
-    await asyncio.sleep(0.05)
-    assert queue.acked_through == 1
+    await eventually(
+        lambda: queue.acked_through == 1, 5, lambda: f"acked through {queue.acked_through}"
+    )
     _pubacks(ch, pd, 2)
-    await asyncio.sleep(0.05)
-    assert queue.acked_through == 3
+    await eventually(
+        lambda: queue.acked_through == 3, 5, lambda: f"acked through {queue.acked_through}"
+    )
     await pd.close()
 
 
@@ -126,11 +128,14 @@ async def test_an_entry_whose_packet_id_is_in_flight_waits_and_is_never_lost() -
         (pid_for(65536), False, b"m65536"),
         (pid_for(65537), False, b"m65537"),
     ]
-    await asyncio.sleep(0.05)
-    assert queue.acked_through == 65535  # never past the entries still unacknowledged
+    # Never past the entries still unacknowledged.
+    await eventually(
+        lambda: queue.acked_through == 65535, 5, lambda: f"acked through {queue.acked_through}"
+    )
     _pubacks(ch, pd, 65537, 65536)
-    await asyncio.sleep(0.05)
-    assert queue.acked_through == 65537
+    await eventually(
+        lambda: queue.acked_through == 65537, 5, lambda: f"acked through {queue.acked_through}"
+    )
     await pd.close()
 
 
@@ -163,8 +168,8 @@ async def test_a_queued_entry_never_takes_the_packet_id_of_a_shared_delivery() -
     await pd.start()
     await _settle()
     assert [pid for pid, _, _ in _publishes(ch, dec)] == [pid_for(1)]
-    await asyncio.sleep(0.05)
-    assert queue.acked_through == 0  # entry 2 was not sent: nothing past 1 may be acked
+    # Entry 2 was not sent, 1 is not acknowledged: nothing may be acked.
+    assert not await holds_within_async(lambda: queue.acked_through != 0, 0.1)
     _pubacks(ch, pd, 1, 2)  # 2: the shared one
     await _settle()
     assert [(pid, payload) for pid, _, payload in _publishes(ch, dec)] == [(pid_for(2), b"m2")]

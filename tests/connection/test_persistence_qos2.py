@@ -34,8 +34,9 @@ async def test_qos2_pubrec_is_recorded_and_a_released_entry_gets_pubrel_not_publ
     assert [type(p) for p in written(ch2, dec2)] == [PubRel]  # type: ignore[arg-type]
     ch2.receive(encode(PubComp(pid_for(1)), 5), 0.0)  # type: ignore[attr-defined]
     pd2.progress()
-    await asyncio.sleep(0.05)
-    assert queue.acked_through == 1
+    await eventually(
+        lambda: queue.acked_through == 1, 5, lambda: f"acked through {queue.acked_through}"
+    )
     await pd2.close()
 
 

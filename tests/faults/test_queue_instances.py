@@ -39,7 +39,7 @@ from tests.e2e.clients import Paho
 from tests.faults import harness
 from tests.faults.checker import Checker
 from tests.faults.harness import MAX_PACKET, Load, record
-from tests.poll import holds_within
+from tests.poll import holds_within, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -112,8 +112,8 @@ def test_sigkill_of_a_queue_instance_under_load(
     load = Load(launcher)
     try:
         load.start()
-        time.sleep(1.0)  # both instances own partitions and take appends
-        assert owned_partitions(launcher, "queue-1") > 0, "queue-1 took no partitions"
+        # Both instances own partitions and take appends (the load flows already).
+        wait_until(lambda: owned_partitions(launcher, "queue-1") > 0, 10, "queue-1's partitions")
         killed_at = time.monotonic()
         launcher.kill("queue-1")
         time.sleep(4.0)  # thousands of messages across the kill

@@ -7,6 +7,7 @@ import asyncio
 
 from services.common.limits_copies import RETRY_S, LimitsCopies
 from services.quota.client import Limits
+from tests.poll import eventually, holds_within_async
 
 
 class FakeQuota:
@@ -41,18 +42,20 @@ def test_copies_answer_at_once_keep_the_last_answer_and_follow_changes() -> None
         assert copies.get("acme") is first and first.known  # one object, updated in place
         quota.limits = Limits(max_queue_depth=7)
         await copies._on_change(Msg(b"acme"))  # type: ignore[arg-type]
-        await asyncio.sleep(0.01)
-        assert first.limits.max_queue_depth == 7
+        await eventually(lambda: first.limits.max_queue_depth == 7, 5, "the changed limits")
         quota.fail = True
+        calls = quota.calls
         await copies._on_change(Msg(b"acme"))  # type: ignore[arg-type]
-        await asyncio.sleep(0.01)
+        await eventually(
+            lambda: quota.calls > calls and "acme" not in copies._asking, 5, "the failed read"
+        )
         assert first.limits.max_queue_depth == 7  # the service down: the last answer holds
         other = await copies.fetch("other")
         assert not other.known and other.limits == Limits()  # never answered: no limits
         calls = quota.calls
         copies.get("other")
-        await asyncio.sleep(0.01)
-        assert quota.calls == calls  # not before RETRY_S
+        # Not asked again before RETRY_S.
+        assert not await holds_within_async(lambda: quota.calls != calls, 0.05)
         quota.fail = False
         now[0] += RETRY_S
         assert (await copies.fetch("other")).limits.max_queue_depth == 7
@@ -82,8 +85,7 @@ def test_fetch_waits_for_the_answer_an_announced_change_asked_for() -> None:
         await copies._on_change(Msg(b"acme"))  # type: ignore[arg-type]
         assert copies.get("acme").limits.max_queue_depth == 5  # at once: the copy as it is
         fetching = asyncio.ensure_future(copies.fetch("acme"))
-        await asyncio.sleep(0.01)
-        assert not fetching.done()
+        assert not await holds_within_async(fetching.done, 0.05)
         gate.set()
         assert (await fetching).limits.max_queue_depth == 2
         await copies.stop()
@@ -105,8 +107,8 @@ def test_a_change_announced_during_a_read_is_read_again_and_refreshes_do_not_blo
         assert (await copies.fetch("acme")).limits.max_queue_depth == 5
         quota.get_limits = slow  # type: ignore[method-assign]
         await copies.start(_NoNats())  # type: ignore[arg-type]
-        await asyncio.sleep(0.05)  # a periodic refresh is under way, held at the gate
-        assert "acme" in copies._asking
+        # A periodic refresh is under way, held at the gate.
+        await eventually(lambda: "acme" in copies._asking, 5, "a periodic refresh")
         # A refresh under way does not hold fetch up: the copy as it is.
         assert (await asyncio.wait_for(copies.fetch("acme"), 0.5)).limits.max_queue_depth == 5
         # A change announced while that read is under way: read again after it.

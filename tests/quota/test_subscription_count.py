@@ -4,7 +4,6 @@ subscription_slots.py), with a fake quota service."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import cast
@@ -17,6 +16,7 @@ from services.common.quota_keys import limits_key
 from services.common.subscription_counts import SubscriptionCounts
 from services.connection.subscription_slots import SubscriptionSlots
 from services.quota.client import Limits, QuotaClient
+from tests.poll import eventually
 
 
 @pytest.fixture
@@ -102,9 +102,7 @@ async def test_a_node_asks_for_new_filters_and_reports_what_it_gave_back() -> No
     counts["t"] = 4  # the two refused left the trie again
     counts["t"] = 2  # then a client unsubscribed two
     slots.changed("t")
-    for _ in range(10):
-        await asyncio.sleep(0)
-    assert quota.figures["n1"] == 2
+    await eventually(lambda: quota.figures["n1"] == 2, 5, lambda: f"n1 at {quota.figures}")
     # The quota service down: new filters are admitted, and reported once it is back.
     quota.fail = True
     counts["t"] = 4
@@ -131,9 +129,9 @@ async def test_a_tenant_limited_later_is_reported_and_unlimited_ones_cost_no_cal
     assert quota.calls == []
     quota.limit = 8
     await limits._on_change(Msg(b"t"))  # type: ignore[arg-type]  # the announced change
-    for _ in range(10):
-        await asyncio.sleep(0)
-    assert limits.get("t").limits.max_tenant_subscriptions == 8
+    await eventually(
+        lambda: limits.get("t").limits.max_tenant_subscriptions == 8, 5, "the changed limit"
+    )
     await slots.sync()
     assert quota.figures == {"n1": 7}
     counts["t"] = 8

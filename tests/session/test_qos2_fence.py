@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.common import clock
 from services.common.store.ports_session import InboundQos2, Qos2Change, Qos2Update
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.session.sessions import Sessions
+from tests.poll import eventually
 
 
 class _Unused:
@@ -146,7 +148,11 @@ async def test_the_sweep_ends_what_a_clean_start_ended_without_calling_it_expire
         short = await sessions.open("t", "d", False, 1, epoch=3)
         await sessions.close("t", "d", short.incarnation, None)
         router.up = True
-        await asyncio.sleep(1.1)  # "d" expires
+
+        async def both_due() -> bool:  # a read only: "c" ended, "d" past its 1 s expiry
+            return len(await store.expired_sessions(clock.now_ms())) == 2
+
+        await eventually(both_due, 5, '"d" expired')
         assert await sessions.sweep() == 2
         assert await store.get_session("t", "c") is None
         assert await store.get_session("t", "d") is None

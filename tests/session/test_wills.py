@@ -29,17 +29,21 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
 
-def _envelope(topic: str, payload: bytes = b"bye") -> bytes:
-    will = Will(topic, payload, 1, True, Properties(message_expiry_interval=30))
-    wills = Wills(
+def _node_wills(max_bytes: int = 1 << 20) -> Wills:
+    """A node's wills as far as handing one over goes (nothing published, nothing routed)."""
+    return Wills(
         node_id="node-a",
         publish=lambda msgs: None,
         routing=None,
         router=None,
         ids=MessageIds("node-a", 1),
-        handoff_max_bytes=1 << 20,
+        handoff_max_bytes=max_bytes,
     )
-    return wills.handoff(will, "dev-1")
+
+
+def _envelope(topic: str, payload: bytes = b"bye") -> bytes:
+    will = Will(topic, payload, 1, True, Properties(message_expiry_interval=30))
+    return _node_wills().handoff(will, "dev-1")
 
 
 def test_a_will_the_acl_allows_is_kept_whole() -> None:
@@ -83,16 +87,7 @@ def test_a_displaced_will_is_due_unless_its_client_is_back_within_the_delay() ->
 
 
 def test_a_node_hands_over_no_will_larger_than_its_bound() -> None:
-    def wills(max_bytes: int) -> Wills:
-        return Wills(
-            node_id="node-a",
-            publish=lambda msgs: None,
-            routing=None,
-            router=None,
-            ids=MessageIds("node-a", 1),
-            handoff_max_bytes=max_bytes,
-        )
-
+    wills = _node_wills  # with the bound given
     small, big = Will("s/1", b"x" * 10), Will("s/1", b"x" * 5000)
     assert RoutedMessage.FromString(wills(1024).handoff(small, "c")).payload == b"x" * 10
     assert wills(1024).handoff(big, "c") == b""
@@ -135,14 +130,7 @@ async def test_a_will_the_router_refused_is_tried_again_and_goes_live_once(
     nc, tenant, live = await _watching(nats_url)
     router = _Router()
     stored = StoredWills(ServicePublisher(nc, router, "session-test"))
-    node = Wills(
-        node_id="node-a",
-        publish=lambda msgs: None,
-        routing=None,
-        router=None,
-        ids=MessageIds("node-a", 1),
-        handoff_max_bytes=1 << 20,
-    )
+    node = _node_wills()
 
     def holder(name: str, qos: int) -> Holder:
         env = node.handoff(Will(f"s/{name}", b"gone", qos), name)
@@ -212,14 +200,7 @@ async def test_wills_a_rule_reads_reach_the_rules_stream(nats_url: str) -> None:
     feed = RuleFeed(nc)
     feed.set_filters(tenant, ["s/#"])
     stored = StoredWills(ServicePublisher(nc, _Kept(), "session-test", rules=feed))
-    node = Wills(
-        node_id="node-a",
-        publish=lambda msgs: None,
-        routing=None,
-        router=None,
-        ids=MessageIds("node-a", 1),
-        handoff_max_bytes=1 << 20,
-    )
+    node = _node_wills()
 
     def holder(topic: str, qos: int) -> Holder:
         env = node.handoff(Will(topic, b"gone", qos), topic)
@@ -271,14 +252,7 @@ async def test_a_will_the_rules_stream_does_not_take_still_goes_out(nats_url: st
     nc, tenant, live = await _watching(nats_url)
     feed = _DownStream()
     stored = StoredWills(ServicePublisher(nc, _Kept(), "session-test", rules=feed))
-    node = Wills(
-        node_id="node-a",
-        publish=lambda msgs: None,
-        routing=None,
-        router=None,
-        ids=MessageIds("node-a", 1),
-        handoff_max_bytes=1 << 20,
-    )
+    node = _node_wills()
     env = node.handoff(Will("s/a", b"gone", 1), "a")
     try:
         holder = Holder(tenant, "a", "node-a", 1, will=base64.b64encode(env).decode())
