@@ -18,13 +18,12 @@ lock:
 run: $(STAMP)
 	$(VENV)/bin/starling up
 
-# TEST_WORKERS=N runs the files side by side on N pytest-xdist workers (each file whole on
-# one worker, longest first: tests/scheduling.py), for machines with cores to spare; the
-# default, 0, runs them in one process, in order: on 2 cores workers do not shorten it
-# (docs/testing.md has the figures, and says how to run one part).
-TEST_WORKERS ?= 0
+# The files run side by side on TEST_WORKERS pytest-xdist workers (each file whole on one
+# worker, longest first: tests/scheduling.py); TEST_WORKERS=0 runs them in one process, in
+# order (docs/testing.md has the figures, and says how to run one part).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -27,7 +27,7 @@ from tests import figures
 from tests.faults.harness import table_lines as faults_table
 from tests.partitions.run import table_lines as partitions_table
 from tests.poll import wait_until
-from tests.scheduling import group_by_file
+from tests.scheduling import longest_first
 
 if TYPE_CHECKING:
     from tests.inproc import Core
@@ -74,10 +74,10 @@ def _stop(server: subprocess.Popen[bytes], folder: Path) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`), a file is one unit of work, longest first
-    (tests/scheduling.py)."""
-    if getattr(config.option, "dist", "no") != "no":
-        group_by_file(items)
+    """In a pytest-xdist worker (`make test` runs `--dist loadfile`: each file whole on one
+    worker), the files go out longest first (tests/scheduling.py)."""
+    if hasattr(config, "workerinput"):
+        longest_first(items)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -1,5 +1,5 @@
-"""How `make test TEST_WORKERS=N` spreads the suite over parallel workers (pytest-xdist,
-`--dist loadgroup`).
+"""How `make test` spreads the suite over parallel workers (pytest-xdist, `--dist loadfile
+--no-loadscope-reorder`).
 
 Each test file is one unit of work, run whole by one worker (its module fixtures, such as a
 mesh of its own, start once); the fault suite's files too (each worker that runs one starts
@@ -61,11 +61,9 @@ def unit_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def group_by_file(items: list[pytest.Item]) -> None:
-    """Mark each item with its file's xdist group, and order the files longest first
-    (stable: the tests of a file, and the short files, keep their order)."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(name=unit_of(item)))
+def longest_first(items: list[pytest.Item]) -> None:
+    """Order the files longest first (stable: the tests of a file, and the short files, keep
+    their order)."""
     first_seen: dict[str, int] = {}
     for i, item in enumerate(items):
         first_seen.setdefault(unit_of(item), i)

@@ -4,39 +4,61 @@ from whichever worker ran the test (tests/figures.py)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import figures
-from tests.scheduling import SECONDS, group_by_file
+from tests.scheduling import SECONDS, longest_first
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Item:
-    """What group_by_file reads of a collected item, and the marks it adds."""
+    """What longest_first reads of a collected item."""
 
     def __init__(self, nodeid: str) -> None:
         self.nodeid = nodeid
-        self.marks: list[pytest.MarkDecorator] = []
-
-    def add_marker(self, mark: pytest.MarkDecorator) -> None:
-        self.marks.append(mark)
 
 
-def test_files_go_out_whole_and_longest_first() -> None:
+def test_files_go_out_longest_first() -> None:
     longest = max(SECONDS, key=SECONDS.__getitem__)
     names = ["tests/a/test_x.py::t1", f"{longest}::t1", "tests/a/test_x.py::t2", f"{longest}::t2"]
     items: list[Any] = [_Item(n) for n in names]
-    group_by_file(items)
+    longest_first(items)
     assert [i.nodeid for i in items] == [
         f"{longest}::t1",
         f"{longest}::t2",
         "tests/a/test_x.py::t1",
         "tests/a/test_x.py::t2",
     ]
-    groups = {i.nodeid: i.marks[0].kwargs["name"] for i in items}
-    assert groups["tests/a/test_x.py::t2"] == "tests/a/test_x.py"
-    assert groups[f"{longest}::t1"] == longest
+
+
+def test_make_tests_workers_run_each_file_whole() -> None:
+    """The Makefile's own pytest options, on two workers: every test of a file runs on the
+    worker that ran the file's first (module fixtures such as a mesh start once)."""
+    recipe = re.search(r"^test: .*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe is not None, "the Makefile's test recipe"
+    options = recipe.group(1).split("pytest", 1)[1].split()
+    options = [o.replace("$(TEST_WORKERS)", "2") for o in options]
+    files = ["tests/common/test_topics.py", "tests/common/test_config.py"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *options, "-vv", "-p", "no:cacheprovider", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    ran = re.findall(r"^\[(gw\d+)\] .*PASSED (tests/\S+?)::", done.stdout, re.M)
+    workers = {f: {w for w, g in ran if g == f} for f in files}
+    assert all(workers[f] for f in files), done.stdout[-2000:]
+    assert all(len(w) == 1 for w in workers.values()), workers
 
 
 def _report(when: str, props: list[tuple[str, object]]) -> pytest.TestReport:
