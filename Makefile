@@ -22,8 +22,12 @@ run: $(STAMP)
 # worker, longest first: tests/scheduling.py); TEST_WORKERS=0 runs them in one process, in
 # order (docs/testing.md has the figures, and says how to run one part).
 TEST_WORKERS ?= 2
+# Then the files marked `alone` (timing-sensitive), in one process, with nothing else running.
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	@rc=0; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" || rc=$$?; \
+	$(PY) -m pytest -q -m alone || rc=$$?; \
+	exit $$rc
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -5,6 +5,7 @@ from whichever worker ran the test (tests/figures.py)."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from tests import figures
 from tests.scheduling import SECONDS, longest_first
 
 ROOT = Path(__file__).resolve().parent.parent
+MAKEFILE = ROOT / "Makefile"
 
 
 class _Item:
@@ -39,12 +41,12 @@ def test_files_go_out_longest_first() -> None:
 
 
 def test_make_tests_workers_run_each_file_whole() -> None:
-    """The Makefile's own pytest options, on two workers: every test of a file runs on the
-    worker that ran the file's first (module fixtures such as a mesh start once)."""
-    recipe = re.search(r"^test: .*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M)
-    assert recipe is not None, "the Makefile's test recipe"
-    options = recipe.group(1).split("pytest", 1)[1].split()
-    options = [o.replace("$(TEST_WORKERS)", "2") for o in options]
+    """The Makefile's own pytest options for its parallel phase, on two workers: every test of
+    a file runs on the worker that ran the file's first (module fixtures such as a mesh start
+    once)."""
+    recipe = re.search(r"^\t.*pytest(.* -n \$\(TEST_WORKERS\).*?)\|\|", MAKEFILE.read_text(), re.M)
+    assert recipe is not None, "the Makefile's parallel phase"
+    options = [o.replace("$(TEST_WORKERS)", "2") for o in shlex.split(recipe.group(1))]
     files = ["tests/common/test_topics.py", "tests/common/test_config.py"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *options, "-vv", "-p", "no:cacheprovider", *files],
@@ -90,3 +92,11 @@ def test_figures_ride_on_the_teardown_report_to_the_table(monkeypatch: Any) -> N
     )
     figures.print_table(out, "partition", "partition figures", lambda fs: ["never"])
     assert out.lines == ["== fault figures", "kill:0"]
+
+
+def test_timing_sensitive_files_run_alone_after_the_rest() -> None:
+    """`make test`'s second phase runs the files marked `alone` in one process, and its
+    first leaves them out: each runs exactly once, with nothing else running."""
+    lines = [ln for ln in MAKEFILE.read_text().splitlines() if "-m pytest" in ln]
+    assert any('-m "not alone"' in ln and "-n $(TEST_WORKERS)" in ln for ln in lines), lines
+    assert any("-m alone" in ln and " -n " not in ln for ln in lines), lines

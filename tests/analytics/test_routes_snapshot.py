@@ -18,7 +18,7 @@ from analytics.jobs.routes_snapshot import compact_with_spark
 from analytics.source import StoreConf
 from services.cli.launcher import Launcher
 from services.common.route_table import RouteTable
-from services.common.rpc.credentials import set_mesh_secret
+from services.common.rpc.credentials import MESH_METADATA_KEY, mesh_metadata, set_mesh_secret
 from services.common.store.sqlite_session import SqliteSessionStore
 from services.router.boot import load_routes
 from services.router.client import Route, RouterAdminClient
@@ -156,6 +156,9 @@ async def test_router_restarted_after_the_job_serves_the_same_routes(
 ) -> None:
     port = small_mesh.mesh.by_name("connection-0").port
     subscribers, one_off = _subscribers(port)
+    # This process's calls carry the small mesh's secret for the test only (it is
+    # process-wide: the suite's in-process services expect theirs afterwards).
+    before_secret = dict(mesh_metadata()).get(MESH_METADATA_KEY, "")
     set_mesh_secret(small_mesh.secrets.mesh_secret)
     admin = RouterAdminClient(f"127.0.0.1:{small_mesh.mesh.by_name('router').grpc_port}",
                               small_mesh.admin_token)  # fmt: skip
@@ -179,6 +182,7 @@ async def test_router_restarted_after_the_job_serves_the_same_routes(
         assert len(loaded) == 2 and "snapshot" in loaded[-1] and "scan" in loaded[0]
         _check_delivered_to_every_subscriber(port, subscribers)
     finally:
+        set_mesh_secret(before_secret)
         await admin.close()
         for c, _ in subscribers:
             c.close()

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.cli.ports import free_port
 from tests.poll import wait_until
 
 STARLING = [sys.executable, "-m", "services.cli.main"]
@@ -71,10 +70,12 @@ class Up:
 def running_up(
     tmp: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 120
 ) -> Iterator[Up]:
-    """`starling up --data-dir <tmp>/mesh --mqtt-port <free> ARGS`, serving; stopped (SIGTERM)
-    on exit, which must end it with status 0 and leave none of its processes behind."""
+    """`starling up --data-dir <tmp>/mesh --mqtt-port 0 ARGS`, serving; stopped (SIGTERM) on
+    exit, which must end it with status 0 and leave none of its processes behind. Port 0:
+    the launcher picks every port itself (`mqtt_port` is read back from mesh.json), so none
+    of them can collide with one this process picked and has not bound yet."""
     data_dir = tmp / "mesh"
-    port = free_port()
+    port = 0
     console = tmp / "up-console.txt"
     with console.open("w") as out:
         proc = subprocess.Popen(
@@ -97,6 +98,8 @@ def running_up(
         )
         assert proc.poll() is None, console.read_text()
         up.pids()
+        mesh = json.loads((data_dir / "mesh.json").read_text())
+        up.mqtt_port = next(c["port"] for c in mesh["components"] if c["name"] == "connection-0")
         yield up
         up.pids()
         proc.send_signal(signal.SIGTERM)

@@ -49,7 +49,7 @@ from tests.security.attack_wire import (
 from tests.security.bystander import Bystander, assert_unharmed
 
 CONNECT_TIMEOUT_S = 5.0  # the node's default connect_timeout_s
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.alone]  # a bystander's latency
 
 
 def _check(b: Bystander) -> None:

@@ -25,6 +25,9 @@ from tests.e2e.clients import Paho
 from tests.inproc import ADMIN_TOKEN, Core
 from tests.security.bystander import Bystander, assert_unharmed
 
+# A bystander's round trip is measured: with nothing else running (docs/testing.md).
+pytestmark = pytest.mark.alone
+
 _peer = iter(range(1, 1 << 30))
 
 
