@@ -145,7 +145,12 @@ class ForkServer:
                 self._pending[conn] = buf
             return
         del self._pending[conn]
-        self._fork(conn, json.loads(buf.split(b"\n", 1)[0]))
+        try:
+            request = json.loads(buf.split(b"\n", 1)[0])
+        except ValueError:
+            self._close(conn)  # not a request: nothing forked
+            return
+        self._fork(conn, request)
 
     def _fork(self, conn: socket.socket, request: dict[str, object]) -> None:
         sys.stdout.flush()
