@@ -25,10 +25,14 @@ def newer(a: Cell | None, b: Cell) -> Cell:
     """Last write wins; at equal timestamps a tombstone, then the larger value."""
     if a is None or b.ts > a.ts:
         return b
+    if a is b:  # replicas share cells once merged: the same write
+        return a
     if b.ts < a.ts:
         return a
     if a.value is None or b.value is None:
         return a if a.value is None else b
+    if a.value == b.value:  # the same write, applied on each replica (as the repr test would)
+        return a
     return b if repr(b.value) > repr(a.value) else a
 
 
@@ -46,9 +50,14 @@ class Part:
         for col, cell in other.static.items():
             self.static[col] = newer(self.static.get(col), cell)
         for ck, cells in other.rows.items():
-            mine = self.rows.setdefault(ck, {})
+            mine = self.rows.get(ck)
+            if mine is None:  # cells are immutable: a new row shares them
+                self.rows[ck] = dict(cells)
+                continue
             for col, cell in cells.items():
-                mine[col] = newer(mine.get(col), cell)
+                held = mine.get(col)
+                if held is not cell:
+                    mine[col] = newer(held, cell)
         for ck, ts in other.row_tombs.items():
             self.row_tombs[ck] = max(ts, self.row_tombs.get(ck, -1))
         for rt in other.range_tombs:
