@@ -25,6 +25,8 @@ from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 from tests.poll import eventually, holds_within_async
 
 TENANT = "busp"
+# Exact delivery over core NATS is asserted: with nothing else running (docs/testing.md).
+pytestmark = pytest.mark.alone
 
 
 class ScriptedRouter:
