@@ -113,9 +113,8 @@ class ForkServer:
             for key, _ in self._sel.select():
                 if key.data == "accept":
                     self._accept()
-                elif key.data == "wake":
+                elif key.data == "wake":  # a child ended: reaped below
                     os.read(self._wake, 4096)
-                    self._reap()
                 else:
                     self._readable(key.fileobj)  # type: ignore[arg-type]
             self._reap()
@@ -169,8 +168,8 @@ class ForkServer:
             self._client_gone(conn)
 
     def _client_gone(self, conn: socket.socket) -> None:
-        pid = self._child_of.get(conn)
-        if pid is not None and pid in self._conn_of:
+        pid = self._child_of.get(conn)  # still running: an ended child's connection is closed
+        if pid is not None:
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -25,8 +25,6 @@ def newer(a: Cell | None, b: Cell) -> Cell:
     """Last write wins; at equal timestamps a tombstone, then the larger value."""
     if a is None or b.ts > a.ts:
         return b
-    if a is b:  # replicas share cells once merged: the same write
-        return a
     if b.ts < a.ts:
         return a
     if a.value is None or b.value is None:
