@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import paho.mqtt.client as mqtt
+import pytest
 
 from services.cli.launcher import Launcher
 from services.common.mqtt import ConnAck, Connect, Disconnect, Will
@@ -21,6 +22,10 @@ from services.session.client import SessionAdminClient
 from tests.e2e.clients import Raw
 from tests.faults.test_kills import port
 from tests.poll import holds_within, wait_until
+
+# Wills are awaited within the times MQTT and the node timeout set: with nothing else running
+# (docs/testing.md).
+pytestmark = pytest.mark.alone
 
 
 @dataclass(frozen=True, slots=True)
