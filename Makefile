@@ -23,11 +23,15 @@ run: $(STAMP)
 # order (docs/testing.md has the figures, and says how to run one part).
 TEST_WORKERS ?= 2
 # Then the files marked `alone` (timing-sensitive), in one process, with nothing else running.
-test: $(STAMP)
+# The tests' Spark JVMs map their classes from an archive made once (tests/spark_jvm.py).
+test: $(STAMP) $(VENV)/spark-classes.jsa
 	@rc=0; \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" || rc=$$?; \
 	$(PY) -m pytest -q -m alone || rc=$$?; \
 	exit $$rc
+
+$(VENV)/spark-classes.jsa: $(STAMP)
+	$(PY) -m tests.spark_jvm
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -23,7 +23,7 @@ import pytest
 from services.cli.forked import start_server
 from services.cli.launcher import Launcher, Mesh, nats_binary
 from services.cli.ports import default_range, free_port, port_open
-from tests import figures
+from tests import figures, spark_jvm
 from tests.faults.harness import table_lines as faults_table
 from tests.partitions.run import table_lines as partitions_table
 from tests.poll import wait_until
@@ -41,7 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Every process that runs tests starts meshes from a fork server of its own (services/
     cli/forkserver.py: a mesh starts in about a second and a fifth of the CPU); parallel
     workers each pick ports from their own slice of the free-port range (services/cli/
-    ports.py), inherited by the meshes they start."""
+    ports.py), inherited by the meshes they start. Spark JVMs start cheaply (tests/
+    spark_jvm.py)."""
+    spark_jvm.use()
     if not getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
         _start_fork_server(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")

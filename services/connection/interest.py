@@ -44,6 +44,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common.bus import subjects
+from services.common.bus.flushing import flushed
 
 log = logging.getLogger("starling.connection.interest")
 
@@ -175,7 +176,7 @@ class MeshInterest:
         sub = await self._nc.subscribe(inbox, cb=on_answer)
         try:
             await self._nc.publish(subjects.MESH_INTEREST_ADD, body, reply=inbox)
-            await self._nc.flush(timeout=5)
+            await flushed(self._nc, 5)
             if expected is not None and not expected:
                 return
             try:

@@ -21,6 +21,7 @@ import logging
 
 from nats.aio.client import Client
 
+from services.common.bus.flushing import flushed
 from services.common.bus.large import Holder, limit
 from services.common.rpc.limits import BATCH_BYTES, split_by_bytes
 from starling.common.v1.message_pb2 import RoutedBatch
@@ -94,7 +95,7 @@ class MeshPublisher:
                 unconfirmed += len(batch.messages)
             if unconfirmed >= FLUSH_EVERY:
                 try:
-                    await nc.flush(timeout=5)
+                    await flushed(nc, 5)
                 except Exception:  # a slow or lost barrier must not stop publishing
                     log.warning("mesh_flush_failed")
             self.queued -= unconfirmed

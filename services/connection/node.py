@@ -14,6 +14,7 @@ import logging
 import time
 
 from services.common.bus import subjects
+from services.common.bus.flushing import flushed
 from services.common.bus.ids import MessageIds
 from services.common.bus.large import Fetcher, Holder
 from services.common.envelope import to_envelope
@@ -256,7 +257,7 @@ class Node:
         # Before any client connects: the session service releases what an earlier life
         # of this node id held (after a crash and restart).
         await self.nc.publish(subjects.node_hello(self.node_id), self.node_id.encode())
-        await self.nc.flush(timeout=5)
+        await flushed(self.nc, 5)
         self._workers.spawn(self.mesh.run(), name="node-mesh-publisher")
         self._workers.spawn(self.ops.run(), name="node-ordered-ops")
         self._workers.spawn(self.sweeper.run(), name="node-sweeper")
@@ -286,7 +287,7 @@ class Node:
         if self.quota is not None:
             await self.quota.stop()
         try:
-            await self.nc.flush(timeout=1)
+            await flushed(self.nc, 1)
         except Exception:
             log.warning("nats_flush_failed_on_shutdown")
 

@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from services.common.bus import subjects
+from services.common.bus.flushing import flushed
 from services.common.topics import NO_LIMITS, parse_shared
 from services.connection.channel import Channel, SubscribeRequest
 from services.connection.conn import Conn
@@ -248,9 +249,9 @@ class Subscriber:
                     subject, queue=g.queue, cb=on_shared
                 )
         if new_subjects:
-            await self._nc.flush(timeout=5)
+            await flushed(self._nc, 5)
         if new_groups:
-            await self._nc_shared.flush(timeout=5)
+            await flushed(self._nc_shared, 5)
         shared = [
             f"{g.queue}|{s}" for g in new_groups for s in (*g.subjects, redelivery_subject(g))
         ]

@@ -9,6 +9,7 @@ import grpc
 from nats.aio.client import Client
 
 from services.common.bus.client import connect, drain
+from services.common.bus.flushing import flushed
 from services.common.dependencies import redis_ready
 from services.common.redis_client import redis_client
 from services.common.runtime import run_service
@@ -36,7 +37,7 @@ class QuotaService:
         """Announce a change; without NATS, holders learn it at their next sync."""
         if self._nc is not None and self._nc.is_connected:
             await self._nc.publish(subject, data)
-            await self._nc.flush(timeout=2)
+            await flushed(self._nc, 2)
 
     def register(self, server: grpc.aio.Server) -> Iterable[str]:
         pb_grpc.add_QuotaServiceServicer_to_server(

@@ -12,6 +12,7 @@ import grpc
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.common.bus.flushing import flushed
 from services.common.clock import now_ms
 from services.common.rpc.arguments import tenant_argument
 from services.common.rpc.errors import (
@@ -345,7 +346,7 @@ class RulesAdminApi(pb_grpc.RulesAdminServiceServicer):
         sub = await nc.subscribe(inbox, cb=got)
         try:
             await nc.publish(METRICS_SUBJECT, request.SerializeToString(), reply=inbox)
-            await nc.flush(timeout=2)
+            await flushed(nc, 2)
             await asyncio.sleep(0.3)
         finally:
             await sub.unsubscribe()

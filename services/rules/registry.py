@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common.bus import subjects
+from services.common.bus.flushing import flushed
 from services.common.store.ports_rules import RuleRecord, RuleStore
 from services.common.topics.autosub import AutoSubscription
 from services.rules.actions import ActionContext, build_action
@@ -97,7 +98,7 @@ class Registry:
         await self._nc.publish(
             subjects.RULE_FILTERS_CHANGED, self.tenant_filters(tenant).SerializeToString()
         )
-        await self._nc.flush(timeout=5)
+        await flushed(self._nc, 5)
 
     async def reload(self, tenant: str) -> None:
         async with self._lock:

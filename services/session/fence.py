@@ -19,6 +19,7 @@ import logging
 from nats.aio.client import Client
 
 from services.common.bus import subjects
+from services.common.bus.flushing import flushed
 from services.common.clock import now_ms
 from services.session.failover import PrimaryWatch
 from services.session.registry import Holder, Registry
@@ -31,7 +32,7 @@ async def announce_loss(nc: Client, generation: str) -> None:
     """Ask every connection node to re-assert what it holds."""
     log.warning("registry_lost", extra={"generation": generation})
     await nc.publish(subjects.REGISTRY_LOST, generation.encode())
-    await nc.flush(timeout=2)
+    await flushed(nc, 2)
 
 
 async def watch_generation(

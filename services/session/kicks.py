@@ -13,6 +13,7 @@ from nats.errors import NoRespondersError
 
 from services.common.bus import subjects
 from services.common.bus.client import request_proto
+from services.common.bus.flushing import flushed
 from services.session.registry import Holder
 from starling.connection.v1 import connection_pb2
 
@@ -31,7 +32,7 @@ async def send_kick(nc: Client, holder: Holder, reason: int) -> None:
     await nc.publish(
         subjects.node_control(holder.node_id), _kick(holder, reason).SerializeToString()
     )
-    await nc.flush(timeout=2)
+    await flushed(nc, 2)
 
 
 async def kick_and_ask(

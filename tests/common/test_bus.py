@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 from nats.aio.msg import Msg
 
 from services.common.bus import subjects
 from services.common.bus.client import connect, parse, request_proto
+from services.common.bus.flushing import flushed
 from starling.session.v1 import session_pb2
-
-# Delivery between two connections is asserted: with nothing else running (docs/testing.md).
-pytestmark = pytest.mark.alone
 
 
 async def test_protobuf_request_round_trip(nats_url: str) -> None:
@@ -26,7 +23,7 @@ async def test_protobuf_request_round_trip(nats_url: str) -> None:
         )
 
     await server.subscribe("svc.test.kick", cb=respond)
-    await server.flush()
+    await flushed(server)
     reply = await request_proto(
         client,
         "svc.test.kick",

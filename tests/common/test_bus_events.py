@@ -9,6 +9,7 @@ import nats
 from nats.aio.msg import Msg
 
 from services.common.bus.events import MAX_BATCH, EventBatcher, decode_events, encode_events
+from services.common.bus.flushing import flushed
 from starling.common.v1 import event_pb2
 from tests.poll import holds_within_async
 
@@ -52,7 +53,7 @@ async def test_the_events_of_one_loop_turn_go_in_one_message_per_subject(nats_ur
 
         async def arrived(n: int) -> None:
             async def enough() -> bool:
-                await nc.flush()
+                await flushed(nc)
                 return len(got) >= n
 
             await holds_within_async(enough, 2)  # settling: the asserts below count them

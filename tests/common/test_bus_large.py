@@ -10,6 +10,7 @@ import uuid
 from nats.aio.msg import Msg
 
 from services.common.bus.client import connect
+from services.common.bus.flushing import flushed
 from services.common.bus.large import REF_HEADER, Fetcher, Holder, limit
 
 
@@ -25,13 +26,13 @@ async def _receive_one(nats_url: str, payload_of: Holder, data: bytes) -> bytes 
 
         subject = f"mq.t{uuid.uuid4().hex[:6]}.big"
         await sub.subscribe(subject, cb=on)
-        await sub.flush()
+        await flushed(sub)
         # Core NATS is at most once: in one clean-clone CI run a single PUB never arrived
         # (10 s, the subscription confirmed by its flush; not seen in 28 runs here),
         # so the payload is sent again until a copy arrives; what is asserted is its form.
         for _ in range(10):
             await payload_of.publish(pub, subject, data)
-            await pub.flush()
+            await flushed(pub)
             try:
                 msg = await asyncio.wait_for(got.get(), 2)
                 break

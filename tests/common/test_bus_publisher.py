@@ -14,6 +14,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common.bus.client import connect
+from services.common.bus.flushing import flushed
 from services.common.bus.ids import MessageIds
 from services.common.bus.publisher import NotKeptError, ServicePublisher
 from services.common.message import Message
@@ -25,8 +26,6 @@ from starling.common.v1.message_pb2 import RoutedBatch, RoutedMessage
 from tests.poll import eventually, holds_within_async
 
 TENANT = "busp"
-# Exact delivery over core NATS is asserted: with nothing else running (docs/testing.md).
-pytestmark = pytest.mark.alone
 
 
 class ScriptedRouter:
@@ -61,7 +60,7 @@ class Listener:
 
         for prefix in ("mq", "mqd"):
             await self.nc.subscribe(f"{prefix}.{TENANT}.>", cb=on)
-        await self.nc.flush()
+        await flushed(self.nc)
 
     async def settle(self, publisher_nc: Client) -> None:
         """Everything `publisher_nc` sent before now has arrived: a marker sent after it on
@@ -75,7 +74,7 @@ class Listener:
             # Sent again each second: one marker lost (a connection that reconnected under a
             # loaded suite) must not fail the test; any marker still comes after what was sent.
             await publisher_nc.publish(marker, RoutedBatch().SerializeToString())
-            await publisher_nc.flush()
+            await flushed(publisher_nc)
             return await holds_within_async(arrived, 1.0, every_s=0.01)
 
         await eventually(marker_through, 15, "the marker", every_s=0)

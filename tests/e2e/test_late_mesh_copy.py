@@ -14,6 +14,7 @@ import uuid
 import nats
 from nats.aio.msg import Msg
 
+from services.common.bus.flushing import flushed
 from services.common.mqtt import (
     ConnAck,
     Connect,
@@ -79,7 +80,7 @@ async def test_a_late_mesh_copy_does_not_reach_a_subscriber_that_moved(mesh: Mes
         carried.append(msg.data)
 
     await nc.subscribe(subject, cb=on_msg)
-    await nc.flush()
+    await flushed(nc)
     # A subscriber on node 1, so node 0 puts the topic's messages on NATS.
     witness = _clean(mesh.node(1), f"late-w-{uuid.uuid4().hex[:6]}", topic)
     mover_id = f"late-m-{uuid.uuid4().hex[:6]}"
@@ -104,7 +105,7 @@ async def test_a_late_mesh_copy_does_not_reach_a_subscriber_that_moved(mesh: Mes
         fresh.messages[0].published_at_ms = int(time.time() * 1000)
         await nc.publish(subject, late)
         await nc.publish(subject, fresh.SerializeToString())
-        await nc.flush()
+        await flushed(nc)
         got = await asyncio.to_thread(_take_until, mover, b"second")
         assert got == [b"second"], "the late copy of a QoS 2 message it had got came again"
     finally:

@@ -15,6 +15,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.common.bus.flushing import flushed
 from services.common.mqtt import ConnAck, Connect, Publish, SubAck, Subscribe, Subscription
 from services.common.topics.subject import escape_token
 from tests.conftest import MeshInfo
@@ -97,7 +98,7 @@ async def _watching(mesh: MeshInfo, tenant: str) -> AsyncIterator[tuple[list[str
         seen.append(msg.subject)
 
     await nc.subscribe(f"mq.{escape_token(tenant)}.>", cb=on_msg)
-    await nc.flush()
+    await flushed(nc)
     try:
         yield seen, nc
     finally:
@@ -114,7 +115,7 @@ async def _until_skipped(seen: list[str], nc: Client, pub: Raw, local: Raw) -> N
         for i in range(20):
             pub.send(Publish("x/1", b"%d" % i))
         got = await loop.run_in_executor(None, _publishes, local, 0.3)
-        await nc.flush()
+        await flushed(nc)
         assert len(got) == 20  # delivered on node 0 all the same
         return len(seen) == before
 

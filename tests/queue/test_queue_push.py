@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 
 from services.common.bus import subjects
 from services.common.bus.client import connect
+from services.common.bus.flushing import flushed
 from services.queue.client import NewEntry, Notice, QueueClient, parse_notice
 from services.queue.config import QueueSettings
 from services.queue.main import QueueService
@@ -50,7 +51,7 @@ class Queue:
             self.notices.append(parse_notice(m.data))
 
         await self.nc.subscribe(subjects.queue_notice(TENANT, self.qid), cb=on_notice)
-        await self.nc.flush()
+        await flushed(self.nc)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

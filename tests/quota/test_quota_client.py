@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from services.common.bans import Ban, BanKind
 from services.common.bus import subjects
+from services.common.bus.flushing import flushed
 from services.common.rpc.errors import InvalidArgumentError, PermissionDeniedError
 from services.quota.client import Lease, LeaseResult, Limits, QuotaAdminClient, QuotaClient
 from services.quota.config import QuotaSettings
@@ -72,7 +73,7 @@ async def test_bans_survive_a_redis_flush_and_are_announced(
         await heard.put(msg.data)
 
     await nc.subscribe(subjects.QUOTA_BANS_CHANGED, cb=on_msg)
-    await nc.flush()
+    await flushed(nc)
     stored = await admin.add_ban(
         Ban(kind=BanKind.ADDRESS, tenant=tenant, value="::ffff:198.51.100.7", reason="abuse"), 600
     )

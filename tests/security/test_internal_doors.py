@@ -21,6 +21,7 @@ from google.protobuf.descriptor import FileDescriptor
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, ResponseError
 
+from services.common.bus.flushing import flushed
 from services.common.rpc.credentials import MESH_METADATA_KEY
 from starling.connection.v1 import connection_pb2
 from starling.metrics.v1 import metrics_pb2, metrics_pb2_grpc
@@ -147,7 +148,7 @@ async def test_a_service_nats_user_holds_only_its_subjects(mesh: MeshInfo) -> No
     try:
         await nc.publish("ctl.node.connection-0", b"x")
         await nc.subscribe("mq.>")
-        await nc.flush()
+        await flushed(nc)
         await eventually(
             lambda: len([e for e in errors if "permissions violation" in e.lower()]) >= 2,
             10,
@@ -181,7 +182,7 @@ async def test_a_node_may_route_but_never_append_unchecked_or_serve_the_router(
         await nc.publish("rt.routes.default", b"x")
         await nc.publish("ctl.queue.owners", b"x")  # posing as a queue instance
         await nc.subscribe("svc.router.route")
-        await nc.flush()
+        await flushed(nc)
         await eventually(
             lambda: len([e for e in errors if "permissions violation" in e.lower()]) >= 6,
             10,
@@ -226,7 +227,7 @@ async def test_a_node_may_connect_clients_but_never_serve_the_session_service(
         await nc.subscribe("svc.session.disconnect")
         await nc.subscribe("svc.router.will")
         await nc.publish("ctl.session.changed", b"acl\0default")
-        await nc.flush()
+        await flushed(nc)
         await eventually(lambda: violations() >= 5, 10, "the permission violations")
         # Asking is allowed: a bad request gets a status, not a violation.
         for subject, name in (
@@ -247,7 +248,7 @@ async def test_a_node_may_connect_clients_but_never_serve_the_session_service(
     nc = await nats.connect(f"nats://queue:{queue}@127.0.0.1:{port}", error_cb=on_error)
     try:
         await nc.publish("svc.session.connect", b"x")
-        await nc.flush()
+        await flushed(nc)
         await eventually(lambda: violations() >= 1, 10, "the permission violations")
     finally:
         await nc.close()

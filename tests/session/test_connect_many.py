@@ -15,6 +15,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.common.bus.flushing import flushed
 from services.common.connect import ConnectAttempt
 from services.common.mqtt.reason import ReasonCode
 from services.common.rpc.errors import InvalidArgumentError
@@ -91,7 +92,7 @@ async def _seen(watch: Client, calls: list[str], at_least: int) -> None:
     """The spy's callbacks run in their own task after the messages arrive: a flush alone
     can return before they ran. Wait for `at_least` of them, then for any still under way."""
     await eventually(lambda: len(calls) >= at_least, 5, lambda: f"{at_least} calls: {calls}")
-    await watch.flush()
+    await flushed(watch)
     await asyncio.sleep(0.05)
 
 
@@ -107,7 +108,7 @@ async def test_connects_asked_for_while_one_is_in_flight_go_together(
 
     watch = await nats.connect(nats_url)
     subs = [await watch.subscribe(f"svc.session.{s}", cb=spy) for s in ("connect", "connects")]
-    await watch.flush()
+    await flushed(watch)
     session = SessionClient(core.session)
     session.use_bus(bus)
     prefix = uuid.uuid4().hex[:6]

@@ -73,6 +73,11 @@ class Cluster:
     proposals: dict[tuple[str, tuple[Any, ...]], Mutation] = field(default_factory=dict)
     landed: set[int] = field(default_factory=set)  # ids of mutations some replica holds
     changes: int = 0  # moves whenever any replica's data may have changed
+    # Every write that reached a replica or waits as a hint, applied once: what the replicas
+    # converge to (their data only ever comes from these writes), kept for `truth`.
+    union: Replica = field(default_factory=Replica)
+    # The mutations `union` holds, by id (held here, so that no id is reused meanwhile).
+    in_union: dict[int, Mutation] = field(default_factory=dict)
     # Called once per mutation when it first takes effect (reaches a replica, or commits).
     on_effect: list[Callable[[Mutation], None]] = field(default_factory=list)
 
@@ -86,8 +91,15 @@ class Cluster:
             for hook in self.on_effect:
                 hook(m)
         self.changes += 1
+        self._unite(m)
         for op in m.ops:
             self.replicas[i].apply(op, m.ts)
+
+    def _unite(self, m: Mutation) -> None:
+        if id(m) not in self.in_union:
+            self.in_union[id(m)] = m
+            for op in m.ops:
+                self.union.apply(op, m.ts)
 
     def write(self, m: Mutation, cl: int, batch: bool) -> None:
         """A plain write (or unconditional batch) at consistency `cl`."""
@@ -99,6 +111,7 @@ class Cluster:
                 continue
             if roll < self.faults.replica_never + self.faults.replica_late:
                 self.hints.append((i, m))
+                self._unite(m)
             else:
                 self._land(i, m)
                 now += 1
@@ -166,19 +179,8 @@ class Cluster:
 
     def truth(self, table: str, pk: tuple[Any, ...]) -> Part:
         """Everything any replica holds or will hold (pending hints included): what the
-        cluster converges to; for the invariant checkers only."""
-        merged = Part()
-        for r in self.replicas:
-            got = r.tables.get(table, {}).get(pk)
-            if got is not None:
-                merged.merge(got)
-        for _, m in self.hints:
-            for op in m.ops:
-                if op[1] == table and op[2] == pk:
-                    extra = Replica()
-                    extra.apply(op, m.ts)
-                    merged.merge(extra.part(table, pk))
-        return merged
+        cluster converges to; for the invariant checkers only, which must not change it."""
+        return self.union.tables.get(table, {}).get(pk) or Part()
 
     # ---- lightweight transactions ----
     def _complete(self, key: tuple[str, tuple[Any, ...]]) -> None:
@@ -193,6 +195,7 @@ class Cluster:
                 self._land(i, m)
             else:
                 self.hints.append((i, m))
+                self._unite(m)
 
     def cas(
         self,
