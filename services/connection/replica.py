@@ -163,11 +163,6 @@ class RouteCopies:
             self._not_before[ch.tenant] = time.monotonic() + RETRY_S
 
 
-def _direct(m: RoutedMessage) -> bool:
-    """May go straight to the queues: nothing the router itself must keep."""
-    return not m.retain and not m.delay_s and not m.topic.startswith(DELAYED_PREFIX)
-
-
 class CopyRouter:
     """`route` as the router answers it, from the node's copies where it can (the
     RoutingPipeline's Router)."""
@@ -180,13 +175,20 @@ class CopyRouter:
     async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
         results = [RouteResult.NO_MATCH] * len(messages)
         by_tenant: dict[str, list[int]] = {}
+        indirect: set[str] = set()  # tenants with a message the router itself must keep
         for i, m in enumerate(messages):
-            by_tenant.setdefault(m.tenant, []).append(i)
+            tenant = m.tenant
+            idx = by_tenant.get(tenant)
+            if idx is None:
+                idx = by_tenant[tenant] = []
+            idx.append(i)
+            if m.retain or m.delay_s or m.topic.startswith(DELAYED_PREFIX):
+                indirect.add(tenant)
         jobs = []
         via: list[int] = []
         for tenant, idx in by_tenant.items():
             copy = self._copies.get(tenant)
-            if copy is not None and all(_direct(messages[i]) for i in idx):
+            if copy is not None and tenant not in indirect:
                 jobs.append(self._straight(tenant, idx, copy, messages, results))
             else:
                 via += idx

@@ -26,9 +26,7 @@ class RulesRouter:
         self._feed = feed
 
     async def route(self, messages: Sequence[RoutedMessage]) -> list[RouteResult]:
-        wanted = self._feed.wanted
-        # A delayed will reaches the rules when the router publishes it, not now.
-        picked = [i for i, m in enumerate(messages) if not m.delay_s and wanted(m.tenant, m.topic)]
+        picked = self._picked(messages)
         if not picked:
             return await self._inner.route(messages)
         routed, stored = await asyncio.gather(
@@ -41,3 +39,20 @@ class RulesRouter:
             elif outcome is StoreOutcome.FULL and results[i] is not RouteResult.TRY_LATER:
                 results[i] = RouteResult.QUEUE_QUOTA_EXCEEDED
         return results
+
+    def _picked(self, messages: Sequence[RoutedMessage]) -> list[int]:
+        """The messages some rule reads (their indexes): none at all while no tenant has a
+        rule, else one filter look-up per run of a tenant's messages."""
+        feed = self._feed
+        if not feed.reads_any():
+            return []
+        picked: list[int] = []
+        tenant, trie = None, None
+        for i, m in enumerate(messages):
+            if m.tenant != tenant:
+                tenant = m.tenant
+                trie = feed.filters_of(tenant)
+            # A delayed will reaches the rules when the router publishes it, not now.
+            if trie is not None and not m.delay_s and trie.match(m.topic):
+                picked.append(i)
+        return picked

@@ -75,6 +75,10 @@ class RuleFeed:
         trie = self._tries.get(tenant)
         return trie is not None and bool(trie.match(topic))
 
+    def reads_any(self) -> bool:
+        """Whether a rule of any tenant reads messages."""
+        return bool(self._tries)
+
     def filters_of(self, tenant: str) -> TopicTrie[str, None] | None:
         """The trie of `tenant`'s rule filters; None: no rule reads its messages (looked up
         once per batch of a tenant's messages, not once per message)."""

@@ -65,6 +65,8 @@ GOLDEN: list[Golden] = [
         Publish("a/b", b"hi", 1, False, False, 7, Properties(message_expiry_interval=60)),
     ),
     Golden("puback-v5-short-form [MQTT-3.4.2-1]", 5, h("40 02 0007"), PubAck(7)),
+    Golden("puback-v311", 4, h("40 02 fffe"), PubAck(65534)),
+    Golden("puback-v5-reason", 5, h("40 03 0007 10"), PubAck(7, 0x10)),
     Golden("pubrel-flags-2", 4, h("62 02 0007"), PubRel(7)),
     Golden(
         "subscribe-v311", 4, h("82 08 0001 0003 612f23 01"), Subscribe(1, (Subscription("a/#", 1),))
@@ -88,6 +90,8 @@ GOLDEN: list[Golden] = [
     Golden("[MQTT-3.3.1-4] publish-qos3", 4, h("36 05 0001 61 0001"), 0x81),
     Golden("[MQTT-3.3.1-2] publish-dup-qos0", 4, h("38 03 0001 61"), 0x81),
     Golden("[MQTT-2.2.1-3] publish-packet-id-0", 4, h("32 05 0001 61 0000"), 0x81),
+    Golden("[MQTT-2.2.1-3] puback-packet-id-0", 4, h("40 02 0000"), 0x81),
+    Golden("[MQTT-2.1.3-1] puback-bad-flags", 4, h("41 02 0007"), 0x81),
     Golden("[MQTT-1.5.5-1] remaining-length-5-bytes", 4, h("30 ff ff ff ff 01"), 0x81),
     # A longer encoding than the value needs (a last byte of 0): C0 80 00 is a PINGREQ whose
     # remaining length takes two bytes instead of one.

@@ -24,7 +24,7 @@ from services.common.mqtt.body_decoder import (
     decode_publish,
 )
 from services.common.mqtt.errors import MalformedPacketError, MqttError, PacketTooLargeError
-from services.common.mqtt.packets import Packet
+from services.common.mqtt.packets import Packet, PubAck
 from services.common.mqtt.reason import ReasonCode
 
 # The whole packet, fixed header included, may not exceed this by default (1 MiB).
@@ -35,6 +35,19 @@ PROTOCOL_MAX_PACKET_SIZE = 268_435_460
 # Required low nibble of the fixed header per packet type [MQTT-2.1.3-1]; PUBLISH is special.
 _FIXED_FLAGS = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12: 0, 13: 0}
 _FIXED_FLAGS |= {14: 0, 15: 0}
+# Plain PUBACKs (success, no properties) by packet id: packets are immutable, so one object
+# per id serves every connection (at most 65,535 of them).
+_PUBACKS: dict[int, PubAck] = {}
+
+
+def plain_puback(pid: int) -> PubAck:
+    """PUBACK `pid` with no reason code or properties (MalformedPacketError for id 0)."""
+    ack = _PUBACKS.get(pid)
+    if ack is None:
+        if not pid:
+            raise MalformedPacketError("packet identifier 0")  # [MQTT-2.2.1-3]
+        ack = _PUBACKS[pid] = PubAck(pid)
+    return ack
 
 
 def _remaining_length(view: bytes | bytearray, i: int, n: int) -> tuple[int, int]:
@@ -134,6 +147,10 @@ class Decoder:
                 raise self._too_large(view, first, i, end - pos)
             if end > n:
                 return pos  # the body is not complete yet
+            if first == 0x40 and rl == 2:  # a plain PUBACK, the usual packet after PUBLISH
+                pos = end
+                out.append(plain_puback((view[i] << 8) | view[i + 1]))
+                continue
             ptype = first >> 4
             flags = first & 0x0F
             body = bytes(view[i:end])

@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING, Protocol
 
 from services.common.acl import AclChecker
@@ -40,6 +41,7 @@ from services.common.mqtt.primitives import is_utf8_payload
 from services.common.mqtt.properties import EMPTY, Properties
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.topics import is_sys_topic, validate_topic_name
+from services.connection.channel.acks_owed import PublisherAcks
 from services.connection.channel.actions import ReleaseQos2
 from services.connection.channel.config import ChannelConfig
 from services.connection.channel.problems import Problems, describe
@@ -49,6 +51,9 @@ if TYPE_CHECKING:  # budget.py imports the channel package
     from services.connection.budget import DeliveryGate
 
 _ACCEPTED = (0, "")  # `_refusal` of a publish that is routed
+# A successful PUBACK/PUBREC without a reason string: four bytes at every level (its type
+# and length, the packet id; [MQTT-3.4.2.1]), packed without a packet object.
+_PLAIN_ACK, _PUBACK_HEAD, _PUBREC_HEAD = struct.Struct(">HH").pack, 0x4002, 0x5002
 
 
 class PublishGate(Protocol):
@@ -63,71 +68,6 @@ class PublishGate(Protocol):
     def begin(self) -> None: ...
 
     def end(self) -> None: ...
-
-
-class OwedAck:
-    """One PUBACK (QoS 1) or PUBREC (QoS 2) the publisher is owed."""
-
-    __slots__ = ("packet_id", "qos", "ready", "reason_code", "text")
-
-    def __init__(self, packet_id: int, qos: int, reason_code: int, ready: bool, text: str) -> None:
-        self.packet_id = packet_id
-        self.qos = qos
-        self.reason_code = reason_code
-        self.ready = ready  # False while the node has not finished routing the message
-        self.text = text  # the Reason String of a refusal ("": the code's generic text)
-
-
-class PublisherAcks:
-    """Acks owed to the publisher, released in the order its PUBLISHes came [MQTT-4.6.0-2].
-
-    Invariant: the first waiting ack, if any, is not ready; everything ready before it has
-    been released. So an ack that is ready while nothing waits goes out at once, without
-    being stored: the common case (acks not deferred) allocates nothing.
-    A list, not a deque: it is short, and an empty deque costs 760 bytes per connection.
-    """
-
-    __slots__ = ("_waiting", "qos1_waiting")
-
-    def __init__(self) -> None:
-        self._waiting: list[OwedAck] = []
-        self.qos1_waiting = 0  # PUBACKs among `_waiting`: unacknowledged QoS 1 publishes
-
-    @property
-    def waiting(self) -> bool:
-        """Some ack waits for the node (it finishes routing the publish)."""
-        return bool(self._waiting)
-
-    def owes(self, packet_id: int) -> bool:
-        """An ack for `packet_id` has not been released yet."""
-        return any(a.packet_id == packet_id for a in self._waiting)
-
-    def add(self, packet_id: int, qos: int, reason_code: int, ready: bool, text: str = "") -> bool:
-        """Owe an ack; True if it may be sent now (it is ready and nothing waits before it)."""
-        if ready and not self._waiting:
-            return True
-        self._waiting.append(OwedAck(packet_id, qos, reason_code, ready, text))
-        if qos == 1:
-            self.qos1_waiting += 1
-        return False
-
-    def settle(self, packet_id: int, reason_code: int) -> list[OwedAck]:
-        """The first waiting ack for `packet_id` is ready with `reason_code`; returns the acks
-        that may go now, in order (none while an earlier one still waits)."""
-        waiting = self._waiting
-        for a in waiting:
-            if a.packet_id == packet_id and not a.ready:
-                a.reason_code, a.ready = reason_code, True
-                break
-        n = 0
-        for a in waiting:
-            if not a.ready:
-                break
-            n += 1
-        released = waiting[:n]
-        del waiting[:n]
-        self.qos1_waiting -= sum(a.qos == 1 for a in released)
-        return released
 
 
 class InboundPublishes:
@@ -381,6 +321,9 @@ class InboundPublishes:
             self._write_ack(pid, qos, code, text)
 
     def _write_ack(self, pid: int, qos: int, code: int, text: str = "") -> None:
+        if not code and not text:  # the usual one
+            self._out += _PLAIN_ACK(_PUBACK_HEAD if qos == 1 else _PUBREC_HEAD, pid)
+            return
         if code >= 0x80 and not text:
             text = describe(code)
         if qos == 1:
