@@ -14,20 +14,23 @@ from starling.common.v1.message_pb2 import (
 )
 
 
-def _fields(msg: Message, node_id: str, message_id: str) -> dict[str, Any]:
+def _fields(msg: Message, message_id: str) -> dict[str, Any]:
     return {
         "tenant": msg.tenant,
         "topic": msg.topic,
         "payload": msg.payload,
         "qos": msg.qos,
         "retain": msg.retain,
-        "publisher": {"client_id": msg.publisher, "node_id": node_id},
         "published_at_ms": int(msg.published_at * 1000),
         "message_id": message_id,
     }
 
 
-def _finish(env: RoutedMessage, msg: Message) -> RoutedMessage:
+def _finish(env: RoutedMessage, msg: Message, node_id: str) -> RoutedMessage:
+    # The publisher set field by field: a nested dict to the constructor costs 0.2 us more.
+    publisher = env.publisher
+    publisher.client_id = msg.publisher
+    publisher.node_id = node_id
     p = msg.properties
     if p is not EMPTY or msg.expires_at is not None:
         mp = env.properties
@@ -49,12 +52,12 @@ def _finish(env: RoutedMessage, msg: Message) -> RoutedMessage:
 
 
 def to_envelope(msg: Message, node_id: str, message_id: str) -> RoutedMessage:
-    return _finish(RoutedMessage(**_fields(msg, node_id, message_id)), msg)
+    return _finish(RoutedMessage(**_fields(msg, message_id)), msg, node_id)
 
 
 def add_to_batch(batch: RoutedBatch, msg: Message, node_id: str, message_id: str) -> RoutedMessage:
     """Append `msg` to `batch` in place (no intermediate message to copy)."""
-    return _finish(batch.messages.add(**_fields(msg, node_id, message_id)), msg)
+    return _finish(batch.messages.add(**_fields(msg, message_id)), msg, node_id)
 
 
 def _properties(mp: MessageProperties) -> Properties:

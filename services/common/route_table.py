@@ -118,6 +118,11 @@ class RouteTable:
     def __len__(self) -> int:
         return sum(len(t) for t in self._tries.values())
 
+    def routes_any(self, tenant: str) -> bool:
+        """Whether some persistent session of `tenant` subscribes to anything."""
+        trie = self._tries.get(tenant)
+        return trie is not None and len(trie) > 0
+
     def _sessions_of(self, tenant: str) -> SessionFilters:
         sessions = self._sessions.get(tenant)
         if sessions is None:

@@ -40,7 +40,7 @@ from services.common.route_table import RouteResult, RouteTable, plan, settle
 from services.common.rpc.errors import ServiceError
 from services.common.tasks import TaskSet
 from services.common.topics.delayed import DELAYED_PREFIX
-from services.queue.client import QueueClient, StaleRoutesError
+from services.queue.client import NewEntry, QueueClient, StaleRoutesError
 from services.router.client import RouterClient, route_record
 from starling.common.v1.message_pb2 import RoutedMessage
 from starling.router.v1.router_pb2 import RouteChange
@@ -210,8 +210,11 @@ class CopyRouter:
     ) -> None:
         # The version and the plan from one instant (no await between them).
         version = copy.version
-        planned = plan(copy.table, ((i, messages[i]) for i in idx), copy.include_qos0)
-        entries, owners = planned.get(tenant, ([], []))
+        entries: list[NewEntry] = []
+        owners: list[int] = []
+        if copy.table.routes_any(tenant):  # else no entries: the append confirms the version
+            planned = plan(copy.table, ((i, messages[i]) for i in idx), copy.include_qos0)
+            entries, owners = planned.get(tenant, (entries, owners))
         try:
             outcomes = await self._queues.append(tenant, entries, routes_checked=version)
         except StaleRoutesError:

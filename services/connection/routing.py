@@ -154,7 +154,9 @@ class RoutingPipeline(Generic[P]):
         the publisher sent meanwhile follows (behind it in the lane, or back at the front of
         the FIFO)."""
         acked = []
+        publishers: dict[P | None, None] = {}  # in batch order
         for item, result in zip(batch, results, strict=True):
+            publishers[item[0]] = None
             if result in _DONE:
                 self._on_done(item[0], item[1], result)
                 if item[1]:
@@ -165,7 +167,7 @@ class RoutingPipeline(Generic[P]):
                 lane = self._lanes[item[0]] = deque()
                 self._since[item[0]] = time.monotonic()
             lane.append(item)
-        for publisher in dict.fromkeys(p for p, _, _ in batch):
+        for publisher in publishers:
             held = self._busy.pop(publisher, None)
             if not held:
                 continue

@@ -31,6 +31,19 @@ def test_each_change_shows_in_the_next_answer() -> None:
     assert _queues(table) == set()
 
 
+def test_routes_any_says_whether_a_tenant_has_a_persistent_subscription() -> None:
+    """The node's copy skips planning a tenant's publishes when it says no."""
+    table = RouteTable()
+    assert not table.routes_any("t")
+    table.add(SubscriptionRecord("t", "c1", 1, "a/+", 1))
+    assert table.routes_any("t") and not table.routes_any("u")
+    table.remove("t", "c1", 1, "a/+")
+    assert not table.routes_any("t")  # its trie is still there, empty
+    table.add(SubscriptionRecord("t", "c1", 1, "#", 1))
+    table.drop("t", "c1", 1)
+    assert not table.routes_any("t")
+
+
 def test_no_local_and_other_tenants_are_kept_apart() -> None:
     table = RouteTable()
     table.add(SubscriptionRecord("t", "pub", 1, "a/b", 1, no_local=True))
