@@ -50,6 +50,8 @@ def make_archive() -> None:
     aside = ARCHIVE.with_suffix(f".{os.getpid()}.tmp")
     dump = submit_args(f"{OPTIONS} -XX:ArchiveClassesAtExit={aside}")
     env = {**os.environ, "PYSPARK_SUBMIT_ARGS": dump}
+    # The JVM inherits the pipes and writes the archive as it exits; reading them to their
+    # end (capture_output) is what waits for it, not the Python child's exit.
     subprocess.run([sys.executable, "-c", _JOB], env=env, check=True, capture_output=True)
     aside.replace(ARCHIVE)
 

@@ -4,14 +4,18 @@ PONG ends it, and a subscription made then gets what another connection publishe
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import nats
 import pytest
 from nats.aio.msg import Msg
+from nats.errors import FlushTimeoutError
 
 from services.cli.launcher import nats_binary
 from services.cli.ports import free_port
@@ -20,8 +24,18 @@ from tests.conftest import wait_port
 from tests.poll import eventually
 
 
+class Traced(NamedTuple):
+    url: str
+    log: Path
+    pid: int
+
+
+async def _ignore(msg: Msg) -> None:
+    pass
+
+
 @pytest.fixture
-def traced(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def traced(tmp_path: Path) -> Iterator[Traced]:
     """A nats-server tracing every protocol line it reads to a log file."""
     port, log = free_port(), tmp_path / "nats.log"
     proc = subprocess.Popen(
@@ -31,7 +45,7 @@ def traced(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     )
     try:
         wait_port(port, proc, "nats-server")
-        yield f"nats://127.0.0.1:{port}", log
+        yield Traced(f"nats://127.0.0.1:{port}", log, proc.pid)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -44,9 +58,9 @@ def _read_by(log: Path, name: str) -> list[str]:
 
 
 async def test_what_was_sent_before_reaches_the_server_ahead_of_the_ping(
-    traced: tuple[str, Path],
+    traced: Traced,
 ) -> None:
-    url, log = traced
+    url, log, _ = traced
     nc = await nats.connect(url, name="flushing")
     got: list[bytes] = []
 
@@ -72,9 +86,9 @@ async def test_what_was_sent_before_reaches_the_server_ahead_of_the_ping(
 
 
 async def test_a_subscription_flushed_gets_what_another_connection_publishes_next(
-    traced: tuple[str, Path],
+    traced: Traced,
 ) -> None:
-    url, _ = traced
+    url = traced.url
     listener = await nats.connect(url, name="listener")
     talker = await nats.connect(url, name="talker")
     got: list[str] = []
@@ -92,3 +106,22 @@ async def test_a_subscription_flushed_gets_what_another_connection_publishes_nex
     finally:
         await talker.close()
         await listener.close()
+
+
+async def test_a_server_that_stops_answering_fails_it_in_bounded_time(
+    traced: Traced,
+) -> None:
+    """A flush that cannot be confirmed raises nats' FlushTimeoutError (the SUBACK or the
+    announcement waiting on it fails) instead of waiting for ever or passing unconfirmed."""
+    nc = await nats.connect(traced.url, name="stalled", allow_reconnect=False)
+    server = traced.pid
+    try:
+        os.kill(server, signal.SIGSTOP)
+        try:
+            await nc.subscribe("stalled.x", cb=_ignore)
+            with pytest.raises(FlushTimeoutError):
+                await flushed(nc, 1)
+        finally:
+            os.kill(server, signal.SIGCONT)
+    finally:
+        await nc.close()

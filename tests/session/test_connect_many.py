@@ -126,7 +126,9 @@ async def test_connects_asked_for_while_one_is_in_flight_go_together(
         outcomes = await asyncio.gather(*pending)
         assert all(o.ok for o in outcomes)
         await _seen(watch, calls, 2)
-        assert 2 <= len(calls) <= 5, calls  # the first alone, the rest together
+        # The first alone, the rest together: a few calls, not one per CONNECT (on a loaded
+        # machine a loop turn can outlast CONNECT_LINGER_S, so they may go in several).
+        assert 2 <= len(calls) <= 11, calls
         assert "svc.session.connects" in calls
     finally:
         for sub in subs:

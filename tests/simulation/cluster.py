@@ -73,8 +73,9 @@ class Cluster:
     proposals: dict[tuple[str, tuple[Any, ...]], Mutation] = field(default_factory=dict)
     landed: set[int] = field(default_factory=set)  # ids of mutations some replica holds
     changes: int = 0  # moves whenever any replica's data may have changed
-    # Every write that reached a replica or waits as a hint, applied once: what the replicas
-    # converge to (their data only ever comes from these writes), kept for `truth`.
+    # Every write that reached a replica, applied once (after the hooks that see the cluster
+    # as it was before it): what the replicas hold merged (their data only ever comes from
+    # these writes), kept for `truth`, which adds the hints of writes that reached none yet.
     union: Replica = field(default_factory=Replica)
     # The mutations `union` holds, by id (held here, so that no id is reused meanwhile).
     in_union: dict[int, Mutation] = field(default_factory=dict)
@@ -111,7 +112,6 @@ class Cluster:
                 continue
             if roll < self.faults.replica_never + self.faults.replica_late:
                 self.hints.append((i, m))
-                self._unite(m)
             else:
                 self._land(i, m)
                 now += 1
@@ -180,7 +180,20 @@ class Cluster:
     def truth(self, table: str, pk: tuple[Any, ...]) -> Part:
         """Everything any replica holds or will hold (pending hints included): what the
         cluster converges to; for the invariant checkers only, which must not change it."""
-        return self.union.tables.get(table, {}).get(pk) or Part()
+        held = self.union.tables.get(table, {}).get(pk)
+        pending = [m for _, m in self.hints if id(m) not in self.in_union]
+        if not pending:
+            return held or Part()
+        merged = Part()
+        if held is not None:
+            merged.merge(held)
+        for m in pending:
+            for op in m.ops:
+                if op[1] == table and op[2] == pk:
+                    extra = Replica()
+                    extra.apply(op, m.ts)
+                    merged.merge(extra.part(table, pk))
+        return merged
 
     # ---- lightweight transactions ----
     def _complete(self, key: tuple[str, tuple[Any, ...]]) -> None:
@@ -195,7 +208,6 @@ class Cluster:
                 self._land(i, m)
             else:
                 self.hints.append((i, m))
-                self._unite(m)
 
     def cas(
         self,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MARKER = ""  # the row marker an INSERT writes (a row with only its key still exists)
+_NEVER = 1 << 62  # the expiry of a cell without a TTL, for comparing expiries
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +30,8 @@ def newer(a: Cell | None, b: Cell) -> Cell:
         return a
     if a.value is None or b.value is None:
         return a if a.value is None else b
-    if a.value == b.value:  # the same write, applied on each replica (as the repr test would)
-        return a
+    if a.value == b.value:  # the same value: the later expiry lives on (0: none), as in Cassandra
+        return a if (a.expires_us or _NEVER) >= (b.expires_us or _NEVER) else b
     return b if repr(b.value) > repr(a.value) else a
 
 
