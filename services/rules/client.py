@@ -59,6 +59,10 @@ class RuleFeed:
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[object]] = set()
         self._full = False  # the stream's last answer was "full" (logged once per episode)
+        # Change notices heard while a resync waits for its snapshot, one list per resync:
+        # the snapshot may predate them (the notice can overtake the reply), so they are
+        # applied again on top of it.
+        self._heard: list[list[pb.TenantFilters]] = []
 
     @property
     def _js(self) -> JetStreamContext:
@@ -131,16 +135,22 @@ class RuleFeed:
                 log.debug("rule_filters_unsubscribe_failed")
 
     async def resync(self) -> bool:
-        """Replace every tenant's filters with a rules instance's snapshot; False when none
-        answered (no rules service: the node keeps what it had)."""
+        """Replace every tenant's filters with a rules instance's snapshot, then apply again
+        the change notices heard while waiting for it (the notice of a rule created after
+        the snapshot was taken can be handled before the reply: it must not be undone);
+        False when none answered (no rules service: the node keeps what it had)."""
+        heard: list[pb.TenantFilters] = []
+        self._heard.append(heard)
         try:
             reply = await self._nc.request(subjects.RULE_FILTERS_REQUEST, b"", timeout=2.0)
         except Exception as exc:  # no rules instance running, or slow: try again later
             log.info("rule_filters_unavailable", extra={"error": type(exc).__name__})
             return False
+        finally:
+            self._heard.remove(heard)
         snap = pb.FilterSnapshot.FromString(reply.data)
         self._tries, self._autosubs, self._events = {}, {}, {}
-        for t in snap.tenants:
+        for t in (*snap.tenants, *heard):
             self.set_tenant(t)
         return True
 
@@ -150,7 +160,10 @@ class RuleFeed:
             await self.resync()
 
     async def _on_change(self, msg: Msg) -> None:
-        self.set_tenant(pb.TenantFilters.FromString(msg.data))
+        t = pb.TenantFilters.FromString(msg.data)
+        for heard in self._heard:
+            heard.append(t)
+        self.set_tenant(t)
 
     # ---- the stream ---------------------------------------------------------------------
 
