@@ -29,17 +29,25 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from services.cli.infra import redis_binary
+from services.cli.ports import free_port
 
 DEFAULT_NODE_TIMEOUT_MS = 2000
 
 
 def cluster_node_conf(
-    *, port: int, folder: Path, password: str, node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS
+    *,
+    port: int,
+    bus_port: int,
+    folder: Path,
+    password: str,
+    node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
 ) -> str:
     """One cluster node's redis.conf (a replica authenticates to its primary with the same
-    password: `masterauth`)."""
+    password: `masterauth`). `bus_port`: its cluster bus port, picked like `port` (Redis's
+    default, port + 10000, is a port nobody checked is free)."""
     return (
-        f'port {port}\nbind 127.0.0.1\ndir {folder}\nsave ""\nappendonly no\n'
+        f'port {port}\ncluster-port {bus_port}\nbind 127.0.0.1\ndir {folder}\nsave ""\n'
+        "appendonly no\n"
         f"daemonize no\nrequirepass {password}\nmasterauth {password}\n"
         f"cluster-enabled yes\ncluster-config-file nodes-{port}.conf\n"
         f"cluster-node-timeout {node_timeout_ms}\ncluster-require-full-coverage no\n"
@@ -185,7 +193,11 @@ def start_cluster(
             node_dir = folder / str(port)
             node_dir.mkdir(parents=True, exist_ok=True)
             conf = cluster_node_conf(
-                port=port, folder=node_dir, password=password, node_timeout_ms=node_timeout_ms
+                port=port,
+                bus_port=free_port(),
+                folder=node_dir,
+                password=password,
+                node_timeout_ms=node_timeout_ms,
             )
             (node_dir / "redis.conf").write_text(conf)
             (node_dir / "redis.conf").chmod(0o600)

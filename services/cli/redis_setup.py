@@ -85,7 +85,9 @@ def start_local_redis(*, mode: str, spawn: Spawn, data_dir: Path, password: str)
         if mode == "cluster":
             from services.cli.redis_cluster import cluster_node_conf
 
-            text = cluster_node_conf(port=port, folder=folder, password=password)
+            text = cluster_node_conf(
+                port=port, bus_port=free_port(), folder=folder, password=password
+            )
         else:
             text = redis_conf(port=port, folder=folder, password=password)
         comps.append(_server(spawn, data_dir, name, text, port))

@@ -2,7 +2,8 @@
 socket closes, at once or once a persistent session's queue reader detached) and
 `Endings.cleanup`, exactly once per connection, forgets its subscriptions, hands its
 unacknowledged shared deliveries to other members, publishes its will and releases its
-session (once its QoS 2 records are written, exactly_once.py's `SettlingConnections`)."""
+session (once its QoS 2 records are written and its delayed will is at the router:
+settling.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import time
 from services.common.tasks import TaskSet
 from services.connection.admission import PerAddress
 from services.connection.conn import Conn
-from services.connection.exactly_once import SettlingConnections
 from services.connection.flow import FlowControl
 from services.connection.ordered import OrderedOps
 from services.connection.registry import Registry
 from services.connection.session_link import SessionLink
+from services.connection.settling import SettlingConnections
 from services.connection.shared import Origin, SharedDispatch
 from services.connection.stats import NodeStats
 from services.connection.subscribing import Subscriber
@@ -101,17 +102,19 @@ class Endings:
         if not conn.registered:
             return closing
         self._stats.connection_ended(conn)
-        self._wills.connection_ended(ch)
+        key = (ch.tenant, ch.client_id)
+        will = self._wills.connection_ended(ch)
+        if will is not None:  # released once the router has it (before any kick reply)
+            self._settling.hold_will(key, will)
         self._sys_events.disconnected(ch)
         eo = conn.exactly_once
         if eo is not None and eo.busy:
             # Released only once its records are written: the next connection resumes a
             # session that knows every QoS 2 id this one took.
-            self._settling.hold((ch.tenant, ch.client_id), eo)  # before any kick reply
-        elif closing is None:
+            self._settling.hold(key, eo)  # before any kick reply
+        elif closing is None and will is None:
             self._sessions.connection_ended(conn)
             return None
-        key = (ch.tenant, ch.client_id)
         release = self._settling.release_when_settled(
             key, eo, closing, lambda: self._sessions.connection_ended(conn)
         )

@@ -1,7 +1,7 @@
 """QoS 2 from a persistent session's client, exactly once across reconnects to any node: the
-receiver state the session service stores for it (`Qos2Journal`), the order a
-connection's publishes keep while it is written (`ExactlyOnceInbound`), and ended
-connections whose records are still being written (`SettlingConnections`).
+receiver state the session service stores for it (`Qos2Journal`) and the order a
+connection's publishes keep while it is written (`ExactlyOnceInbound`). Ended connections
+whose records are still being written: services/connection/settling.py.
 
 Theory of operation:
 - A new QoS 2 PUBLISH gets its message id here and is recorded with the session (RECEIVED:
@@ -23,7 +23,7 @@ Theory of operation:
 - A connection that ends with records being written is released to the session service
   only once they are written, and a takeover's kick is answered only then: the next
   connection, on any node, resumes a session that already knows every id this one took.
-  Both waits are bounded (the node's QOS2_SETTLE_S); past it, nothing still being written
+  Both waits are bounded (the node's SETTLE_S); past it, nothing still being written
   is routed from this connection, even once written: the client, which got no PUBREC for
   it, resends it to the next connection, which may already have taken it under a new id.
 - Every record carries the session's QoS 2 fence as this connection set it when it opened
@@ -319,45 +319,3 @@ class ExactlyOnceInbound:
             await self._journal.write(updates)
         except Exception:  # only costs a re-route (de-duplicated) on a resend
             log.warning("qos2_stored_marks_lost", extra={"ids": len(updates)})
-
-
-class SettlingConnections:
-    """Ended connections whose QoS 2 records are still being written, by client (tenant,
-    client id): their release to the session service, and a takeover's kick reply, wait for
-    those writes (`release_when_settled`, `settled`), at most `settle_s` each."""
-
-    def __init__(self, settle_s: float) -> None:
-        self._settle_s = settle_s
-        self._pending: dict[tuple[str, str], ExactlyOnceInbound] = {}
-
-    def hold(self, key: tuple[str, str], eo: ExactlyOnceInbound) -> None:
-        """`eo`'s connection ended with records being written (before any kick reply)."""
-        self._pending[key] = eo
-
-    async def settled(self, tenant: str, client_id: str) -> None:
-        """Before a takeover's kick is answered: this client's QoS 2 records are written."""
-        eo = self._pending.get((tenant, client_id))
-        if eo is not None:
-            await eo.idle(self._settle_s)
-
-    async def release_when_settled(
-        self,
-        key: tuple[str, str],
-        eo: ExactlyOnceInbound | None,
-        closing: asyncio.Task[None] | None,
-        release: Callable[[], None],
-    ) -> None:
-        """Call `release` once the connection's queue reader has detached (`closing`: so the
-        queue pushes nothing more to it, and entries published after the client is seen
-        gone reach its next connection as first attempts, DUP=0) and its QoS 2 records
-        (`eo`) are written. Each wait is bounded: a lost dependency delays the release,
-        never blocks it."""
-        try:
-            if closing is not None:
-                await asyncio.wait((closing,), timeout=self._settle_s)
-            if eo is not None and eo.busy:
-                await eo.idle(self._settle_s)
-        finally:
-            if eo is not None and self._pending.get(key) is eo:
-                del self._pending[key]
-        release()

@@ -39,7 +39,7 @@ from services.connection.channel import (
 from services.connection.conn import Conn, Sink
 from services.connection.ending import Endings
 from services.connection.events import SubscriptionEvents
-from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal, SettlingConnections
+from services.connection.exactly_once import ExactlyOnceInbound, Qos2Journal
 from services.connection.fanout import Fanout
 from services.connection.flow import FlowControl
 from services.connection.ingress import Ingress
@@ -55,6 +55,7 @@ from services.connection.registry import Registry
 from services.connection.retained import RetainedReplay
 from services.connection.routing import RoutingPipeline
 from services.connection.session_link import SessionLink
+from services.connection.settling import SettlingConnections
 from services.connection.shared import SharedDispatch
 from services.connection.stats import NodeStats
 from services.connection.subscribing import Subscriber
@@ -69,9 +70,9 @@ log = logging.getLogger("starling.connection")
 # the largest message: a few may be under way at once.
 HOLD_MESSAGES = 4
 
-# How long an ended connection's pending QoS 2 records may hold back its release and a
-# takeover's kick reply (the session service waits 1 s for that reply).
-QOS2_SETTLE_S = 0.8
+# How long an ended connection's QoS 2 records or delayed will (settling.py) may hold back
+# its release and a takeover's kick reply (the session service waits 1 s for that reply).
+SETTLE_S = 0.8
 
 
 class Node:
@@ -173,8 +174,8 @@ class Node:
         self.wills = Wills(
             node_id=node_id,
             publish=self.ingress.publish,
-            routing=self.routing,
             router=links.router,
+            tasks=self.tasks,
             ids=self.ids,
             handoff_max_bytes=settings.will_store_max_bytes,
         )
@@ -183,8 +184,7 @@ class Node:
             self.ingress.reaches,
             lambda msgs: self.ingress.publish(msgs, None, counted=False),
         )
-        # Ended connections whose QoS 2 records are still being written, by client.
-        self.settling = SettlingConnections(QOS2_SETTLE_S)
+        self.settling = SettlingConnections(SETTLE_S)
         self.sessions = SessionLink(
             node_id=node_id,
             session=links.session,
@@ -238,7 +238,7 @@ class Node:
             sys_events=self.sys_events,
             sessions=self.sessions,
             settling=self.settling,
-            settle_s=QOS2_SETTLE_S,
+            settle_s=SETTLE_S,
         )
 
     # ---- life cycle ---------------------------------------------------------------------

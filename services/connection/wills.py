@@ -3,9 +3,14 @@
 A will with a Will Delay Interval goes to the router, which publishes it after
 min(delay, session expiry) unless the client connects again first [MQTT-3.1.3-9]; when the
 client does connect, `settle` cancels a pending will of a resumed session and publishes it
-now if the old session ended (clean start). Only a client id that had a session can have one
-pending (the delay never outlasts the session): the session service says so at CONNECT, and
-the other CONNECTs skip the router call.
+now if the old session ended (clean start). The connection's release (and a takeover's kick
+reply) waits until the router has it (services/connection/settling.py, bounded): a client
+that comes back at once, on any node, then finds it there to cancel or publish. Without
+that wait a clean start on another node could settle before the will arrived, which the
+router would then hold for its whole delay. Tried again with backoff for KEEP_FOR_S.
+Only a client id that had a session can have one pending (the delay never outlasts the
+session): the session service says so at CONNECT, and the other CONNECTs skip the router
+call.
 
 A node that dies publishes nothing: each CONNECT with a will therefore also hands it to the
 session service (`Wills.handoff`), which keeps it with the connection's registry entry and
@@ -16,21 +21,30 @@ included, with it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 
 from services.common.bus.ids import MessageIds
+from services.common.dependencies import wait_for
 from services.common.envelope import to_envelope
 from services.common.message import Message, message_properties
 from services.common.mqtt.packets import Will
+from services.common.route_table import RouteResult
+from services.common.tasks import TaskSet
 from services.common.topics import is_sys_topic
 from services.connection.channel import Channel
-from services.connection.conn import Conn
-from services.connection.routing import RoutingPipeline
 from services.router.client import RouterClient
+from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.connection.wills")
+
+KEEP_FOR_S = 30.0  # as long as the routing pipeline tries a publish the router did not take
+
+
+class WillNotKeptError(RuntimeError):
+    """The router did not take a delayed will (TRY_LATER): tried again."""
 
 
 def _as_message(will: Will, tenant: str, client_id: str, now: float) -> Message:
@@ -72,15 +86,15 @@ class Wills:
         *,
         node_id: str,
         publish: Callable[[list[Message]], None],
-        routing: RoutingPipeline[Conn] | None,
         router: RouterClient | None,
+        tasks: TaskSet,
         ids: MessageIds,
         handoff_max_bytes: int = 0,
     ) -> None:
         self._node_id = node_id
         self._publish = publish
-        self._routing = routing
         self._router = router
+        self._tasks = tasks
         self._ids = ids
         self._handoff_max = handoff_max_bytes  # will_store_max_bytes
 
@@ -94,19 +108,36 @@ class Wills:
         data = env.SerializeToString()
         return data if len(data) <= self._handoff_max else b""
 
-    def connection_ended(self, ch: Channel) -> None:
+    def connection_ended(self, ch: Channel) -> asyncio.Task[None] | None:
+        """Publish the will of a connection that ended without DISCONNECT; for a delayed
+        one, the task that hands it to the router (the release waits for it)."""
         if ch.normal_disconnect:
-            return
+            return None
         msg = will_message(ch, time.time())
         if msg is None:
-            return
+            return None
         delay = will_delay_s(ch)
-        if delay and self._routing is not None:
+        if delay and self._router is not None:
             env = to_envelope(msg, self._node_id, self._ids.next())
             env.delay_s = delay
-            self._routing.submit(None, 0, env)
-            return
+            return self._tasks.spawn(self._keep(env), name="delayed-will")
         self._publish([msg])
+        return None
+
+    async def _keep(self, env: RoutedMessage) -> None:
+        """Hand a delayed will to the router until it takes it (same message id each time:
+        the router holds one per client), for at most KEEP_FOR_S."""
+        router = self._router
+        assert router is not None
+
+        async def attempt() -> None:
+            if (await router.route([env]))[0] is RouteResult.TRY_LATER:
+                raise WillNotKeptError(env.topic)
+
+        try:
+            await wait_for("router (delayed will)", attempt, KEEP_FOR_S, (Exception,))
+        except Exception as exc:
+            log.error("delayed_will_lost", extra={"error": type(exc).__name__})
 
     async def settle(self, tenant: str, client_id: str, resumed: bool) -> None:
         """A client connected: a delayed will of its previous connection is cancelled if the

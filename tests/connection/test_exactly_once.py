@@ -71,7 +71,7 @@ class GatedRecorder:
 
 async def test_a_record_written_after_its_connection_gave_up_waiting_is_not_routed() -> None:
     # A node drained while the session service was away: the connection's release went ahead
-    # after QOS2_SETTLE_S without its records, the client resent the publish to another node
+    # after SETTLE_S without its records, the client resent the publish to another node
     # (which took it under a new id), and then the record landed here and this node routed
     # it too: every subscriber got it twice at QoS 2 (found by tests/faults/chaos.py).
     recorder = GatedRecorder()

@@ -123,7 +123,19 @@ class Paho:
         return self.pubacks.get(info.mid)
 
     def expect(self, n: int = 1, timeout: float = TIMEOUT) -> list[mqtt.MQTTMessage]:
-        return [self.messages.get(timeout=timeout) for _ in range(n)]
+        """The next `n` messages, each within `timeout`; AssertionError naming what did come
+        (and any disconnects) when one does not."""
+        got: list[mqtt.MQTTMessage] = []
+        for _ in range(n):
+            try:
+                got.append(self.messages.get(timeout=timeout))
+            except queue.Empty:
+                came = [(m.topic, m.payload[:40]) for m in got]
+                raise AssertionError(
+                    f"{len(got)} of {n} messages within {timeout} s each: {came}; "
+                    f"disconnects: {list(self.disconnects.queue)}"
+                ) from None
+        return got
 
     def nothing(self, wait_s: float = 0.4) -> None:
         try:

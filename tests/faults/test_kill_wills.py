@@ -111,8 +111,10 @@ async def _registered(launcher: Launcher, client_id: str) -> bool:
         await admin.close()
 
 
-def _clients_on_node_1(launcher: Launcher, topic: str) -> None:
-    """Six clients with wills on node 1; the polite one leaves with DISCONNECT (no will)."""
+def _clients_on_node_1(launcher: Launcher, topic: str) -> dict[str, Raw]:
+    """Six clients with wills on node 1; the polite one leaves with DISCONNECT (no will).
+    The caller keeps them until the node is killed: a Raw dropped closes its socket, and
+    the node would then publish that will itself."""
     held = {
         "plain": _will_client(launcher, topic, "plain", 1, v5=False),  # 3.1.1, will at QoS 1
         "delayed": _will_client(launcher, topic, "delayed", 1, v5=True, delay=6, clean=False),
@@ -128,6 +130,7 @@ def _clients_on_node_1(launcher: Launcher, topic: str) -> None:
         10,
         "the polite client's release",
     )
+    return held
 
 
 def _check_the_wills(seen: WillsSeen, want: set[bytes], killed: float) -> None:
@@ -159,9 +162,11 @@ def test_wills_of_a_killed_nodes_clients_are_published(fault_mesh: Launcher) -> 
     try:
         # The SUBSCRIBE goes out with the connection; paho does not wait for the SUBACK.
         wait_until(seen.subacked.is_set, 10, "the SUBACK")
-        _clients_on_node_1(fault_mesh, topic)
+        held = _clients_on_node_1(fault_mesh, topic)
         fault_mesh.kill("connection-1")
         killed = time.monotonic()
+        for raw in held.values():  # connected until the kill (see _clients_on_node_1)
+            raw.close()
         # Back on node 0 at once: within its 30 s delay (session resumed: no will), with a
         # clean start (the old session ends: its will is due), and with delay 0.
         back = _will_client(fault_mesh, topic, "back", 0, v5=True, delay=30, clean=False)

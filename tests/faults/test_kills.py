@@ -138,27 +138,38 @@ def test_session_of_a_dead_node_still_expires(fault_mesh: Launcher) -> None:
     raw.send(Subscribe(1, (Subscription(topic, 1),)))
     assert isinstance(raw.recv(), SubAck)
     fault_mesh.kill("connection-1")
+    try:
+        _expires_with_its_node_dead(fault_mesh, cid, topic)
+    finally:
+        raw.close()
+        fault_mesh.restart("connection-1")
+
+
+def _expires_with_its_node_dead(launcher: Launcher, cid: str, topic: str) -> None:
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
-    c.connect("127.0.0.1", port(fault_mesh, 0))
+    c.connect("127.0.0.1", port(launcher, 0))
     c.loop_start()
     for i in range(3):
         c.publish(topic, str(i), 1).wait_for_publish(10)
     c.disconnect()
     c.loop_stop()
     queued = "SELECT count(*) FROM queue_entries WHERE queue_id LIKE ?"
-    assert _rows(fault_mesh, "queues.db", queued, f"{cid}#%") == 3
-    wait_until(  # node timeout 3 s + expiry 2 s + sweeps
-        lambda: not _rows(fault_mesh, "queues.db", queued, f"{cid}#%"),
+    assert _rows(launcher, "queues.db", queued, f"{cid}#%") == 3
+    stored = "SELECT count(*) FROM sessions WHERE client_id=?"
+    # Node timeout 3 s + expiry 2 s + sweeps; the queue goes first, then the record.
+    wait_until(
+        lambda: (
+            not _rows(launcher, "queues.db", queued, f"{cid}#%")
+            and not _rows(launcher, "sessions.db", stored, cid)
+        ),
         30,
-        "the dead node's session expired",
+        lambda: (
+            "the dead node's session expired: queued "
+            f"{_rows(launcher, 'queues.db', queued, f'{cid}#%')}, "
+            f"records {_rows(launcher, 'sessions.db', stored, cid)}"
+        ),
         every_s=0.2,
     )
-    assert (
-        _rows(fault_mesh, "sessions.db", "SELECT count(*) FROM sessions WHERE client_id=?", cid)
-        == 0
-    )
-    raw.close()
-    fault_mesh.restart("connection-1")
 
 
 def test_delayed_publish_survives_a_restart_of_every_service(fault_mesh: Launcher) -> None:

@@ -18,6 +18,7 @@ from services.common.bus.publisher import ServicePublisher
 from services.common.mqtt.packets import Will
 from services.common.mqtt.properties import Properties
 from services.common.route_table import RouteResult
+from services.common.tasks import TaskSet
 from services.connection.wills import Wills
 from services.session.registry import Holder, _decode, _encode
 from services.session.wills import StoredWills, displaced_will_due, kept_will
@@ -34,8 +35,8 @@ def _node_wills(max_bytes: int = 1 << 20) -> Wills:
     return Wills(
         node_id="node-a",
         publish=lambda msgs: None,
-        routing=None,
         router=None,
+        tasks=TaskSet(),
         ids=MessageIds("node-a", 1),
         handoff_max_bytes=max_bytes,
     )
