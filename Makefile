@@ -3,19 +3,25 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint types protos fmt setup clean analytics lock
+.PHONY: run test bench lint types protos fmt setup clean analytics lock compiled
 
 $(STAMP): pyproject.toml requirements.lock scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) compiled
+
+# The sans-I/O core (codec, topic trie, channel) compiled with mypyc into $(VENV)/compiled
+# (docs/compiled-core.md): about a minute the first time, then only when its sources change.
+# A failed build warns and everything runs as Python; STARLING_PURE=1 asks for Python.
+compiled: $(STAMP)
+	@$(PY) -m scripts.build_compiled
 
 # Re-resolve pyproject.toml's ranges into requirements.lock (then make test and commit both).
 lock:
 	bash scripts/lock.sh
 
-run: $(STAMP)
+run: $(STAMP) compiled
 	$(VENV)/bin/starling up
 
 # The files run side by side on TEST_WORKERS pytest-xdist workers (each file whole on one
@@ -24,7 +30,7 @@ run: $(STAMP)
 TEST_WORKERS ?= 2
 # Then the files marked `alone` (timing-sensitive), in one process, with nothing else running.
 # The tests' Spark JVMs map their classes from an archive made once (tests/spark_jvm.py).
-test: $(STAMP) $(VENV)/spark-classes.jsa
+test: $(STAMP) compiled $(VENV)/spark-classes.jsa
 	@rc=0; \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" || rc=$$?; \
 	$(PY) -m pytest -q -m alone || rc=$$?; \
@@ -33,7 +39,7 @@ test: $(STAMP) $(VENV)/spark-classes.jsa
 $(VENV)/spark-classes.jsa: $(STAMP)
 	$(PY) -m tests.spark_jvm
 
-bench: $(STAMP)
+bench: $(STAMP) compiled
 	$(PY) -m bench.run
 
 # make analytics JOB=queue-compaction [ARGS="--dry-run"]
@@ -44,8 +50,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check services tests bench analytics scripts
 	$(VENV)/bin/ruff format --check services tests bench analytics scripts
 
+# services/common, and strictly every module the compiled core holds (mypyc needs it).
 types: $(STAMP)
-	$(VENV)/bin/mypy services/common
+	$(VENV)/bin/mypy services/common services/connection/channel services/compiled.py
 
 protos: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m scripts.gen_protos

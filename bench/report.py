@@ -56,6 +56,7 @@ EXTRAS = [
     ("Idle clients: what silent connections and sessions cost", "bench.idle"),
     ("CONNECT rate: one Redis versus a three-primary Redis Cluster", "bench.redis_cluster"),
     ("Console pages with 10,000 connected clients", "bench.console_pages"),
+    ("HTTP publish API and CoAP gateway", "bench.gateway"),
 ]
 
 

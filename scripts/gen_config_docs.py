@@ -13,6 +13,7 @@ from analytics.config import AnalyticsSettings
 from services.common.config import ServiceSettings
 from services.connection.config import ConnectionSettings
 from services.console.config import ConsoleSettings
+from services.gateway.config import GatewaySettings
 from services.metrics.config import MetricsSettings
 from services.queue.config import QueueSettings
 from services.quota.config import QuotaSettings
@@ -30,6 +31,7 @@ MODELS: list[type[ServiceSettings]] = [
     QuotaSettings,
     MetricsSettings,
     ConsoleSettings,
+    GatewaySettings,
     AnalyticsSettings,
 ]
 
@@ -46,7 +48,9 @@ PROFILES_NOTE = [
     "client CONNACK 0x8A with one",
     "naming `flapping_max_connects` (or `flapping_max_connects_per_address`),",
     "`flapping_window_s`, `flapping_ban_s` and `flapping_enabled` (log event",
-    "`client_flapping`, the same fields).",
+    "`client_flapping`, the same fields). The gateway's per-address request rates",
+    "(`gateway_requests_per_ip_per_s`, `gateway_coap_messages_per_ip_per_s`) are 0 (no cap)",
+    "there too.",
 ]
 
 

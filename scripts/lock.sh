@@ -13,6 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 {
   echo "# Exact versions make setup installs (written by scripts/lock.sh from pyproject.toml)."
   echo "# Python $("$tmp/venv/bin/python" -c 'import sys; print(".".join(map(str, sys.version_info[:3])))')"
-  "$tmp/venv/bin/pip" freeze --exclude-editable | LC_ALL=C sort -f
+  # --all: setuptools too (mypyc builds with it; make compiled); not pip itself.
+  "$tmp/venv/bin/pip" freeze --all --exclude-editable | grep -v "^pip==" | LC_ALL=C sort -f
 } > requirements.lock
 echo "lock: wrote requirements.lock ($(grep -vc '^#' requirements.lock) packages)"

@@ -219,6 +219,21 @@ class MeshInfo:
         return f"127.0.0.1:{self.mesh.by_name(name).grpc_port}"
 
     @property
+    def gateway_http(self) -> str:
+        """The gateway's HTTP API base URL (`http://127.0.0.1:PORT`)."""
+        return f"http://127.0.0.1:{self.mesh.by_name('gateway').port}"
+
+    @property
+    def gateway_https(self) -> str:
+        """The same API over TLS (the mesh's certificate, `cert`)."""
+        return f"https://127.0.0.1:{self.mesh.by_name('gateway').tls_port}"
+
+    @property
+    def gateway_coap(self) -> str:
+        """The gateway's CoAP base URI (`coap://127.0.0.1:PORT`)."""
+        return f"coap://127.0.0.1:{self.mesh.by_name('gateway').coap_port}"
+
+    @property
     def nats_url(self) -> str:
         """The mesh's NATS as its full-access `operator` user (tools and tests)."""
         password = self.launcher.secrets.nats["operator"]
@@ -230,7 +245,8 @@ class MeshInfo:
 
 @pytest.fixture(scope="session")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeshInfo]:
-    """Two connection nodes plus every service, shared by all end-to-end tests."""
+    """Two connection nodes plus every service (the gateway too: tests/gateway), shared by
+    all end-to-end tests."""
     folder = tmp_path_factory.mktemp("mesh")
     cert, key = make_cert(folder)
     env = {

@@ -74,7 +74,9 @@ class Children:
     def stop(self, grace_s: float = 8.0) -> None:
         """Stop children in order; SIGKILL what outlives its grace period."""
         comps = self.mesh.components
-        nodes = [c for c in comps if c.name.startswith("connection-")]  # with every worker
+        # The nodes (with every worker) and the gateway, a peer of theirs: their clients are
+        # released while the session service still answers.
+        nodes = [c for c in comps if c.name.startswith("connection-") or c.name == "gateway"]
         back_office = [c for c in comps if c.kind == "service" and c not in nodes]
         infra = [c for c in comps if c.kind in ("redis", "nats")]
         for group in (nodes, back_office, infra):

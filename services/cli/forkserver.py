@@ -31,7 +31,17 @@ import traceback
 
 PRELOAD = tuple(
     f"services.{s}.main"
-    for s in ("connection", "session", "router", "queue", "rules", "quota", "metrics", "console")
+    for s in (
+        "connection",
+        "session",
+        "router",
+        "queue",
+        "rules",
+        "quota",
+        "metrics",
+        "console",
+        "gateway",
+    )
 )
 PR_SET_PDEATHSIG = 1
 MAX_REQUEST = 1 << 20  # bytes of one request line (the environment is most of it)

@@ -258,10 +258,25 @@ class Launcher(Children):
             comp.url = f"http://127.0.0.1:{comp.port}/"
             # Where the console finds every instance to watch and every node to drain.
             env["STARLING_CONSOLE_MESH_FILE"] = str(self.data_dir / "mesh.json")
+        if service == "gateway":
+            self._gateway_env(comp, env)
         if service == "connection":
             self._node_env(comp, env, mqtt_port, ports_of, elsewhere)
         self._spawn(comp, [sys.executable, "-m", f"services.{service}"], env)
         return comp
+
+    def _gateway_env(self, comp: Component, env: dict[str, str]) -> None:
+        """The gateway's HTTP (`port`), HTTPS (`tls_port`, with the nodes' certificate) and
+        CoAP (`coap_port`, UDP) ports into `comp` and `env`."""
+        comp.port, comp.coap_port = free_port(), free_port()
+        comp.url = f"http://127.0.0.1:{comp.port}/api/v5/publish"
+        env["STARLING_GATEWAY_HTTP_PORT"] = str(comp.port)
+        env["STARLING_GATEWAY_COAP_PORT"] = str(comp.coap_port)
+        if self.tls is not None:
+            comp.tls_port = free_port()
+            env["STARLING_GATEWAY_HTTPS_PORT"] = str(comp.tls_port)
+            env["STARLING_TLS_CERT_FILE"] = str(self.tls[0])
+            env["STARLING_TLS_KEY_FILE"] = str(self.tls[1])
 
     def _node_env(
         self,
@@ -347,6 +362,7 @@ class Launcher(Children):
                 _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)
         self._start_nodes(nats, redis)
         self.start_service("console", "console", nats, redis)  # over the admin APIs
+        self.start_service("gateway", "gateway", nats, redis)  # HTTP and CoAP, a node's peer
         self.mesh.save()
         for comp in self.mesh.components:
             _wait(lambda c=comp: component_status(c) == "SERVING", timeout_s, comp.name, self)

@@ -17,7 +17,7 @@ from services.cli.rules import add_autosub_commands, add_rules_commands
 
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
 # What `starling serve` runs: the services and the web console over their admin APIs.
-SERVED = (*SERVICES, "console")
+SERVED = (*SERVICES, "console", "gateway")
 
 
 def _add_up(sub: Any) -> None:
@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     from services.cli.store_cmd import add_store_command
 
     add_store_command(sub)
+    from services.cli.version_cmd import add_version_command
+
+    add_version_command(sub)
     return parser
 
 
@@ -183,6 +186,10 @@ def _stdout_closed() -> bool:
 
 
 def _print_command(args: argparse.Namespace) -> int:
+    if args.command == "version":
+        from services.cli.version_cmd import run_version
+
+        return run_version()
     if args.command == "secrets":
         from services.cli.secrets import MeshSecrets, write_secret_files
 

@@ -31,7 +31,8 @@ class Component:
     service: str = ""  # the service an instance belongs to (back office; "" before issue 18)
     monitor_port: int = 0  # a clustered nats-server's HTTP monitor (/healthz: JetStream ready)
     restarts: int = 0  # times the supervisor (or `starling restart`) started it again
-    url: str = ""  # a web endpoint's address (the console's pages)
+    url: str = ""  # a web endpoint's address (the console's pages, the gateway's HTTP API)
+    coap_port: int = 0  # the gateway's CoAP (UDP) port
 
     def endpoint_port(self) -> int:
         """The port whose listener says this component runs: gRPC for a service (a node's

@@ -11,6 +11,8 @@ refuses such traffic by address or by reconnect count:
 - `auth_failures_before_backoff_ip` 1,000,000 (production: after 20 failed logins from one
   address every login from it waits out a back-off; a suite testing bad passwords would
   lock its own good logins out). The per-user back-off stays.
+- the gateway's per-address request rates 0 (no cap; production: 1,000 HTTP requests and 100
+  CoAP requests a second per address).
 
 It also lets anonymous clients into every tenant (`anonymous_by_default`). `production` is
 the services' code defaults, every protection on: what a deployment runs, shown locally.
@@ -33,6 +35,8 @@ _SETTINGS: dict[str, dict[str, str]] = {
         "STARLING_MAX_CONNECTIONS_PER_IP": "0",
         "STARLING_FLAPPING_ENABLED": "false",
         "STARLING_AUTH_FAILURES_BEFORE_BACKOFF_IP": "1000000",
+        "STARLING_GATEWAY_REQUESTS_PER_IP_PER_S": "0",
+        "STARLING_GATEWAY_COAP_MESSAGES_PER_IP_PER_S": "0",
     },
     PRODUCTION: {},
 }

@@ -177,6 +177,8 @@ NATS_USER_OF = {
     "rules": "rules",
     "quota": "quota",
     "metrics": "metrics",
+    # The gateway publishes and subscribes on the mesh as a node does: a node's permissions.
+    "gateway": "connection",
 }
 
 

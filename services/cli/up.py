@@ -73,6 +73,13 @@ def print_endpoints(mesh: Mesh) -> None:
                 print(f"{'':<16} {'':>7} ws://127.0.0.1:{c.ws_port}/mqtt")
         elif c.service == "console" and c.port:
             print(f"{'':<16} {'':>7} {'web console':<28} {c.url}")
+        elif c.service == "gateway":
+            if c.port:
+                print(f"{'':<16} {'':>7} http://127.0.0.1:{c.port}/api/v5/publish")
+            if c.tls_port:
+                print(f"{'':<16} {'':>7} https://127.0.0.1:{c.tls_port}/api/v5/publish")
+            if c.coap_port:
+                print(f"{'':<16} {'':>7} coap://127.0.0.1:{c.coap_port}/ps/{{topic}}")
         elif (c.service or c.name) == "metrics" and c.port:
             print(f"{'':<16} {'':>7} {'cluster metrics':<28} http://127.0.0.1:{c.port}/metrics")
     print(describe(mesh.profile))

@@ -217,6 +217,27 @@ class ServiceSettings(RedisSettings):
         "(development) or 'dc1:3,dc2:3' (NetworkTopologyStrategy, replicas per data centre). "
         "An existing keyspace is not altered (a warning says it differs).",
     )
+    queue_store_by_tenant: dict[str, Literal["store", "redis"]] = Field(
+        default_factory=dict,
+        description='Queue backend per tenant, JSON `{"tenant": "redis"}`: `store` (SQLite or '
+        "Cassandra, above) or `redis` (Redis Streams: faster, as durable as that Redis is "
+        'configured; docs/storage.md, "Redis Streams queues"); others: `queue_store_default`. '
+        "Move a tenant only once its queues are drained (else the queue service will not start).",
+    )
+    queue_store_default: Literal["store", "redis"] = Field(
+        default="store", description="Queue backend of tenants not in queue_store_by_tenant."
+    )
+    queue_redis_url: str = Field(
+        default="",
+        description="One Redis server for the Redis Streams queues; empty: the service's Redis "
+        "(`redis_mode`, ...). Set, it is also checked for tenants moved off it.",
+    )
+    queue_redis_key_prefix: str = Field(
+        default="st:q:", min_length=1, description="Prefix of the Redis Streams queues' keys."
+    )
+    queue_redis_max_connections: int = Field(
+        default=64, ge=1, le=10_000, description="Pool of the Redis Streams queues (per node)."
+    )
     session_addr: str = Field(default="127.0.0.1:7001", description="Session service gRPC.")
     session_subject: str = Field(
         default="svc.session",

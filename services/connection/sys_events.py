@@ -22,19 +22,12 @@ from collections.abc import Callable
 
 from services.common.message import Message
 from services.common.mqtt.errors import TopicNameInvalidError
+from services.common.topics.client_events import client_event_topic
 from services.common.topics.rules import validate_topic_name
 from services.connection.admission import peer_address
 from services.connection.channel import Channel
 
 log = logging.getLogger("starling.connection.sys_events")
-
-_ESCAPES = str.maketrans({"%": "%25", "/": "%2F", "+": "%2B", "#": "%23", "\0": "%00"})
-
-
-def event_topic(node_id: str, client_id: str, kind: str) -> str:
-    """`$SYS/brokers/<node>/clients/<client id>/<kind>`, the client id percent-encoded."""
-    node, client = node_id.translate(_ESCAPES), client_id.translate(_ESCAPES)
-    return f"$SYS/brokers/{node}/clients/{client}/{kind}"
 
 
 def connected_payload(ch: Channel, node_id: str, session_present: bool, ts_ms: int) -> bytes:
@@ -93,7 +86,7 @@ class SysEvents:
             )
 
     def _send(self, ch: Channel, kind: str, payload: bytes, now: float) -> None:
-        topic = event_topic(self._node_id, ch.client_id, kind)
+        topic = client_event_topic(self._node_id, ch.client_id, kind)
         try:
             validate_topic_name(topic)
         except TopicNameInvalidError:  # a client id too long for a topic: no event

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from services.common.config import ENV_PREFIX, ServiceSettings
 from services.connection.config import ConnectionSettings
 from services.console.config import ConsoleSettings
+from services.gateway.config import GatewaySettings
 from services.metrics.config import MetricsSettings
 from services.queue.config import QueueSettings
 from services.quota.config import QuotaSettings
@@ -34,6 +35,7 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "quota": QuotaSettings,
     "metrics": MetricsSettings,
     "console": ConsoleSettings,
+    "gateway": GatewaySettings,
 }
 # Read by the settings loader itself, not fields.
 SOURCE_VARIABLES = {"STARLING_SECRETS_DIR", "STARLING_CONFIG"}

@@ -171,6 +171,10 @@ def test_compose_nodes_publish_distinct_ports_and_drain_elsewhere(
         if service == "console":  # its web pages
             assert svc["ports"] == ["8080-8081:8080"], name
             continue
+        if service == "gateway":  # HTTP and CoAP, each instance its own host ports
+            published += [m.split(":")[0] for m in svc["ports"]]
+            node_ids.add(svc["environment"]["STARLING_NODE_ID"])
+            continue
         if service != "connection":
             assert "ports" not in svc, f"{name}: only nodes and the console publish ports"
             continue
@@ -185,7 +189,8 @@ def test_compose_nodes_publish_distinct_ports_and_drain_elsewhere(
         own = {f"localhost:{m.split(':')[0]}" for m in svc["ports"]}
         assert refs and not own & set(refs), f"{name} sends its drained clients to itself"
     assert len(published) == len(set(published)), "two nodes publish the same host port"
-    assert len(node_ids) == len([s for s, _ in runs.values() if s == "connection"])
+    peers = [s for s, _ in runs.values() if s in ("connection", "gateway")]
+    assert len(node_ids) == len(peers), "a node id twice"
 
 
 def test_compose_secrets_are_declared_written_and_mounted_where_needed(

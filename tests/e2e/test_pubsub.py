@@ -179,7 +179,7 @@ def test_a_persistent_connect_right_after_a_clean_one_finds_no_session(
         first = Raw(mesh.node(0), level=level)
         ack = first.connect(Connect(cid, level, clean_start=False, properties=expiry))
         assert isinstance(ack, ConnAck)
-        first.send(Subscribe(1, [Subscription(f"sp/{cid}", 1)]))
+        first.send(Subscribe(1, (Subscription(f"sp/{cid}", 1),)))
         assert isinstance(first.recv(), SubAck)
         first.send(Disconnect())
         first.close()

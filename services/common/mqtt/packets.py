@@ -32,7 +32,10 @@ class Connect:
     password: bytes | None = None
     will: Will | None = None
     properties: Properties = EMPTY
-    packet_type = PacketType.CONNECT
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.CONNECT
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +43,10 @@ class ConnAck:
     session_present: bool = False
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = EMPTY
-    packet_type = PacketType.CONNACK
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.CONNACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +58,10 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties = EMPTY
-    packet_type = PacketType.PUBLISH
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBLISH
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +69,10 @@ class PubAck:
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = EMPTY
-    packet_type = PacketType.PUBACK
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +80,10 @@ class PubRec:
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = EMPTY
-    packet_type = PacketType.PUBREC
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBREC
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +91,10 @@ class PubRel:
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = EMPTY
-    packet_type = PacketType.PUBREL
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBREL
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +102,10 @@ class PubComp:
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = EMPTY
-    packet_type = PacketType.PUBCOMP
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PUBCOMP
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +122,10 @@ class Subscribe:
     packet_id: int
     subscriptions: tuple[Subscription, ...]
     properties: Properties = EMPTY
-    packet_type = PacketType.SUBSCRIBE
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.SUBSCRIBE
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +133,10 @@ class SubAck:
     packet_id: int
     reason_codes: tuple[int, ...]
     properties: Properties = EMPTY
-    packet_type = PacketType.SUBACK
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.SUBACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +144,10 @@ class Unsubscribe:
     packet_id: int
     filters: tuple[str, ...]
     properties: Properties = EMPTY
-    packet_type = PacketType.UNSUBSCRIBE
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.UNSUBSCRIBE
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,31 +156,44 @@ class UnsubAck:
     # Empty on 3.1/3.1.1, where UNSUBACK carries no payload.
     reason_codes: tuple[int, ...] = field(default=())
     properties: Properties = EMPTY
-    packet_type = PacketType.UNSUBACK
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.UNSUBACK
 
 
 @dataclass(frozen=True, slots=True)
 class PingReq:
-    packet_type = PacketType.PINGREQ
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PINGREQ
 
 
 @dataclass(frozen=True, slots=True)
 class PingResp:
-    packet_type = PacketType.PINGRESP
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.PINGRESP
 
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
     reason_code: int = ReasonCode.NORMAL_DISCONNECTION
     properties: Properties = EMPTY
-    packet_type = PacketType.DISCONNECT
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.DISCONNECT
 
 
 @dataclass(frozen=True, slots=True)
 class Auth:
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = EMPTY
-    packet_type = PacketType.AUTH
+
+    @property
+    def packet_type(self) -> PacketType:
+        return PacketType.AUTH
 
 
 Packet = (

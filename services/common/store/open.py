@@ -1,9 +1,14 @@
 """Open the configured backend of each store: Cassandra when contact points are set,
-otherwise the embedded SQLite files under `data_dir`."""
+otherwise the embedded SQLite files under `data_dir`; the queue store also per tenant, on
+Redis Streams (`queue_store_by_tenant`, tenant_queues.py)."""
 
 from __future__ import annotations
 
+from pydantic import SecretStr
+from redis.asyncio import Redis
+
 from services.common.config import ServiceSettings
+from services.common.redis_client import PoolLimits, redis_client
 from services.common.store.audit_log import AuditStore
 from services.common.store.eventlog import LoggedSessionStore
 from services.common.store.ports_auth import AdminTokenStore, AuthStore
@@ -46,6 +51,38 @@ def open_session_store(s: ServiceSettings) -> LoggedSessionStore:
 
 
 def open_queue_store(s: ServiceSettings) -> QueueStore:
+    """The store's queues alone, or, when a tenant is on Redis Streams (or `queue_redis_url`
+    is set), the per-tenant dispatcher over the store and Redis (tenant_queues.py)."""
+    kinds = {s.queue_store_default, *s.queue_store_by_tenant.values()}
+    if kinds == {"store"} and not s.queue_redis_url:
+        return _open_stored_queues(s)
+    from services.common.store.redis_queue import RedisQueueStore
+    from services.common.store.tenant_queues import TenantQueueStores
+
+    stores = {
+        "store": _open_stored_queues(s),
+        "redis": RedisQueueStore(redis=_queue_redis(s), key_prefix=s.queue_redis_key_prefix),
+    }
+    return TenantQueueStores(
+        stores=stores, by_tenant=s.queue_store_by_tenant, default_kind=s.queue_store_default
+    )
+
+
+def _queue_redis(s: ServiceSettings) -> Redis:
+    """The Redis client of the Redis Streams queues: `queue_redis_url` (one server), else
+    the service's own Redis settings; a pool of `queue_redis_max_connections`."""
+    limits = PoolLimits(max_connections=s.queue_redis_max_connections, pool_timeout_s=10.0)
+    if not s.queue_redis_url:
+        return redis_client(s, limits)
+    # Only the URL's credentials: the service's redis_password is for its own Redis.
+    url, no_password = s.queue_redis_url, SecretStr("")
+    own = s.model_copy(
+        update={"redis_mode": "standalone", "redis_url": url, "redis_password": no_password}
+    )
+    return redis_client(own, limits)
+
+
+def _open_stored_queues(s: ServiceSettings) -> QueueStore:
     if s.cassandra_contact_points:
         from services.common.store.cassandra_queue import CassandraQueueStore
 

@@ -1,0 +1,1 @@
+"""The gateway service: the HTTP publish API and the CoAP gateway (docs/gateway.md)."""
