@@ -38,6 +38,7 @@ _CHANNEL = (
     "acks_owed actions closing config control core delivery_bytes enhanced_auth handshake "
     "hooks inbound opening outbound problems state subscriptions"
 )
+_SHELL = "fanout ingress mesh publish_answers replica routing stats writes"
 # The modules compiled (docs/compiled-core.md says why these and not others).
 COMPILED_MODULES: tuple[str, ...] = (
     *(
@@ -48,6 +49,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     ),
     *(f"services.common.topics.{name}" for name in "rules share trie".split()),
     *(f"services.connection.channel.{name}" for name in _CHANNEL.split()),
+    # The node's per-message shell around the channel.
+    "services.common.envelope",
+    *(f"services.connection.{name}" for name in _SHELL.split()),
 )
 
 

