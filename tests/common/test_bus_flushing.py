@@ -96,6 +96,8 @@ async def test_a_server_that_stops_answering_fails_it_in_bounded_time(
     try:
         os.kill(server, signal.SIGSTOP)
         try:
+            # Stopped once every thread of the server is (kill returns before that).
+            await eventually(lambda: _state(server) == "T", 5, "the server stopped")
             await nc.subscribe("stalled.x", cb=_ignore)
             with pytest.raises(FlushTimeoutError):
                 await flushed(nc, 1)
@@ -103,3 +105,9 @@ async def test_a_server_that_stops_answering_fails_it_in_bounded_time(
             os.kill(server, signal.SIGCONT)
     finally:
         await nc.close()
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc (T: stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
