@@ -29,6 +29,7 @@ from pathlib import Path
 from bench import loadgen
 from bench.broker import starling_launcher
 from bench.machine import cpu_seconds, open_files_to_hard_limit, python_loop_seconds
+from bench.mosquitto import medians_line, on_mosquitto
 from services.cli.launcher import Launcher, Mesh
 
 CLIENTS = int(os.environ.get("BENCH_CONNECT_CLIENTS", "10000"))
@@ -156,20 +157,13 @@ def main() -> int:
         finally:
             launcher.stop()
         if args.mosquitto:
-            from bench.mosquitto import start_mosquitto
-
-            broker = start_mosquitto(Path(tmp) / "mosquitto")
-            if broker is None:
-                print("mosquitto not installed")
-            else:
-                try:
-                    rates = run_rounds("Mosquitto", broker.port, {"mosquitto": broker.pid}, args)
-                    summary["Mosquitto"] = statistics.median(rates)
-                finally:
-                    broker.stop()
-    line = ", ".join(f"{k} {v:,.0f}/s" for k, v in summary.items())
-    if "Mosquitto" in summary:
-        line += f" (ratio {summary['Starling'] / summary['Mosquitto']:.2f}x)"
+            found = on_mosquitto(
+                Path(tmp) / "mosquitto",
+                lambda b: run_rounds("Mosquitto", b.port, {"mosquitto": b.pid}, args),
+            )
+            if found:
+                summary["Mosquitto"] = statistics.median(found)
+    line = medians_line(summary, "/s")
     print(f"median connects/s: {line}; total {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -7,14 +7,40 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from bench import loadgen
 from bench.broker import Broker
 from bench.machine import python_loop_seconds
 from bench.scenarios import SECONDS
 from services.cli.ports import free_port, port_open
+
+T = TypeVar("T")
+
+
+def on_mosquitto(folder: Path, run: Callable[[Broker], T]) -> T | None:
+    """`run` against a Mosquitto of its own, stopped afterwards; None (said on stdout) when
+    Mosquitto is not installed."""
+    broker = start_mosquitto(folder)
+    if broker is None:
+        print("mosquitto not installed")
+        return None
+    try:
+        return run(broker)
+    finally:
+        broker.stop()
+
+
+def medians_line(summary: dict[str, float], unit: str) -> str:
+    """ "Starling X<unit>, Mosquitto Y<unit> (ratio Rx)": each broker's median, and their
+    ratio when Mosquitto ran."""
+    line = ", ".join(f"{k} {v:,.0f}{unit}" for k, v in summary.items())
+    if "Mosquitto" in summary:
+        line += f" (ratio {summary['Starling'] / summary['Mosquitto']:.2f}x)"
+    return line
 
 
 def start_mosquitto(folder: Path) -> Broker | None:

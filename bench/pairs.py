@@ -27,6 +27,7 @@ import uvloop
 from bench import loadgen
 from bench.broker import Broker, start_starling
 from bench.machine import python_loop_seconds
+from bench.mosquitto import medians_line, on_mosquitto
 
 PAIRS = 8
 WINDOW = 64
@@ -82,20 +83,10 @@ def main() -> int:
         finally:
             b.stop()
         if args.mosquitto:
-            from bench.mosquitto import start_mosquitto
-
-            m = start_mosquitto(Path(tmp) / "mosquitto")
-            if m is None:
-                print("mosquitto not installed")
-            else:
-                try:
-                    summary["Mosquitto"] = statistics.median(run_rounds(m, args, None))
-                finally:
-                    m.stop()
-    line = ", ".join(f"{k} {v:,.0f} msg/s" for k, v in summary.items())
-    if "Mosquitto" in summary:
-        line += f" (ratio {summary['Starling'] / summary['Mosquitto']:.2f}x)"
-    print(f"median: {line}")
+            rates = on_mosquitto(Path(tmp) / "mosquitto", lambda m: run_rounds(m, args, None))
+            if rates:
+                summary["Mosquitto"] = statistics.median(rates)
+    print(f"median: {medians_line(summary, ' msg/s')}")
     return 0
 
 

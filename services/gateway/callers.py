@@ -25,20 +25,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.common.acl import AclChecker
-from services.common.connect import ConnectAttempt
-from services.common.mqtt.reason import ReasonCode
 from services.common.rpc.admin_auth import TokenResolver
-from services.gateway.presence import Presence
+from services.gateway.presence import LoginRefusedError, Presence
 
 log = logging.getLogger("starling.gateway.callers")
-
-_STATUS_OF_REFUSAL = {
-    ReasonCode.BAD_USER_NAME_OR_PASSWORD: 401,
-    ReasonCode.NOT_AUTHORIZED: 401,
-    ReasonCode.BANNED: 403,
-    ReasonCode.QUOTA_EXCEEDED: 429,
-    ReasonCode.CONNECTION_RATE_EXCEEDED: 429,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,32 +110,12 @@ class Callers:
 
     async def _login(self, username: str, password: str, peer: str) -> Caller:
         client_id = f"http-{secrets.token_hex(8)}"
-        attempt = ConnectAttempt(
-            client_id=client_id,
-            username=username,
-            password=password.encode(),
-            node_id=self._presence.node_id,
-            peer_address=peer,
-            protocol_level=5,
-            clean_start=True,
-            session_expiry_s=0,
-        )
         try:
-            outcome = await self._presence.open(attempt)
-        except Exception as exc:
-            log.warning("login_failed", extra={"error": type(exc).__name__})
-            raise CallerError(503, "the session service did not answer") from None
-        if outcome.reason_code:
-            raise CallerError(*refusal_status(outcome.reason_code, outcome.reason_string))
+            outcome = await self._presence.login(
+                client_id=client_id, username=username, password=password.encode(), peer=peer
+            )
+        except LoginRefusedError as refused:
+            raise CallerError(refused.status, refused.reason) from None
         await self._presence.release(outcome.tenant, client_id, outcome)
         acl = AclChecker(list(outcome.acl), outcome.acl_default_allow)
         return Caller(outcome.tenant, outcome.identity or username, acl)
-
-
-def refusal_status(code: int, reason_string: str) -> tuple[int, str]:
-    """The HTTP status and reason of a CONNECT refused with `code`."""
-    try:
-        rc = ReasonCode(code)
-    except ValueError:
-        return 503, reason_string or f"refused with reason code {code:#x}"
-    return _STATUS_OF_REFUSAL.get(rc, 503), reason_string or rc.name.lower().replace("_", " ")

@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 
 from services.common.acl import AclChecker
 from services.common.clock import now_ms
-from services.common.connect import ConnectAttempt, ConnectOutcome
+from services.common.connect import ConnectOutcome
 from services.common.tasks import TaskSet
-from services.gateway.callers import refusal_status
-from services.gateway.presence import Presence
+from services.gateway.presence import LoginRefusedError, Presence
 from services.gateway.stats import GatewayStats
 from services.gateway.sys_notices import SysNotices
 from starling.session.v1 import session_pb2
@@ -106,23 +105,15 @@ class CoapClients:
         if client_id not in self._clients and len(self._clients) >= self._max:
             raise ClientRefusedError(503, "too many CoAP clients (gateway_coap_clients)")
         password = query.get("password")
-        attempt = ConnectAttempt(
-            client_id=client_id,
-            username=query.get("username", ""),
-            password=None if password is None else password.encode(),
-            node_id=self._presence.node_id,
-            peer_address=address,
-            protocol_level=5,
-            clean_start=True,
-            session_expiry_s=0,
-        )
         try:
-            outcome = await self._presence.open(attempt)
-        except Exception as exc:
-            log.warning("coap_login_failed", extra={"error": type(exc).__name__})
-            raise ClientRefusedError(503, "the session service did not answer") from None
-        if outcome.reason_code:
-            raise ClientRefusedError(*refusal_status(outcome.reason_code, outcome.reason_string))
+            outcome = await self._presence.login(
+                client_id=client_id,
+                username=query.get("username", ""),
+                password=None if password is None else password.encode(),
+                peer=address,
+            )
+        except LoginRefusedError as refused:
+            raise ClientRefusedError(refused.status, refused.reason) from None
         old = self._clients.pop(client_id, None)
         if old is not None:
             self._closed(old)

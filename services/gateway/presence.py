@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 
 from services.common.bus import subjects
 from services.common.connect import ConnectAttempt, ConnectOutcome
+from services.common.mqtt.reason import ReasonCode
 from services.session.client import SessionClient
 from starling.connection.v1 import connection_pb2
 from starling.session.v1 import session_pb2
@@ -37,6 +38,35 @@ HEARTBEAT_S = 1.0
 # (tenant, client id, epoch up to which to close; 0: any) -> whether it was held here
 KickHandler = Callable[[str, str, int], bool]
 Held = Callable[[], list[session_pb2.HeldConnection]]
+
+
+# The HTTP-like status (CoAP maps it) of a CONNECT the session service refused.
+_STATUS_OF_REFUSAL = {
+    ReasonCode.BAD_USER_NAME_OR_PASSWORD: 401,
+    ReasonCode.NOT_AUTHORIZED: 401,
+    ReasonCode.BANNED: 403,
+    ReasonCode.QUOTA_EXCEEDED: 429,
+    ReasonCode.CONNECTION_RATE_EXCEEDED: 429,
+}
+
+
+class LoginRefusedError(Exception):
+    """A login the session service refused or did not answer: `status` (401, 403, 429,
+    503) and the reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def refusal_status(code: int, reason_string: str) -> tuple[int, str]:
+    """The status and reason of a CONNECT refused with `code`."""
+    try:
+        rc = ReasonCode(code)
+    except ValueError:
+        return 503, reason_string or f"refused with reason code {code:#x}"
+    return _STATUS_OF_REFUSAL.get(rc, 503), reason_string or rc.name.lower().replace("_", " ")
 
 
 class Presence:
@@ -70,6 +100,30 @@ class Presence:
     async def open(self, attempt: ConnectAttempt) -> ConnectOutcome:
         """Authenticate and register one client (`attempt.node_id` is set here)."""
         return await self._session.connect(replace(attempt, node_id=self.node_id))
+
+    async def login(
+        self, *, client_id: str, username: str, password: bytes | None, peer: str
+    ) -> ConnectOutcome:
+        """Authenticate `username` and register `client_id` as an MQTT 5 clean client of
+        this gateway; LoginRefusedError when refused or unanswered."""
+        attempt = ConnectAttempt(
+            client_id=client_id,
+            username=username,
+            password=password,
+            node_id=self.node_id,
+            peer_address=peer,
+            protocol_level=5,
+            clean_start=True,
+            session_expiry_s=0,
+        )
+        try:
+            outcome = await self.open(attempt)
+        except Exception as exc:
+            log.warning("login_failed", extra={"error": type(exc).__name__})
+            raise LoginRefusedError(503, "the session service did not answer") from None
+        if outcome.reason_code:
+            raise LoginRefusedError(*refusal_status(outcome.reason_code, outcome.reason_string))
+        return outcome
 
     async def release(self, tenant: str, client_id: str, outcome: ConnectOutcome) -> None:
         """The client is gone: its registry entry is released, its session ended."""
