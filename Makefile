@@ -28,11 +28,17 @@ run: $(STAMP) compiled
 # worker, longest first: tests/scheduling.py); TEST_WORKERS=0 runs them in one process, in
 # order (docs/testing.md has the figures, and says how to run one part).
 TEST_WORKERS ?= 2
-# Then the files marked `alone` (timing-sensitive), in one process, with nothing else running.
-# The tests' Spark JVMs map their classes from an archive made once (tests/spark_jvm.py).
-test: $(STAMP) compiled $(VENV)/spark-classes.jsa
+# Then the files that assert failover and partition times (marked `timed`), beside each other
+# only, on two workers: the partition suite (one unit: its files share the namespaced mesh)
+# beside the others. Last the files that assert a bystander's latency (`alone`), by themselves.
+TIMED_WORKERS ?= 2
+# The compiled core and the Spark class archive (tests/spark_jvm.py: the tests' Spark JVMs map
+# their classes from it) are built side by side first.
+test: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 compiled $(VENV)/spark-classes.jsa
 	@rc=0; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" || rc=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not timed and not alone" || rc=$$?; \
+	$(PY) -m pytest -q -n $(TIMED_WORKERS) --dist loadfile --no-loadscope-reorder -m timed || rc=$$?; \
 	$(PY) -m pytest -q -m alone || rc=$$?; \
 	exit $$rc
 

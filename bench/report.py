@@ -57,6 +57,7 @@ EXTRAS = [
     ("CONNECT rate: one Redis versus a three-primary Redis Cluster", "bench.redis_cluster"),
     ("Console pages with 10,000 connected clients", "bench.console_pages"),
     ("HTTP publish API and CoAP gateway", "bench.gateway"),
+    ("Fan-in: 10,000 publishers to a durable shared group of 4, per queue kind", "bench.fanin"),
 ]
 
 

@@ -27,7 +27,7 @@ from tests import figures, spark_jvm
 from tests.faults.harness import table_lines as faults_table
 from tests.partitions.run import table_lines as partitions_table
 from tests.poll import wait_until
-from tests.scheduling import longest_first
+from tests.scheduling import UnitScheduling, longest_first
 
 if TYPE_CHECKING:
     from tests.inproc import Core
@@ -80,6 +80,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     worker), the files go out longest first (tests/scheduling.py)."""
     if hasattr(config, "workerinput"):
         longest_first(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` hands out units of tests/scheduling.py (a file, or a folder that
+    runs together); any other mode is pytest-xdist's own."""
+    return UnitScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -3,7 +3,10 @@
 
 Each test file is one unit of work, run whole by one worker (its module fixtures, such as a
 mesh of its own, start once); the fault suite's files too (each worker that runs one starts
-the package's `fault_mesh` once). Units are handed out longest first, so the long files
+the package's `fault_mesh` once). The partition suite's files are one unit together: their
+package fixture builds the multi-host mesh in network namespaces with fixed names, which two
+workers cannot both hold (`UnitScheduling`, used by `--dist loadfile` through
+tests/conftest.py). Units are handed out longest first, so the long files
 (measured seconds below, from `pytest --durations=0` on this 2-core machine) do not end up
 last on a worker while the others idle: a file missing from the table counts as short and
 keeps its collection order. Refresh the table when a file's time changes a lot.
@@ -15,10 +18,11 @@ Marks decide nothing here: every test runs, in whichever worker gets its file
 from __future__ import annotations
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 # Seconds per file in a 2-worker run (rounded); only the long ones matter.
 SECONDS = {
-    "tests/partitions/test_partitions.py": 139,
+    "tests/partitions": 150,  # one unit (TOGETHER)
     "tests/simulation/test_sim_queue.py": 90,
     "tests/faults/test_rolling.py": 52,
     "tests/faults/test_under_load.py": 44,
@@ -32,7 +36,6 @@ SECONDS = {
     "tests/rules/test_cli.py": 31,
     "tests/e2e/test_reconnect_storm.py": 30,
     "tests/simulation/test_sim_sessions.py": 29,
-    "tests/partitions/test_takeover.py": 26,
     "tests/e2e/test_launcher.py": 26,
     "tests/security/test_attacks_codec.py": 26,
     "tests/session/test_liveness_shared.py": 25,
@@ -66,9 +69,26 @@ SECONDS = {
 }
 
 
+# Folders whose files run together, on one worker.
+TOGETHER = ("tests/partitions",)
+
+
+def unit_of_id(nodeid: str) -> str:
+    """The unit of work a test id belongs to: its file, or its folder when that is TOGETHER."""
+    file = nodeid.split("::", 1)[0]
+    return next((f for f in TOGETHER if file.startswith(f + "/")), file)
+
+
 def unit_of(item: pytest.Item) -> str:
-    """The unit of work an item belongs to: its file."""
-    return item.nodeid.split("::", 1)[0]
+    """The unit of work an item belongs to."""
+    return unit_of_id(item.nodeid)
+
+
+class UnitScheduling(LoadFileScheduling):
+    """`--dist loadfile` with the TOGETHER folders as one unit each."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit_of_id(nodeid)
 
 
 def longest_first(items: list[pytest.Item]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests import figures
-from tests.scheduling import SECONDS, longest_first
+from tests.scheduling import SECONDS, longest_first, unit_of_id
 
 ROOT = Path(__file__).resolve().parent.parent
 MAKEFILE = ROOT / "Makefile"
@@ -94,9 +94,20 @@ def test_figures_ride_on_the_teardown_report_to_the_table(monkeypatch: Any) -> N
     assert out.lines == ["== fault figures", "kill:0"]
 
 
-def test_timing_sensitive_files_run_alone_after_the_rest() -> None:
-    """`make test`'s second phase runs the files marked `alone` in one process, and its
-    first leaves them out: each runs exactly once, with nothing else running."""
+def test_timing_sensitive_files_run_after_the_rest() -> None:
+    """`make test` runs the files marked `timed` after the parallel phase, beside each other
+    only, and the files marked `alone` last, by themselves; the parallel phase leaves both
+    out: each runs exactly once."""
     lines = [ln for ln in MAKEFILE.read_text().splitlines() if "-m pytest" in ln]
-    assert any('-m "not alone"' in ln and "-n $(TEST_WORKERS)" in ln for ln in lines), lines
-    assert any("-m alone" in ln and " -n " not in ln for ln in lines), lines
+    marks = [re.search(r' -m ("[^"]*"|\S+) \|\|', ln) for ln in lines]
+    order = [m.group(1).strip('"') if m else "" for m in marks]
+    assert order == ["not timed and not alone", "timed", "alone"], lines
+    assert "-n $(TEST_WORKERS)" in lines[0] and "--dist loadfile" in lines[1], lines
+    assert " -n " not in lines[2], lines
+
+
+def test_the_partition_suite_is_one_unit() -> None:
+    """Its files share a mesh in fixed network namespaces: one worker runs them all."""
+    ids = ["tests/partitions/test_partitions.py::a", "tests/partitions/test_takeover.py::b"]
+    assert {unit_of_id(i) for i in ids} == {"tests/partitions"}
+    assert unit_of_id("tests/faults/test_kills.py::c") == "tests/faults/test_kills.py"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
+from services.common.group_routes import GROUP_INCARNATION, GroupRoutes
 from services.common.queue_entries import AppendResult, NewEntry, queue_id
 from services.common.store.ports_session import SubscriptionRecord
 from services.common.topics import TopicTrie
@@ -108,6 +109,8 @@ class RouteTable:
         # Per tenant, `targets` answers since the tenant's last change (TARGETS_CACHED).
         self._targets: dict[str, dict[_TargetsKey, tuple[Target, ...]]] = {}
         self._targets_cached = 0
+        # Durable shared groups: one route per (group, filter) to the group's queue.
+        self.groups = GroupRoutes()
 
     def _changed(self, tenant: str) -> None:
         """The tenant's subscriptions changed: its cached answers are void."""
@@ -136,6 +139,7 @@ class RouteTable:
         key = (rec.client_id, rec.incarnation)
         trie.add(rec.topic_filter, key, RouteGrant.of(rec))
         self._sessions_of(rec.tenant).setdefault(key, set()).add(rec.topic_filter)
+        self.groups.joined(rec.tenant, rec.topic_filter, key, rec.qos)
 
     def remove(self, tenant: str, client_id: str, incarnation: int, filt: str) -> None:
         self._changed(tenant)
@@ -143,6 +147,7 @@ class RouteTable:
         if trie is not None:
             trie.remove(filt, (client_id, incarnation))
         self._sessions_of(tenant).get((client_id, incarnation), set()).discard(filt)
+        self.groups.left(tenant, filt, (client_id, incarnation))
 
     def drop(self, tenant: str, client_id: str, incarnation: int) -> None:
         for f in self._sessions_of(tenant).pop((client_id, incarnation), set()):
@@ -154,6 +159,7 @@ class RouteTable:
         self._tries.clear()
         self._sessions.clear()
         self._unmade.clear()
+        self.groups.clear()
 
     def tenants(self) -> list[str]:
         return list(self._tries)
@@ -172,6 +178,10 @@ class RouteTable:
         first use) as loaded from a snapshot, in place of whatever the table held for it."""
         self._changed(tenant)
         self._tries[tenant] = trie
+        self.groups.forget(tenant)
+        if trie.count_under(SHARE_PREFIX.rstrip("/")):  # durable groups: their routes
+            for f, key, grant in trie.items():
+                self.groups.joined(tenant, f, key, grant.qos)
         self._sessions.pop(tenant, None)
         self._unmade.pop(tenant, None)
         if callable(sessions):
@@ -270,6 +280,10 @@ class RouteTable:
             Target(k[0], k[1], q, rap, ids)
             for k, (q, rap, ids) in per.items()
             if q > 0 or include_qos0
+        ) + tuple(
+            Target(qid, GROUP_INCARNATION, min(qos, granted), False, ())
+            for qid, granted in self.groups.match(tenant, topic)
+            if min(qos, granted) > 0 or include_qos0
         )
         if self._targets_cached >= TARGETS_CACHED:
             self._targets.clear()
@@ -294,7 +308,12 @@ def plan(
             m.tenant, m.topic, m.qos, m.retain, m.publisher.client_id, include_qos0
         ):
             entries, owners = by_tenant.setdefault(m.tenant, ([], []))
-            qid = queue_id(t.client_id, t.incarnation)
+            # A durable shared group's route names its queue (services/common/group_routes.py)
+            qid = (
+                t.client_id
+                if t.incarnation == GROUP_INCARNATION
+                else queue_id(t.client_id, t.incarnation)
+            )
             entries.append(NewEntry(qid, m, t.qos, t.retain, t.subscription_ids))
             owners.append(i)
     return by_tenant

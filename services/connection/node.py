@@ -3,8 +3,7 @@
 Who owns what: docs/architecture.md's module map. The node builds each module with what it
 needs, by keyword where it takes many (what the node itself is built from: node_parts.py).
 
-The channel (services/connection/channel/) is sans-I/O: it returns actions and `carry_out`
-hands each to its owner.
+The channel (services/connection/channel/) is sans-I/O: `carry_out` hands its actions on.
 """
 
 from __future__ import annotations
@@ -146,6 +145,7 @@ class Node:
             events=SubscriptionEvents(self.nc, node_id, feed.emits) if feed else None,
             slots=self.slots,
             on_refused=self.refusals.count,
+            queue=links.queue,  # clean sessions' reads of durable shared groups
         )
         self.flow = FlowControl(
             self._loop,

@@ -11,19 +11,15 @@ Invariants:
 - PUBREL goes out only after the queue holds the entry as released, durably: a client that
   got PUBREL has forgotten the message, so a later connection must resend PUBREL, never the
   PUBLISH. A PUBCOMP'd entry not yet acked is therefore resent as PUBREL, which is harmless.
-- PUBRELs go out in the order their PUBRECs came [MQTT-4.6.0-3], whatever order their marks
-  become durable in (release_order.py).
+- PUBRELs go out in the order their PUBRECs came [MQTT-4.6.0-3] (release_order.py).
 - The queue is acked through the highest seq below which every delivered entry is complete
   (PUBACK, PUBCOMP, or expired/too large); acks are batched (queue_acks.py).
 - DUP is set on the entries an earlier read may have handed to a connection, and only on
-  those: every read marks its entries delivered in the queue (durably, before answering) and
-  returns the mark from before it, so seq <= that mark means "maybe sent before" (DUP=1) and
-  a higher seq is a first attempt (DUP=0) [MQTT-3.3.1-1]. A connection that dies between
-  the mark and the write errs towards DUP=1, never the reverse.
+  those: every read marks its entries delivered (durably, before answering) and returns the
+  mark from before it: seq <= that mark is DUP=1, a higher seq DUP=0 [MQTT-3.3.1-1].
 - While the outbound bandwidth budget is spent (Outbound.gate) the window reads 0: nothing
-  is read, entries stay in the queue. A read batch stops at the first entry the budget does
-  not admit; it is read again (DUP=1, as for an entry whose packet id was taken) once the
-  gate wakes the connection.
+  is read. A read batch stops at the first entry the budget does not admit (read again later).
+- The session's durable shared groups are delivered beside its queue (group_delivery.py).
 - Entries pushed in a queue notice (the queue does so while this delivery, its `reader`, is
   caught up; services/queue/readers.py) were marked delivered by the append itself. They are
   sent straight from the notice, DUP=0, from `next_read` on, only when the notice holds
@@ -48,6 +44,7 @@ from nats.aio.msg import Msg
 from services.common.bus import subjects
 from services.common.tasks import TaskSet
 from services.connection.channel import Channel
+from services.connection.group_delivery import GroupDeliveries
 from services.connection.queue_acks import QueueAcks, Room
 from services.connection.queue_notices import QueueNotices
 from services.connection.queue_poll import QueuePoll
@@ -57,9 +54,7 @@ from services.queue.client import Notice, QueueClient, QueueEntry, QueueRead, pa
 
 log = logging.getLogger("starling.connection.persistence")
 
-# Entries per queue read: with the congestion check between reads, what one client that
-# stopped reading can pull into memory is one batch.
-READ_BATCH = 100
+READ_BATCH = 100  # entries per read: what a client that stopped reading pulls into memory
 # Notices of pushed entries kept while a read is under way (each holds at most the reader's
 # credit, one read's room; services/queue/readers.py): past it they are read back.
 STASH_MAX = 16
@@ -103,12 +98,9 @@ class PersistentDelivery:
         self.next_read = 0  # 0: start after the queue's acked_through
         self.by_pid: dict[int, int] = {}  # packet id -> seq, delivered and not complete
         self.read_through = 0  # highest seq read
-        # The queue's delivered mark at this connection's first read: what earlier
-        # connections of the session may have received. Every entry above it was handed, if
-        # at all, to this connection, which never reads back what it sent: an entry above it
-        # that is read again (its packet id was busy, the bandwidth budget was spent, a
-        # pushed entry was not taken) is still a first attempt, DUP=0, whatever the queue's
-        # mark says by then. None until the first read answers.
+        # The queue's delivered mark at this connection's first read (None until then):
+        # entries above it went, if at all, to this connection, which never reads back what
+        # it sent, so one read again (packet id busy, budget spent, push not taken) is DUP=0.
         self.dup_through: int | None = None
         self.more = True
         # Bumped by every notice not taken as pushed; a read only clears `more` if unchanged.
@@ -124,6 +116,10 @@ class PersistentDelivery:
         self._reading = False
         self._blocked_on = 0  # packet id in flight that the next entry to deliver needs
         self._build_parts(deps.nc, queue_id, wrote, wake)
+        self.groups = GroupDeliveries(  # the durable shared groups it is a member of
+            channel=channel, queue=deps.queue, nc=deps.nc, tenant=tenant, now=deps.now,
+            wrote=wrote, taken=self.by_pid,
+        )  # fmt: skip
 
     def _build_parts(
         self, nc: Client, queue_id: str, wrote: Callable[[], None], wake: Callable[[float], None]
@@ -165,6 +161,7 @@ class PersistentDelivery:
         self._started = True
         self._poll.started(self.now())  # this first read is also the first poll
         self.pump()
+        self.groups.start()
 
     async def _on_notice(self, msg: Msg) -> None:
         self._notice(parse_notice(msg.data))
@@ -342,6 +339,8 @@ class PersistentDelivery:
     def progress(self) -> None:
         """The channel recorded PUBACK/PUBCOMP/PUBREC: ack the queue, read more."""
         completed, released = self.channel.outbound.take_progress()
+        if self.groups.by_pid:  # the groups' deliveries are acked to their own queues
+            self.groups.progress(completed, released)
         if released:
             by_pid = self.by_pid
             self._releases.add((pid, by_pid[pid]) for pid in released if pid in by_pid)
@@ -380,11 +379,13 @@ class PersistentDelivery:
         self._releases.stop()
         await self._listening.stop()
         await self._acks.final(self.reader)
+        await self.groups.close()
 
     def poll(self) -> None:
         """Read now: whatever the queue holds beyond what was read goes out."""
         self.more = True
         self.pump()
+        self.groups.poll()
 
     @property
     def next_poll(self) -> float:

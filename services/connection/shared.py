@@ -1,10 +1,12 @@
 """Shared subscriptions (`$share/group/filter`): each message to one member cluster-wide.
 
 Each (tenant, group, filter) is a NATS queue group, so NATS picks one node; this module picks
-one member on that node. A member that leaves with unacknowledged messages hands them back to
-its group (the redelivery subject, same queue group), and a node whose members are all
-saturated hands a message back too (at most MAX_HOPS times), rather than overflowing a
-member's bounded queue while a member elsewhere has room.
+one member on that node. The members of a durable group (one with persistent members) take
+its QoS >= 1 messages from the group's queue instead (group_delivery.py). A member that
+leaves with unacknowledged messages hands them back to its group (the redelivery subject,
+same queue group), and a node whose members are all saturated hands a message back too (at
+most MAX_HOPS times), rather than overflowing a member's bounded queue while a member
+elsewhere has room.
 """
 
 from __future__ import annotations
@@ -72,9 +74,15 @@ class SharedDispatch:
             self.deliver(group, env, hops)
 
     def deliver(self, group: SharedGroup[Conn], env: RoutedMessage, hops: int = 0) -> None:
-        """One member gets it. Shared deliveries bypass the queue of a persistent member: only
-        connected members receive."""
-        members = [c for c in group.members if c.channel.state is State.CONNECTED]
+        """One member gets it, among the connected ones. A durable group's members at
+        QoS >= 1 take its QoS >= 1 messages from the group's queue only (group_delivery.py),
+        so here only QoS 0 ones."""
+        durable = group.durable and env.qos > 0
+        members = [
+            c
+            for c, e in group.members.items()
+            if c.channel.state is State.CONNECTED and not (durable and e.qos)
+        ]
         if not members:
             return
         group.turn += 1

@@ -23,11 +23,13 @@ from nats.aio.subscription import Subscription as NatsSubscription
 
 from services.common.bus import subjects
 from services.common.bus.flushing import flushed
+from services.common.group_routes import group_queue_id, split_shared
 from services.common.topics import NO_LIMITS, parse_shared
 from services.connection.channel import Channel, SubscribeRequest
 from services.connection.conn import Conn
 from services.connection.events import SubscriptionEvents
 from services.connection.fanout import Fanout
+from services.connection.group_members import CleanGroupMembers
 from services.connection.interest import MeshInterest
 from services.connection.ordered import OrderedOps
 from services.connection.retained import RetainedReplay
@@ -40,6 +42,7 @@ from services.connection.subscriptions import (
     redelivery_subject,
 )
 from services.connection.writes import WriteBatcher
+from services.queue.client import QueueClient
 from services.router.client import RouterClient
 from starling.router.v1 import router_pb2
 
@@ -96,10 +99,17 @@ class Subscriber:
         events: SubscriptionEvents | None = None,
         slots: SubscriptionSlots | None = None,
         on_refused: Callable[[str, str, int], None] | None = None,
+        queue: QueueClient | None = None,
     ) -> None:
         """`events`: where subscription events go when rules may read them; `slots`:
         tenants' max_tenant_subscriptions (None: not enforced), refusals counted by
-        `on_refused(limit, tenant, n)`."""
+        `on_refused(limit, tenant, n)`; `queue`: for clean sessions' reads of durable
+        shared groups (None: no queue service)."""
+        self.clean_members = (
+            CleanGroupMembers(queue=queue, nc=nc_shared, wrote=writes.mark)
+            if queue is not None
+            else None
+        )
         self._node_id = node_id
         self.events = events
         self._interest = interest
@@ -146,6 +156,7 @@ class Subscriber:
             else:
                 req_now = req
             final = await self._complete(conn, req_now, new_subjects, new_groups, persist)
+            await self._join_groups(conn, final)
             if answer:
                 conn.channel.subscribed(final)
                 self._writes.mark(conn)
@@ -188,6 +199,35 @@ class Subscriber:
                 held += 1
                 added.append(s.filter)
         return new_subjects, new_groups, added
+
+    async def _join_groups(self, conn: Conn, req: SubscribeRequest) -> None:
+        """Shared subscriptions at QoS >= 1 read their group's queue (group_delivery.py): a
+        persistent session's always (stored, so routed to the group's queue:
+        services/common/group_routes.py), a clean session's while the group is durable (the
+        router says whether it is now; before the SUBACK, so nothing arrives twice)."""
+        tenant = conn.channel.tenant
+        shared = []
+        for s, sub_id in req.subscriptions:
+            key = split_shared(s.filter)
+            if key is not None and s.qos >= 1:
+                group = self.subs.shared.get((tenant, *key))
+                shared.append((s, (s.qos, (sub_id,) if sub_id else ()), key, group))
+        if not shared:
+            return
+        if conn.persistent is not None:
+            for _, (qos, ids), key, group in shared:
+                conn.persistent.groups.join(group_queue_id(*key), qos, ids, group, True)
+            return
+        members, router = self.clean_members, self._router
+        if members is None or router is None or conn.channel.persistent:
+            return
+        try:
+            durable = await router.durable_groups(tenant, [s.filter for s, *_ in shared])
+        except Exception as exc:  # as if not durable; its first notice says otherwise
+            log.warning("durable_groups_failed", extra={"error": type(exc).__name__})
+            durable = [False] * len(shared)
+        for (_, member, key, group), on in zip(shared, durable, strict=True):
+            members.join(conn, group_queue_id(*key), member, group, on)
 
     async def _slots(self, conn: Conn, req: SubscribeRequest, added: list[str]) -> SubscribeRequest:
         """Ask the tenant's slots for the SUBSCRIBE's new filters; those past the tenant's
@@ -283,6 +323,11 @@ class Subscriber:
             if shared is None:
                 gone += self.subs.remove(ch.tenant, conn, f)
             else:
+                qid = group_queue_id(shared.group, shared.filter)
+                if conn.persistent is not None:  # a durable group's member leaves it
+                    conn.persistent.groups.leave(qid)
+                elif self.clean_members is not None:
+                    self.clean_members.leave(conn, qid)
                 g = self.subs.remove_shared(ch.tenant, shared.group, conn, shared.filter)
                 if g is not None:
                     gone += [f"{g.queue}|{s}" for s in (*g.subjects, redelivery_subject(g))]

@@ -48,6 +48,9 @@ class SharedGroup(Generic[C]):
     subjects: tuple[str, ...]
     members: dict[C, SubEntry] = field(default_factory=dict)
     turn: int = 0
+    # A durable group (persistent members: it owns a queue): its members at QoS >= 1 take
+    # its QoS >= 1 messages from that queue, not from NATS (connection/group_delivery.py).
+    durable: bool = False
 
 
 def redelivery_subject(group: SharedGroup[Any]) -> str:

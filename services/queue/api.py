@@ -122,7 +122,13 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             limits=limits,
         )
         self._appending = Appending(deps=deps, settings=settings)
-        self._consuming = Consuming(store=store, parts=parts, readers=readers, depths=self.depths)
+        self._consuming = Consuming(
+            store=store,
+            parts=parts,
+            readers=readers,
+            depths=self.depths,
+            announce=self._notices.again,
+        )
         self._parts = parts
         # No message carries a trace context unless some process samples (the same settings
         # on every service): then no per-entry look for one.
@@ -238,6 +244,7 @@ class QueueApi(pb_grpc.QueueServiceServicer):
             detach_reader=request.detach_reader,
             renew=renew,
             link=CURRENT_LINK.get(),
+            seqs=request.seqs,
         )
         return pb.AckResponse()
 

@@ -26,6 +26,7 @@ from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from typing import Any
 
+from services.common.group_routes import is_group_queue
 from services.common.limits_copies import LimitsCopies
 from services.common.log_summary import LogSummary
 from services.common.refusals import Refusals
@@ -88,6 +89,14 @@ class _Caps:
     drop_oldest: bool
     quota: bool
     queued_bytes: int = 0
+
+
+def _own(qid: str, caps: _Caps) -> _Caps:
+    """A durable shared group's queue never drops an entry it took: past the depth cap it
+    refuses (the publisher gets 0x97) whatever the depth policy."""
+    if caps.quota or not caps.drop_oldest or not is_group_queue(qid):
+        return caps
+    return dataclasses.replace(caps, drop_oldest=False, quota=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,7 +205,7 @@ class Appending:
 
         def appends() -> list[Coroutine[Any, Any, _QueueAppend]]:
             return [
-                self._append_one(tenant, qid, items, pushes[qid] is not None, caps)
+                self._append_one(tenant, qid, items, pushes[qid] is not None, _own(qid, caps))
                 for qid, items in by_queue.items()
             ]
 

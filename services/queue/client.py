@@ -78,6 +78,7 @@ class Notice:
     first_seq: int = 0
     pushed: int = 0
     raw: Sequence[pb.QueueEntry] = ()
+    dropped: bool = False  # a durable shared group's queue was dropped
 
     def entries(self) -> tuple[QueueEntry, ...]:
         return tuple(_entry_from_pb(e) for e in self.raw)
@@ -87,7 +88,7 @@ def parse_notice(data: bytes) -> Notice:
     """A QueueNotice as published on NATS (qn.<tenant>.<queue_id>)."""
     n = pb.QueueNotice.FromString(data)
     first = n.entries[0].seq if n.entries else 0
-    return Notice(n.last_seq, n.reader, first, len(n.entries), n.entries)
+    return Notice(n.last_seq, n.reader, first, len(n.entries), n.entries, n.dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,16 +252,19 @@ class QueueClient:
         through_seq: int,
         detach_reader: str = "",
         renew: tuple[str, int, int] | None = None,
+        seqs: Sequence[int] = (),
     ) -> None:
         """Acknowledge through `through_seq` (0: nothing); `detach_reader`: that reader stops
         reading, the queue pushes nothing more to it; `renew` (reader, room, seen_through):
         that reader, with no Read under way, can take `room` entries beyond `seen_through`
-        (its push credit, services/queue/readers.py)."""
+        (its push credit, services/queue/readers.py). A durable shared group's member
+        acknowledges `seqs` one by one, naming itself in `renew` (services/queue/groups.py)."""
         req = pb.AckRequest(
             tenant=tenant,
             queue_id=queue_id,
             through_seq=through_seq,
             detach_reader=detach_reader,
+            seqs=seqs,
         )
         if renew is not None:
             req.reader, req.room, req.seen_through = renew

@@ -1,6 +1,7 @@
 """The readers' side of the queues: reads (and, at the owner, which reader each queue pushes
 to: readers.py), acks, released marks and a queue's drop, each write's depth change counted
-(depths.py); partitions this instance lost are forgotten here."""
+(depths.py); partitions this instance lost are forgotten here. A durable shared group's
+queue is read by claims and acknowledged entry by entry (groups.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common import clock
+from services.common.group_routes import is_group_queue
+from services.common.rpc.errors import UnavailableError
 from services.common.rpc.limits import BATCH_BYTES
 from services.common.store.ports_queue import QueueChange, QueueStore, StoredEntry
 from services.queue.core import partition_of
 from services.queue.depths import QueueDepths
+from services.queue.groups import Announce, GroupDispatch
 from services.queue.ownership import Partitions
 from services.queue.readers import Readers
 
@@ -48,12 +52,24 @@ class Consuming:
     only the partition's owner keeps readers."""
 
     def __init__(
-        self, *, store: QueueStore, parts: Partitions, readers: Readers, depths: QueueDepths
+        self,
+        *,
+        store: QueueStore,
+        parts: Partitions,
+        readers: Readers,
+        depths: QueueDepths,
+        announce: Announce,
     ) -> None:
+        """`announce(tenant, queue_id)`: a durable group's queue has entries to hand out
+        again (groups.py)."""
         self._store = store
         self._parts = parts
         self._readers = readers
         self._depths = depths
+        self._announce = announce
+        self._groups = GroupDispatch(
+            store=store, parts=parts, counted=self._counted, announce=announce
+        )
 
     async def read(
         self,
@@ -69,6 +85,10 @@ class Consuming:
         """Up to `limit` unexpired entries from `from_seq` on, with `mark_delivered` marked
         delivered (durably). Its `reader` then is a delivery the owner may push to from now
         on, on `link` (the queue link the call came on; None: NATS)."""
+        if reader and is_group_queue(queue_id):  # a member's claim (groups.py)
+            got = await self._groups.claim(tenant, queue_id, reader, min(limit, MAX_READ))
+            last = got.entries[-1].seq if got.entries else 0
+            return ReadBatch(got.entries, got.acked_through, last, got.delivered_through)
         limit = min(limit or DEFAULT_READ, MAX_READ)
         reader = reader if mark_delivered else ""
         # Capped by bytes as well as count, so the answer fits the gRPC limit and the
@@ -106,9 +126,14 @@ class Consuming:
         detach_reader: str = "",
         renew: Renewal | None = None,
         link: Any = None,
+        seqs: Sequence[int] = (),
     ) -> None:
         """Acknowledge through `through_seq` (0: nothing); `detach_reader` stops reading
-        (nothing more is pushed to it); else `renew` renews a reader's credit."""
+        (nothing more is pushed to it); else `renew` renews a reader's credit. A durable
+        group's member acknowledges `seqs` one by one instead (groups.py)."""
+        if is_group_queue(queue_id):
+            await self._group_ack(tenant, queue_id, seqs, detach_reader, renew)
+            return
         if detach_reader:
             self._readers.detach(tenant, queue_id, detach_reader)
         elif renew is not None:  # before any await: a Read sent after this Ack sets it later
@@ -117,13 +142,31 @@ class Consuming:
         if through_seq:
             await self._counted(tenant, queue_id, self._store.ack(tenant, queue_id, through_seq))
 
+    async def _group_ack(
+        self,
+        tenant: str,
+        queue_id: str,
+        seqs: Sequence[int],
+        detach_reader: str,
+        renew: Renewal | None,
+    ) -> None:
+        member = detach_reader or (renew.reader if renew is not None else "")
+        if member and seqs and not await self._groups.done(tenant, queue_id, member, list(seqs)):
+            # Its sender tries again (the owner's announcement may be on its way).
+            raise UnavailableError("not the owner of this group's queue")
+        if detach_reader:
+            await self._groups.detach(tenant, queue_id, detach_reader)
+
     async def mark_released(self, tenant: str, queue_id: str, seqs: Sequence[int]) -> None:
         # Together: the embedded store commits them in one transaction (group commit).
         await asyncio.gather(*(self._store.mark_released(tenant, queue_id, s) for s in seqs))
 
     async def drop(self, tenant: str, queue_id: str) -> None:
         self._readers.drop(tenant, queue_id)
+        self._groups.forget(tenant, queue_id)
         await self._counted(tenant, queue_id, self._store.drop(tenant, queue_id))
+        if is_group_queue(queue_id):  # its clean-session members go back to NATS
+            await self._announce(tenant, queue_id, dropped=True)
 
     async def _counted(self, tenant: str, queue_id: str, write: Awaitable[QueueChange]) -> None:
         """`write` awaited, the depth change it reports counted (depths.py: a scan meanwhile

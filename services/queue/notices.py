@@ -61,6 +61,12 @@ class Notices:
         if report.dropped:
             await self._dropped(tenant, qid, report.dropped)
 
+    async def again(self, tenant: str, qid: str, dropped: bool = False) -> None:
+        """A durable group's queue has entries to hand out again (a member gave its claims
+        back, services/queue/groups.py): its members read; or, `dropped`, it is gone."""
+        notice = pb.QueueNotice(tenant=tenant, queue_id=qid, dropped=dropped)
+        await self._nats.publish(subjects.queue_notice(tenant, qid), notice.SerializeToString())
+
     async def _dropped(self, tenant: str, qid: str, count: int) -> None:
         """Depth limit hit: counted in the queue state and per tenant (the stats report),
         and an event on EVENTS."""

@@ -16,6 +16,7 @@ from services.queue.client import NewEntry, QueueClient
 from services.router.copies import TablePositions, read_snapshot_and_tail
 from services.router.delaying import DelayScheduler
 from services.router.fencing import RouteFence
+from services.router.groups import GroupQueues
 from services.router.publishing import Publisher
 from services.router.retained import RetainedIndex
 from services.router.retaining import Retaining
@@ -56,6 +57,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         self._scheduler = scheduler
         self._fence = fence
         self._include_qos0 = include_qos0
+        self._groups = GroupQueues(table=table, queues=queues)
 
     async def RoutePersistent(
         self, request: pb.RoutePersistentRequest, context: grpc.aio.ServicerContext
@@ -139,6 +141,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
                 change.removed.add(
                     client_id=request.client_id, incarnation=request.incarnation
                 ).subscription.topic_filter = f
+        await self._groups.drop_emptied(request.tenant, filters)
         return pb.UnsubscribeResponse()
 
     async def ListSubscriptions(
@@ -151,6 +154,7 @@ class RouterApi(pb_grpc.RouterServiceServicer):
         self, request: pb.DropSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.DropSessionResponse:
         _check_session(request.tenant, request.client_id, request.incarnation)
+        shared = self._groups.shared_filters(request.tenant, request.client_id, request.incarnation)
         async with self._fence.change(request.tenant) as change:
             position = await self._store.drop_subscriptions(
                 request.tenant, request.client_id, request.incarnation
@@ -158,7 +162,14 @@ class RouterApi(pb_grpc.RouterServiceServicer):
             self._positions.logged(request.tenant, position)
             self._table.drop(request.tenant, request.client_id, request.incarnation)
             change.dropped.add(client_id=request.client_id, incarnation=request.incarnation)
+        await self._groups.drop_emptied(request.tenant, shared)
         return pb.DropSessionResponse()
+
+    async def DurableGroups(
+        self, request: pb.DurableGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DurableGroupsResponse:
+        durable = self._groups.durable(request.tenant, request.topic_filters)
+        return pb.DurableGroupsResponse(durable=durable)
 
     async def RouteSnapshot(
         self, request: pb.RouteSnapshotRequest, context: grpc.aio.ServicerContext

@@ -118,6 +118,12 @@ class RouterClient:
         resp = await self._rpc.call(self._rpc.stub.ListSubscriptions, req)
         return [identified_from_pb(s) for s in resp.subscriptions]
 
+    async def durable_groups(self, tenant: str, filters: Sequence[str]) -> list[bool]:
+        """Which shared filters (`$share/...`) are durable groups' (they own a queue)."""
+        req = pb.DurableGroupsRequest(tenant=tenant, topic_filters=filters)
+        resp = await self._rpc.call(self._rpc.stub.DurableGroups, req)
+        return list(resp.durable)
+
     async def drop_session(self, tenant: str, client_id: str, incarnation: int) -> None:
         """Forget every subscription of one session incarnation (it ended or expired)."""
         req = pb.DropSessionRequest(tenant=tenant, client_id=client_id, incarnation=incarnation)

@@ -25,7 +25,7 @@ from tests.poll import holds_within, wait_until
 
 # Wills are awaited within the times MQTT and the node timeout set: with nothing else running
 # (docs/testing.md).
-pytestmark = pytest.mark.alone
+pytestmark = pytest.mark.timed
 
 
 @dataclass(frozen=True, slots=True)

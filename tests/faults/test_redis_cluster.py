@@ -30,7 +30,7 @@ from tests.e2e.clients import Paho, Raw
 from tests.faults.harness import MAX_PACKET, Load, node_ports, run_under_load
 from tests.poll import wait_until
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.alone]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.timed]
 
 DOWN_S = 3.0  # how long the primary stays down (the fault, not a timing check)
 DUPLICATE_PAIRS = 6

@@ -29,7 +29,7 @@ from tests.faults.harness import MAX_PACKET, Load, run_under_load
 from tests.poll import holds_within, wait_until
 
 # Failover times are measured: with nothing else running (docs/testing.md).
-pytestmark = pytest.mark.alone
+pytestmark = pytest.mark.timed
 
 STORM_WORKERS = 6
 IDS_PER_WORKER = 40  # 240 client ids

@@ -32,7 +32,7 @@ from tests.partitions.load import Balancer, PartitionLoad
 from tests.partitions.run import Case, React, check, fresh_connect, hang_up, run_case
 from tests.poll import wait_until
 
-pytestmark = [pytest.mark.partitions, pytest.mark.alone]
+pytestmark = [pytest.mark.partitions, pytest.mark.timed]
 PARTITIONS = 64  # queue_partitions' default
 
 

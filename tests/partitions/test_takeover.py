@@ -26,7 +26,7 @@ from tests.partitions.load import Balancer
 from tests.partitions.run import mesh_back
 from tests.poll import holds_within, wait_until
 
-pytestmark = [pytest.mark.partitions, pytest.mark.alone]
+pytestmark = [pytest.mark.partitions, pytest.mark.timed]
 
 
 class Device:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from starling.common.v1 import message_pb2 as starling_dot_common_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstarling/queue/v1/queue.proto\x12\x11starling.queue.v1\x1a starling/common/v1/message.proto\"\x8f\x01\n\x08NewEntry\x12\x10\n\x08queue_id\x18\x01 \x01(\t\x12\x32\n\x07message\x18\x02 \x01(\x0b\x32!.starling.common.v1.RoutedMessage\x12\x0b\n\x03qos\x18\x03 \x01(\r\x12\x0e\n\x06retain\x18\x04 \x01(\x08\x12 \n\x18subscription_identifiers\x18\x05 \x03(\r\"\xb5\x01\n\nQueueEntry\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x32\n\x07message\x18\x02 \x01(\x0b\x32!.starling.common.v1.RoutedMessage\x12\x0b\n\x03qos\x18\x03 \x01(\r\x12\x0e\n\x06retain\x18\x04 \x01(\x08\x12 \n\x18subscription_identifiers\x18\x05 \x03(\r\x12\x15\n\rexpires_at_ms\x18\x06 \x01(\x03\x12\x10\n\x08released\x18\x07 \x01(\x08\"}\n\rAppendRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12,\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1b.starling.queue.v1.NewEntry\x12\x16\n\x0eroutes_checked\x18\x03 \x01(\x04\x12\x16\n\x0eroutes_current\x18\x04 \x01(\x04\"X\n\x0e\x41ppendResponse\x12\x30\n\x07results\x18\x01 \x03(\x0e\x32\x1f.starling.queue.v1.AppendResult\x12\x14\n\x0cstale_routes\x18\x02 \x01(\x08\"5\n\x12\x46\x65nceRoutesRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\"m\n\x13\x46\x65nceRoutesResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x18\n\x10instance_ordinal\x18\x02 \x01(\r\x12\x16\n\x0einstance_count\x18\x03 \x01(\r\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"x\n\x0bReadRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x16\n\x0emark_delivered\x18\x05 \x01(\x08\x12\x0e\n\x06reader\x18\x06 \x01(\t\"\x82\x01\n\x0cReadResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.starling.queue.v1.QueueEntry\x12\x15\n\racked_through\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x19\n\x11\x64\x65livered_through\x18\x04 \x01(\x04\"\x8e\x01\n\nAckRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\x12\x13\n\x0bthrough_seq\x18\x03 \x01(\x04\x12\x15\n\rdetach_reader\x18\x04 \x01(\t\x12\x0e\n\x06reader\x18\x05 \x01(\t\x12\x0c\n\x04room\x18\x06 \x01(\r\x12\x14\n\x0cseen_through\x18\x07 \x01(\x04\"\r\n\x0b\x41\x63kResponse\"R\n\x13MarkReleasedRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04seqs\x18\x04 \x03(\x04\"\x16\n\x14MarkReleasedResponse\"/\n\x0b\x44ropRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\"\x0e\n\x0c\x44ropResponse\"\x81\x01\n\x0bQueueNotice\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x0e\n\x06reader\x18\x04 \x01(\t\x12.\n\x07\x65ntries\x18\x05 \x03(\x0b\x32\x1d.starling.queue.v1.QueueEntry\"8\n\x14GetQueueStatsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\"`\n\x15GetQueueStatsResponse\x12\r\n\x05\x64\x65pth\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x15\n\racked_through\x18\x03 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x04 \x01(\x04\"\x9c\x01\n\x0bQueueOwners\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x17\n\x0fpartition_count\x18\x02 \x01(\r\x12\x12\n\npartitions\x18\x03 \x03(\r\x12\x0e\n\x06\x65pochs\x18\x04 \x03(\x04\x12\x14\n\x0cgrpc_address\x18\x05 \x01(\t\x12\x0f\n\x07leaving\x18\x06 \x01(\x08\x12\x14\n\x0clink_address\x18\x07 \x01(\t\"\xa4\x01\n\x0bQueuedBytes\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12J\n\x0f\x62ytes_by_tenant\x18\x02 \x03(\x0b\x32\x31.starling.queue.v1.QueuedBytes.BytesByTenantEntry\x1a\x34\n\x12\x42ytesByTenantEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*\x9d\x01\n\x0c\x41ppendResult\x12\x1d\n\x19\x41PPEND_RESULT_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41PPEND_RESULT_OK\x10\x01\x12\x18\n\x14\x41PPEND_RESULT_FENCED\x10\x02\x12\x1c\n\x18\x41PPEND_RESULT_QUEUE_FULL\x10\x03\x12 \n\x1c\x41PPEND_RESULT_QUOTA_EXCEEDED\x10\x04\x32\x96\x03\n\x0cQueueService\x12M\n\x06\x41ppend\x12 .starling.queue.v1.AppendRequest\x1a!.starling.queue.v1.AppendResponse\x12G\n\x04Read\x12\x1e.starling.queue.v1.ReadRequest\x1a\x1f.starling.queue.v1.ReadResponse\x12\x44\n\x03\x41\x63k\x12\x1d.starling.queue.v1.AckRequest\x1a\x1e.starling.queue.v1.AckResponse\x12_\n\x0cMarkReleased\x12&.starling.queue.v1.MarkReleasedRequest\x1a\'.starling.queue.v1.MarkReleasedResponse\x12G\n\x04\x44rop\x12\x1e.starling.queue.v1.DropRequest\x1a\x1f.starling.queue.v1.DropResponse2w\n\x11QueueAdminService\x12\x62\n\rGetQueueStats\x12\'.starling.queue.v1.GetQueueStatsRequest\x1a(.starling.queue.v1.GetQueueStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstarling/queue/v1/queue.proto\x12\x11starling.queue.v1\x1a starling/common/v1/message.proto\"\x8f\x01\n\x08NewEntry\x12\x10\n\x08queue_id\x18\x01 \x01(\t\x12\x32\n\x07message\x18\x02 \x01(\x0b\x32!.starling.common.v1.RoutedMessage\x12\x0b\n\x03qos\x18\x03 \x01(\r\x12\x0e\n\x06retain\x18\x04 \x01(\x08\x12 \n\x18subscription_identifiers\x18\x05 \x03(\r\"\xb5\x01\n\nQueueEntry\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x32\n\x07message\x18\x02 \x01(\x0b\x32!.starling.common.v1.RoutedMessage\x12\x0b\n\x03qos\x18\x03 \x01(\r\x12\x0e\n\x06retain\x18\x04 \x01(\x08\x12 \n\x18subscription_identifiers\x18\x05 \x03(\r\x12\x15\n\rexpires_at_ms\x18\x06 \x01(\x03\x12\x10\n\x08released\x18\x07 \x01(\x08\"}\n\rAppendRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12,\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1b.starling.queue.v1.NewEntry\x12\x16\n\x0eroutes_checked\x18\x03 \x01(\x04\x12\x16\n\x0eroutes_current\x18\x04 \x01(\x04\"X\n\x0e\x41ppendResponse\x12\x30\n\x07results\x18\x01 \x03(\x0e\x32\x1f.starling.queue.v1.AppendResult\x12\x14\n\x0cstale_routes\x18\x02 \x01(\x08\"5\n\x12\x46\x65nceRoutesRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\"m\n\x13\x46\x65nceRoutesResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x18\n\x10instance_ordinal\x18\x02 \x01(\r\x12\x16\n\x0einstance_count\x18\x03 \x01(\r\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"x\n\x0bReadRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x16\n\x0emark_delivered\x18\x05 \x01(\x08\x12\x0e\n\x06reader\x18\x06 \x01(\t\"\x82\x01\n\x0cReadResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.starling.queue.v1.QueueEntry\x12\x15\n\racked_through\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x19\n\x11\x64\x65livered_through\x18\x04 \x01(\x04\"\x9c\x01\n\nAckRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\x12\x13\n\x0bthrough_seq\x18\x03 \x01(\x04\x12\x15\n\rdetach_reader\x18\x04 \x01(\t\x12\x0e\n\x06reader\x18\x05 \x01(\t\x12\x0c\n\x04room\x18\x06 \x01(\r\x12\x14\n\x0cseen_through\x18\x07 \x01(\x04\x12\x0c\n\x04seqs\x18\x08 \x03(\x04\"\r\n\x0b\x41\x63kResponse\"R\n\x13MarkReleasedRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04seqs\x18\x04 \x03(\x04\"\x16\n\x14MarkReleasedResponse\"/\n\x0b\x44ropRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\"\x0e\n\x0c\x44ropResponse\"\x92\x01\n\x0bQueueNotice\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x0e\n\x06reader\x18\x04 \x01(\t\x12.\n\x07\x65ntries\x18\x05 \x03(\x0b\x32\x1d.starling.queue.v1.QueueEntry\x12\x0f\n\x07\x64ropped\x18\x06 \x01(\x08\"8\n\x14GetQueueStatsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\t\"`\n\x15GetQueueStatsResponse\x12\r\n\x05\x64\x65pth\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x15\n\racked_through\x18\x03 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x04 \x01(\x04\"\x9c\x01\n\x0bQueueOwners\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x17\n\x0fpartition_count\x18\x02 \x01(\r\x12\x12\n\npartitions\x18\x03 \x03(\r\x12\x0e\n\x06\x65pochs\x18\x04 \x03(\x04\x12\x14\n\x0cgrpc_address\x18\x05 \x01(\t\x12\x0f\n\x07leaving\x18\x06 \x01(\x08\x12\x14\n\x0clink_address\x18\x07 \x01(\t\"\xa4\x01\n\x0bQueuedBytes\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12J\n\x0f\x62ytes_by_tenant\x18\x02 \x03(\x0b\x32\x31.starling.queue.v1.QueuedBytes.BytesByTenantEntry\x1a\x34\n\x12\x42ytesByTenantEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*\x9d\x01\n\x0c\x41ppendResult\x12\x1d\n\x19\x41PPEND_RESULT_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41PPEND_RESULT_OK\x10\x01\x12\x18\n\x14\x41PPEND_RESULT_FENCED\x10\x02\x12\x1c\n\x18\x41PPEND_RESULT_QUEUE_FULL\x10\x03\x12 \n\x1c\x41PPEND_RESULT_QUOTA_EXCEEDED\x10\x04\x32\x96\x03\n\x0cQueueService\x12M\n\x06\x41ppend\x12 .starling.queue.v1.AppendRequest\x1a!.starling.queue.v1.AppendResponse\x12G\n\x04Read\x12\x1e.starling.queue.v1.ReadRequest\x1a\x1f.starling.queue.v1.ReadResponse\x12\x44\n\x03\x41\x63k\x12\x1d.starling.queue.v1.AckRequest\x1a\x1e.starling.queue.v1.AckResponse\x12_\n\x0cMarkReleased\x12&.starling.queue.v1.MarkReleasedRequest\x1a\'.starling.queue.v1.MarkReleasedResponse\x12G\n\x04\x44rop\x12\x1e.starling.queue.v1.DropRequest\x1a\x1f.starling.queue.v1.DropResponse2w\n\x11QueueAdminService\x12\x62\n\rGetQueueStats\x12\'.starling.queue.v1.GetQueueStatsRequest\x1a(.starling.queue.v1.GetQueueStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_QUEUEDBYTES_BYTESBYTENANTENTRY']._loaded_options = None
   _globals['_QUEUEDBYTES_BYTESBYTENANTENTRY']._serialized_options = b'8\001'
-  _globals['_APPENDRESULT']._serialized_start=2002
-  _globals['_APPENDRESULT']._serialized_end=2159
+  _globals['_APPENDRESULT']._serialized_start=2033
+  _globals['_APPENDRESULT']._serialized_end=2190
   _globals['_NEWENTRY']._serialized_start=87
   _globals['_NEWENTRY']._serialized_end=230
   _globals['_QUEUEENTRY']._serialized_start=233
@@ -53,31 +53,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READRESPONSE']._serialized_start=922
   _globals['_READRESPONSE']._serialized_end=1052
   _globals['_ACKREQUEST']._serialized_start=1055
-  _globals['_ACKREQUEST']._serialized_end=1197
-  _globals['_ACKRESPONSE']._serialized_start=1199
-  _globals['_ACKRESPONSE']._serialized_end=1212
-  _globals['_MARKRELEASEDREQUEST']._serialized_start=1214
-  _globals['_MARKRELEASEDREQUEST']._serialized_end=1296
-  _globals['_MARKRELEASEDRESPONSE']._serialized_start=1298
-  _globals['_MARKRELEASEDRESPONSE']._serialized_end=1320
-  _globals['_DROPREQUEST']._serialized_start=1322
-  _globals['_DROPREQUEST']._serialized_end=1369
-  _globals['_DROPRESPONSE']._serialized_start=1371
-  _globals['_DROPRESPONSE']._serialized_end=1385
-  _globals['_QUEUENOTICE']._serialized_start=1388
-  _globals['_QUEUENOTICE']._serialized_end=1517
-  _globals['_GETQUEUESTATSREQUEST']._serialized_start=1519
-  _globals['_GETQUEUESTATSREQUEST']._serialized_end=1575
-  _globals['_GETQUEUESTATSRESPONSE']._serialized_start=1577
-  _globals['_GETQUEUESTATSRESPONSE']._serialized_end=1673
-  _globals['_QUEUEOWNERS']._serialized_start=1676
-  _globals['_QUEUEOWNERS']._serialized_end=1832
-  _globals['_QUEUEDBYTES']._serialized_start=1835
-  _globals['_QUEUEDBYTES']._serialized_end=1999
-  _globals['_QUEUEDBYTES_BYTESBYTENANTENTRY']._serialized_start=1947
-  _globals['_QUEUEDBYTES_BYTESBYTENANTENTRY']._serialized_end=1999
-  _globals['_QUEUESERVICE']._serialized_start=2162
-  _globals['_QUEUESERVICE']._serialized_end=2568
-  _globals['_QUEUEADMINSERVICE']._serialized_start=2570
-  _globals['_QUEUEADMINSERVICE']._serialized_end=2689
+  _globals['_ACKREQUEST']._serialized_end=1211
+  _globals['_ACKRESPONSE']._serialized_start=1213
+  _globals['_ACKRESPONSE']._serialized_end=1226
+  _globals['_MARKRELEASEDREQUEST']._serialized_start=1228
+  _globals['_MARKRELEASEDREQUEST']._serialized_end=1310
+  _globals['_MARKRELEASEDRESPONSE']._serialized_start=1312
+  _globals['_MARKRELEASEDRESPONSE']._serialized_end=1334
+  _globals['_DROPREQUEST']._serialized_start=1336
+  _globals['_DROPREQUEST']._serialized_end=1383
+  _globals['_DROPRESPONSE']._serialized_start=1385
+  _globals['_DROPRESPONSE']._serialized_end=1399
+  _globals['_QUEUENOTICE']._serialized_start=1402
+  _globals['_QUEUENOTICE']._serialized_end=1548
+  _globals['_GETQUEUESTATSREQUEST']._serialized_start=1550
+  _globals['_GETQUEUESTATSREQUEST']._serialized_end=1606
+  _globals['_GETQUEUESTATSRESPONSE']._serialized_start=1608
+  _globals['_GETQUEUESTATSRESPONSE']._serialized_end=1704
+  _globals['_QUEUEOWNERS']._serialized_start=1707
+  _globals['_QUEUEOWNERS']._serialized_end=1863
+  _globals['_QUEUEDBYTES']._serialized_start=1866
+  _globals['_QUEUEDBYTES']._serialized_end=2030
+  _globals['_QUEUEDBYTES_BYTESBYTENANTENTRY']._serialized_start=1978
+  _globals['_QUEUEDBYTES_BYTESBYTENANTENTRY']._serialized_end=2030
+  _globals['_QUEUESERVICE']._serialized_start=2193
+  _globals['_QUEUESERVICE']._serialized_end=2599
+  _globals['_QUEUEADMINSERVICE']._serialized_start=2601
+  _globals['_QUEUEADMINSERVICE']._serialized_end=2720
 # @@protoc_insertion_point(module_scope)

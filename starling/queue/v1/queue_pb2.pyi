@@ -333,6 +333,7 @@ class AckRequest(_message.Message):
     READER_FIELD_NUMBER: _builtins.int
     ROOM_FIELD_NUMBER: _builtins.int
     SEEN_THROUGH_FIELD_NUMBER: _builtins.int
+    SEQS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     queue_id: _builtins.str
     through_seq: _builtins.int
@@ -347,6 +348,14 @@ class AckRequest(_message.Message):
     """
     room: _builtins.int
     seen_through: _builtins.int
+    @_builtins.property
+    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """A durable shared group's queue (queue_id `$share/<group>/<digest>`): the member named by
+        `reader` acknowledges these entries one by one (members take entries out of order);
+        `through_seq` is then unused. A Read of such a queue by a `reader` claims entries for
+        that member (services/queue/groups.py); `detach_reader` gives its claims back.
+        """
+
     def __init__(
         self,
         *,
@@ -357,10 +366,11 @@ class AckRequest(_message.Message):
         reader: _builtins.str = ...,
         room: _builtins.int = ...,
         seen_through: _builtins.int = ...,
+        seqs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detach_reader", b"detach_reader", "queue_id", b"queue_id", "reader", b"reader", "room", b"room", "seen_through", b"seen_through", "tenant", b"tenant", "through_seq", b"through_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detach_reader", b"detach_reader", "queue_id", b"queue_id", "reader", b"reader", "room", b"room", "seen_through", b"seen_through", "seqs", b"seqs", "tenant", b"tenant", "through_seq", b"through_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -476,6 +486,7 @@ class QueueNotice(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     READER_FIELD_NUMBER: _builtins.int
     ENTRIES_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     queue_id: _builtins.str
     last_seq: _builtins.int
@@ -483,6 +494,10 @@ class QueueNotice(_message.Message):
     """Pushed entries (with seq), when the queue's reader was caught up and they are small:
     for `reader` only, which may send them without a Read. The queue marked them delivered
     in the transaction that appended them, so any other reader resends them with DUP=1.
+    """
+    dropped: _builtins.bool
+    """A durable shared group's queue was dropped (its last persistent member left): its
+    clean-session members take its messages from NATS again.
     """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueEntry]: ...
@@ -494,10 +509,11 @@ class QueueNotice(_message.Message):
         last_seq: _builtins.int = ...,
         reader: _builtins.str = ...,
         entries: _abc.Iterable[Global___QueueEntry] | None = ...,
+        dropped: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "last_seq", b"last_seq", "queue_id", b"queue_id", "reader", b"reader", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "entries", b"entries", "last_seq", b"last_seq", "queue_id", b"queue_id", "reader", b"reader", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -51,6 +51,51 @@ queues took it. MQTT 5: PUBACK/PUBREC 0x97; 3.1.1: the connection is closed unac
 Global___RouteResult: _TypeAlias = RouteResult  # noqa: Y015
 
 @_typing.final
+class DurableGroupsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    TOPIC_FILTERS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    @_builtins.property
+    def topic_filters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        topic_filters: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant", "topic_filters", b"topic_filters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DurableGroupsRequest: _TypeAlias = DurableGroupsRequest  # noqa: Y015
+
+@_typing.final
+class DurableGroupsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DURABLE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def durable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """one per topic filter, in order"""
+
+    def __init__(
+        self,
+        *,
+        durable: _abc.Iterable[_builtins.bool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["durable", b"durable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DurableGroupsResponse: _TypeAlias = DurableGroupsResponse  # noqa: Y015
+
+@_typing.final
 class RouteSnapshotRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -75,6 +75,11 @@ class RouterServiceStub:
                 request_serializer=starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotRequest.SerializeToString,
                 response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotResponse.FromString,
                 _registered_method=True)
+        self.DurableGroups = channel.unary_unary(
+                '/starling.router.v1.RouterService/DurableGroups',
+                request_serializer=starling_dot_router_dot_v1_dot_router__pb2.DurableGroupsRequest.SerializeToString,
+                response_deserializer=starling_dot_router_dot_v1_dot_router__pb2.DurableGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServiceServicer:
@@ -139,6 +144,15 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DurableGroups(self, request, context):
+        """Which of these shared filters (`$share/<group>/<filter>`) are durable groups (a
+        persistent session is a member: the group owns a queue), for a node whose clean-session
+        members must then take the group's QoS >= 1 messages from that queue too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -181,6 +195,11 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.RouteSnapshot,
                     request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotRequest.FromString,
                     response_serializer=starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotResponse.SerializeToString,
+            ),
+            'DurableGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DurableGroups,
+                    request_deserializer=starling_dot_router_dot_v1_dot_router__pb2.DurableGroupsRequest.FromString,
+                    response_serializer=starling_dot_router_dot_v1_dot_router__pb2.DurableGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -400,6 +419,33 @@ class RouterService:
             '/starling.router.v1.RouterService/RouteSnapshot',
             starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotRequest.SerializeToString,
             starling_dot_router_dot_v1_dot_router__pb2.RouteSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DurableGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starling.router.v1.RouterService/DurableGroups',
+            starling_dot_router_dot_v1_dot_router__pb2.DurableGroupsRequest.SerializeToString,
+            starling_dot_router_dot_v1_dot_router__pb2.DurableGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,11 @@ class RouterServiceStub:
     """A tenant's persistent route table as of a version, for a node's copy of it
     (services/connection/replica.py); changes follow as RouteChange on rt.routes.<tenant>.
     """
+    DurableGroups: _grpc.UnaryUnaryMultiCallable[_router_pb2.DurableGroupsRequest, _router_pb2.DurableGroupsResponse]
+    """Which of these shared filters (`$share/<group>/<filter>`) are durable groups (a
+    persistent session is a member: the group owns a queue), for a node whose clean-session
+    members must then take the group's QoS >= 1 messages from that queue too.
+    """
 
 @_typing.type_check_only
 class RouterServiceAsyncStub(RouterServiceStub):
@@ -82,6 +87,11 @@ class RouterServiceAsyncStub(RouterServiceStub):
     RouteSnapshot: _aio.UnaryUnaryMultiCallable[_router_pb2.RouteSnapshotRequest, _router_pb2.RouteSnapshotResponse]  # type: ignore[assignment]
     """A tenant's persistent route table as of a version, for a node's copy of it
     (services/connection/replica.py); changes follow as RouteChange on rt.routes.<tenant>.
+    """
+    DurableGroups: _aio.UnaryUnaryMultiCallable[_router_pb2.DurableGroupsRequest, _router_pb2.DurableGroupsResponse]  # type: ignore[assignment]
+    """Which of these shared filters (`$share/<group>/<filter>`) are durable groups (a
+    persistent session is a member: the group owns a queue), for a node whose clean-session
+    members must then take the group's QoS >= 1 messages from that queue too.
     """
 
 class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -155,6 +165,17 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_router_pb2.RouteSnapshotResponse, _abc.Awaitable[_router_pb2.RouteSnapshotResponse]]:
         """A tenant's persistent route table as of a version, for a node's copy of it
         (services/connection/replica.py); changes follow as RouteChange on rt.routes.<tenant>.
+        """
+
+    @_abc_1.abstractmethod
+    def DurableGroups(
+        self,
+        request: _router_pb2.DurableGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.DurableGroupsResponse, _abc.Awaitable[_router_pb2.DurableGroupsResponse]]:
+        """Which of these shared filters (`$share/<group>/<filter>`) are durable groups (a
+        persistent session is a member: the group owns a queue), for a node whose clean-session
+        members must then take the group's QoS >= 1 messages from that queue too.
         """
 
 def add_RouterServiceServicer_to_server(servicer: RouterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
