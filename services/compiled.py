@@ -50,7 +50,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     *(f"services.common.topics.{name}" for name in "rules share trie".split()),
     *(f"services.connection.channel.{name}" for name in _CHANNEL.split()),
     # The node's per-message shell around the channel.
+    "services.common.bus.ids",
     "services.common.envelope",
+    "services.common.message_size",
     *(f"services.connection.{name}" for name in _SHELL.split()),
 )
 

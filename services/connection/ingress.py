@@ -11,14 +11,15 @@ go there from the routing pipeline, services/connection/rules_tap.py).
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Final, cast
 
 from opentelemetry import trace
 
 from services.common.bus.ids import MessageIds
-from services.common.envelope import add_to_batch, to_envelope
+from services.common.envelope import fill_shared, shared_part, to_envelope
 from services.common.message import Message
 from services.common.message_size import message_bytes
+from services.common.mqtt.properties import EMPTY
 from services.common.telemetry import TENANT_ATTRIBUTE, inject
 from services.common.topics import topic_to_subject
 from services.common.topics.delayed import DELAYED_PREFIX
@@ -34,6 +35,20 @@ from services.rules.client import RuleFeed
 from starling.common.v1.message_pb2 import RoutedMessage
 
 tracer = trace.get_tracer("starling.connection")
+_DELAYED: Final = DELAYED_PREFIX  # a C static when compiled, not a module dict lookup
+
+# What an envelope (services/common/envelope.py) adds to its strings' bytes when it has no
+# properties and no trace context: a tag and a length (at most 5 bytes) per string or bytes
+# field, the qos, retain and publish time varints, the publisher's message header.
+_ENVELOPE_FRAMING_BYTES: Final = 64
+
+
+def envelope_size_bound(msg: Message, body: int, node_id: str, message_id: str) -> int:
+    """At least the encoded size of `msg`'s envelope without properties or trace context
+    (`body`: its `message_bytes`): the routing pipeline's batch budget, without
+    `ByteSize()`, which encodes the message to count. A character is at most 4 UTF-8 bytes."""
+    names = len(msg.tenant) + len(msg.publisher) + len(node_id) + len(message_id)
+    return body + 4 * names + _ENVELOPE_FRAMING_BYTES
 
 
 class Ingress:
@@ -63,6 +78,10 @@ class Ingress:
         self._tracing = tracing
         self._interest = interest
         self._rules = rules
+        # The envelope fields of the last publisher's messages (`shared_part`): its tenant,
+        # its client id, and their encoding.
+        self._shared_tenant = self._shared_client = ""
+        self._shared = shared_part("", "", node_id)
 
     def reaches(self, tenant: str) -> bool:
         """May a message of `tenant` published here reach anyone: a subscriber on this node,
@@ -102,26 +121,16 @@ class Ingress:
         last_topic, matches = None, cast(Matches, [])
         sent = q1 = q2 = nbytes = 0  # the batch's counts (`_count`), inline: per message
         for msg in msgs:
-            nbytes += message_bytes(msg.topic, msg.payload)
-            if msg.qos:
-                if msg.qos == 1:
-                    q1 += 1
-                else:
-                    q2 += 1
-            if msg.topic.startswith(DELAYED_PREFIX) and routing is not None:
+            size = message_bytes(msg.topic, msg.payload)
+            nbytes += size
+            q1 += msg.qos == 1
+            q2 += msg.qos == 2
+            if msg.topic.startswith(_DELAYED) and routing is not None:
                 mid = msg.message_id or self._ids.next()
                 routing.submit(conn, msg.packet_id, to_envelope(msg, node_id, mid))
                 continue
-            env: RoutedMessage | None = None
-            if mesh:
-                batch = self._mesh.batch_for(
-                    topic_to_subject(tenant, msg.topic), len(msg.payload) + len(msg.topic)
-                )
-                # A persistent session's QoS 2 publish comes with the id it was recorded under.
-                env = add_to_batch(batch, msg, node_id, msg.message_id or self._ids.next())
-                sent += 1
-            elif msg.qos or msg.retain or self._tracing:
-                env = to_envelope(msg, node_id, msg.message_id or self._ids.next())
+            env, bound = self._envelope(msg, tenant, mesh, size)
+            sent += mesh
             if self._tracing and env is not None:
                 msg = self._start_trace(msg, env)
             if rule_filters is not None and not msg.qos and rule_filters.match(msg.topic):
@@ -136,8 +145,38 @@ class Ingress:
             if (msg.qos or msg.retain) and routing is not None and env is not None:
                 # Persistent sessions and retained messages: stored before the publisher is
                 # acknowledged.
-                routing.submit(conn, msg.packet_id, env)
+                stamp = (tenant, int(msg.published_at * 1000))  # as the envelope has it
+                routing.submit(conn, msg.packet_id, env, bound, stamp)
         return sent, q1, q2, nbytes
+
+    def _envelope(
+        self, msg: Message, tenant: str, mesh: bool, body: int
+    ) -> tuple[RoutedMessage | None, int]:
+        """`msg`'s envelope, in the NATS batch of its subject when `mesh`, and at least its
+        encoded size (`_size_bound`); (None, 0) when neither the mesh, the router nor a
+        trace needs one (QoS 0, not retained). `body`: its `message_bytes`."""
+        if not (mesh or msg.qos or msg.retain or self._tracing):
+            return None, 0
+        # A persistent session's QoS 2 publish comes with the id it was recorded under.
+        mid = msg.message_id or self._ids.next()
+        if mesh:
+            subject = topic_to_subject(tenant, msg.topic)
+            batch = self._mesh.batch_for(subject, len(msg.payload) + len(msg.topic))
+            env = batch.messages.add()  # filled in place: no message to copy into the batch
+        else:
+            env = RoutedMessage()
+        if tenant != self._shared_tenant or msg.publisher != self._shared_client:
+            self._shared_tenant, self._shared_client = tenant, msg.publisher
+            self._shared = shared_part(tenant, msg.publisher, self._node_id)
+        fill_shared(env, self._shared, msg, mid)
+        return env, self._size_bound(msg, body, mid)
+
+    def _size_bound(self, msg: Message, body: int, message_id: str) -> int:
+        """`envelope_size_bound` of `msg`'s envelope; -1 (the pipeline asks protobuf) when it
+        has properties or a trace context, which the bound does not count."""
+        if self._tracing or msg.properties is not EMPTY or msg.expires_at is not None:
+            return -1
+        return envelope_size_bound(msg, body, self._node_id, message_id)
 
     @staticmethod
     def _count(tally: Tally, n: int, q1: int, q2: int, nbytes: int) -> None:

@@ -6,6 +6,7 @@ written (exactly_once.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from services.common.mqtt.reason import ReasonCode as RC
 from services.common.tasks import TaskSet
@@ -15,7 +16,7 @@ from services.connection.exactly_once import ExactlyOnceInbound
 from services.connection.writes import WriteBatcher
 from services.router.client import RouteResult
 
-_REFUSED = (RouteResult.QUOTA_EXCEEDED, RouteResult.QUEUE_QUOTA_EXCEEDED)
+_REFUSED: Final = (RouteResult.QUOTA_EXCEEDED, RouteResult.QUEUE_QUOTA_EXCEEDED)
 
 
 class PublishAnswers:
@@ -34,23 +35,27 @@ class PublishAnswers:
         """The router stored a QoS>=1 publish: the publisher gets its PUBACK/PUBREC now
         (0x97 when the tenant's retained-message cap refused its retained part, or a
         subscriber's queue refused it by the tenant's max_queue_depth)."""
-        if conn is not None and pid and conn.exactly_once is not None:
-            conn.exactly_once.routed(pid)
-        if conn is not None and pid and not conn.closed:
-            code = RC.QUOTA_EXCEEDED if result in _REFUSED else 0
-            if result is RouteResult.QUEUE_QUOTA_EXCEEDED and conn.channel.level < 5:
-                # A subscriber's queue refused it and a 3.1.1 PUBACK cannot say so: close
-                # unacknowledged (the client resends it), as for a publish over the rate.
-                # (Counted by the queue service, which refused it.)
-                why = "a subscriber's queue is at the tenant's max_queue_depth"
-                self._carry_out(conn, conn.channel.disconnect(RC.QUOTA_EXCEEDED, why))
-                return
-            eo = conn.exactly_once
-            if code and conn.channel.level == 5 and eo is not None and pid in eo.recorded:
-                self.release(conn, eo, pid, code)  # the error PUBREC ends the exchange
-                return
-            conn.channel.publish_routed(pid, code)
-            self._writes.mark(conn)
+        if conn is None or not pid:
+            return
+        eo = conn.exactly_once  # `Conn` is a Python object: each attribute read once
+        if eo is not None:
+            eo.routed(pid)
+        if conn.closed:
+            return
+        ch = conn.channel
+        code = RC.QUOTA_EXCEEDED if result in _REFUSED else 0
+        if code and result is RouteResult.QUEUE_QUOTA_EXCEEDED and ch.level < 5:
+            # A subscriber's queue refused it and a 3.1.1 PUBACK cannot say so: close
+            # unacknowledged (the client resends it), as for a publish over the rate.
+            # (Counted by the queue service, which refused it.)
+            why = "a subscriber's queue is at the tenant's max_queue_depth"
+            self._carry_out(conn, ch.disconnect(RC.QUOTA_EXCEEDED, why))
+            return
+        if code and ch.level == 5 and eo is not None and pid in eo.recorded:
+            self.release(conn, eo, pid, code)  # the error PUBREC ends the exchange
+            return
+        ch.publish_routed(pid, code)
+        self._writes.mark(conn)
 
     def gave_up(self, conn: Conn | None) -> None:
         """The router pipeline could not store a publish of `conn`'s: it closes unanswered

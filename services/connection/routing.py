@@ -22,7 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 from services.common.rpc.limits import BATCH_BYTES
 from services.router.client import RouteResult
@@ -35,20 +35,22 @@ log = logging.getLogger("starling.connection.routing")
 # PUBACKs, the node idle while the queue stored it); capped, two or three batches overlap.
 # 8 persistent QoS 1 pairs on 2 cores: about 34,000 msg/s with 1,000, 41,000 with 256 to 512,
 # 34,000 with 64 (per-call costs take over).
-MAX_BATCH = 256
+MAX_BATCH: Final = 256
 # Batches under way at once (publishers differ between them): a batch that takes long, such
 # as one large message stored in many queues, does not hold up the others.
-MAX_IN_FLIGHT = 16
-_DONE = {
+MAX_IN_FLIGHT: Final = 16
+_DONE: Final = {
     RouteResult.STORED,
     RouteResult.NO_MATCH,
     RouteResult.QUOTA_EXCEEDED,
     RouteResult.QUEUE_QUOTA_EXCEEDED,
 }
-_FIRST_DELAY_S = 0.05
-_MAX_DELAY_S = 1.0
+_FIRST_DELAY_S: Final = 0.05
+_MAX_DELAY_S: Final = 1.0
+_BATCH_BYTES: Final = BATCH_BYTES
 
 P = TypeVar("P")  # the publisher (a connection; None for wills and delayed releases)
+Stamp = tuple[str, int]  # a message's tenant and `published_at_ms`
 
 
 class Router(Protocol):
@@ -62,32 +64,48 @@ class RoutingPipeline(Generic[P]):
         on_done: Callable[[P | None, int, RouteResult], None],
         on_give_up: Callable[[P | None], None],
         give_up_s: float = 30.0,
-        on_acked: Callable[[list[RoutedMessage]], None] | None = None,
+        on_acked: Callable[[list[Stamp]], None] | None = None,
     ) -> None:
         self._router = router
-        # Told of the settled messages a publisher's ack waited for (latency figures).
+        # Told of the settled messages a publisher's ack waited for (latency figures): their
+        # tenants and publish times.
         self._on_acked = on_acked
         self._on_done = on_done
         self._on_give_up = on_give_up
         self._give_up_s = give_up_s
-        self._queue: deque[tuple[P | None, int, RoutedMessage]] = deque()
+        self._queue: deque[tuple[P | None, int, RoutedMessage, int, Stamp]] = deque()
         self._wake = asyncio.Event()
         # Publishers with messages waiting for a retry, each with its messages in order and
         # the time its lane last made progress (or began).
-        self._lanes: dict[P | None, deque[tuple[P | None, int, RoutedMessage]]] = {}
+        self._lanes: dict[P | None, deque[tuple[P | None, int, RoutedMessage, int, Stamp]]] = {}
         self._since: dict[P | None, float] = {}
         self._retry_wake = asyncio.Event()
         # Publishers with a batch in flight, each with the messages it sent meanwhile.
-        self._busy: dict[P | None, deque[tuple[P | None, int, RoutedMessage]]] = {}
+        self._busy: dict[P | None, deque[tuple[P | None, int, RoutedMessage, int, Stamp]]] = {}
 
     def __len__(self) -> int:
         held = sum(len(lane) for lane in self._lanes.values()) if self._lanes else 0
         held += sum(len(w) for w in self._busy.values()) if self._busy else 0
         return len(self._queue) + held
 
-    def submit(self, publisher: P | None, pid: int, env: RoutedMessage) -> None:
-        """Route `env`; `pid` is the publisher's packet id to acknowledge (0: none)."""
-        self._queue.append((publisher, pid, env))
+    def submit(
+        self,
+        publisher: P | None,
+        pid: int,
+        env: RoutedMessage,
+        size: int = -1,
+        stamp: Stamp | None = None,
+    ) -> None:
+        """Route `env`; `pid` is the publisher's packet id to acknowledge (0: none). What the
+        caller knows already, so as not to read it back from `env` (each read of a protobuf
+        field builds a Python object): `size`, at least its encoded size, for the batch budget
+        (-1: `env.ByteSize()`, which encodes it; ingress.py's `envelope_size_bound` costs
+        nothing), and `stamp`, its tenant and `published_at_ms`."""
+        if size < 0:
+            size = env.ByteSize()
+        if stamp is None:
+            stamp = (env.tenant, env.published_at_ms)
+        self._queue.append((publisher, pid, env, size, stamp))
         self._wake.set()
 
     async def run(self) -> None:
@@ -101,8 +119,10 @@ class RoutingPipeline(Generic[P]):
                     batch = self._next_batch()
                     if not batch:
                         continue
-                    for publisher, _, _ in batch:
-                        self._busy.setdefault(publisher, deque())
+                    busy = self._busy
+                    for publisher, _, _, _, _ in batch:
+                        if publisher not in busy:  # not setdefault: a deque per message
+                            busy[publisher] = deque()
                     task = asyncio.ensure_future(self._fly(batch))
                     flights.add(task)
                     task.add_done_callback(flights.discard)
@@ -111,17 +131,17 @@ class RoutingPipeline(Generic[P]):
             for task in flights:
                 task.cancel()
 
-    async def _fly(self, batch: list[tuple[P | None, int, RoutedMessage]]) -> None:
+    async def _fly(self, batch: list[tuple[P | None, int, RoutedMessage, int, Stamp]]) -> None:
         try:
             self._settle(batch, await self._attempt(batch))
         finally:
             self._wake.set()  # a slot is free, and the publishers' held messages may go
 
-    def _next_batch(self) -> list[tuple[P | None, int, RoutedMessage]]:
+    def _next_batch(self) -> list[tuple[P | None, int, RoutedMessage, int, Stamp]]:
         """The next batch from the FIFO; messages of a publisher with a batch in flight or a
         retry lane wait behind its earlier ones instead."""
         queue, lanes, busy = self._queue, self._lanes, self._busy
-        batch: list[tuple[P | None, int, RoutedMessage]] = []
+        batch: list[tuple[P | None, int, RoutedMessage, int, Stamp]] = []
         total = 0
         in_batch: set[P | None] = set()
         while queue and len(batch) < MAX_BATCH:
@@ -132,23 +152,27 @@ class RoutingPipeline(Generic[P]):
             if lane is not None:
                 lane.append(queue.popleft())
                 continue
-            n = item[2].ByteSize()
-            if batch and total + n > BATCH_BYTES:
+            n = item[3]
+            if batch and total + n > _BATCH_BYTES:
                 break
             batch.append(queue.popleft())
             in_batch.add(item[0])
             total += n
         return batch
 
-    async def _attempt(self, batch: list[tuple[P | None, int, RoutedMessage]]) -> list[RouteResult]:
+    async def _attempt(
+        self, batch: list[tuple[P | None, int, RoutedMessage, int, Stamp]]
+    ) -> list[RouteResult]:
         try:
-            return await self._router.route([env for _, _, env in batch])
+            return await self._router.route([item[2] for item in batch])
         except Exception as exc:  # router down or slow: retry the same messages
             log.warning("router_unavailable", extra={"error": type(exc).__name__})
             return [RouteResult.TRY_LATER] * len(batch)
 
     def _settle(
-        self, batch: list[tuple[P | None, int, RoutedMessage]], results: list[RouteResult]
+        self,
+        batch: list[tuple[P | None, int, RoutedMessage, int, Stamp]],
+        results: list[RouteResult],
     ) -> None:
         """Release what the router settled; the rest goes to its publisher's lane, and what
         the publisher sent meanwhile follows (behind it in the lane, or back at the front of
@@ -160,7 +184,7 @@ class RoutingPipeline(Generic[P]):
             if result in _DONE:
                 self._on_done(item[0], item[1], result)
                 if item[1]:
-                    acked.append(item[2])
+                    acked.append(item[4])
                 continue
             lane = self._lanes.get(item[0])
             if lane is None:
@@ -211,17 +235,17 @@ class RoutingPipeline(Generic[P]):
 
     def _lane_heads(
         self,
-    ) -> tuple[list[tuple[P | None, int]], list[tuple[P | None, int, RoutedMessage]]]:
+    ) -> tuple[list[tuple[P | None, int]], list[tuple[P | None, int, RoutedMessage, int, Stamp]]]:
         """The next retry batch: the head of every lane, in lane order, within the batch
         limits; and (publisher, messages taken from its lane) for each lane in it."""
         taken: list[tuple[P | None, int]] = []
-        batch: list[tuple[P | None, int, RoutedMessage]] = []
+        batch: list[tuple[P | None, int, RoutedMessage, int, Stamp]] = []
         total = 0
         for publisher, lane in self._lanes.items():
             k = 0
             for item in lane:
-                n = item[2].ByteSize()
-                if batch and (total + n > BATCH_BYTES or len(batch) >= MAX_BATCH):
+                n = item[3]
+                if batch and (total + n > _BATCH_BYTES or len(batch) >= MAX_BATCH):
                     break
                 batch.append(item)
                 total += n
@@ -235,7 +259,7 @@ class RoutingPipeline(Generic[P]):
     def _settle_lane(
         self,
         publisher: P | None,
-        items: list[tuple[P | None, int, RoutedMessage]],
+        items: list[tuple[P | None, int, RoutedMessage, int, Stamp]],
         outcome: list[RouteResult],
         now: float,
     ) -> bool:
@@ -253,7 +277,7 @@ class RoutingPipeline(Generic[P]):
             if result in _DONE:
                 self._on_done(item[0], item[1], result)
                 if item[1]:
-                    acked.append(item[2])
+                    acked.append(item[4])
             else:
                 failed.append(item)
         if acked and self._on_acked is not None:
@@ -272,5 +296,5 @@ class RoutingPipeline(Generic[P]):
             lane = self._lanes.pop(publisher)
             del self._since[publisher]
             log.error("router_gave_up", extra={"messages": len(lane)})
-            for conn, _, _ in lane:
+            for conn, _, _, _, _ in lane:
                 self._on_give_up(conn)

@@ -18,6 +18,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Final
 
 from opentelemetry import metrics
 
@@ -29,11 +30,10 @@ from services.connection.channel.outbound import Outbound
 from services.connection.conn import Conn
 from services.connection.top_topics import TopTopics
 from services.metrics.client import TenantCounters
-from starling.common.v1.message_pb2 import RoutedMessage
 
 log = logging.getLogger("starling.connection.stats")
 
-_BOUNDS_MS = tuple(b * 1000 for b in LATENCY_BOUNDS_S)
+_BOUNDS_MS: Final = tuple(b * 1000 for b in LATENCY_BOUNDS_S)
 
 
 def _buckets() -> list[int]:
@@ -130,18 +130,19 @@ class NodeStats:
             t = self._topics[tenant] = TopTopics()
         return t
 
-    def acked(self, envs: Sequence[RoutedMessage]) -> None:
-        """QoS 1/2 publishes whose PUBACK/PUBREC the router's answer released: their
-        publish-to-ack latency (from the node's receipt, wall clock milliseconds)."""
+    def acked(self, stamps: Sequence[tuple[str, int]]) -> None:
+        """QoS 1/2 publishes whose PUBACK/PUBREC the router's answer released, by tenant and
+        `published_at_ms`: their publish-to-ack latency (from the node's receipt, wall clock
+        milliseconds)."""
         now_ms = time.time() * 1000
         tally = None
         tenant = None
-        for env in envs:
-            if env.tenant != tenant:
-                tenant = env.tenant
+        for of, published_at_ms in stamps:
+            if of != tenant:
+                tenant = of
                 tally = self.for_tenant(tenant)
             assert tally is not None
-            ms = max(0.0, now_ms - env.published_at_ms)
+            ms = max(0.0, now_ms - published_at_ms)
             tally.ack_latency[bisect_left(_BOUNDS_MS, ms)] += 1
             tally.ack_latency_sum_ms += int(ms)
 

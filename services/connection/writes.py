@@ -8,10 +8,11 @@ congested, instead of the node growing an unbounded buffer within one turn.
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 from services.connection.conn import Conn
 
-FLUSH_NOW_BYTES = 64 << 10
+FLUSH_NOW_BYTES: Final = 64 << 10
 
 
 class WriteBatcher:

@@ -17,6 +17,8 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Final
+
 from services.common.mqtt.body_decoder import (
     BODY_DECODERS,
     UNLIMITED,
@@ -37,7 +39,7 @@ _FIXED_FLAGS = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12
 _FIXED_FLAGS |= {14: 0, 15: 0}
 # Plain PUBACKs (success, no properties) by packet id: packets are immutable, so one object
 # per id serves every connection (at most 65,535 of them).
-_PUBACKS: dict[int, PubAck] = {}
+_PUBACKS: Final[dict[int, PubAck]] = {}
 
 
 def plain_puback(pid: int) -> PubAck:

@@ -7,6 +7,7 @@ for the fan-out hot path. MQTT 5-only fields are left out on levels 3 and 4.
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from services.common.mqtt.packets import (
     Auth,
@@ -30,10 +31,12 @@ from services.common.mqtt.primitives import encode_binary, encode_str, encode_va
 from services.common.mqtt.properties import EMPTY, Properties, PropKind
 from services.common.mqtt.reason import v3_connack_code
 
-_NO_PROPS = b"\x00"
+_NO_PROPS: Final = b"\x00"
 # PUBLISH framing: struct packing is about twice as fast as int.to_bytes plus bytes((...)).
-_SHORT_HEADER = struct.Struct(">BBH").pack  # first byte, remaining length < 128, topic length
-_U16 = struct.Struct(">H").pack
+_SHORT_HEADER: Final = struct.Struct(
+    ">BBH"
+).pack  # first byte, remaining length < 128, topic length
+_U16: Final = struct.Struct(">H").pack
 
 
 def encode_properties(props: Properties) -> bytes:

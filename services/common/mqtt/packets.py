@@ -2,6 +2,13 @@
 
 Fields that only exist in MQTT 5 (properties, most reason codes) take their neutral value on
 3.1/3.1.1; the encoder leaves them out there.
+
+Hot packets: PUBLISH and its four acks come once or twice per message, so they are not frozen
+and write their own `__init__`. Compiled (docs/compiled-core.md), a dataclass's generated
+`__init__` stays Python (a frozen one sets each field through `object.__setattr__`): about
+1 µs per PUBLISH; a written one is native. They are still records nobody changes after
+decoding (`plain_puback` shares one PubAck per id between connections): treat them as frozen.
+Equality, hashing, `repr` and `dataclasses.replace` stay the dataclass's.
 """
 
 from __future__ import annotations
@@ -49,59 +56,107 @@ class ConnAck:
         return PacketType.CONNACK
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, unsafe_hash=True, slots=True)
 class Publish:
+    """Not frozen, with an `__init__` of its own: see "Hot packets" above."""
+
     topic: str
-    payload: bytes = b""
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int | None = None
-    properties: Properties = EMPTY
+    payload: bytes
+    qos: int
+    retain: bool
+    dup: bool
+    packet_id: int | None
+    properties: Properties
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int | None = None,
+        properties: Properties = EMPTY,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties = properties
 
     @property
     def packet_type(self) -> PacketType:
         return PacketType.PUBLISH
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, unsafe_hash=True, slots=True)
 class PubAck:
     packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = EMPTY
+    reason_code: int
+    properties: Properties
+
+    def __init__(
+        self, packet_id: int, reason_code: int = ReasonCode.SUCCESS, properties: Properties = EMPTY
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
     @property
     def packet_type(self) -> PacketType:
         return PacketType.PUBACK
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, unsafe_hash=True, slots=True)
 class PubRec:
     packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = EMPTY
+    reason_code: int
+    properties: Properties
+
+    def __init__(
+        self, packet_id: int, reason_code: int = ReasonCode.SUCCESS, properties: Properties = EMPTY
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
     @property
     def packet_type(self) -> PacketType:
         return PacketType.PUBREC
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, unsafe_hash=True, slots=True)
 class PubRel:
     packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = EMPTY
+    reason_code: int
+    properties: Properties
+
+    def __init__(
+        self, packet_id: int, reason_code: int = ReasonCode.SUCCESS, properties: Properties = EMPTY
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
     @property
     def packet_type(self) -> PacketType:
         return PacketType.PUBREL
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, unsafe_hash=True, slots=True)
 class PubComp:
     packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = EMPTY
+    reason_code: int
+    properties: Properties
+
+    def __init__(
+        self, packet_id: int, reason_code: int = ReasonCode.SUCCESS, properties: Properties = EMPTY
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
     @property
     def packet_type(self) -> PacketType:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from services.common.mqtt.packets import Disconnect, Packet, PubAck, PubComp, PubRec, PubRel
 from services.common.mqtt.reason import ReasonCode as RC
@@ -17,7 +17,11 @@ if TYPE_CHECKING:  # budget.py imports the channel package
 PINGRESP = b"\xd0\x00"  # the answer to PINGREQ, the same on every level
 
 # The stage of an outbound exchange each client ack moves on (outbound.py).
-_ACK_STAGE: dict[type, int] = {PubAck: AWAIT_PUBACK, PubRec: AWAIT_PUBREC, PubComp: AWAIT_PUBCOMP}
+_ACK_STAGE: Final[dict[type, int]] = {
+    PubAck: AWAIT_PUBACK,
+    PubRec: AWAIT_PUBREC,
+    PubComp: AWAIT_PUBCOMP,
+}
 
 
 class KeepAlive:

@@ -30,7 +30,7 @@ Theory of operation:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from services.common.acl import AclChecker
 from services.common.message import Message
@@ -78,7 +78,7 @@ from services.connection.channel.subscriptions import ClientSubscriptions
 
 __all__ = ["Channel", "State"]
 
-_PROGRESS = DeliveryProgress()  # it carries nothing: one instance serves every channel
+_PROGRESS: Final = DeliveryProgress()  # it carries nothing: one instance serves every channel
 
 
 def _nothing() -> None:
@@ -362,7 +362,7 @@ class Channel(ChannelOpening):
 
 
 # What a CONNECTED channel does with each packet type (PUBLISH takes a shortcut before this).
-_DISPATCH: dict[type, Callable[[Channel, Any, float], Action | None]] = {
+_DISPATCH: Final[dict[type, Callable[[Channel, Any, float], Action | None]]] = {
     PubAck: Channel._on_puback,
     PubRec: Channel._on_pubrec,
     PubRel: Channel._on_pubrel,

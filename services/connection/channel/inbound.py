@@ -29,7 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from services.common.acl import AclChecker
 from services.common.message import Message, message_properties
@@ -50,10 +50,12 @@ from services.connection.channel.subscriptions import SubscriptionQuota
 if TYPE_CHECKING:  # budget.py imports the channel package
     from services.connection.budget import DeliveryGate
 
-_ACCEPTED = (0, "")  # `_refusal` of a publish that is routed
+_ACCEPTED: Final = (0, "")  # `_refusal` of a publish that is routed
 # A successful PUBACK/PUBREC without a reason string: four bytes at every level (its type
 # and length, the packet id; [MQTT-3.4.2.1]), packed without a packet object.
-_PLAIN_ACK, _PUBACK_HEAD, _PUBREC_HEAD = struct.Struct(">HH").pack, 0x4002, 0x5002
+_PLAIN_ACK: Final = struct.Struct(">HH").pack
+_PUBACK_HEAD: Final = 0x4002
+_PUBREC_HEAD: Final = 0x5002
 
 
 class PublishGate(Protocol):

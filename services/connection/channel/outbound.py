@@ -26,7 +26,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from services.common.message import Message
 from services.common.message_size import message_bytes
@@ -40,10 +40,10 @@ if TYPE_CHECKING:  # budget.py imports the channel package
     from services.connection.budget import DeliveryGate
 
 # inflight stage: the ack a delivery waits for
-AWAIT_PUBACK = 1
-AWAIT_PUBREC = 2
-AWAIT_PUBCOMP = 3
-AWAIT_RELEASE = 4  # PUBREC'd; PUBREL waits for the queue's durable released mark
+AWAIT_PUBACK: Final = 1
+AWAIT_PUBREC: Final = 2
+AWAIT_PUBCOMP: Final = 3
+AWAIT_RELEASE: Final = 4  # PUBREC'd; PUBREL waits for the queue's durable released mark
 
 # (message, qos, retain, subscription ids, origin); origin marks shared-subscription
 # deliveries so they can be handed to another member if this client leaves unacked.
