@@ -2,20 +2,20 @@
 
 The node does the work and keeps the state: this command only asks (again, if run again:
 the node answers how far it got), so a CLI or a hook that dies half-way changes nothing.
-With `--wait` it asks again every half second until the node has exited."""
+With `--wait` it asks again every half second until the node has exited.
+
+Every `starling` command registers this one's arguments, so the node's admin client (gRPC)
+and asyncio are imported only when a drain runs."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
-from services.cli.launcher import Mesh
-from services.common.rpc.errors import UnavailableError
-from services.connection.client import ConnectionAdminClient
+from services.cli.mesh import Mesh
 
 POLL_S = 0.5
 
@@ -64,7 +64,13 @@ def node_address(args: argparse.Namespace) -> str:
 
 
 async def drain_command(args: argparse.Namespace, token: str) -> object:
-    client = ConnectionAdminClient(node_address(args), token)
+    address = node_address(args)  # a node that is not there: said before gRPC loads
+    import asyncio
+
+    from services.common.rpc.errors import UnavailableError
+    from services.connection.client import ConnectionAdminClient
+
+    client = ConnectionAdminClient(address, token)
     try:
         progress = await client.drain(args.server_reference)
         if not args.wait:

@@ -1,18 +1,12 @@
 """`starling health ADDR` (also `python -m services.cli.health ADDR`): the gRPC health of one
 service process, exit status 0 only while SERVING. Container health checks run it every few
-seconds, so this module imports gRPC and nothing else of Starling (`starling` itself loads
-every command: several times the CPU per check)."""
+seconds, so this module imports gRPC and nothing else of Starling, and gRPC only when it
+checks (`starling` registers the arguments of every command, `add_arguments` among them)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from services.common.rpc.health_status import failed_check
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 async def status_of(address: str, service: str, timeout_s: float) -> str:
     """SERVING, NOT_SERVING, ...; UNREACHABLE (no answer); SERVICE_UNKNOWN (the server has
     no such health service); or the gRPC status the server answered with."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from services.common.rpc.health_status import failed_check
+
     async with grpc.aio.insecure_channel(address) as ch:
         try:
             resp = await health_pb2_grpc.HealthStub(ch).Check(
@@ -37,6 +36,8 @@ async def status_of(address: str, service: str, timeout_s: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     status = asyncio.run(status_of(args.address, args.service, args.timeout_s))
     print(status)
     return 0 if status == "SERVING" else 1

@@ -1,4 +1,11 @@
-"""Entry point of the `starling` command."""
+"""Entry point of the `starling` command: the parser of every command, then the one command
+argv names.
+
+Each command imports what it needs when it runs, so building the parser stays cheap (`starling
+version` and `--help` load no gRPC, NATS, Redis or launcher): the modules imported here hold
+arguments only, and `analytics` registers its jobs (their modules load Spark and Arrow) only
+when it is the command.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.cli.admin import add_admin_commands, run_admin
+from services.cli.admin_args import add_admin_commands
 from services.cli.profiles import DEVELOPMENT, PROFILES
 from services.cli.redis_setup import REDIS_MODES
-from services.cli.rules import add_autosub_commands, add_rules_commands
+from services.cli.rules_args import add_autosub_commands, add_rules_commands
 
 SERVICES = ("connection", "session", "router", "queue", "rules", "quota", "metrics")
 # What `starling serve` runs: the services and the web console over their admin APIs.
 SERVED = (*SERVICES, "console", "gateway")
+# `starling analytics`'s help line in `starling --help` (analytics/cli.py registers the same
+# when analytics runs; tests/cli/test_cli_lazy.py checks they agree).
+ANALYTICS_HELP = "run a Spark job over the store (compaction, reports)"
 
 
 def _add_up(sub: Any) -> None:
@@ -102,7 +112,16 @@ def _add_mesh_commands(sub: Any) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_word(argv: list[str]) -> str:
+    """The command argv names ("" for none, as in `starling --help`): the first word that is
+    not an option (the top-level parser has no option that takes a value)."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command. Given the `command` about to run, `analytics` has its
+    jobs only if it is that command (elsewhere only its name and help line show); None: the
+    complete parser."""
     parser = argparse.ArgumentParser(prog="starling", description="Starling MQTT mesh")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run one service in this process")
@@ -110,10 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_up(sub)
     _add_mesh_commands(sub)
     add_admin_commands(sub)
-    from analytics.cli import add_analytics_command
+    if command is None or command == "analytics":
+        from analytics.cli import add_analytics_command
 
-    add_analytics_command(sub)
-
+        add_analytics_command(sub)
+    else:
+        sub.add_parser("analytics", help=ANALYTICS_HELP)
     add_rules_commands(sub)
     add_autosub_commands(sub)
     from services.cli.store_cmd import add_store_command
@@ -126,8 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from services.cli.up import UpOptions, run_up
-
     if args.nodes < 1:
         parser.error("--nodes must be at least 1")
     if args.node_workers < 1:
@@ -138,6 +157,8 @@ def _run_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"{service} instances must be at least 1")
     if args.nats < 1:
         parser.error("--nats must be at least 1")
+    from services.cli.up import UpOptions, run_up  # the launcher: once the options are good
+
     return run_up(
         UpOptions(
             data_dir=Path(args.data_dir),
@@ -153,7 +174,9 @@ def _run_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(command_word(argv))
     args = parser.parse_args(argv)
     if args.command == "serve":
         module = importlib.import_module(f"services.{args.service}.main")
@@ -225,6 +248,8 @@ def _print_command(args: argparse.Namespace) -> int:
         from analytics.cli import run_analytics
 
         return run_analytics(args)
+    from services.cli.admin import run_admin
+
     return run_admin(args)
 
 

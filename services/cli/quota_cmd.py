@@ -1,15 +1,19 @@
 """`starling quota set|get` (tenant and user limits) and `starling ban add|list|remove` (the
-ban list), over the quota service's admin client."""
+ban list), over the quota service's admin client. Every `starling` command registers these
+arguments, so the client is not imported here: the caller (services/cli/admin.py) passes it."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common.bans import KIND_NAMES, Ban, BanKind
-from services.quota.client import Limits, QuotaAdminClient
+from services.common.tenant_limits import Limits
+
+if TYPE_CHECKING:
+    from services.quota.client import QuotaAdminClient
 
 _LIMIT_FLAGS = tuple(f.name for f in dataclasses.fields(Limits))
 _KIND_OF_NAME = {v: k for k, v in KIND_NAMES.items()}

@@ -19,9 +19,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from redis import Redis
-from redis.exceptions import RedisError
-
 MASTER_NAME = "starling"
 DOWN_AFTER_MS = 2000
 FAILOVER_TIMEOUT_MS = 10_000
@@ -86,6 +83,10 @@ def sentinel_env(ports: SentinelPorts, master_name: str = MASTER_NAME) -> dict[s
 
 def master_state(port: int, password: str, master_name: str = MASTER_NAME) -> dict[str, object]:
     """What the Sentinel on `port` says of the primary ({} when it cannot say)."""
+    # Here, not at the top: every `starling` command imports this module (for `--redis`).
+    from redis import Redis
+    from redis.exceptions import RedisError
+
     try:
         with Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1) as s:
             state = s.sentinel_master(master_name)

@@ -26,8 +26,6 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from services.common.bus.large import NATS_MAX_PAYLOAD
-
 # Per-service NATS permissions. Connection nodes carry MQTT traffic on subjects built from
 # topics and groups, so they get everything but the control, queue-notice and JetStream APIs;
 # the others get exactly what they publish and subscribe (request replies use _INBOX).
@@ -246,7 +244,10 @@ def load_or_create(data_dir: Path) -> MeshSecrets:
 def nats_limits() -> str:
     """The size lines of nats.conf: max_payload explicit, from the one constant the mesh
     publisher sizes its messages against (larger ones go by reference,
-    services/common/bus/large.py)."""
+    services/common/bus/large.py, imported here: it loads the NATS client, which `starling`
+    commands that read the admin token need not)."""
+    from services.common.bus.large import NATS_MAX_PAYLOAD
+
     return f"max_payload: {NATS_MAX_PAYLOAD}\nmax_control_line: 64KB\n"
 
 

@@ -3,7 +3,10 @@
 Health is the endpoint's answer (gRPC health, a Redis PING, NATS's INFO), not the recorded
 pid: a component started again by hand (`starling serve X` with the mesh's environment)
 serves although the pid in mesh.json is gone; one whose pid lives but whose endpoint does not
-answer is DOWN all the same."""
+answer is DOWN all the same.
+
+gRPC is imported only to ask a service (services/cli/health.py), so the command stays cheap
+where there is no mesh."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ from pathlib import Path
 from services.cli.mesh import Component, Mesh
 from services.cli.ports import port_open
 from services.cli.profiles import describe
-from services.common.rpc.server import check_health
 
 
 def pid_alive(pid: int) -> bool:
@@ -70,7 +72,9 @@ def component_status(c: Component) -> str:
         if not _nats_ping(c.port):
             return "DOWN"
         return "SERVING" if not c.monitor_port or _jetstream_ready(c.monitor_port) else "STARTING"
-    status = asyncio.run(check_health(f"127.0.0.1:{c.grpc_port}", timeout_s=1.0))
+    from services.cli.health import status_of
+
+    status = asyncio.run(status_of(f"127.0.0.1:{c.grpc_port}", "", timeout_s=1.0))
     return "DOWN" if status == "UNREACHABLE" else status
 
 

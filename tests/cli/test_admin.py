@@ -3,6 +3,7 @@ what `starling <command>` prints (JSON with the field names of the API) and how 
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import tempfile
@@ -33,8 +34,13 @@ async def starling(core: Core, *argv: str, token: str = ADMIN_TOKEN) -> tuple[in
         extra += ["--router-addr", core.router]
     if argv[0] == "stats":
         extra += ["--metrics-addr", core.metrics]
-    status, text = await admin_command(build_parser().parse_args([*argv, *extra]))
+    status, text = await admin_command(parser().parse_args([*argv, *extra]))
     return status, json.loads(text) if status == 0 else text
+
+
+def parser() -> argparse.ArgumentParser:
+    """The CLI's parser as an admin command gets it (analytics without its Spark jobs)."""
+    return build_parser("clients")
 
 
 def tenant() -> str:
@@ -191,7 +197,7 @@ async def test_a_wrong_token_reads_unauthenticated(core: Core, command: str) -> 
 
 def test_the_token_is_never_taken_from_argv(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        build_parser().parse_args(["clients", "--token", "s3cret"])
+        parser().parse_args(["clients", "--token", "s3cret"])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--token is no longer accepted" in err and "STARLING_ADMIN_TOKEN" in err
@@ -204,14 +210,14 @@ async def test_token_sources(core: Core, tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.delenv("STARLING_ADMIN_TOKEN", raising=False)
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "admin-token").write_text(ADMIN_TOKEN + "\n")
-    args = build_parser().parse_args([*base, "--data-dir", str(tmp_path)])
+    args = parser().parse_args([*base, "--data-dir", str(tmp_path)])
     assert (await admin_command(args))[0] == 0
     monkeypatch.setenv("STARLING_ADMIN_TOKEN", "wrong")
     status, line = await admin_command(args)
     assert (status, line) == (1, "starling clients: UNAUTHENTICATED: admin token missing or wrong")
     monkeypatch.delenv("STARLING_ADMIN_TOKEN")
     missing = str(tmp_path / "nope")
-    status, line = await admin_command(build_parser().parse_args([*base, "--token-file", missing]))
+    status, line = await admin_command(parser().parse_args([*base, "--token-file", missing]))
     assert status == 2 and line.startswith(f"starling clients: cannot read --token-file {missing}")
 
 
@@ -265,11 +271,11 @@ def test_a_bad_limit_is_refused_by_name(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as info:
-        build_parser().parse_args(argv)
+        parser().parse_args(argv)
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--limit" in err and "a whole number from 1 to 1000" in err
 
 
 def test_a_good_limit_is_taken() -> None:
-    assert build_parser().parse_args(["retained", "--tenant", "acme", "--limit", "7"]).limit == 7
+    assert parser().parse_args(["retained", "--tenant", "acme", "--limit", "7"]).limit == 7

@@ -1,6 +1,8 @@
 """`starling up` as a user runs it, in a process of its own, for the tests of the launcher,
 its supervision and its profiles: start, read mesh.json and `starling status`, stop with
-SIGTERM and check that no process it ever started (restarted ones included) is left."""
+SIGTERM and check that no process it ever started (restarted ones included) is left. The
+other commands (`status`, `restart`, ...) run in the test's process (tests/cli/in_process.py):
+`up` is the status/up family's run through the installed entry point."""
 
 from __future__ import annotations
 
@@ -8,15 +10,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.cli.in_process import STARLING, starling_in_process
 from tests.poll import wait_until
 
-STARLING = [sys.executable, "-m", "services.cli.main"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,10 +32,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-def starling(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*STARLING, *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
-    )
+def starling(*args: str) -> subprocess.CompletedProcess[str]:
+    """`starling ARGS` (never `up`: that one is `running_up`'s process) run in this process
+    (tests/cli/in_process.py); paths in ARGS are absolute, as the folder it runs in differs."""
+    return starling_in_process(*args)
 
 
 @dataclass

@@ -16,11 +16,12 @@ from services.cli.launcher import Launcher
 from services.common.mqtt import ConnAck, Connect, Disconnect, PubAck, Publish
 from services.common.mqtt.reason import ReasonCode as RC
 from services.connection.client import ConnectionAdminClient, DrainProgress
+from tests.cli.in_process import starling_in_process
 from tests.e2e.clients import Paho, Raw
 
 RATE = 20  # connections closed per second while draining
 A, B = "connection-0", "connection-1"
-STARLING = [sys.executable, "-m", "services.cli.main"]
+STARLING = [sys.executable, "-m", "services.cli.main"]  # the CLI in a process of its own
 
 
 def _port(launcher: Launcher, node: str) -> int:
@@ -28,12 +29,9 @@ def _port(launcher: Launcher, node: str) -> int:
 
 
 def _drain(launcher: Launcher, node: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*STARLING, "drain", node, "--data-dir", launcher.mesh.data_dir, *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    """`starling drain NODE` (without `--wait`) run in this process (tests/cli/in_process.py);
+    tests/e2e/test_drain.py runs it in processes of its own too (`STARLING`)."""
+    return starling_in_process("drain", node, "--data-dir", launcher.mesh.data_dir, *extra)
 
 
 async def _ask_drain(launcher: Launcher, node: str, reference: str) -> DrainProgress:

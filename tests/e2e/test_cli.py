@@ -1,35 +1,33 @@
 """The `starling` admin commands against the shared mesh, as an operator runs them: the token
-comes from the file `starling up` wrote under the data dir."""
+comes from the file `starling up` wrote under the data dir. The commands run in this process
+(tests/cli/in_process.py) but for a few that check the entry point in a process of its own."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
 from typing import Any
 
+from tests.cli import in_process
+from tests.cli.in_process import starling_in_process
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho
 from tests.poll import wait_until
 
+NO_TOKEN_ENV: dict[str, str | None] = {"STARLING_ADMIN_TOKEN": None}
+
 
 def starling(mesh: MeshInfo, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "services.cli.main",
-            *args,
-            "--data-dir",
-            mesh.mesh.data_dir,
-        ],
-        env={k: v for k, v in os.environ.items() if k != "STARLING_ADMIN_TOKEN"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    """`starling ARGS --data-dir <the mesh's>` run in this process (tests/cli/in_process.py),
+    without STARLING_ADMIN_TOKEN: the token comes from the data dir's file."""
+    return starling_in_process(*args, "--data-dir", mesh.mesh.data_dir, env=NO_TOKEN_ENV)
+
+
+def starling_process(mesh: MeshInfo, *args: str) -> subprocess.CompletedProcess[str]:
+    """The same in a process of its own: the installed entry point."""
+    return in_process.starling_process(*args, "--data-dir", mesh.mesh.data_dir, env=NO_TOKEN_ENV)
 
 
 def test_admin_commands(mesh: MeshInfo) -> None:
@@ -39,7 +37,10 @@ def test_admin_commands(mesh: MeshInfo) -> None:
     c = Paho(mesh.node(0), client_id="cli-client", username=f"{tenant}/ops", password="pw")
     c.connect()
     c.publish("status/cli", "up", 1, retain=True)
-    clients = json.loads(starling(mesh, "clients", "--tenant", tenant).stdout)["clients"]
+    # A process of its own: the admin commands' run through the installed entry point.
+    listed = starling_process(mesh, "clients", "--tenant", tenant)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    clients = json.loads(listed.stdout)["clients"]
     assert [(x["client_id"], x["node_id"]) for x in clients] == [("cli-client", "connection-0")]
     retained = json.loads(
         starling(mesh, "retained", "--tenant", tenant, "--filter", "status/#").stdout

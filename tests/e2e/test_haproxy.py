@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -27,6 +25,7 @@ import pytest
 from services.cli.launcher import Launcher, Mesh
 from services.cli.ports import free_port, port_open
 from services.common.mqtt import ConnAck, Connect, Decoder, encode
+from tests.cli.in_process import starling_in_process
 from tests.conftest import make_cert
 from tests.e2e.clients import TIMEOUT, Paho
 from tests.faults.checker import Checker
@@ -162,21 +161,13 @@ def mqtt_connect(port: int, source: str, client_id: str) -> tuple[socket.socket,
 
 
 def starling_clients(mesh: Mesh) -> list[dict[str, str]]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "services.cli.main",
-            "clients",
-            "--tenant",
-            TENANT,
-            "--data-dir",
-            mesh.data_dir,
-        ],
-        env={k: v for k, v in os.environ.items() if k != "STARLING_ADMIN_TOKEN"},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    out = starling_in_process(  # tests/cli/in_process.py
+        "clients",
+        "--tenant",
+        TENANT,
+        "--data-dir",
+        mesh.data_dir,
+        env={"STARLING_ADMIN_TOKEN": None},
     )
     assert out.returncode == 0, out.stdout + out.stderr
     clients: list[dict[str, str]] = json.loads(out.stdout)["clients"]

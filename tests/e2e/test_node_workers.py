@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,11 +24,11 @@ from services.common.mqtt import ConnAck, Connect, Disconnect
 from services.common.mqtt.reason import ReasonCode as RC
 from starling.session.v1 import session_pb2 as pb
 from starling.session.v1 import session_pb2_grpc as pb_grpc
+from tests.cli.in_process import starling_in_process
 from tests.e2e.clients import Paho, Raw
 from tests.poll import wait_until
 
 WORKERS = ("connection-0", "connection-0-w1")
-STARLING = [sys.executable, "-m", "services.cli.main"]
 
 
 @dataclass
@@ -205,12 +203,7 @@ def test_same_client_id_on_the_other_worker_takes_the_session_over(workers: Work
 def test_node_workers_below_one_is_refused_naming_the_option(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="node_workers"):
         Launcher(data_dir=tmp_path, nodes=1, mqtt_port=0, node_workers=0)
-    cli = subprocess.run(
-        [*STARLING, "up", "--data-dir", str(tmp_path / "d"), "--node-workers", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = starling_in_process("up", "--data-dir", str(tmp_path / "d"), "--node-workers", "0")
     assert cli.returncode == 2
     assert "--node-workers must be at least 1" in cli.stderr
     assert not (tmp_path / "d").exists()  # refused before anything started

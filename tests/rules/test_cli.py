@@ -1,6 +1,7 @@
 """`starling rules ...` against the shared mesh, as an operator runs it (the token from the file
 `starling up` wrote): a rule's life cycle, SQL errors with their position, testing SQL on a
-sample, and a webhook's dead letters listed, replayed once the target recovers, and purged."""
+sample, and a webhook's dead letters listed, replayed once the target recovers, and purged.
+The commands run in this process (tests/cli/in_process.py), one in a process of its own."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import uuid
 
 from tests.conftest import MeshInfo
 from tests.e2e.clients import Paho
-from tests.e2e.test_cli import starling
+from tests.e2e.test_cli import starling, starling_process
 from tests.poll import wait_until
 from tests.rules.test_e2e import TENANT
 from tests.rules.webhook import Webhook
@@ -40,7 +41,8 @@ def test_rule_life_cycle_and_errors(mesh: MeshInfo) -> None:
     assert ok(mesh, "delete", rid) == {"deleted": True}
     assert ok(mesh, "delete", rid) == {"deleted": False}
 
-    bad = starling(
+    # A process of its own: the rules commands' run through the installed entry point.
+    bad = starling_process(
         mesh,
         "rules",
         "create",
