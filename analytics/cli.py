@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 from analytics.jobs import JOBS
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from analytics.config import AnalyticsSettings
 
 
@@ -89,7 +91,9 @@ def _settings(args: argparse.Namespace) -> AnalyticsSettings:
     )
 
 
-def run_analytics(args: argparse.Namespace) -> int:
+def run_analytics(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+    """Run `args.job` on its own SparkSession, stopped at the end; or on `spark`, left
+    running (the tests run the command on their shared session)."""
     from analytics.config import output_dir
     from analytics.jobs.context import JobContext
     from analytics.source import store_conf_from_settings
@@ -102,7 +106,9 @@ def run_analytics(args: argparse.Namespace) -> int:
         return 2
     out = output_dir(settings) / args.job
     out.mkdir(parents=True, exist_ok=True)
-    spark = session(args.master or settings.spark_master, app=f"starling-{args.job}")
+    own = spark is None
+    if spark is None:
+        spark = session(args.master or settings.spark_master, app=f"starling-{args.job}")
     try:
         ctx = JobContext(spark, store_conf_from_settings(settings), settings, out)
         started = time.time()
@@ -114,7 +120,8 @@ def run_analytics(args: argparse.Namespace) -> int:
             summary = mod.run(ctx, args)
         summary = {"job": args.job, "wall_s": round(time.time() - started, 3), **summary}
     finally:
-        spark.stop()
+        if own:
+            spark.stop()
     text = json.dumps(summary, indent=2, sort_keys=True, default=str)
     (out / "last-run.json").write_text(text + "\n")
     print(text)

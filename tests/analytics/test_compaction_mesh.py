@@ -24,7 +24,8 @@ from tests.e2e.clients import Paho
 from tests.poll import wait_until
 
 SUBSCRIBERS = 6
-PER_SUBSCRIBER = 80  # below the mesh's 100-message queue limit
+PER_SUBSCRIBER = 80  # at most; below the mesh's 100-message queue limit
+AFTER_STOP = 2  # rounds after the compaction ended
 EXPIRING = 20
 
 
@@ -45,8 +46,9 @@ def _publish_expiring(pub: Paho, short: str) -> float:
 
 
 class Writer(threading.Thread):
-    """PER_SUBSCRIBER rounds of a QoS 1 publish to each offline session, spread over the
-    compaction run until `stop` (after half of them at least); `acked`: the PUBACKed ones."""
+    """Rounds of a QoS 1 publish to each offline session, spread over the compaction run
+    until `stop`, then AFTER_STOP rounds more (PER_SUBSCRIBER at most); `acked`: the
+    PUBACKed ones."""
 
     def __init__(self, pub: Paho, cids: list[str]) -> None:
         super().__init__()
@@ -55,14 +57,17 @@ class Writer(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
+        after = 0
         for n in range(PER_SUBSCRIBER):
             for cid in self.cids:
                 payload = f"{cid}:{n}".encode()
                 if self.pub.publish(f"q/{cid}", payload, 1) is not None:  # PUBACKed: a promise
                     self.acked[cid].append(payload)
             # Spread over the compaction run (pacing only; nothing is timed).
-            if self.stop.wait(0.4) and n >= PER_SUBSCRIBER // 2:
-                break
+            if self.stop.wait(0.4):
+                after += 1
+                if after > AFTER_STOP:
+                    break
 
     def count(self) -> int:
         return sum(len(v) for v in self.acked.values())

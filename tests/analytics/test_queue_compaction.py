@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from services.common.store.ports_session import SessionRecord
 from services.common.store.sqlite_queue import MSGID_RETENTION_MS, SqliteQueueStore
 from services.common.store.sqlite_router import SqliteRouterStore
 from services.common.store.sqlite_session import SqliteSessionStore
+from tests.analytics.command import run_command
 
 NOW = int(time.time() * 1000)
 PAST, FUTURE = NOW - 60_000, NOW + 3_600_000
@@ -145,31 +147,34 @@ def test_second_run_removes_nothing_and_reports(spark: SparkSession, data: Path)
     assert again["entries_scanned"] == 9
 
 
-def test_dry_run_deletes_nothing(spark: SparkSession, data: Path) -> None:
-    ctx = _ctx(spark, data)
-    out = queue_compaction.run(ctx, argparse.Namespace(now_ms=NOW, dry_run=True))
-    assert out["candidates"]["session_queues"] == 8 and out["candidates"]["expired"] == 3
+@pytest.fixture(scope="module")
+def dry_run(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, str]:
+    """`starling analytics queue-compaction --dry-run` run once, in this process on the
+    shared session (the command in a process of its own: tests/cli/test_analytics_cli.py),
+    over a store of its own: the store, the output folder and what the command printed."""
+    data = tmp_path_factory.mktemp("dry")
+    asyncio.run(_fill(data))
+    out = data / "cli-out"
+    argv = ["queue-compaction", "--output", str(out), "--dry-run", "--now-ms", str(NOW)]
+    # `data` is a store folder: the data_dir setting (--data-dir names a mesh folder).
+    env = {"STARLING_DATA_DIR": str(data), "STARLING_ANALYTICS_PARTITIONS": "3"}
+    return data, out, run_command(spark, argv, env)
+
+
+def test_dry_run_deletes_nothing(dry_run: tuple[Path, Path, str]) -> None:
+    data, out, _ = dry_run
+    kept = json.loads((out / "queue-compaction" / "last-run.json").read_text())
+    assert kept["candidates"]["session_queues"] == 8 and kept["candidates"]["expired"] == 3
     assert _rows(data, "SELECT count(*) FROM queue_entries") == [(10 + 1 - 4 + 5 + 3 + 2 + 4,)]
 
 
-def test_starling_analytics_command(data: Path) -> None:
-    """The command a cron entry runs: its own Spark (local mode), the summary printed and
-    kept as last-run.json."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    out = data / "cli-out"
-    done = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "analytics", "queue-compaction",
-         "--master", "local[1]", "--output", str(out), "--dry-run"],
-        # `data` is a store folder: the data_dir setting (--data-dir names a mesh folder).
-        env={**os.environ, "STARLING_DATA_DIR": str(data)},
-        capture_output=True, text=True, timeout=120, check=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
+def test_analytics_command_prints_and_keeps_its_summary(dry_run: tuple[Path, Path, str]) -> None:
+    """What a cron entry's command leaves: the summary printed and kept as last-run.json in
+    the --output folder."""
+    _, out, printed = dry_run
     kept = json.loads((out / "queue-compaction" / "last-run.json").read_text())
     assert kept["job"] == "queue-compaction" and kept["candidates"]["session_queues"] == 8
-    assert json.loads(done.stdout[done.stdout.index("{") :]) == kept
+    assert json.loads(printed[printed.index("{") :]) == kept
     assert sum(kept["removed_total"].values()) == 0  # a dry run

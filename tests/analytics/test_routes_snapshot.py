@@ -1,11 +1,13 @@
 """The `routes-snapshot` job on real PySpark (local mode): its snapshot plus the log tail is
-the subscriptions table; it is idempotent; and a router restarted after it, in a real mesh
-whose subscriptions came from real MQTT clients, boots from it and delivers to every
-subscriber."""
+the subscriptions table; it is idempotent; and a router restarted after it (run as
+`starling analytics routes-snapshot --data-dir MESH` runs it, on the shared session), in a
+real mesh whose subscriptions came from real MQTT clients, boots from it and delivers to
+every subscriber."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from analytics.jobs.routes_snapshot import compact_with_spark
+from analytics.jobs.routes_snapshot import NAME, compact_with_spark
 from analytics.source import StoreConf
 from services.cli.launcher import Launcher
 from services.common.route_table import RouteTable
@@ -23,6 +25,7 @@ from services.common.store.sqlite_session import SqliteSessionStore
 from services.router.boot import load_routes
 from services.router.client import Route, RouterAdminClient
 from services.router.compaction import compact
+from tests.analytics.command import run_command
 from tests.e2e.clients import Paho
 from tests.poll import eventually
 from tests.router.test_boot import _change, _records
@@ -124,15 +127,14 @@ def _subscribers(port: int) -> tuple[list[tuple[Paho, str]], Paho]:
     return subscribers, one_off
 
 
-async def _snapshot(spark: SparkSession, launcher: Launcher) -> dict[str, Any]:
-    """The `routes-snapshot` job on the mesh's session store; its summary."""
-    store = SqliteSessionStore(Path(launcher.data_dir) / "data" / "sessions.db")
-    try:
-        return await compact_with_spark(
-            spark, store, StoreConf(sqlite=str(Path(launcher.data_dir) / "data"))
-        )
-    finally:
-        await store.close()
+def _snapshot(spark: SparkSession, launcher: Launcher) -> dict[str, Any]:
+    """`starling analytics routes-snapshot --data-dir MESH`, in this process on the shared
+    session: the job on the mesh's session store; the summary it printed (and kept)."""
+    argv = [NAME, "--data-dir", str(launcher.data_dir)]
+    summary: dict[str, Any] = json.loads(run_command(spark, argv))
+    kept = Path(launcher.data_dir) / "analytics" / NAME / "last-run.json"
+    assert json.loads(kept.read_text()) == summary
+    return summary
 
 
 def _check_delivered_to_every_subscriber(port: int, subscribers: list[tuple[Paho, str]]) -> None:
@@ -171,7 +173,7 @@ async def test_router_restarted_after_the_job_serves_the_same_routes(
         # The UNSUBSCRIBE is answered asynchronously.
         before = await eventually(unsubscribed, 10, "fleet/gone unsubscribed", every_s=0.05)
         assert len(before) == 8  # 6 own filters + 2 shared ones
-        summary = await _snapshot(spark, small_mesh)
+        summary = await asyncio.to_thread(_snapshot, spark, small_mesh)
         assert summary["subscriptions"] == 12
 
         await asyncio.to_thread(_restart, small_mesh, "router")

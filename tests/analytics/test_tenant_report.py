@@ -1,11 +1,12 @@
 """Tenant report against the shared mesh: clients do a known amount of work in a fresh
 tenant; the report's totals for that tenant equal what they did and the metrics service's
-counters for the same window; headless Chromium renders the report's charts."""
+counters for the same window; headless Chromium renders the report's charts. The report
+is `starling analytics tenant-report` run once, in this process on the shared session."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -17,12 +18,10 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from analytics.config import load_analytics_settings
 from analytics.jobs import tenant_report
-from analytics.jobs.context import JobContext
-from analytics.source import StoreConf
 from services.connection.top_topics import SAMPLE_EVERY
 from services.metrics.client import MetricsAdminClient
+from tests.analytics.command import run_command
 from tests.conftest import ADMIN_TOKEN, MeshInfo
 from tests.e2e.admin import Admin
 from tests.e2e.clients import Paho
@@ -110,13 +109,27 @@ def report(
         every_s=0.2,
     )
     counters = _cluster(mesh, tenant)
-    out = tmp_path_factory.mktemp("report")
-    settings = load_analytics_settings(
-        data_dir=data, analytics_output_dir=out, analytics_partitions=3
+    return (
+        tenant,
+        _run_report(spark, mesh, since, tmp_path_factory),
+        counters,
+        _topics_recorded(data, tenant),
     )
-    ctx = JobContext(spark, StoreConf(sqlite=str(data)), settings, out)
-    args = argparse.Namespace(since_ms=since, until_ms=0, tenant=[])
-    return tenant, tenant_report.run(ctx, args), counters, _topics_recorded(data, tenant)
+
+
+def _run_report(
+    spark: SparkSession, mesh: MeshInfo, since: int, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """`starling analytics tenant-report --data-dir MESH --since-ms SINCE`, in this process on
+    the shared session; the summary it printed (and kept as last-run.json)."""
+    out = tmp_path_factory.mktemp("report")
+    argv = ["tenant-report", "--data-dir", str(mesh.mesh.data_dir), "--output", str(out)]
+    printed = run_command(
+        spark, [*argv, "--since-ms", str(since)], {"STARLING_ANALYTICS_PARTITIONS": "3"}
+    )
+    summary: dict[str, Any] = json.loads(printed)
+    assert json.loads((out / "tenant-report" / "last-run.json").read_text()) == summary
+    return summary
 
 
 def test_report_totals_equal_the_work_and_the_metrics_service(

@@ -1,6 +1,8 @@
 """`starling analytics --data-dir D`: D is the mesh folder, as for every `starling` command
 (the store is D/data, the outputs go to D/analytics whatever the working directory); a folder
-without a store is refused in one line naming the option, before Spark starts."""
+without a store is refused in one line naming the option, before Spark starts. The first test
+is the analytics command in a process of its own, with its own Spark (what a cron entry runs);
+tests/analytics runs the jobs, and the command's summary, on the suite's shared session."""
 
 from __future__ import annotations
 
@@ -61,7 +63,10 @@ def test_data_dir_is_the_mesh_folder_and_outputs_go_under_it(tmp_path: Path) -> 
     done = _analytics(elsewhere, "--data-dir", str(mesh), "--master", "local[1]", "--dry-run")
     assert done.returncode == 0, done.stderr[-2000:]
     kept = json.loads((mesh / "analytics" / "queue-compaction" / "last-run.json").read_text())
-    assert kept["candidates"]["expired"] == 3
+    assert kept["job"] == "queue-compaction" and kept["candidates"]["expired"] == 3
+    # The summary printed is the one kept; a dry run removes nothing.
+    assert json.loads(done.stdout[done.stdout.index("{") :]) == kept
+    assert sum(kept["removed_total"].values()) == 0
     assert list(elsewhere.iterdir()) == []  # nothing relative to the working directory
 
 
