@@ -42,15 +42,19 @@ def _extras(env: RoutedMessage, msg: Message) -> RoutedMessage:
     return env
 
 
-def _fill(env: RoutedMessage, msg: Message, node_id: str, message_id: str) -> RoutedMessage:
+def _body(env: RoutedMessage, msg: Message, message_id: str) -> None:
     # Field by field: cheaper than keyword arguments (0.50 against 0.69 us), and than a dict.
-    env.tenant = msg.tenant
     env.topic = msg.topic
     env.payload = msg.payload
     env.qos = msg.qos
     env.retain = msg.retain
     env.published_at_ms = int(msg.published_at * 1000)
     env.message_id = message_id
+
+
+def _fill(env: RoutedMessage, msg: Message, node_id: str, message_id: str) -> RoutedMessage:
+    env.tenant = msg.tenant
+    _body(env, msg, message_id)
     return _finish(env, msg, node_id)
 
 
@@ -69,12 +73,7 @@ def fill_shared(env: RoutedMessage, shared: bytes, msg: Message, message_id: str
     (the publisher is a nested message, a Python object of its own) makes an envelope about a
     third cheaper (0.95 against 1.49 µs, measured side by side)."""
     env.MergeFromString(shared)
-    env.topic = msg.topic
-    env.payload = msg.payload
-    env.qos = msg.qos
-    env.retain = msg.retain
-    env.published_at_ms = int(msg.published_at * 1000)
-    env.message_id = message_id
+    _body(env, msg, message_id)
     return _extras(env, msg)
 
 
