@@ -117,26 +117,28 @@ async def test_clients_and_kick(core: Core) -> None:
     assert status == 1 and line.startswith("starling kick: NOT_FOUND: client 'c2'")
 
 
+def _published(t: str, topic: str, now_ms: int, retain: bool = False) -> RoutedMessage:
+    """A QoS 1 message of tenant `t` as a node hands it to the router."""
+    return RoutedMessage(
+        tenant=t,
+        topic=topic,
+        payload=b"up",
+        qos=1,
+        retain=retain,
+        publisher=Publisher(client_id="pub"),
+        published_at_ms=now_ms,
+        message_id=uuid.uuid4().hex,
+        properties=MessageProperties(content_type="text/plain"),
+    )
+
+
 async def test_routes_retained_and_delayed(core: Core) -> None:
     t = tenant()
     router = RouterClient(core.router)
     await router.subscribe(t, "dur", 4, [(Subscription("fleet/#", 1), None)])
     now_ms = int(time.time() * 1000)
-
-    def publish(topic: str, retain: bool = False) -> RoutedMessage:
-        return RoutedMessage(
-            tenant=t,
-            topic=topic,
-            payload=b"up",
-            qos=1,
-            retain=retain,
-            publisher=Publisher(client_id="pub"),
-            published_at_ms=now_ms,
-            message_id=uuid.uuid4().hex,
-            properties=MessageProperties(content_type="text/plain"),
-        )
-
-    await router.route([publish("status/a", retain=True), publish("$delayed/60/later")])
+    retained = _published(t, "status/a", now_ms, retain=True)
+    await router.route([retained, _published(t, "$delayed/60/later", now_ms)])
     await router.close()
 
     status, out = await starling(core, "routes", "--tenant", t)

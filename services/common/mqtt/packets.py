@@ -92,7 +92,11 @@ class Publish:
 
 
 @dataclass(init=False, unsafe_hash=True, slots=True)
-class PubAck:
+class _FlowAck:
+    """What PUBACK, PUBREC, PUBREL and PUBCOMP carry. Each is its own class (the codec and
+    the channel tell them apart by type; equal fields of two kinds are not equal packets:
+    the dataclass's `__eq__` compares classes first)."""
+
     packet_id: int
     reason_code: int
     properties: Properties
@@ -103,60 +107,34 @@ class PubAck:
         self.packet_id = packet_id
         self.reason_code = reason_code
         self.properties = properties
+
+
+class PubAck(_FlowAck):
+    __slots__ = ()
 
     @property
     def packet_type(self) -> PacketType:
         return PacketType.PUBACK
 
 
-@dataclass(init=False, unsafe_hash=True, slots=True)
-class PubRec:
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(
-        self, packet_id: int, reason_code: int = ReasonCode.SUCCESS, properties: Properties = EMPTY
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = properties
+class PubRec(_FlowAck):
+    __slots__ = ()
 
     @property
     def packet_type(self) -> PacketType:
         return PacketType.PUBREC
 
 
-@dataclass(init=False, unsafe_hash=True, slots=True)
-class PubRel:
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(
-        self, packet_id: int, reason_code: int = ReasonCode.SUCCESS, properties: Properties = EMPTY
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = properties
+class PubRel(_FlowAck):
+    __slots__ = ()
 
     @property
     def packet_type(self) -> PacketType:
         return PacketType.PUBREL
 
 
-@dataclass(init=False, unsafe_hash=True, slots=True)
-class PubComp:
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(
-        self, packet_id: int, reason_code: int = ReasonCode.SUCCESS, properties: Properties = EMPTY
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = properties
+class PubComp(_FlowAck):
+    __slots__ = ()
 
     @property
     def packet_type(self) -> PacketType:
