@@ -132,7 +132,10 @@ def test_a_console_change_is_recorded_once(operator: Tab, mesh: MeshInfo) -> Non
     tenant = new_tenant("once")
     add_user(mesh, tenant, "u", "pw")
     _went_offline(mesh, tenant, "dup-1", queued=0)
-    page = operator.go(f"/sessions?tenant={tenant}")
+    path = f"/sessions?tenant={tenant}"
+    # Listed once the session service has it offline (the page is a snapshot: reloaded).
+    wait_until(lambda: _depth_shown(operator, path, "dup-1") != "", what="dup-1 listed")
+    page = operator.page
     page.get_by_role("button", name="Discard dup-1").click()
     page.wait_for_url("**/sessions?**")
     text = _export(operator, tenant)
